@@ -1,0 +1,316 @@
+//! The command row and the values that travel with it: ids, the captured context, the
+//! state a row is in, and a new command waiting to be scheduled.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+/// A command's id (the `Id` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommandId(pub Uuid);
+
+impl CommandId {
+    /// A fresh random (v4) id.
+    pub fn new() -> CommandId {
+        CommandId(Uuid::new_v4())
+    }
+}
+
+impl Default for CommandId {
+    fn default() -> Self {
+        CommandId::new()
+    }
+}
+
+impl fmt::Display for CommandId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for CommandId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<CommandId> {
+        Uuid::parse_str(s.trim()).map(CommandId).map_err(|_| {
+            Error::Usage(format!(
+                "`{s}` is not a command id: ids are UUIDs like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+            ))
+        })
+    }
+}
+
+/// The lease token written into `LockToken` when a batch is claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseToken(pub Uuid);
+
+impl LeaseToken {
+    /// A fresh random token.
+    pub fn new() -> LeaseToken {
+        LeaseToken(Uuid::new_v4())
+    }
+}
+
+impl Default for LeaseToken {
+    fn default() -> Self {
+        LeaseToken::new()
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// Who scheduled a command, captured at scheduling time and restored when it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Context {
+    /// The scheduling user (`UserId`).
+    pub user_id: Option<String>,
+    /// The user's roles (`Roles`, a JSON array).
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// The tenant (`TenantId`).
+    pub tenant_id: Option<String>,
+    /// A correlation id tying the command to the request that caused it.
+    pub correlation_id: Option<String>,
+}
+
+impl Context {
+    /// The roles as the JSON array text stored in `Roles`, or `None` when there are none.
+    pub fn roles_json(&self) -> Option<String> {
+        if self.roles.is_empty() {
+            None
+        } else {
+            serde_json::to_string(&self.roles).ok()
+        }
+    }
+
+    /// Parses the stored `Roles` text; anything that is not a JSON array of strings is
+    /// treated as a single role name so a foreign writer's value is not silently lost.
+    pub fn parse_roles(raw: Option<&str>) -> Vec<String> {
+        match raw.map(str::trim) {
+            None | Some("") => Vec::new(),
+            Some(text) => serde_json::from_str::<Vec<String>>(text)
+                .unwrap_or_else(|_| vec![text.to_owned()]),
+        }
+    }
+
+    /// True when every role in `required` was captured.
+    pub fn has_roles(&self, required: &[String]) -> bool {
+        required.iter().all(|r| self.roles.contains(r))
+    }
+}
+
+/// When a new command becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAt {
+    /// As soon as possible (the database's `now`).
+    #[default]
+    Now,
+    /// At a fixed instant.
+    At(DateTime<Utc>),
+    /// After a delay from the database's `now`.
+    After(Duration),
+}
+
+/// A command about to be scheduled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCommand {
+    /// The id to insert; generated up front so the caller knows it before commit.
+    pub id: CommandId,
+    /// The command type name, e.g. `orders.send_receipt`.
+    pub type_name: String,
+    /// The JSON document handed to the handler.
+    pub payload: serde_json::Value,
+    /// When it becomes due.
+    pub run_at: RunAt,
+    /// The captured scheduling context.
+    pub context: Context,
+}
+
+impl NewCommand {
+    /// A command of `type_name` with `payload`, due now, with an empty context.
+    pub fn new(type_name: impl Into<String>, payload: serde_json::Value) -> NewCommand {
+        NewCommand {
+            id: CommandId::new(),
+            type_name: type_name.into(),
+            payload,
+            run_at: RunAt::Now,
+            context: Context::default(),
+        }
+    }
+
+    /// A command built from a typed, serializable value.
+    pub fn typed<C: CommandType>(command: &C) -> Result<NewCommand> {
+        let payload = serde_json::to_value(command).map_err(|e| {
+            Error::Usage(format!("command {} cannot be serialized: {e}", C::TYPE))
+        })?;
+        Ok(NewCommand::new(C::TYPE, payload))
+    }
+
+    /// Sets when the command becomes due.
+    pub fn run_at(mut self, run_at: RunAt) -> NewCommand {
+        self.run_at = run_at;
+        self
+    }
+
+    /// Delays the command by `delay` from now.
+    pub fn delay(self, delay: Duration) -> NewCommand {
+        self.run_at(RunAt::After(delay))
+    }
+
+    /// Sets the captured context.
+    pub fn context(mut self, context: Context) -> NewCommand {
+        self.context = context;
+        self
+    }
+
+    /// Checks what every engine would otherwise reject less clearly.
+    pub fn validate(&self) -> Result<()> {
+        if self.type_name.trim().is_empty() {
+            return Err(Error::Usage("a command type must not be empty".into()));
+        }
+        if self.type_name.len() > 255 {
+            return Err(Error::Usage(format!(
+                "command type `{}…` is longer than 255 characters",
+                &self.type_name[..40]
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A Rust type that is a command: serializable, with a stable type name.
+pub trait CommandType: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
+    /// The type name stored in `Type`, e.g. `orders.send_receipt`.
+    const TYPE: &'static str;
+}
+
+/// One row of the commands table, every column decoded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CommandRow {
+    /// `Id`.
+    pub id: CommandId,
+    /// `Type`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// `Payload`.
+    pub payload: serde_json::Value,
+    /// `CreatedAt`.
+    pub created_at: DateTime<Utc>,
+    /// `RunAt`.
+    pub run_at: DateTime<Utc>,
+    /// `Attempts` (consumed, including the one under way once claimed).
+    pub attempts: i32,
+    /// `LockToken`.
+    pub lock_token: Option<LeaseToken>,
+    /// `LockedUntil`.
+    pub locked_until: Option<DateTime<Utc>>,
+    /// `ProcessedAt`.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// `DeadLetteredAt`.
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    /// `LastError`.
+    pub last_error: Option<String>,
+    /// `UserId`.
+    pub user_id: Option<String>,
+    /// `Roles`, decoded.
+    pub roles: Vec<String>,
+    /// `TenantId`.
+    pub tenant_id: Option<String>,
+    /// `CorrelationId`.
+    pub correlation_id: Option<String>,
+}
+
+impl CommandRow {
+    /// The captured context as stored in the row.
+    pub fn context(&self) -> Context {
+        Context {
+            user_id: self.user_id.clone(),
+            roles: self.roles.clone(),
+            tenant_id: self.tenant_id.clone(),
+            correlation_id: self.correlation_id.clone(),
+        }
+    }
+
+    /// The row's state at instant `now`.
+    pub fn state(&self, now: DateTime<Utc>) -> State {
+        if self.processed_at.is_some() {
+            State::Completed
+        } else if self.dead_lettered_at.is_some() {
+            State::Dead
+        } else if self.locked_until.is_some_and(|until| until > now) {
+            State::Running
+        } else if self.run_at <= now {
+            State::Due
+        } else {
+            State::Scheduled
+        }
+    }
+}
+
+/// The state of a command, as defined by the product contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Pending and `RunAt <= now`.
+    Due,
+    /// Pending and `RunAt > now`.
+    Scheduled,
+    /// Pending with a live lease.
+    Running,
+    /// `ProcessedAt` set.
+    Completed,
+    /// `DeadLetteredAt` set.
+    Dead,
+}
+
+/// Formats an instant the way icq stores it in SQLite and prints it: RFC 3339, UTC,
+/// millisecond precision, `Z` suffix. Lexical order equals time order.
+pub fn format_timestamp(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// Parses a stored timestamp: RFC 3339, or SQLite's `YYYY-MM-DD HH:MM:SS[.fff]` (UTC).
+pub fn parse_timestamp(text: &str) -> Option<DateTime<Utc>> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Some(at.with_timezone(&Utc));
+    }
+    chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
+        .ok()
+        .map(|naive| naive.and_utc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_round_trip_and_tolerate_foreign_text() {
+        let ctx = Context {
+            roles: vec!["a".into(), "b".into()],
+            ..Context::default()
+        };
+        let json = ctx.roles_json().unwrap();
+        assert_eq!(Context::parse_roles(Some(&json)), ctx.roles);
+        assert_eq!(Context::parse_roles(Some("admin")), vec!["admin"]);
+        assert!(Context::parse_roles(None).is_empty());
+    }
+
+    #[test]
+    fn timestamps_sort_lexically() {
+        let a = parse_timestamp("2026-01-01T00:00:00.5Z").unwrap();
+        let b = parse_timestamp("2026-01-01 00:00:01").unwrap();
+        assert!(format_timestamp(a) < format_timestamp(b));
+        assert_eq!(format_timestamp(a), "2026-01-01T00:00:00.500Z");
+    }
+}

@@ -1,0 +1,78 @@
+//! The command line: clap definitions and dispatch. Each subcommand lives in its own file
+//! as a thin layer: parse arguments, call the library, render the result.
+
+pub mod completions;
+pub mod migrate;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// A durable job queue that lives inside your application's own database.
+#[derive(Debug, Parser)]
+#[command(name = "icq", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Options shared by every subcommand.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand accepts.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Configuration file (default: $ICQ_CONFIG, ./icq.yaml, then the user config dir).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Only this configured source (default: every source, or the only one).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub source: Option<String>,
+
+    /// Database URL, instead of a configuration file (also $DATABASE_URL).
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+
+    /// Output format: human-readable tables, or one JSON document for scripts.
+    #[arg(long, global = true, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// How results are written to stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Tables for people.
+    Table,
+    /// One JSON document, for scripts.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write or apply the migration that creates the commands table.
+    #[command(subcommand)]
+    Migrate(migrate::MigrateCommand),
+
+    /// Print a shell completion script.
+    Completions(completions::CompletionsArgs),
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
+        Command::Completions(args) => completions::run(args),
+    }
+}
+
+/// The exit code for an error that reached the binary: the library error's own code when
+/// there is one in the chain, 1 otherwise.
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    err.chain()
+        .find_map(|cause| cause.downcast_ref::<crate::Error>())
+        .map_or(1, crate::Error::exit_code)
+}

@@ -1,0 +1,1 @@
+//! `icq.yaml`: sources, their settings and the handlers (placeholder; being written).

@@ -1,0 +1,118 @@
+//! The library's error type and the process exit code each kind of error maps to.
+//!
+//! Every message is written for the person at the terminal: it says what went wrong and,
+//! where there is one, what to do next. Database URLs never appear with their password.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong inside icq.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file or a command-line value is invalid (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+
+    /// A configuration file could not be read or parsed (exit code 2).
+    #[error("{path}: {message}")]
+    Config {
+        /// The file that holds the problem.
+        path: PathBuf,
+        /// What is wrong, including line and key where known.
+        message: String,
+    },
+
+    /// A command id, source or other named thing does not exist (exit code 3).
+    #[error("{0}")]
+    NotFound(String),
+
+    /// The commands table is missing from a source's database.
+    #[error(
+        "source `{source_name}`: table {table} does not exist; create it with \
+         `icq migrate add --engine {engine}` followed by `icq migrate run --source {source_name}`"
+    )]
+    TableMissing {
+        /// The configured source.
+        source_name: String,
+        /// The (display form of the) table name.
+        table: String,
+        /// The engine name, for the suggested command.
+        engine: &'static str,
+    },
+
+    /// The database could not be reached or returned an error.
+    #[error("{context}: {source}")]
+    Database {
+        /// What icq was doing, e.g. `claiming commands from source orders`.
+        context: String,
+        /// The underlying driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// A file could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        /// What icq was doing, with the path.
+        context: String,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A stored row could not be decoded (a foreign writer put something unexpected in it).
+    #[error("malformed row {id} in {table}: {message}")]
+    MalformedRow {
+        /// The row's id as stored.
+        id: String,
+        /// The table.
+        table: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl Error {
+    /// The exit code the `icq` binary uses for this error: 2 usage, 3 not found, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Usage(_) | Error::Config { .. } => 2,
+            Error::NotFound(_) => 3,
+            _ => 1,
+        }
+    }
+
+    /// Wraps a driver error with what icq was doing when it happened.
+    pub fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Database { context, source }
+    }
+
+    /// Wraps an I/O error with what icq was doing when it happened.
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
+    /// True when the error means the database connection failed (as opposed to a bad query).
+    pub fn is_connection_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Database {
+                source: sqlx::Error::Io(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::WorkerCrashed,
+                ..
+            }
+        )
+    }
+}

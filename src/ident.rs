@@ -1,0 +1,234 @@
+//! Engines and identifiers: which SQL dialect a URL speaks, and the one place that quotes
+//! table and index names for it.
+//!
+//! Table names come from configuration, so they are validated here as plain identifiers
+//! (letters, digits, `_`, optionally `schema.table`) and then quoted; nothing else is ever
+//! spliced into SQL text.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// The default table name from the product contract.
+pub const DEFAULT_TABLE: &str = "InternalCommands";
+
+/// A database engine icq knows how to speak to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// PostgreSQL 13 or newer.
+    Postgres,
+    /// SQLite 3.35 or newer (the embedded default).
+    Sqlite,
+    /// MySQL 8 or MariaDB 10.6 and newer.
+    Mysql,
+    /// SQL Server (migrations only).
+    SqlServer,
+}
+
+impl Engine {
+    /// Every engine, in the order they are listed to users.
+    pub const ALL: [Engine; 4] = [
+        Engine::Postgres,
+        Engine::Sqlite,
+        Engine::Mysql,
+        Engine::SqlServer,
+    ];
+
+    /// The name used on the command line and in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Postgres => "postgres",
+            Engine::Sqlite => "sqlite",
+            Engine::Mysql => "mysql",
+            Engine::SqlServer => "sqlserver",
+        }
+    }
+
+    /// Infers the engine from a database URL's scheme.
+    pub fn from_url(url: &str) -> Result<Engine> {
+        let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Ok(Engine::Postgres),
+            "sqlite" => Ok(Engine::Sqlite),
+            "mysql" | "mariadb" => Ok(Engine::Mysql),
+            "sqlserver" | "mssql" => Ok(Engine::SqlServer),
+            _ => Err(Error::Usage(format!(
+                "cannot tell the database engine from URL scheme `{scheme}:`; use postgres://, \
+                 postgresql://, sqlite:, mysql:// or mariadb://"
+            ))),
+        }
+    }
+
+    /// Quotes one identifier the engine's way, doubling any embedded quote character.
+    pub fn quote_ident(self, ident: &str) -> String {
+        match self {
+            Engine::Postgres | Engine::Sqlite => format!("\"{}\"", ident.replace('"', "\"\"")),
+            Engine::Mysql => format!("`{}`", ident.replace('`', "``")),
+            Engine::SqlServer => format!("[{}]", ident.replace(']', "]]")),
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Engine {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Engine> {
+        match s.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" | "pg" => Ok(Engine::Postgres),
+            "sqlite" => Ok(Engine::Sqlite),
+            "mysql" | "mariadb" => Ok(Engine::Mysql),
+            "sqlserver" | "mssql" => Ok(Engine::SqlServer),
+            other => Err(Error::Usage(format!(
+                "unknown engine `{other}`; choose one of postgres, sqlite, mysql, sqlserver"
+            ))),
+        }
+    }
+}
+
+/// A validated, optionally schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// Parses `name` or `schema.name`; each part must be a plain identifier.
+    pub fn parse(raw: &str) -> Result<TableName> {
+        let parts: Vec<&str> = raw.split('.').collect();
+        let (schema, name) = match parts.as_slice() {
+            [name] => (None, *name),
+            [schema, name] => (Some(*schema), *name),
+            _ => {
+                return Err(Error::Usage(format!(
+                    "invalid table name `{raw}`: use `Name` or `schema.Name`"
+                )));
+            }
+        };
+        for part in schema.iter().chain(std::iter::once(&name)) {
+            validate_ident(part, raw)?;
+        }
+        Ok(TableName {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The unqualified table name (used to derive index and trigger names).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The schema, if the name was qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The table name quoted for `engine`, schema-qualified when a schema was given.
+    pub fn quoted(&self, engine: Engine) -> String {
+        match &self.schema {
+            Some(schema) => format!(
+                "{}.{}",
+                engine.quote_ident(schema),
+                engine.quote_ident(&self.name)
+            ),
+            None => engine.quote_ident(&self.name),
+        }
+    }
+
+    /// A name derived from the table (`IX_<table>_Poll`), quoted for `engine`.
+    pub fn derived(&self, engine: Engine, prefix: &str, suffix: &str) -> String {
+        engine.quote_ident(&format!("{prefix}{}{suffix}", self.name))
+    }
+
+    /// A derived name qualified by the table's schema (for objects living beside it).
+    pub fn derived_qualified(&self, engine: Engine, prefix: &str, suffix: &str) -> String {
+        let derived = self.derived(engine, prefix, suffix);
+        match &self.schema {
+            Some(schema) => format!("{}.{derived}", engine.quote_ident(schema)),
+            None => derived,
+        }
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        TableName {
+            schema: None,
+            name: DEFAULT_TABLE.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(schema) => write!(f, "{schema}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+impl FromStr for TableName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<TableName> {
+        TableName::parse(s)
+    }
+}
+
+fn validate_ident(part: &str, whole: &str) -> Result<()> {
+    let mut chars = part.chars();
+    let starts_well = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') || part.len() > 50 {
+        return Err(Error::Usage(format!(
+            "invalid table name `{whole}`: each part must start with a letter or `_`, contain \
+             only letters, digits and `_`, and be at most 50 characters"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_each_engine_its_own_way() {
+        let t = TableName::parse("jobs.InternalCommands").unwrap();
+        assert_eq!(t.quoted(Engine::Postgres), r#""jobs"."InternalCommands""#);
+        assert_eq!(t.quoted(Engine::Mysql), "`jobs`.`InternalCommands`");
+        assert_eq!(t.quoted(Engine::SqlServer), "[jobs].[InternalCommands]");
+        assert_eq!(
+            t.derived(Engine::Postgres, "IX_", "_Poll"),
+            r#""IX_InternalCommands_Poll""#
+        );
+    }
+
+    #[test]
+    fn rejects_injection_attempts() {
+        for bad in ["a;drop", "a b", "\"x\"", "a.b.c", "", "1abc", "a-b"] {
+            assert!(TableName::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn engine_from_url_scheme() {
+        assert_eq!(
+            Engine::from_url("postgresql://x@h/db").unwrap(),
+            Engine::Postgres
+        );
+        assert_eq!(Engine::from_url("sqlite:foo.db").unwrap(), Engine::Sqlite);
+        assert_eq!(Engine::from_url("mariadb://h/db").unwrap(), Engine::Mysql);
+        assert!(Engine::from_url("redis://h").is_err());
+    }
+}

@@ -1,0 +1,34 @@
+//! # icq — a durable job queue inside your application's own database
+//!
+//! A command is a row in an `InternalCommands` table, written in the same transaction as
+//! the business change that justified it: a rollback schedules nothing and a commit cannot
+//! lose it. A processor claims due rows under a lease, runs each through its handler,
+//! retries failures with capped, jittered exponential backoff and dead-letters what keeps
+//! failing.
+//!
+//! The `icq` binary is a thin layer over this library: every subcommand parses its
+//! arguments, calls one function here and renders the result.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod commands;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod handler;
+pub mod ident;
+pub mod migrate;
+pub mod processor;
+pub mod queue;
+pub mod redact;
+pub mod schema;
+pub mod settings;
+
+pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
+pub use error::{Error, Result};
+pub use ident::{Engine, TableName};
+pub use settings::Settings;
+pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
+pub use processor::{Processor, RunOptions};
+pub use queue::{Enqueue, Queue, schedule_in};

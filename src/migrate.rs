@@ -1,0 +1,1 @@
+//! sqlx-cli compatible migration files (placeholder; being written).

@@ -1,0 +1,154 @@
+//! Scheduling: a [`Queue`] is one source's handle for scheduling commands standalone
+//! (saved at once, waking the local processor), and [`schedule_in`] enrolls a command in
+//! the caller's own sqlx transaction, so it commits or rolls back with the business change.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::{MySqlConnection, PgConnection, SqliteConnection};
+use tokio::sync::Notify;
+
+use crate::command::{CommandId, NewCommand};
+use crate::engine::{self, Backend, ConnectOptions};
+use crate::error::{Error, Result};
+use crate::ident::TableName;
+use crate::processor::{SourceHandle, Stats};
+use crate::settings::Settings;
+
+/// A connection (or, through `&mut *tx`, an open transaction) that can take a command.
+#[async_trait]
+pub trait Enqueue: Send {
+    /// Inserts `command` into `table` through this connection.
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId>;
+}
+
+#[async_trait]
+impl Enqueue for PgConnection {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+        engine::postgres::insert_command(self, table, command).await
+    }
+}
+
+#[async_trait]
+impl Enqueue for SqliteConnection {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+        engine::sqlite::insert_command(self, table, command).await
+    }
+}
+
+#[async_trait]
+impl Enqueue for MySqlConnection {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+        engine::mysql::insert_command(self, table, command).await
+    }
+}
+
+/// Schedules `command` inside the caller's transaction (pass `&mut *tx`). Nothing else is
+/// touched: the caller's commit persists the row, a rollback erases it. On PostgreSQL
+/// the commit also wakes idle processors (the table's NOTIFY trigger).
+pub async fn schedule_in<C: Enqueue + ?Sized>(
+    conn: &mut C,
+    table: &TableName,
+    command: &NewCommand,
+) -> Result<CommandId> {
+    conn.enqueue(table, command).await
+}
+
+/// One source: a connection pool on its commands table, and the signal that wakes the
+/// processor running in this process.
+#[derive(Clone)]
+pub struct Queue {
+    name: Arc<str>,
+    backend: Arc<dyn Backend>,
+    wake: Arc<Notify>,
+    stats: Arc<Stats>,
+}
+
+impl Queue {
+    /// Connects to `url` (engine from the scheme) for `table`, checking the table exists.
+    pub async fn connect(name: &str, url: &str, table: &TableName, options: &ConnectOptions) -> Result<Queue> {
+        let backend = engine::connect(url, table, options).await?;
+        let queue = Queue::from_backend(name, backend);
+        queue.ensure_table(false).await?;
+        Ok(queue)
+    }
+
+    /// Wraps an already connected driver.
+    pub fn from_backend(name: &str, backend: Arc<dyn Backend>) -> Queue {
+        Queue {
+            name: Arc::from(name),
+            backend,
+            wake: Arc::new(Notify::new()),
+            stats: Arc::new(Stats::default()),
+        }
+    }
+
+    /// Checks that the commands table exists; with `create`, creates it (the embedded
+    /// default's first use) instead of failing.
+    pub async fn ensure_table(&self, create: bool) -> Result<()> {
+        if self.backend.table_exists().await? {
+            return Ok(());
+        }
+        let engine = self.backend.engine();
+        if create {
+            let ddl = crate::schema::render(engine, self.backend.table());
+            return self.backend.schema_apply(&ddl.up).await;
+        }
+        Err(Error::TableMissing {
+            source_name: self.name.to_string(),
+            table: self.backend.table().to_string(),
+            engine: engine.name(),
+        })
+    }
+
+    /// The source name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The driver, for operator queries.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        self.backend.table()
+    }
+
+    /// Saves `command` now, on its own, and wakes the local processor.
+    pub async fn schedule(&self, command: &NewCommand) -> Result<CommandId> {
+        let id = self.backend.command_insert(command).await?;
+        self.wake.notify_one();
+        Ok(id)
+    }
+
+    /// Saves many commands through the engine's bulk path and wakes the local processor.
+    pub async fn schedule_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
+        let ids = self.backend.command_insert_many(commands).await?;
+        self.wake.notify_one();
+        Ok(ids)
+    }
+
+    /// Wakes the local processor (call after committing a transaction that scheduled
+    /// commands, on engines without LISTEN/NOTIFY, to skip waiting for the next poll).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Counters of the processor running this source in this process.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The handle a [`crate::Processor`] needs to process this source with `settings`.
+    pub fn source_handle(&self, settings: Settings) -> SourceHandle {
+        SourceHandle {
+            name: self.name.clone(),
+            backend: self.backend.clone(),
+            settings,
+            wake: self.wake.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+}

@@ -1,0 +1,2 @@
+-- icq: removes everything the matching up migration created for {{table}}.
+DROP TABLE IF EXISTS {{table}};
