@@ -24,6 +24,8 @@ pub mod queue;
 pub mod redact;
 pub mod schema;
 pub mod settings;
+pub mod sources;
+pub mod worker;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
 pub use error::{Error, Result};

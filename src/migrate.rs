@@ -1,1 +1,666 @@
-//! sqlx-cli compatible migration files (placeholder; being written).
+//! Migration files that sqlx-cli understands, and applying them with sqlx's migrator.
+//!
+//! `icq migrate add` writes the commands table's DDL (from [`crate::schema`]) as
+//! `<version>_add_internal_commands.sql`, or as an `.up.sql` + `.down.sql` pair, using
+//! sqlx-cli 0.9's naming and version rules so that `sqlx migrate run` applies the file and
+//! `sqlx migrate add` continues the sequence after it:
+//!
+//! - the version is a UTC `YYYYMMDDHHMMSS` timestamp, unless the directory is already
+//!   sequential (its last two versions differ by one, or its only version is 0 or 1), in
+//!   which case it is the next number, zero-padded to four digits (`0003`);
+//!   [`Versioning::Timestamp`] and [`Versioning::Sequential`] force either;
+//! - the kind follows the directory's last migration (reversible if it was) unless forced;
+//! - the new version never collides with, nor sorts before, one already in the directory:
+//!   it is bumped past the latest instead.
+//!
+//! Two details differ from sqlx-cli on purpose: sqlx-cli 0.9 compares the last two *files*,
+//! so after a sequential reversible pair (`0001_a.up.sql`, `0001_a.down.sql`) it falls back
+//! to a timestamp; icq compares the last two *versions* and continues with `0002`. And
+//! sqlx-cli may reuse a timestamp within the same second; icq bumps it.
+//!
+//! Every generated file starts with a header line ([`HEADER_PREFIX`]) naming its engine and
+//! table. icq never overwrites a file, and refuses to put one engine's migration into a
+//! directory that already holds another engine's (sqlx would run both against one database).
+//!
+//! [`run`] applies a directory with [`sqlx::migrate::Migrator`], so the `_sqlx_migrations`
+//! bookkeeping and checksums are exactly those sqlx-cli keeps: either tool can take over
+//! from the other.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use sqlx::migrate::{Migrate, MigrateDatabase, MigrationType, Migrator};
+use sqlx::pool::PoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+use sqlx::{Connection, Database};
+
+use crate::error::{Error, Result};
+use crate::ident::{Engine, TableName};
+use crate::redact::{redact_in, redact_url};
+
+/// The description part of the file name (`<version>_add_internal_commands.sql`).
+pub const DESCRIPTION: &str = "add_internal_commands";
+
+/// The directory migrations go to by default (sqlx-cli's default too).
+pub const DEFAULT_DIR: &str = "migrations";
+
+/// The default directory for SQL Server files, which sqlx cannot run: a subdirectory that
+/// sqlx ignores, so `sqlx migrate run` on `migrations/` never tries the T-SQL.
+pub const SQLSERVER_DIR: &str = "migrations/sqlserver";
+
+/// The bookkeeping table sqlx and sqlx-cli keep applied migrations in.
+pub const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
+
+/// How every generated file begins: `-- icq migration: engine=postgres table=InternalCommands`.
+pub const HEADER_PREFIX: &str = "-- icq migration:";
+
+/// The directory `icq migrate add` writes to when `--dir` is not given.
+pub fn default_dir(engine: Engine) -> PathBuf {
+    match engine {
+        Engine::SqlServer => PathBuf::from(SQLSERVER_DIR),
+        _ => PathBuf::from(DEFAULT_DIR),
+    }
+}
+
+/// Whether a migration is one file, or an up/down pair that `sqlx migrate revert` can undo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationKind {
+    /// `<version>_<description>.sql`.
+    Simple,
+    /// `<version>_<description>.up.sql` and `<version>_<description>.down.sql`.
+    Reversible,
+}
+
+impl MigrationKind {
+    /// The sqlx file types this kind is written as, in writing order.
+    pub fn file_types(self) -> &'static [MigrationType] {
+        match self {
+            MigrationKind::Simple => &[MigrationType::Simple],
+            MigrationKind::Reversible => {
+                &[MigrationType::ReversibleUp, MigrationType::ReversibleDown]
+            }
+        }
+    }
+}
+
+/// How the version of a new migration is chosen (sqlx-cli's `--timestamp` / `--sequential`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Versioning {
+    /// Sequential when the directory already is, a timestamp otherwise.
+    #[default]
+    Inferred,
+    /// Always a `YYYYMMDDHHMMSS` UTC timestamp.
+    Timestamp,
+    /// Always the last version plus one, zero-padded to four digits.
+    Sequential,
+}
+
+/// What icq's header line says about a file it generated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IcqHeader {
+    /// The engine the SQL was written for.
+    pub engine: Engine,
+    /// The table it creates, as written (`InternalCommands` or `schema.Name`).
+    pub table: String,
+}
+
+impl IcqHeader {
+    /// Reads the header from the first line of a file's text, if it is one of icq's.
+    pub fn parse(text: &str) -> Option<IcqHeader> {
+        let rest = text.lines().next()?.strip_prefix(HEADER_PREFIX)?;
+        let mut engine = None;
+        let mut table = None;
+        for field in rest.split_whitespace() {
+            match field.split_once('=') {
+                Some(("engine", value)) => engine = Engine::from_str(value).ok(),
+                Some(("table", value)) => table = Some(value.to_owned()),
+                _ => {}
+            }
+        }
+        Some(IcqHeader {
+            engine: engine?,
+            table: table.unwrap_or_default(),
+        })
+    }
+
+    fn line(engine: Engine, table: &TableName) -> String {
+        format!("{HEADER_PREFIX} engine={engine} table={table}\n")
+    }
+}
+
+/// A migration file found in a directory, read the way sqlx resolves it.
+#[derive(Debug, Clone)]
+pub struct ExistingMigration {
+    /// The version prefix, as a number.
+    pub version: i64,
+    /// The description part of the file name, underscores kept.
+    pub description: String,
+    /// Simple, up or down, from the file name's suffix.
+    pub migration_type: MigrationType,
+    /// Where the file is.
+    pub path: PathBuf,
+    /// icq's header, when icq generated the file.
+    pub icq: Option<IcqHeader>,
+}
+
+/// Lists the migrations in `dir` by sqlx's rules (`<integer>_<description>.sql`, other files
+/// ignored), sorted by version. A directory that does not exist holds no migrations.
+pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(Error::io(format!("reading {}", dir.display()))(err)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(Error::io(format!("reading {}", dir.display())))?;
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some((prefix, rest)) = file_name.split_once('_') else {
+            continue;
+        };
+        if !rest.ends_with(".sql") {
+            continue;
+        }
+        let version: i64 = prefix.parse().map_err(|_| {
+            Error::Usage(format!(
+                "{}: `{file_name}` does not start with an integer version, so sqlx cannot \
+                 resolve this directory; rename or move the file",
+                dir.display()
+            ))
+        })?;
+        let migration_type = MigrationType::from_filename(rest);
+        let description = rest.trim_end_matches(migration_type.suffix()).to_owned();
+        let icq = if description == DESCRIPTION {
+            let text = fs::read_to_string(&path)
+                .map_err(Error::io(format!("reading {}", path.display())))?;
+            IcqHeader::parse(&text)
+        } else {
+            None
+        };
+        found.push(ExistingMigration {
+            version,
+            description,
+            migration_type,
+            path,
+            icq,
+        });
+    }
+    found.sort_by(|a, b| {
+        (a.version, a.migration_type, &a.path).cmp(&(b.version, b.migration_type, &b.path))
+    });
+    Ok(found)
+}
+
+/// The version prefix for a new migration in a directory holding `existing`.
+///
+/// Follows sqlx-cli 0.9 (see the module docs), then bumps the result past the latest
+/// existing version so it can neither collide nor sort before it.
+pub fn next_version(
+    existing: &[ExistingMigration],
+    versioning: Versioning,
+    now: DateTime<Utc>,
+) -> String {
+    let versions: Vec<i64> = existing
+        .iter()
+        .map(|m| m.version)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let latest = versions.last().copied();
+    let sequential_next = match versioning {
+        Versioning::Timestamp => None,
+        Versioning::Sequential => Some(latest.map_or(1, |v| v.saturating_add(1))),
+        Versioning::Inferred => match versions.as_slice() {
+            [.., previous, latest] => (latest - previous == 1).then_some(latest + 1),
+            [latest] => matches!(*latest, 0 | 1).then_some(latest + 1),
+            [] => None,
+        },
+    };
+    match sequential_next {
+        Some(version) => format!("{version:04}"),
+        None => {
+            let stamp = now.format("%Y%m%d%H%M%S").to_string();
+            match (stamp.parse::<i64>(), latest) {
+                (Ok(candidate), Some(latest)) if candidate <= latest => {
+                    latest.saturating_add(1).to_string()
+                }
+                _ => stamp,
+            }
+        }
+    }
+}
+
+/// The kind sqlx-cli would pick when neither `--reversible` nor `--simple` is given:
+/// reversible when the directory's last migration is.
+pub fn infer_kind(existing: &[ExistingMigration]) -> MigrationKind {
+    match existing.last() {
+        Some(last) if last.migration_type.is_reversible() => MigrationKind::Reversible,
+        _ => MigrationKind::Simple,
+    }
+}
+
+/// The full text of one generated file: icq's header line, then the engine's DDL.
+pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType) -> String {
+    let ddl = crate::schema::render(engine, table);
+    let body = if migration_type.is_down_migration() {
+        ddl.down
+    } else {
+        ddl.up
+    };
+    IcqHeader::line(engine, table) + &body
+}
+
+/// What `icq migrate add` was asked for.
+#[derive(Debug, Clone)]
+pub struct AddOptions {
+    /// The engine to write SQL for.
+    pub engine: Engine,
+    /// The table to create.
+    pub table: TableName,
+    /// The migrations directory (see [`default_dir`]).
+    pub dir: PathBuf,
+    /// Simple or reversible; `None` infers it from the directory like sqlx-cli.
+    pub kind: Option<MigrationKind>,
+    /// How to choose the version.
+    pub versioning: Versioning,
+}
+
+/// One file a [`MigrationPlan`] will write.
+#[derive(Debug, Clone)]
+pub struct PlannedFile {
+    /// Where it goes.
+    pub path: PathBuf,
+    /// Simple, up or down.
+    pub migration_type: MigrationType,
+    /// Its full contents.
+    pub sql: String,
+}
+
+/// The files `icq migrate add` would write, before anything touches the disk.
+#[derive(Debug, Clone)]
+pub struct MigrationPlan {
+    /// The engine the SQL is for.
+    pub engine: Engine,
+    /// The table it creates.
+    pub table: TableName,
+    /// The directory the files go to.
+    pub dir: PathBuf,
+    /// The version prefix, as it appears in the file names.
+    pub version: String,
+    /// Simple or reversible.
+    pub kind: MigrationKind,
+    /// One file, or the up and down pair.
+    pub files: Vec<PlannedFile>,
+    existing: Vec<ExistingMigration>,
+}
+
+/// Works out the version, kind and contents of the migration `opts` asks for, reading (but
+/// not changing) the directory. `now` is the clock for timestamp versions.
+pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
+    let existing = scan(&opts.dir)?;
+    let version = next_version(&existing, opts.versioning, now);
+    let kind = opts.kind.unwrap_or_else(|| infer_kind(&existing));
+    let files = kind
+        .file_types()
+        .iter()
+        .map(|&migration_type| PlannedFile {
+            path: opts.dir.join(format!(
+                "{version}_{DESCRIPTION}{}",
+                migration_type.suffix()
+            )),
+            migration_type,
+            sql: file_sql(opts.engine, &opts.table, migration_type),
+        })
+        .collect();
+    Ok(MigrationPlan {
+        engine: opts.engine,
+        table: opts.table.clone(),
+        dir: opts.dir.clone(),
+        version,
+        kind,
+        files,
+        existing,
+    })
+}
+
+/// Plans and writes the migration `opts` asks for, versioned from the current time.
+pub fn add(opts: &AddOptions) -> Result<MigrationPlan> {
+    let plan = plan(opts, Utc::now())?;
+    plan.write()?;
+    Ok(plan)
+}
+
+impl MigrationPlan {
+    /// Fails when the directory already holds icq's migration for another engine.
+    pub fn check_engines(&self) -> Result<()> {
+        let foreign = self
+            .existing
+            .iter()
+            .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != self.engine));
+        match foreign {
+            Some(m) => Err(Error::Usage(format!(
+                "{} already holds icq's {} migration ({}); a {} migration cannot go in the \
+                 same directory, since sqlx runs every file in it against one database; \
+                 pass --dir {}",
+                self.dir.display(),
+                m.icq.as_ref().map_or("other", |h| h.engine.name()),
+                m.path.display(),
+                self.engine,
+                Path::new(DEFAULT_DIR).join(self.engine.name()).display(),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Existing icq migrations in the directory that already create this same table (a
+    /// second one would fail when run; worth a warning, not a refusal).
+    pub fn same_table(&self) -> Vec<&Path> {
+        let table = self.table.to_string();
+        self.existing
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .filter(|m| {
+                m.icq
+                    .as_ref()
+                    .is_some_and(|h| h.engine == self.engine && h.table == table)
+            })
+            .map(|m| m.path.as_path())
+            .collect()
+    }
+
+    /// Writes the files, creating the directory if needed. Refuses to mix engines
+    /// ([`Self::check_engines`]) and never overwrites: if any file already exists nothing
+    /// is left behind.
+    pub fn write(&self) -> Result<Vec<PathBuf>> {
+        self.check_engines()?;
+        fs::create_dir_all(&self.dir)
+            .map_err(Error::io(format!("creating {}", self.dir.display())))?;
+        let mut written: Vec<PathBuf> = Vec::new();
+        for file in &self.files {
+            if let Err(err) = write_new(&file.path, &file.sql) {
+                for path in &written {
+                    let _ = fs::remove_file(path);
+                }
+                return Err(err);
+            }
+            written.push(file.path.clone());
+        }
+        Ok(written)
+    }
+}
+
+fn write_new(path: &Path, sql: &str) -> Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|err| match err.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::Usage(format!(
+                "{} already exists; icq never overwrites a migration (run the command again \
+                 for a fresh version)",
+                path.display()
+            )),
+            _ => Error::io(format!("creating {}", path.display()))(err),
+        })?;
+    file.write_all(sql.as_bytes())
+        .map_err(Error::io(format!("writing {}", path.display())))
+}
+
+/// A migration that [`run`] applied.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Applied {
+    /// Its version.
+    pub version: i64,
+    /// Its description as sqlx records it (underscores read as spaces).
+    pub description: String,
+}
+
+/// What [`run`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RunReport {
+    /// The migrations applied now, in order.
+    pub applied: Vec<Applied>,
+    /// How many of the directory's migrations were already applied before.
+    pub already_applied: usize,
+}
+
+/// Applies every pending migration in `dir` to the database at `url`, with sqlx's migrator
+/// (advisory lock, one transaction per migration where the engine allows, checksums in
+/// `_sqlx_migrations`). A SQLite database file that does not exist yet is created (in WAL
+/// mode, like `sqlx database create`).
+pub async fn run(url: &str, dir: &Path) -> Result<RunReport> {
+    let engine = Engine::from_url(url)?;
+    if engine == Engine::SqlServer {
+        return Err(sql_server_unsupported());
+    }
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "migrations directory {} does not exist; write the migration first with \
+             `icq migrate add --engine {engine}`, or pass --dir",
+            dir.display()
+        )));
+    }
+    if let Some(foreign) = scan(dir)?
+        .into_iter()
+        .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != engine))
+    {
+        return Err(Error::Usage(format!(
+            "{} was written for {}, but {} is a {engine} database; pass --dir with the \
+             {engine} migrations",
+            foreign.path.display(),
+            foreign.icq.map_or("another engine", |h| h.engine.name()),
+            redact_url(url),
+        )));
+    }
+    let migrator = Migrator::new(dir.to_path_buf()).await?;
+    let connecting = format!("connecting to {}", redact_url(url));
+    let bad_url = |err: sqlx::Error| {
+        Error::Usage(format!(
+            "invalid database URL {}: {}",
+            redact_url(url),
+            redact_in(&err.to_string(), url)
+        ))
+    };
+    match engine {
+        Engine::Postgres => {
+            let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad_url)?;
+            apply::<sqlx::Postgres>(options, &migrator, connecting).await
+        }
+        Engine::Mysql => {
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad_url)?;
+            apply::<sqlx::MySql>(options, &migrator, connecting).await
+        }
+        Engine::SqlServer => Err(sql_server_unsupported()),
+        Engine::Sqlite => {
+            let mut options = SqliteConnectOptions::from_str(url).map_err(bad_url)?;
+            let exists = sqlx::Sqlite::database_exists(url)
+                .await
+                .map_err(Error::db(connecting.clone()))?;
+            if !exists {
+                options = options
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal);
+            }
+            apply::<sqlx::Sqlite>(options, &migrator, connecting).await
+        }
+    }
+}
+
+fn sql_server_unsupported() -> Error {
+    Error::Usage(format!(
+        "sqlx cannot run T-SQL, so icq cannot apply migrations to SQL Server; apply \
+         {SQLSERVER_DIR}/ with sqlcmd -I, DbUp or Flyway"
+    ))
+}
+
+async fn apply<DB>(
+    options: <DB::Connection as Connection>::Options,
+    migrator: &Migrator,
+    connecting: String,
+) -> Result<RunReport>
+where
+    DB: Database,
+    DB::Connection: Migrate,
+{
+    let pool = PoolOptions::<DB>::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .map_err(Error::db(connecting))?;
+    let before = applied_versions(&pool).await?;
+    let outcome = migrator.run(&pool).await;
+    let after = match outcome {
+        Ok(()) => applied_versions(&pool).await,
+        Err(err) => Err(err.into()),
+    };
+    // Closing checkpoints a SQLite WAL, so the schema is in the database file itself.
+    pool.close().await;
+    let after = after?;
+    let mut seen = BTreeSet::new();
+    let applied = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .filter(|m| after.contains(&m.version) && !before.contains(&m.version))
+        .filter(|m| seen.insert(m.version))
+        .map(|m| Applied {
+            version: m.version,
+            description: m.description.to_string(),
+        })
+        .collect();
+    let already_applied = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration() && before.contains(&m.version))
+        .count();
+    Ok(RunReport {
+        applied,
+        already_applied,
+    })
+}
+
+async fn applied_versions<DB>(pool: &sqlx::Pool<DB>) -> Result<BTreeSet<i64>>
+where
+    DB: Database,
+    DB::Connection: Migrate,
+{
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(Error::db("acquiring a connection"))?;
+    conn.ensure_migrations_table(MIGRATIONS_TABLE).await?;
+    let applied = conn.list_applied_migrations(MIGRATIONS_TABLE).await?;
+    Ok(applied.into_iter().map(|m| m.version).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(stamp: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(stamp)
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn existing(names: &[&str]) -> Vec<ExistingMigration> {
+        let dir = tempfile::tempdir().unwrap();
+        for name in names {
+            fs::write(dir.path().join(name), "-- x\n").unwrap();
+        }
+        scan(dir.path()).unwrap()
+    }
+
+    const NOW: &str = "2026-01-31T12:34:56Z";
+
+    #[test]
+    fn versions_follow_sqlx_cli() {
+        let now = at(NOW);
+        let v = |names: &[&str], versioning| next_version(&existing(names), versioning, now);
+        assert_eq!(v(&[], Versioning::Inferred), "20260131123456");
+        assert_eq!(v(&["0001_a.sql"], Versioning::Inferred), "0002");
+        assert_eq!(v(&["0000_a.sql"], Versioning::Inferred), "0001");
+        assert_eq!(v(&["0002_a.sql"], Versioning::Inferred), "20260131123456");
+        assert_eq!(
+            v(&["0001_a.sql", "0002_b.sql"], Versioning::Inferred),
+            "0003"
+        );
+        assert_eq!(
+            v(&["0001_a.sql", "0003_b.sql"], Versioning::Inferred),
+            "20260131123456"
+        );
+        assert_eq!(
+            v(&["0001_a.up.sql", "0001_a.down.sql"], Versioning::Inferred),
+            "0002"
+        );
+        assert_eq!(v(&["0001_a.sql"], Versioning::Timestamp), "20260131123456");
+        assert_eq!(v(&[], Versioning::Sequential), "0001");
+        assert_eq!(
+            v(&["20250101000000_a.sql"], Versioning::Sequential),
+            "20250101000001"
+        );
+        assert_eq!(
+            v(&["20250101000000_a.sql"], Versioning::Inferred),
+            "20260131123456"
+        );
+    }
+
+    #[test]
+    fn versions_never_collide() {
+        let now = at(NOW);
+        let same = existing(&["20260131123456_add_internal_commands.sql"]);
+        assert_eq!(
+            next_version(&same, Versioning::Inferred, now),
+            "20260131123457"
+        );
+        let later = existing(&["20270101000000_x.up.sql", "20270101000000_x.down.sql"]);
+        assert_eq!(
+            next_version(&later, Versioning::Timestamp, now),
+            "20270101000001"
+        );
+    }
+
+    #[test]
+    fn kind_follows_the_last_migration() {
+        assert_eq!(infer_kind(&existing(&[])), MigrationKind::Simple);
+        assert_eq!(
+            infer_kind(&existing(&["1_a.up.sql", "1_a.down.sql"])),
+            MigrationKind::Reversible
+        );
+        assert_eq!(
+            infer_kind(&existing(&["1_a.up.sql", "1_a.down.sql", "2_b.sql"])),
+            MigrationKind::Simple
+        );
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let table = TableName::parse("jobs.Queue").unwrap();
+        for engine in Engine::ALL {
+            let sql = file_sql(engine, &table, MigrationType::ReversibleDown);
+            let header = IcqHeader::parse(&sql).unwrap();
+            assert_eq!(header.engine, engine);
+            assert_eq!(header.table, "jobs.Queue");
+            assert!(!sql.starts_with("-- no-transaction"));
+        }
+        assert_eq!(IcqHeader::parse("-- Add migration script here\n"), None);
+    }
+
+    #[test]
+    fn scan_rejects_what_sqlx_rejects_and_skips_what_it_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("README.md"), "").unwrap();
+        fs::write(dir.path().join("notes.sql"), "").unwrap();
+        fs::create_dir(dir.path().join("sqlserver")).unwrap();
+        assert!(scan(dir.path()).unwrap().is_empty());
+        fs::write(dir.path().join("v1_x.sql"), "").unwrap();
+        assert!(matches!(scan(dir.path()), Err(Error::Usage(_))));
+    }
+}

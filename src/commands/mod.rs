@@ -3,6 +3,7 @@
 
 pub mod completions;
 pub mod migrate;
+pub mod work;
 
 use std::path::PathBuf;
 
@@ -57,6 +58,9 @@ pub enum Command {
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),
 
+    /// Run the processor for every configured source in the foreground.
+    Work(work::WorkArgs),
+
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
 }
@@ -65,6 +69,7 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
+        Command::Work(args) => work::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
     }
 }
@@ -75,4 +80,20 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
     err.chain()
         .find_map(|cause| cause.downcast_ref::<crate::Error>())
         .map_or(1, crate::Error::exit_code)
+}
+
+impl GlobalArgs {
+    /// The source request these options describe.
+    pub fn source_request(&self) -> crate::sources::SourceRequest {
+        crate::sources::SourceRequest {
+            config_path: self.config.clone(),
+            database_url: self.database_url.clone(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// Opens the sources the global options select.
+pub async fn open_sources(global: &GlobalArgs) -> anyhow::Result<Vec<crate::sources::OpenSource>> {
+    Ok(crate::sources::open(&global.source_request()).await?)
 }

@@ -1,8 +1,163 @@
-//! Operator queries (counts, dead letters, requeue, purge, replay) as a trait each engine
-//! driver implements next to its queue operations.
+//! Operator queries (counts, dead letters, requeue, purge) as a trait each engine driver
+//! implements next to its queue operations, in `postgres/admin.rs`, `sqlite/admin.rs` and
+//! `mysql/admin.rs`.
+//!
+//! The bulk operations are shaped so that no caller can hold a long transaction: each
+//! `*_batch` method touches at most `limit` rows in one short statement (or one short
+//! transaction where the engine needs two statements) and the caller loops. Batches are
+//! bounded by a fixed cutoff instant taken from [`AdminOps::clock_now`] when the operation
+//! starts, so rows that die or complete while it runs are not chased forever.
+//!
+//! Every state test follows the product contract and [`crate::State`]: a row with
+//! `ProcessedAt` set is completed; otherwise a row with `DeadLetteredAt` set is dead;
+//! otherwise it is pending — running while its lease is live, else due when
+//! `RunAt <= now`, else scheduled.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::command::{CommandId, CommandRow};
+use crate::error::Result;
+
+/// What [`AdminOps::state_count`] groups by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCountParams {
+    /// One result per command type (ordered by type) instead of one for the whole table.
+    pub by_type: bool,
+}
+
+/// How many rows are in each state (for the whole table, or for one type).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StateCount {
+    /// The command type, when counting by type.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
+    /// Pending, no live lease, `RunAt <= now`.
+    pub due: u64,
+    /// Pending, no live lease, `RunAt > now`.
+    pub scheduled: u64,
+    /// Pending with a live lease.
+    pub running: u64,
+    /// Dead-lettered.
+    pub dead: u64,
+    /// Completed.
+    pub completed: u64,
+}
+
+/// Which dead letters [`AdminOps::dead_letter_list`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterListParams {
+    /// Only this command type.
+    pub type_name: Option<String>,
+    /// At most this many rows, newest (by `DeadLetteredAt`) first.
+    pub limit: u32,
+}
+
+/// A dead letter as listed: everything but the payload and the captured context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterSummary {
+    /// `Id`.
+    pub id: CommandId,
+    /// `Type`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// `Attempts`.
+    pub attempts: i32,
+    /// `DeadLetteredAt`.
+    pub dead_lettered_at: DateTime<Utc>,
+    /// `LastError`.
+    pub last_error: Option<String>,
+}
+
+/// A set of dead letters fixed at the start of a bulk operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Only this command type.
+    pub type_name: Option<String>,
+    /// Only rows dead-lettered at or before this instant (the operation's start), so a
+    /// requeued row that dies again is not picked up a second time.
+    pub dead_before: DateTime<Utc>,
+}
+
+/// One batch of [`AdminOps::dead_letter_requeue_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterRequeueBatchParams {
+    /// The rows to requeue.
+    pub filter: DeadLetterFilter,
+    /// At most this many rows in this batch.
+    pub limit: u32,
+}
+
+/// The explicit rows of [`AdminOps::command_requeue_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRequeueManyParams {
+    /// Distinct ids, all of which must exist and be requeueable.
+    pub ids: Vec<CommandId>,
+}
+
+/// A finished state a purge deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishedKind {
+    /// Completed rows, aged by `ProcessedAt`.
+    Completed,
+    /// Dead letters, aged by `DeadLetteredAt`.
+    DeadLetters,
+}
+
+/// Finished rows of one kind at or before a fixed instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FinishedFilter {
+    /// Completed rows or dead letters.
+    pub kind: FinishedKind,
+    /// Only rows finished at or before this instant.
+    pub before: DateTime<Utc>,
+}
+
+/// One batch of [`AdminOps::finished_delete_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FinishedDeleteBatchParams {
+    /// The rows to delete.
+    pub filter: FinishedFilter,
+    /// At most this many rows in this batch.
+    pub limit: u32,
+}
 
 /// Operator queries over one source's table.
 #[async_trait]
-pub trait AdminOps: Send + Sync + 'static {}
+pub trait AdminOps: Send + Sync + 'static {
+    /// The database's current time, the reference for every cutoff an operation fixes.
+    async fn clock_now(&self) -> Result<DateTime<Utc>>;
+
+    /// Counts rows per state in one aggregate query (per type with `by_type`).
+    async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>>;
+
+    /// Lists dead letters, newest first.
+    async fn dead_letter_list(&self, params: &DeadLetterListParams)
+    -> Result<Vec<DeadLetterSummary>>;
+
+    /// Reads the rows with these ids, in any state; ids that do not exist are absent.
+    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>>;
+
+    /// Puts every listed row back to pending now (`RunAt = now`, `Attempts = 0`,
+    /// `DeadLetteredAt` and the lease cleared, `LastError` kept), all or nothing, in one
+    /// transaction. A row is requeueable when it is not completed and holds no live lease.
+    /// When any id is missing or not requeueable nothing changes and 0 is returned.
+    async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64>;
+
+    /// How many dead letters match `filter`.
+    async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64>;
+
+    /// Requeues (as [`AdminOps::command_requeue_many`] does) up to `limit` dead letters
+    /// matching the filter, oldest first, in one short statement; returns how many.
+    async fn dead_letter_requeue_batch(&self, params: &DeadLetterRequeueBatchParams)
+    -> Result<u64>;
+
+    /// How many finished rows match `filter`.
+    async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64>;
+
+    /// Deletes up to `limit` finished rows matching the filter, oldest first, by primary
+    /// key; returns how many.
+    async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64>;
+}

@@ -89,6 +89,9 @@ pub trait QueueOps: Send + Sync + 'static {
     /// Claims up to `limit` due rows in one statement; increments `Attempts` on each.
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<CommandRow>>;
 
+    /// Reads one row by id.
+    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>>;
+
     /// Stamps successes, guarded by each lease token; returns how many rows were stamped.
     async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64>;
 

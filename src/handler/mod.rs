@@ -202,6 +202,18 @@ impl Registry {
         self.insert(C::TYPE, TraceLayer.layer(handler))
     }
 
+    /// Registers an [`exec::ExecHandler`] running `argv` for `type_name`, behind the
+    /// tracing layer; `timeout` kills the program's process group when it runs too long.
+    pub fn insert_exec(
+        &mut self,
+        type_name: impl Into<String>,
+        argv: Vec<String>,
+        timeout: Option<std::time::Duration>,
+    ) -> crate::Result<&mut Self> {
+        let handler: Arc<dyn Handler> = Arc::new(exec::ExecHandler::new(argv, timeout)?);
+        self.insert(type_name, TraceLayer.layer(handler))
+    }
+
     /// The pipeline for `type_name`, if one is registered.
     pub fn get(&self, type_name: &str) -> Option<&Arc<dyn Handler>> {
         self.handlers.get(type_name)

@@ -1,7 +1,14 @@
 //! Per-engine DDL for the commands table, rendered from `templates/migrations/`.
 //!
 //! The templates are compiled into the binary; every name spliced into them is a
-//! validated [`TableName`] quoted by [`Engine::quote_ident`].
+//! validated [`TableName`] quoted by [`Engine::quote_ident`], so configuration can never
+//! inject SQL. The column shapes are the contract of SPEC §2 that the processor and any
+//! foreign writer rely on; the three indexes are `IX_<table>_Poll`, `IX_<table>_Retention`
+//! and `IX_<table>_DeadLetters`, partial (filtered) wherever the engine allows.
+//!
+//! PostgreSQL, SQLite and MySQL/MariaDB scripts are plain statements that sqlx's migrator
+//! runs; the SQL Server script is T-SQL with `GO` batch separators, for sqlcmd, DbUp or
+//! Flyway.
 
 use crate::ident::{Engine, TableName};
 
@@ -34,7 +41,10 @@ pub fn render(engine: Engine, table: &TableName) -> Ddl {
             include_str!("../../templates/migrations/mysql.up.sql"),
             include_str!("../../templates/migrations/mysql.down.sql"),
         ),
-        Engine::SqlServer => ("-- TODO sqlserver\n", "-- TODO sqlserver\n"),
+        Engine::SqlServer => (
+            include_str!("../../templates/migrations/sqlserver.up.sql"),
+            include_str!("../../templates/migrations/sqlserver.down.sql"),
+        ),
     };
     Ddl {
         up: fill(up, engine, table),
@@ -54,10 +64,61 @@ fn fill(template: &str, engine: Engine, table: &TableName) -> String {
         .replace("{{ix_poll}}", &index("_Poll"))
         .replace("{{ix_retention}}", &index("_Retention"))
         .replace("{{ix_dead_letters}}", &index("_DeadLetters"))
+        .replace("{{pk}}", &table.derived(engine, "PK_", ""))
+        .replace("{{ck_payload}}", &table.derived(engine, "CK_", "_Payload"))
         .replace(
             "{{notify_function}}",
             &table.derived_qualified(engine, "icq_notify_", ""),
         )
-        .replace("{{notify_trigger}}", &table.derived(engine, "icq_notify_", ""))
+        .replace(
+            "{{notify_trigger}}",
+            &table.derived(engine, "icq_notify_", ""),
+        )
         .replace("{{channel}}", &notify_channel(table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        let table = TableName::parse("jobs.Queue").unwrap();
+        for engine in Engine::ALL {
+            let ddl = render(engine, &table);
+            for sql in [&ddl.up, &ddl.down] {
+                assert!(
+                    !sql.contains("{{"),
+                    "{engine}: unfilled placeholder in\n{sql}"
+                );
+                assert!(
+                    sql.contains(&table.quoted(engine)),
+                    "{engine}: table missing"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sql_server_uses_brackets_and_filtered_indexes() {
+        let ddl = render(Engine::SqlServer, &TableName::default());
+        assert!(ddl.up.contains("CREATE TABLE [InternalCommands]"));
+        assert!(
+            ddl.up
+                .contains("CONSTRAINT [PK_InternalCommands] PRIMARY KEY")
+        );
+        assert!(ddl.up.contains("CHECK (ISJSON([Payload]) = 1)"));
+        assert!(ddl.up.contains(
+            "CREATE INDEX [IX_InternalCommands_Poll] ON [InternalCommands] ([RunAt]) INCLUDE"
+        ));
+        let code = ddl.up.lines().filter(|l| !l.trim_start().starts_with("--"));
+        assert!(
+            code.into_iter()
+                .all(|l| !l.contains('"') && !l.contains('`'))
+        );
+        assert!(
+            ddl.down
+                .contains("DROP TABLE IF EXISTS [InternalCommands];")
+        );
+    }
 }

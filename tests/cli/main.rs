@@ -1,1 +1,8 @@
 //! CLI tests.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod migrate;
+mod schema;
+mod work;

@@ -350,6 +350,18 @@ impl QueueOps for MySqlDriver {
             .collect()
     }
 
+    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>> {
+        let sql = format!("SELECT {COLUMNS} FROM {} WHERE `Id` = ?", self.t);
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        row.as_ref()
+            .map(|r| decode_row(r).map_err(Error::db(self.ctx("decoding a command"))))
+            .transpose()
+    }
+
     async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64> {
         let set = format!("`ProcessedAt` = {NOW}, `LockToken` = NULL, `LockedUntil` = NULL");
         self.update_leases(&set, leases, "stamping completed commands")

@@ -1,6 +1,253 @@
 //! PostgreSQL operator queries.
+//!
+//! Counts are one pass with `count(*) FILTER (…)`; bulk requeues and deletes pick a batch
+//! of ids through the partial indexes (`IX_<table>_DeadLetters`, `IX_<table>_Retention`)
+//! and touch those rows by primary key in the same statement. A requeue ends with a
+//! `pg_notify` on the table's channel so idle processors pick the rows up at once.
 
-use super::PgDriver;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{PgDriver, decode_row};
+use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
+use crate::engine::admin::{
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
+    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
+    FinishedKind, StateCount, StateCountParams,
+};
+use crate::error::{Error, Result};
 
-impl AdminOps for PgDriver {}
+/// Pending: neither completed nor dead.
+const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+/// No live lease.
+const UNLEASED: &str = r#"("LockedUntil" IS NULL OR "LockedUntil" <= now())"#;
+/// Dead: dead-lettered and not completed.
+const DEAD: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL"#;
+/// The assignments that put a row back to pending now (`LastError` is kept).
+const REQUEUE_SET: &str = r#""RunAt" = now(), "Attempts" = 0, "DeadLetteredAt" = NULL,
+                            "LockToken" = NULL, "LockedUntil" = NULL"#;
+/// Dead letters at or before `$1`, of type `$2` when it is not NULL.
+const DEAD_FILTER: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL
+                             AND "DeadLetteredAt" <= $1 AND ($2::text IS NULL OR "Type" = $2)"#;
+
+/// The `WHERE` condition and ordering column of finished rows at or before `$1`.
+fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
+    match kind {
+        FinishedKind::Completed => (
+            r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1"#,
+            r#""ProcessedAt""#,
+        ),
+        FinishedKind::DeadLetters => (
+            r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1"#,
+            r#""DeadLetteredAt""#,
+        ),
+    }
+}
+
+fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64> {
+    let n: i64 = row
+        .try_get(column)
+        .map_err(Error::db(format!("decoding the {column} count")))?;
+    Ok(n.max(0) as u64)
+}
+
+impl PgDriver {
+    /// Wakes idle processors listening on this table's channel.
+    async fn notify_waiters(&self) -> Result<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(crate::schema::notify_channel(&self.table))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("notifying processors of requeued commands")))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AdminOps for PgDriver {
+    async fn clock_now(&self) -> Result<DateTime<Utc>> {
+        sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading the database clock")))
+    }
+
+    async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
+        let t = &self.t;
+        let (select, group) = if params.by_type {
+            (r#""Type" AS type,"#, r#"GROUP BY "Type" ORDER BY "Type""#)
+        } else {
+            ("", "")
+        };
+        let sql = format!(
+            r#"SELECT {select}
+                   count(*) FILTER (WHERE {PENDING} AND {UNLEASED} AND "RunAt" <= now()) AS due,
+                   count(*) FILTER (WHERE {PENDING} AND {UNLEASED} AND "RunAt" > now()) AS scheduled,
+                   count(*) FILTER (WHERE {PENDING} AND "LockedUntil" > now()) AS running,
+                   count(*) FILTER (WHERE {DEAD}) AS dead,
+                   count(*) FILTER (WHERE "ProcessedAt" IS NOT NULL) AS completed
+               FROM {t} {group}"#
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting commands by state")))?;
+        rows.iter()
+            .map(|row| {
+                Ok(StateCount {
+                    type_name: if params.by_type {
+                        Some(row.try_get("type").map_err(Error::db("decoding a type"))?)
+                    } else {
+                        None
+                    },
+                    due: count(row, "due")?,
+                    scheduled: count(row, "scheduled")?,
+                    running: count(row, "running")?,
+                    dead: count(row, "dead")?,
+                    completed: count(row, "completed")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn dead_letter_list(
+        &self,
+        params: &DeadLetterListParams,
+    ) -> Result<Vec<DeadLetterSummary>> {
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT "Id", "Type", "Attempts", "DeadLetteredAt", "LastError" FROM {t}
+               WHERE {DEAD} AND ($1::text IS NULL OR "Type" = $1)
+               ORDER BY "DeadLetteredAt" DESC, "Id"
+               LIMIT $2"#
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(&params.type_name)
+            .bind(i64::from(params.limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("listing dead letters")))?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadLetterSummary {
+                    id: CommandId(row.try_get("Id")?),
+                    type_name: row.try_get("Type")?,
+                    attempts: row.try_get("Attempts")?,
+                    dead_lettered_at: row.try_get("DeadLetteredAt")?,
+                    last_error: row.try_get("LastError")?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(Error::db(self.ctx("decoding a dead letter")))
+    }
+
+    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>> {
+        let t = &self.t;
+        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let sql = format!(r#"SELECT * FROM {t} WHERE "Id" = ANY($1) ORDER BY "CreatedAt", "Id""#);
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading commands")))?;
+        rows.iter()
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .collect()
+    }
+
+    async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
+        let t = &self.t;
+        let ctx = || self.ctx("requeueing commands");
+        let ids: Vec<Uuid> = params.ids.iter().map(|id| id.0).collect();
+        let sql = format!(
+            r#"UPDATE {t} SET {REQUEUE_SET}
+               WHERE "Id" = ANY($1) AND "ProcessedAt" IS NULL AND {UNLEASED}"#
+        );
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(ctx()))?
+            .rows_affected();
+        if done != ids.len() as u64 {
+            tx.rollback().await.map_err(Error::db(ctx()))?;
+            return Ok(0);
+        }
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        if done > 0 {
+            self.notify_waiters().await?;
+        }
+        Ok(done)
+    }
+
+    async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let t = &self.t;
+        let sql = format!("SELECT count(*) FROM {t} WHERE {DEAD_FILTER}");
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(filter.dead_before)
+            .bind(&filter.type_name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting dead letters")))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterRequeueBatchParams,
+    ) -> Result<u64> {
+        let t = &self.t;
+        let sql = format!(
+            r#"WITH batch AS (
+                   SELECT "Id" FROM {t} WHERE {DEAD_FILTER}
+                   ORDER BY "DeadLetteredAt" LIMIT $3
+                   FOR UPDATE)
+               UPDATE {t} AS c SET {REQUEUE_SET}
+               FROM batch WHERE c."Id" = batch."Id""#
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(params.filter.dead_before)
+            .bind(&params.filter.type_name)
+            .bind(i64::from(params.limit))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("requeueing dead letters")))?
+            .rows_affected();
+        if done > 0 {
+            self.notify_waiters().await?;
+        }
+        Ok(done)
+    }
+
+    async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
+        let t = &self.t;
+        let (condition, _) = finished(filter.kind);
+        let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(filter.before)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting finished commands")))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
+        let t = &self.t;
+        let (condition, order) = finished(params.filter.kind);
+        let sql = format!(
+            r#"DELETE FROM {t} WHERE "Id" IN (
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT $2)"#
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(params.filter.before)
+            .bind(i64::from(params.limit))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("purging finished commands")))?;
+        Ok(done.rows_affected())
+    }
+}

@@ -314,6 +314,18 @@ impl QueueOps for PgDriver {
             .collect()
     }
 
+    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>> {
+        let sql = format!(r#"SELECT * FROM {} WHERE "Id" = $1"#, self.t);
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        row.as_ref()
+            .map(|r| decode_row(r).map_err(Error::db(self.ctx("decoding a command"))))
+            .transpose()
+    }
+
     async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64> {
         let (ids, tokens) = lease_arrays(leases);
         let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))

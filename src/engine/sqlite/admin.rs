@@ -1,6 +1,273 @@
 //! SQLite operator queries.
+//!
+//! Timestamps are compared as text in icq's fixed UTC format (text order is time order),
+//! so cutoffs are bound as [`format_timestamp`] strings. Bulk requeues and deletes pick a
+//! batch of ids in a subquery and touch those rows by primary key in the same statement;
+//! each statement is its own short write transaction, so the processor's writes
+//! interleave with a long purge instead of waiting behind it.
 
-use super::SqliteDriver;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{NOW, SqliteDriver, decode_row};
+use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
 use crate::engine::AdminOps;
+use crate::engine::admin::{
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
+    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
+    FinishedKind, StateCount, StateCountParams,
+};
+use crate::error::{Error, Result};
 
-impl AdminOps for SqliteDriver {}
+/// Ids per `IN (…)` list, well under SQLite's bound-parameter limit.
+const IDS_PER_STATEMENT: usize = 500;
+
+/// Pending: neither completed nor dead.
+const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+/// Dead: dead-lettered and not completed.
+const DEAD: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL"#;
+/// Dead letters at or before `?1`, of type `?2` when it is not NULL.
+const DEAD_FILTER: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL
+                             AND "DeadLetteredAt" <= ?1 AND (?2 IS NULL OR "Type" = ?2)"#;
+
+/// No live lease.
+fn unleased() -> String {
+    format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})"#)
+}
+
+/// The assignments that put a row back to pending now (`LastError` is kept).
+fn requeue_set() -> String {
+    format!(
+        r#""RunAt" = {NOW}, "Attempts" = 0, "DeadLetteredAt" = NULL,
+           "LockToken" = NULL, "LockedUntil" = NULL"#
+    )
+}
+
+/// The `WHERE` condition and ordering column of finished rows at or before `?1`.
+fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
+    match kind {
+        FinishedKind::Completed => (
+            r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1"#,
+            r#""ProcessedAt""#,
+        ),
+        FinishedKind::DeadLetters => (
+            r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1"#,
+            r#""DeadLetteredAt""#,
+        ),
+    }
+}
+
+fn count(row: &SqliteRow, column: &str) -> Result<u64> {
+    let n: i64 = row
+        .try_get(column)
+        .map_err(Error::db(format!("decoding the {column} count")))?;
+    Ok(n.max(0) as u64)
+}
+
+fn decode_summary(row: &SqliteRow) -> std::result::Result<DeadLetterSummary, sqlx::Error> {
+    let id: String = row.try_get("Id")?;
+    let at: String = row.try_get("DeadLetteredAt")?;
+    let attempts: i64 = row.try_get("Attempts")?;
+    Ok(DeadLetterSummary {
+        id: CommandId(
+            uuid::Uuid::parse_str(&id)
+                .map_err(|e| sqlx::Error::Decode(format!("column Id: `{id}`: {e}").into()))?,
+        ),
+        type_name: row.try_get("Type")?,
+        attempts: attempts.clamp(0, i64::from(i32::MAX)) as i32,
+        dead_lettered_at: parse_timestamp(&at).ok_or_else(|| {
+            sqlx::Error::Decode(format!("column DeadLetteredAt: `{at}` is not a timestamp").into())
+        })?,
+        last_error: row.try_get("LastError")?,
+    })
+}
+
+#[async_trait]
+impl AdminOps for SqliteDriver {
+    async fn clock_now(&self) -> Result<DateTime<Utc>> {
+        let now: String = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW}")))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading the database clock")))?;
+        parse_timestamp(&now).ok_or_else(|| Error::Database {
+            context: self.ctx("reading the database clock"),
+            source: sqlx::Error::Decode(format!("`{now}` is not a timestamp").into()),
+        })
+    }
+
+    async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
+        let t = &self.t;
+        let unleased = unleased();
+        let (select, group) = if params.by_type {
+            (r#""Type" AS type,"#, r#"GROUP BY "Type" ORDER BY "Type""#)
+        } else {
+            ("", "")
+        };
+        let sql = format!(
+            r#"SELECT {select}
+                   COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" <= {NOW}), 0) AS due,
+                   COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" > {NOW}), 0) AS scheduled,
+                   COALESCE(SUM({PENDING} AND COALESCE("LockedUntil" > {NOW}, 0)), 0) AS running,
+                   COALESCE(SUM({DEAD}), 0) AS dead,
+                   COALESCE(SUM("ProcessedAt" IS NOT NULL), 0) AS completed
+               FROM {t} {group}"#
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting commands by state")))?;
+        rows.iter()
+            .map(|row| {
+                Ok(StateCount {
+                    type_name: if params.by_type {
+                        Some(row.try_get("type").map_err(Error::db("decoding a type"))?)
+                    } else {
+                        None
+                    },
+                    due: count(row, "due")?,
+                    scheduled: count(row, "scheduled")?,
+                    running: count(row, "running")?,
+                    dead: count(row, "dead")?,
+                    completed: count(row, "completed")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn dead_letter_list(
+        &self,
+        params: &DeadLetterListParams,
+    ) -> Result<Vec<DeadLetterSummary>> {
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT "Id", "Type", "Attempts", "DeadLetteredAt", "LastError" FROM {t}
+               WHERE {DEAD} AND (?1 IS NULL OR "Type" = ?1)
+               ORDER BY "DeadLetteredAt" DESC, "Id"
+               LIMIT ?2"#
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(&params.type_name)
+            .bind(i64::from(params.limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("listing dead letters")))?;
+        rows.iter()
+            .map(decode_summary)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(Error::db(self.ctx("decoding a dead letter")))
+    }
+
+    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>> {
+        let t = &self.t;
+        let mut found = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!(r#"SELECT * FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#);
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id.to_string());
+            }
+            let rows = query
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("reading commands")))?;
+            for row in &rows {
+                found.push(decode_row(row).map_err(Error::db(self.ctx("decoding a command")))?);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
+        let t = &self.t;
+        let ctx = || self.ctx("requeueing commands");
+        let (set, unleased) = (requeue_set(), unleased());
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut done = 0;
+        for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!(
+                r#"UPDATE {t} SET {set}
+                   WHERE "Id" IN ({marks}) AND "ProcessedAt" IS NULL AND {unleased}"#
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id.to_string());
+            }
+            done += query
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::db(ctx()))?
+                .rows_affected();
+        }
+        if done != params.ids.len() as u64 {
+            tx.rollback().await.map_err(Error::db(ctx()))?;
+            return Ok(0);
+        }
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(done)
+    }
+
+    async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let t = &self.t;
+        let sql = format!("SELECT COUNT(*) FROM {t} WHERE {DEAD_FILTER}");
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(format_timestamp(filter.dead_before))
+            .bind(&filter.type_name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting dead letters")))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterRequeueBatchParams,
+    ) -> Result<u64> {
+        let t = &self.t;
+        let set = requeue_set();
+        let sql = format!(
+            r#"UPDATE {t} SET {set} WHERE "Id" IN (
+                   SELECT "Id" FROM {t} WHERE {DEAD_FILTER}
+                   ORDER BY "DeadLetteredAt" LIMIT ?3)"#
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(format_timestamp(params.filter.dead_before))
+            .bind(&params.filter.type_name)
+            .bind(i64::from(params.limit))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("requeueing dead letters")))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
+        let t = &self.t;
+        let (condition, _) = finished(filter.kind);
+        let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(format_timestamp(filter.before))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting finished commands")))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
+        let t = &self.t;
+        let (condition, order) = finished(params.filter.kind);
+        let sql = format!(
+            r#"DELETE FROM {t} WHERE "Id" IN (
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?2)"#
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(format_timestamp(params.filter.before))
+            .bind(i64::from(params.limit))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("purging finished commands")))?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,103 @@
+//! `icq work`: runs the processor for every configured source in the foreground.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+use crate::processor::RunOptions;
+
+/// Arguments of `icq work`.
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// Exit 0 once nothing is due or running (commands scheduled for later do not keep
+    /// it alive).
+    #[arg(long)]
+    pub until_idle: bool,
+
+    /// How long in-flight commands may run after SIGINT/SIGTERM before their leases are
+    /// released for another replica.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub grace_seconds: f64,
+
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How `icq work` writes its logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Cancels `token` on SIGINT or SIGTERM; a second signal exits at once.
+fn stop_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot watch SIGTERM");
+                    return;
+                }
+            };
+        for round in 0.. {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            if round == 0 {
+                tracing::info!("stopping: no new claims; finishing in-flight commands");
+                token.cancel();
+            } else {
+                tracing::warn!("second signal: exiting now; unfinished leases will expire");
+                std::process::exit(130);
+            }
+        }
+    });
+}
+
+/// Runs the processor until a signal (or idle, with `--until-idle`).
+pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let request = global.source_request();
+    let config = crate::sources::load_config(&request)?;
+    let registry = crate::worker::registry_from_config(&config)?;
+    let sources = crate::sources::open_selected(&config, request.source.as_deref()).await?;
+    if registry.is_empty() {
+        tracing::warn!("no handlers are configured: every command will be dead-lettered as unknown");
+    }
+    for source in &sources {
+        tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+    }
+    let processor = crate::worker::processor(registry, &sources);
+    let shutdown = CancellationToken::new();
+    stop_on_signals(shutdown.clone());
+    let options = RunOptions {
+        until_idle: args.until_idle,
+        shutdown_grace: Duration::from_secs_f64(args.grace_seconds.max(0.0)),
+    };
+    processor.run(options, shutdown).await?;
+    for source in &sources {
+        let stats = source.queue.stats().snapshot();
+        tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
+        source.queue.backend().close().await;
+    }
+    Ok(())
+}

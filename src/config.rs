@@ -1,1 +1,0 @@
-//! `icq.yaml`: sources, their settings and the handlers (placeholder; being written).

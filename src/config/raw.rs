@@ -1,0 +1,105 @@
+//! The file's shape exactly as written, before checks that types cannot express.
+//!
+//! Every struct refuses unknown keys, so a typo is an error rather than a silently
+//! ignored setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, SeqAccess, Visitor};
+
+use crate::settings::Settings;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `sources` and `handlers`"
+)]
+pub(crate) struct RawConfig {
+    /// `sources:`; `None` when absent or empty.
+    #[serde(default)]
+    pub sources: Option<Vec<RawSource>>,
+    /// `handlers:`, by command type.
+    #[serde(default)]
+    pub handlers: Option<BTreeMap<String, RawHandler>>,
+}
+
+/// One entry of `sources:`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a source: a mapping with `name`, `url` and optionally `table` and `settings`"
+)]
+pub(crate) struct RawSource {
+    pub name: String,
+    pub url: String,
+    #[serde(default)]
+    pub table: Option<String>,
+    #[serde(default)]
+    pub settings: Option<Settings>,
+}
+
+/// One entry of `handlers:`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a handler: a mapping with one of `exec`, `http` or `noop`"
+)]
+pub(crate) struct RawHandler {
+    #[serde(default, deserialize_with = "argv")]
+    pub exec: Option<Vec<String>>,
+    #[serde(default)]
+    pub http: Option<RawHttp>,
+    #[serde(default)]
+    pub noop: Option<bool>,
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub requires_roles: Option<Vec<String>>,
+}
+
+/// `http: { url, headers }`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an http handler: a mapping with `url` and optionally `headers`"
+)]
+pub(crate) struct RawHttp {
+    pub url: String,
+    #[serde(default)]
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// `exec:` must be a list of strings; a single string is refused with a pointer to the
+/// list form, since icq never runs a shell.
+fn argv<'de, D: de::Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<String>>, D::Error> {
+    deserializer.deserialize_any(Argv).map(Some)
+}
+
+struct Argv;
+
+impl<'de> Visitor<'de> for Argv {
+    type Value = Vec<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an argv list such as [\"./bin/send-receipt\", \"--fast\"]")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<String>, E> {
+        let words: Vec<String> = v.split_whitespace().map(|w| format!("{w:?}")).collect();
+        Err(E::custom(format!(
+            "`exec` takes an argv list, never a shell string: write exec: [{}]",
+            words.join(", ")
+        )))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let mut argv = Vec::new();
+        while let Some(arg) = seq.next_element::<String>()? {
+            argv.push(arg);
+        }
+        Ok(argv)
+    }
+}

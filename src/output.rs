@@ -1,0 +1,405 @@
+//! The one place that writes results: tables for people, one JSON document for scripts,
+//! plus the two pieces of terminal interaction the operator commands need (confirmation
+//! prompts and progress bars).
+//!
+//! - **JSON** (`--format json`): the report's `Serialize` form, pretty-printed, on stdout,
+//!   exactly the shapes documented in SPEC §7. Nothing else is ever written to stdout.
+//! - **Tables** (`--format table`): comfy-table, fitted to the terminal width (or to
+//!   `$COLUMNS` when set); long error texts are cut to their first line and a bounded
+//!   length. Colour only on a terminal and never when `$NO_COLOR` is set.
+//! - **Prompts and progress** go to stderr and only on a terminal: a destructive command
+//!   off a terminal needs `--yes` instead, and progress bars are simply not drawn.
+
+use std::io::{IsTerminal, Write};
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+use comfy_table::{Attribute, Cell, CellAlignment, Color, ContentArrangement, Table, modifiers, presets};
+use serde::Serialize;
+
+use crate::admin::{
+    DeadLetterReport, PendingReport, Progress, PurgeReport, ReplayReport, RequeueReport, Scheduled,
+    ScheduledMany, ShownCommand,
+};
+use crate::commands::Format;
+use crate::engine::admin::FinishedKind;
+use crate::error::{Error, Result};
+
+/// Longest `LastError` text shown in a list (the rest is cut with `…`).
+const ERROR_WIDTH: usize = 60;
+
+/// How tables are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Style {
+    /// Colour headers (stdout is a terminal and `$NO_COLOR` is unset).
+    pub color: bool,
+    /// Fit tables to this many columns (`$COLUMNS`); `None` lets comfy-table ask the
+    /// terminal, or leaves tables unbounded off a terminal.
+    pub width: Option<u16>,
+}
+
+impl Style {
+    /// The style for stdout in this environment.
+    pub fn detect() -> Style {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Style {
+            color: !no_color && std::io::stdout().is_terminal(),
+            width: std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok()),
+        }
+    }
+
+    /// A table with icq's look: condensed UTF-8 borders, fitted to the width.
+    pub fn table(&self, headers: &[&str]) -> Table {
+        let mut table = Table::new();
+        table
+            .load_preset(presets::UTF8_FULL_CONDENSED)
+            .apply_modifier(modifiers::UTF8_ROUND_CORNERS)
+            .set_content_arrangement(ContentArrangement::Dynamic);
+        if let Some(width) = self.width {
+            table.set_width(width);
+        }
+        table.set_header(headers.iter().map(|h| self.header(h)));
+        table
+    }
+
+    fn header(&self, text: &str) -> Cell {
+        let cell = Cell::new(text);
+        if self.color {
+            cell.add_attribute(Attribute::Bold).fg(Color::Cyan)
+        } else {
+            cell
+        }
+    }
+}
+
+/// A result the CLI prints: its JSON form is its `Serialize` form.
+pub trait Render: Serialize {
+    /// The form for people.
+    fn human(&self, style: &Style) -> String;
+}
+
+/// Writes `report` to stdout in `format`. A closed pipe (`icq … | head`) is not an error.
+pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
+    let mut text = match format {
+        Format::Json => serde_json::to_string_pretty(report)
+            .map_err(|e| Error::Usage(format!("cannot render the result as JSON: {e}")))?,
+        Format::Table => report.human(&Style::detect()),
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::io("writing to stdout")(err))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes a note for people to stderr (never part of a command's result).
+pub fn note(text: &str) {
+    eprintln!("{text}");
+}
+
+fn time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn opt_time(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(|| "-".to_owned(), time)
+}
+
+fn opt(text: Option<&str>) -> String {
+    text.map_or_else(|| "-".to_owned(), str::to_owned)
+}
+
+/// The first line of `text`, cut to `width` characters with `…`.
+pub fn truncate(text: &str, width: usize) -> String {
+    let first = text.lines().next().unwrap_or("");
+    let cut = first.chars().count() > width || text.lines().nth(1).is_some();
+    if !cut {
+        return first.to_owned();
+    }
+    let kept: String = first.chars().take(width.saturating_sub(1)).collect();
+    format!("{}…", kept.trim_end())
+}
+
+fn number(n: u64) -> Cell {
+    Cell::new(n).set_alignment(CellAlignment::Right)
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("{n} {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+impl Render for PendingReport {
+    fn human(&self, style: &Style) -> String {
+        if self.rows.is_empty() {
+            return "No commands.".into();
+        }
+        let sourced = self.source_count > 1;
+        let mut headers = Vec::new();
+        if sourced {
+            headers.push("Source");
+        }
+        if self.by_type {
+            headers.push("Type");
+        }
+        headers.extend(["Due", "Scheduled", "Running", "Dead", "Completed"]);
+        let mut table = style.table(&headers);
+        for row in &self.rows {
+            let mut cells = Vec::new();
+            if sourced {
+                cells.push(Cell::new(&row.source));
+            }
+            if self.by_type {
+                cells.push(Cell::new(row.counts.type_name.as_deref().unwrap_or("")));
+            }
+            let c = &row.counts;
+            cells.extend([c.due, c.scheduled, c.running, c.dead, c.completed].map(number));
+            table.add_row(cells);
+        }
+        table.to_string()
+    }
+}
+
+impl Render for DeadLetterReport {
+    fn human(&self, style: &Style) -> String {
+        if self.rows.is_empty() {
+            return "No dead letters.".into();
+        }
+        let sourced = self.source_count > 1;
+        let mut headers = Vec::new();
+        if sourced {
+            headers.push("Source");
+        }
+        headers.extend(["Id", "Type", "Attempts", "Dead lettered at", "Last error"]);
+        let mut table = style.table(&headers);
+        for row in &self.rows {
+            let s = &row.summary;
+            let mut cells = Vec::new();
+            if sourced {
+                cells.push(Cell::new(&row.source));
+            }
+            cells.extend([
+                Cell::new(s.id),
+                Cell::new(&s.type_name),
+                Cell::new(s.attempts).set_alignment(CellAlignment::Right),
+                Cell::new(time(s.dead_lettered_at)),
+                Cell::new(s.last_error.as_deref().map_or_else(|| "-".to_owned(), |e| truncate(e, ERROR_WIDTH))),
+            ]);
+            table.add_row(cells);
+        }
+        table.to_string()
+    }
+}
+
+impl Render for ShownCommand {
+    fn human(&self, style: &Style) -> String {
+        let r = &self.row;
+        let payload = serde_json::to_string_pretty(&r.payload).unwrap_or_else(|_| r.payload.to_string());
+        let roles = if r.roles.is_empty() { "-".to_owned() } else { r.roles.join(", ") };
+        let state = serde_json::to_value(self.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let fields: [(&str, String); 17] = [
+            ("Source", self.source.clone()),
+            ("Id", r.id.to_string()),
+            ("State", state),
+            ("Type", r.type_name.clone()),
+            ("Attempts", r.attempts.to_string()),
+            ("Created at", time(r.created_at)),
+            ("Run at", time(r.run_at)),
+            ("Processed at", opt_time(r.processed_at)),
+            ("Dead lettered at", opt_time(r.dead_lettered_at)),
+            ("Lock token", r.lock_token.map_or_else(|| "-".to_owned(), |t| t.to_string())),
+            ("Locked until", opt_time(r.locked_until)),
+            ("User id", opt(r.user_id.as_deref())),
+            ("Roles", roles),
+            ("Tenant id", opt(r.tenant_id.as_deref())),
+            ("Correlation id", opt(r.correlation_id.as_deref())),
+            ("Last error", opt(r.last_error.as_deref())),
+            ("Payload", payload),
+        ];
+        let mut table = style.table(&["Field", "Value"]);
+        for (name, value) in fields {
+            table.add_row([style.header(name), Cell::new(value)]);
+        }
+        table.to_string()
+    }
+}
+
+impl Render for RequeueReport {
+    fn human(&self, _style: &Style) -> String {
+        format!("Requeued {}.", plural(self.requeued, "command", "commands"))
+    }
+}
+
+impl Render for PurgeReport {
+    fn human(&self, style: &Style) -> String {
+        let verb = if self.dry_run { "Would delete" } else { "Deleted" };
+        let describe = |counts: &mut dyn Iterator<Item = &crate::admin::PurgeCount>| {
+            let (mut completed, mut dead) = (None, None);
+            for c in counts {
+                let slot = match c.kind {
+                    FinishedKind::Completed => &mut completed,
+                    FinishedKind::DeadLetters => &mut dead,
+                };
+                *slot = Some(slot.unwrap_or(0) + c.count);
+            }
+            let parts: Vec<String> = [
+                completed.map(|n| plural(n, "completed command", "completed commands")),
+                dead.map(|n| plural(n, "dead letter", "dead letters")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            parts.join(" and ")
+        };
+        let mut text = format!("{verb} {}.", describe(&mut self.counts.iter()));
+        if self.source_count > 1 {
+            let mut table = style.table(&["Source", "Completed", "Dead letters"]);
+            let mut sources: Vec<&str> = self.counts.iter().map(|c| c.source.as_str()).collect();
+            sources.dedup();
+            for source in sources {
+                let of = |kind| {
+                    self.counts
+                        .iter()
+                        .filter(|c| c.source == source && c.kind == kind)
+                        .map(|c| c.count)
+                        .sum::<u64>()
+                };
+                table.add_row([
+                    Cell::new(source),
+                    number(of(FinishedKind::Completed)),
+                    number(of(FinishedKind::DeadLetters)),
+                ]);
+            }
+            text = format!("{table}\n{text}");
+        }
+        if self.dry_run {
+            text.push_str(" (dry run: nothing was deleted)");
+        }
+        text
+    }
+}
+
+impl Render for ReplayReport {
+    fn human(&self, style: &Style) -> String {
+        let sourced = self.source_count > 1;
+        let mut headers = Vec::new();
+        if sourced {
+            headers.push("Source");
+        }
+        headers.extend(["Replayed", "New id"]);
+        let mut table = style.table(&headers);
+        for r in &self.replayed {
+            let mut cells = Vec::new();
+            if sourced {
+                cells.push(Cell::new(&r.source));
+            }
+            cells.extend([Cell::new(r.from), Cell::new(r.id)]);
+            table.add_row(cells);
+        }
+        table.to_string()
+    }
+}
+
+impl Render for Scheduled {
+    fn human(&self, _style: &Style) -> String {
+        format!("Scheduled {} in source {}.", self.id, self.source)
+    }
+}
+
+impl Render for ScheduledMany {
+    fn human(&self, _style: &Style) -> String {
+        format!(
+            "Scheduled {} in source {}.",
+            plural(self.ids.len() as u64, "command", "commands"),
+            self.source
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// interaction
+
+/// The `-y/--yes` flag of destructive commands.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct Confirmation {
+    /// Do not ask for confirmation (required when not running on a terminal).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+}
+
+/// Asks "`question` [y/N]" on a terminal. With `--yes` the answer is yes without asking;
+/// off a terminal without `--yes` it is an [`Error::Usage`] (exit 2) and nothing happens.
+pub fn confirm(question: &str, confirmation: Confirmation) -> Result<bool> {
+    if confirmation.yes {
+        return Ok(true);
+    }
+    if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
+        let question = question.trim_end_matches('?');
+        return Err(Error::Usage(format!(
+            "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
+             to confirm; nothing was changed",
+            lowercase_first(question)
+        )));
+    }
+    dialoguer::Confirm::new()
+        .with_prompt(question)
+        .default(false)
+        .interact()
+        .map_err(|dialoguer::Error::IO(err)| Error::io("asking for confirmation")(err))
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// A progress bar on stderr when it is a terminal; invisible otherwise.
+pub fn progress() -> Box<dyn Progress> {
+    if std::io::stderr().is_terminal() {
+        Box::new(Bar(indicatif::ProgressBar::with_draw_target(
+            None,
+            indicatif::ProgressDrawTarget::stderr(),
+        )))
+    } else {
+        Box::new(crate::admin::NoProgress)
+    }
+}
+
+/// An indicatif bar drawn on stderr.
+struct Bar(indicatif::ProgressBar);
+
+impl Progress for Bar {
+    fn begin(&self, label: &str, total: u64) {
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {human_pos}/{human_len} ({per_sec}, eta {eta})",
+        ) {
+            self.0.set_style(style.progress_chars("=> "));
+        }
+        self.0.reset();
+        self.0.set_length(total);
+        self.0.set_position(0);
+        self.0.set_message(label.to_owned());
+    }
+
+    fn advance(&self, n: u64) {
+        self.0.inc(n);
+    }
+
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}

@@ -1,0 +1,74 @@
+//! Opening the configured sources: configuration (or `--database-url`, or the embedded
+//! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
+//! default creates its own on first use).
+
+use std::path::PathBuf;
+
+use crate::config::{self, Config, ConfigRequest, SourceConfig};
+use crate::engine::ConnectOptions;
+use crate::error::Result;
+use crate::queue::Queue;
+use crate::settings::Settings;
+
+/// Which sources the command line asked for.
+#[derive(Debug, Clone, Default)]
+pub struct SourceRequest {
+    /// `--config`.
+    pub config_path: Option<PathBuf>,
+    /// `--database-url` (`$DATABASE_URL` is read by the configuration loader).
+    pub database_url: Option<String>,
+    /// `--source`.
+    pub source: Option<String>,
+}
+
+/// A connected source.
+#[derive(Clone)]
+pub struct OpenSource {
+    /// The configured name.
+    pub name: String,
+    /// Its queue (pool and driver).
+    pub queue: Queue,
+    /// Its processing settings.
+    pub settings: Settings,
+}
+
+/// Loads the configuration the request points at.
+pub fn load_config(request: &SourceRequest) -> Result<Config> {
+    config::load(&ConfigRequest {
+        config_path: request.config_path.clone(),
+        database_url: request.database_url.clone(),
+        source: request.source.clone(),
+    })
+}
+
+/// Opens every selected source of `config`, concurrently.
+pub async fn open_selected(config: &Config, source: Option<&str>) -> Result<Vec<OpenSource>> {
+    let selected = config.select(source)?;
+    let opened = futures::future::join_all(selected.into_iter().map(open_one)).await;
+    opened.into_iter().collect()
+}
+
+/// Loads the configuration and opens the selected sources.
+pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
+    let config = load_config(request)?;
+    open_selected(&config, request.source.as_deref()).await
+}
+
+/// Connects one source and checks (or, for the embedded default, creates) its table.
+pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
+    let options = ConnectOptions {
+        // One connection per execution slot is never needed (stamps are batched), but
+        // claims, stamps, the sweep and operator queries run side by side.
+        max_connections: (source.settings.concurrency / 2).clamp(4, 32),
+        ..ConnectOptions::default()
+    };
+    let backend =
+        crate::engine::connect(source.url.expose(), &source.table, &options).await?;
+    let queue = Queue::from_backend(&source.name, backend);
+    queue.ensure_table(source.embedded).await?;
+    Ok(OpenSource {
+        name: source.name.clone(),
+        queue,
+        settings: source.settings.clone(),
+    })
+}

@@ -1,0 +1,297 @@
+//! The generated DDL on real servers: it applies, a two-column INSERT is enough, the poll
+//! index serves the claim, the PostgreSQL trigger notifies, and the SQL per engine is pinned
+//! by snapshots.
+
+use std::time::Duration;
+
+use icq::ident::{Engine, TableName};
+use icq::schema;
+use sqlx::Connection;
+
+use crate::support::TestDb;
+
+/// Applies the default table's DDL on `engine` and checks what a foreign writer relies on.
+async fn ddl_applies_and_two_column_insert_fills_defaults(engine: &'static str) {
+    let db = TestDb::new(engine, "ddl_applies").await;
+    let ddl = schema::render(engine.parse().unwrap(), &TableName::default());
+    db.execute(&ddl.up).await;
+
+    let (t, q) = (db.q("InternalCommands"), |c: &str| db.q(c));
+    db.execute(&format!(
+        "INSERT INTO {t} ({}, {}) VALUES ('orders.send_receipt', '{{\"order\": 42}}')",
+        q("Type"),
+        q("Payload")
+    ))
+    .await;
+    let filled = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {id} IS NOT NULL AND {created} IS NOT NULL \
+             AND {run_at} IS NOT NULL AND {attempts} = 0 AND {processed} IS NULL \
+             AND {dead} IS NULL AND {token} IS NULL",
+            id = q("Id"),
+            created = q("CreatedAt"),
+            run_at = q("RunAt"),
+            attempts = q("Attempts"),
+            processed = q("ProcessedAt"),
+            dead = q("DeadLetteredAt"),
+            token = q("LockToken"),
+        ))
+        .await;
+    assert_eq!(
+        filled, 1,
+        "{engine}: defaults did not fill Id/CreatedAt/RunAt/Attempts"
+    );
+
+    // Ids are generated, distinct, and UUID-shaped on every engine.
+    db.execute(&format!(
+        "INSERT INTO {t} ({}, {}) VALUES ('t', '{{}}')",
+        q("Type"),
+        q("Payload")
+    ))
+    .await;
+    let distinct = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(DISTINCT {id}) FROM {t} WHERE LENGTH(CAST({id} AS CHAR(36))) = 36",
+            id = q("Id")
+        ))
+        .await;
+    assert_eq!(distinct, 2, "{engine}: ids are not distinct UUIDs");
+
+    // The three indexes exist under their contract names.
+    let indexes = match engine {
+        "postgres" => {
+            "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'InternalCommands' \
+             AND indexname LIKE 'IX_InternalCommands_%'"
+        }
+        "sqlite" => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
+             AND name LIKE 'IX_InternalCommands_%'"
+        }
+        _ => {
+            "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
+        }
+    };
+    assert_eq!(db.scalar_i64(indexes).await, 3, "{engine}: indexes");
+
+    // The down script removes it all again.
+    db.execute(&ddl.down).await;
+    let tables = match engine {
+        "postgres" => "SELECT COUNT(*) FROM pg_tables WHERE tablename = 'InternalCommands'",
+        "sqlite" => "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%InternalCommands%'",
+        _ => {
+            "SELECT COUNT(*) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'InternalCommands'"
+        }
+    };
+    assert_eq!(
+        db.scalar_i64(tables).await,
+        0,
+        "{engine}: down left the table"
+    );
+}
+
+#[tokio::test]
+async fn ddl_applies_and_insert_fills_defaults_postgres() {
+    ddl_applies_and_two_column_insert_fills_defaults("postgres").await;
+}
+
+#[tokio::test]
+async fn ddl_applies_and_insert_fills_defaults_sqlite() {
+    ddl_applies_and_two_column_insert_fills_defaults("sqlite").await;
+}
+
+#[tokio::test]
+async fn ddl_applies_and_insert_fills_defaults_mysql() {
+    ddl_applies_and_two_column_insert_fills_defaults("mysql").await;
+}
+
+#[tokio::test]
+async fn sqlite_rejects_a_payload_that_is_not_json() {
+    let db = TestDb::new("sqlite", "sqlite_json_check").await;
+    db.execute(&schema::render(Engine::Sqlite, &TableName::default()).up)
+        .await;
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    let err =
+        sqlx::raw_sql(r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('t', 'nope')"#)
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("CHECK"), "{err}");
+}
+
+#[tokio::test]
+async fn postgres_claim_query_uses_the_poll_index() {
+    let db = TestDb::new("postgres", "poll_index").await;
+    db.execute(&schema::render(Engine::Postgres, &TableName::default()).up)
+        .await;
+    db.execute(
+        r#"INSERT INTO "InternalCommands" ("Type", "Payload")
+           SELECT 't', jsonb_build_object('n', n) FROM generate_series(1, 200) AS n;
+           UPDATE "InternalCommands" SET "ProcessedAt" = now() WHERE ("Payload"->>'n')::int % 2 = 0;
+           ANALYZE "InternalCommands";"#,
+    )
+    .await;
+
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        r#"EXPLAIN SELECT "Id" FROM "InternalCommands"
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" <= now()
+           ORDER BY "RunAt" LIMIT 50 FOR UPDATE SKIP LOCKED"#,
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains(r#"Index Scan using "IX_InternalCommands_Poll""#),
+        "the claim does not use the poll index:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Sort"),
+        "the poll index should deliver RunAt order:\n{plan}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_insert_notifies_at_commit() {
+    let db = TestDb::new("postgres", "notify").await;
+    let table = TableName::default();
+    db.execute(&schema::render(Engine::Postgres, &table).up)
+        .await;
+
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(&schema::notify_channel(&table))
+        .await
+        .unwrap();
+
+    let mut writer = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = writer.begin().await.unwrap();
+    sqlx::raw_sql(
+        r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('a', '{}'), ('b', '{}')"#,
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(early.is_err(), "notified before commit: {early:?}");
+    tx.commit().await.unwrap();
+
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("no NOTIFY within 5s of the commit")
+        .unwrap();
+    assert_eq!(note.channel(), "icq_InternalCommands");
+    // One statement, one notification (statement-level trigger).
+    let again = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(
+        again.is_err(),
+        "a second notification for one statement: {again:?}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_schema_qualified_table() {
+    let db = TestDb::new("postgres", "qualified").await;
+    let table = TableName::parse("jobs.Queue").unwrap();
+    let ddl = schema::render(Engine::Postgres, &table);
+    db.execute("CREATE SCHEMA jobs").await;
+    db.execute(&ddl.up).await;
+
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(&schema::notify_channel(&table))
+        .await
+        .unwrap();
+    db.execute(r#"INSERT INTO "jobs"."Queue" ("Type", "Payload") VALUES ('t', '{}')"#)
+        .await;
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("no NOTIFY for the qualified table")
+        .unwrap();
+    assert_eq!(note.channel(), "icq_Queue");
+
+    let in_schema = |sql: &'static str| db.scalar_i64(sql);
+    assert_eq!(
+        in_schema("SELECT COUNT(*) FROM pg_indexes WHERE schemaname = 'jobs' AND indexname IN ('IX_Queue_Poll', 'IX_Queue_Retention', 'IX_Queue_DeadLetters')").await,
+        3
+    );
+    assert_eq!(
+        in_schema("SELECT COUNT(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'jobs' AND p.proname = 'icq_notify_Queue'").await,
+        1
+    );
+    assert_eq!(
+        in_schema(r#"SELECT COUNT(*) FROM "jobs"."Queue" WHERE "Attempts" = 0"#).await,
+        1
+    );
+    assert_eq!(
+        in_schema("SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'").await,
+        0,
+        "nothing may land in public"
+    );
+
+    db.execute(&ddl.down).await;
+    assert_eq!(
+        in_schema("SELECT COUNT(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'").await,
+        0
+    );
+    assert_eq!(
+        in_schema("SELECT COUNT(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'jobs'").await,
+        0
+    );
+}
+
+/// The SQL `icq migrate add -r --stdout` prints for `engine` in an empty directory.
+fn generated_sql(engine: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let output = assert_cmd::Command::cargo_bin("icq")
+        .unwrap()
+        .current_dir(dir.path())
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .args([
+            "migrate",
+            "add",
+            "--engine",
+            engine,
+            "-r",
+            "--sequential",
+            "--stdout",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(output).unwrap()
+}
+
+#[test]
+fn generated_sql_postgres() {
+    insta::assert_snapshot!("postgres", generated_sql("postgres"));
+}
+
+#[test]
+fn generated_sql_sqlite() {
+    insta::assert_snapshot!("sqlite", generated_sql("sqlite"));
+}
+
+#[test]
+fn generated_sql_mysql() {
+    insta::assert_snapshot!("mysql", generated_sql("mysql"));
+}
+
+#[test]
+fn generated_sql_sqlserver() {
+    let sql = generated_sql("sqlserver");
+    assert!(
+        !sql.contains('"') && !sql.contains('`'),
+        "T-SQL must use [brackets]"
+    );
+    insta::assert_snapshot!("sqlserver", sql);
+}
