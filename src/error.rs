@@ -16,7 +16,7 @@ pub enum Error {
     Usage(String),
 
     /// A configuration file could not be read or parsed (exit code 2).
-    #[error("{path}: {message}")]
+    #[error("{}", located(path, message))]
     Config {
         /// The file that holds the problem.
         path: PathBuf,
@@ -76,6 +76,15 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+}
+
+/// `file:line:col: …` when the message starts with a position, `file: …` otherwise.
+fn located(path: &std::path::Path, message: &str) -> String {
+    if message.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("{}:{message}", path.display())
+    } else {
+        format!("{}: {message}", path.display())
+    }
 }
 
 impl Error {

@@ -11,7 +11,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod command;
+pub mod demo;
 pub mod commands;
 pub mod config;
 pub mod engine;
@@ -19,6 +21,7 @@ pub mod error;
 pub mod handler;
 pub mod ident;
 pub mod migrate;
+pub mod output;
 pub mod processor;
 pub mod queue;
 pub mod redact;

@@ -34,9 +34,8 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::{Migrate, MigrateDatabase, MigrationType, Migrator};
-use sqlx::pool::PoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{Connection, Database};
+use sqlx::{Acquire, Connection};
 
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
@@ -473,11 +472,11 @@ pub async fn run(url: &str, dir: &Path) -> Result<RunReport> {
     match engine {
         Engine::Postgres => {
             let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad_url)?;
-            apply::<sqlx::Postgres>(options, &migrator, connecting).await
+            apply::<sqlx::PgConnection>(options, &migrator, connecting).await
         }
         Engine::Mysql => {
             let options = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad_url)?;
-            apply::<sqlx::MySql>(options, &migrator, connecting).await
+            apply::<sqlx::MySqlConnection>(options, &migrator, connecting).await
         }
         Engine::SqlServer => Err(sql_server_unsupported()),
         Engine::Sqlite => {
@@ -490,7 +489,7 @@ pub async fn run(url: &str, dir: &Path) -> Result<RunReport> {
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal);
             }
-            apply::<sqlx::Sqlite>(options, &migrator, connecting).await
+            apply::<sqlx::SqliteConnection>(options, &migrator, connecting).await
         }
     }
 }
@@ -502,29 +501,30 @@ fn sql_server_unsupported() -> Error {
     ))
 }
 
-async fn apply<DB>(
-    options: <DB::Connection as Connection>::Options,
-    migrator: &Migrator,
-    connecting: String,
-) -> Result<RunReport>
+async fn apply<C>(options: C::Options, migrator: &Migrator, connecting: String) -> Result<RunReport>
 where
-    DB: Database,
-    DB::Connection: Migrate,
+    C: Connection + Migrate,
+    for<'c> &'c mut C: Acquire<'c, Connection = &'c mut C>,
 {
-    let pool = PoolOptions::<DB>::new()
-        .max_connections(1)
-        .connect_with(options)
+    // One direct connection, like sqlx-cli: a refused connection fails at once with its
+    // real cause instead of a pool timeout.
+    let mut conn = C::connect_with(&options)
         .await
         .map_err(Error::db(connecting))?;
-    let before = applied_versions(&pool).await?;
-    let outcome = migrator.run(&pool).await;
-    let after = match outcome {
-        Ok(()) => applied_versions(&pool).await,
-        Err(err) => Err(err.into()),
-    };
+    let outcome = run_on(&mut conn, migrator).await;
     // Closing checkpoints a SQLite WAL, so the schema is in the database file itself.
-    pool.close().await;
-    let after = after?;
+    let _ = conn.close().await;
+    outcome
+}
+
+async fn run_on<C>(conn: &mut C, migrator: &Migrator) -> Result<RunReport>
+where
+    C: Migrate,
+    for<'c> &'c mut C: Acquire<'c, Connection = &'c mut C>,
+{
+    let before = applied_versions(conn).await?;
+    migrator.run(&mut *conn).await?;
+    let after = applied_versions(conn).await?;
     let mut seen = BTreeSet::new();
     let applied = migrator
         .iter()
@@ -546,15 +546,7 @@ where
     })
 }
 
-async fn applied_versions<DB>(pool: &sqlx::Pool<DB>) -> Result<BTreeSet<i64>>
-where
-    DB: Database,
-    DB::Connection: Migrate,
-{
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(Error::db("acquiring a connection"))?;
+async fn applied_versions<C: Migrate>(conn: &mut C) -> Result<BTreeSet<i64>> {
     conn.ensure_migrations_table(MIGRATIONS_TABLE).await?;
     let applied = conn.list_applied_migrations(MIGRATIONS_TABLE).await?;
     Ok(applied.into_iter().map(|m| m.version).collect())

@@ -18,7 +18,7 @@ use comfy_table::{Attribute, Cell, CellAlignment, Color, ContentArrangement, Tab
 use serde::Serialize;
 
 use crate::admin::{
-    DeadLetterReport, PendingReport, Progress, PurgeReport, ReplayReport, RequeueReport, Scheduled,
+    DeadLetterReport, PendingReport, Progress, PurgeCount, PurgeReport, ReplayReport, RequeueReport, Scheduled,
     ScheduledMany, ShownCommand,
 };
 use crate::commands::Format;
@@ -129,7 +129,8 @@ fn number(n: u64) -> Cell {
     Cell::new(n).set_alignment(CellAlignment::Right)
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
+/// `n` followed by the singular or plural noun: `1 command`, `2 commands`.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
     if n == 1 {
         format!("{n} {one}")
     } else {
@@ -241,28 +242,30 @@ impl Render for RequeueReport {
     }
 }
 
+/// What purge counts amount to: `3 completed commands and 1 dead letter`.
+pub fn describe_purge(counts: &[PurgeCount]) -> String {
+    let (mut completed, mut dead) = (None, None);
+    for c in counts {
+        let slot = match c.kind {
+            FinishedKind::Completed => &mut completed,
+            FinishedKind::DeadLetters => &mut dead,
+        };
+        *slot = Some(slot.unwrap_or(0) + c.count);
+    }
+    let parts: Vec<String> = [
+        completed.map(|n| plural(n, "completed command", "completed commands")),
+        dead.map(|n| plural(n, "dead letter", "dead letters")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    parts.join(" and ")
+}
+
 impl Render for PurgeReport {
     fn human(&self, style: &Style) -> String {
         let verb = if self.dry_run { "Would delete" } else { "Deleted" };
-        let describe = |counts: &mut dyn Iterator<Item = &crate::admin::PurgeCount>| {
-            let (mut completed, mut dead) = (None, None);
-            for c in counts {
-                let slot = match c.kind {
-                    FinishedKind::Completed => &mut completed,
-                    FinishedKind::DeadLetters => &mut dead,
-                };
-                *slot = Some(slot.unwrap_or(0) + c.count);
-            }
-            let parts: Vec<String> = [
-                completed.map(|n| plural(n, "completed command", "completed commands")),
-                dead.map(|n| plural(n, "dead letter", "dead letters")),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
-            parts.join(" and ")
-        };
-        let mut text = format!("{verb} {}.", describe(&mut self.counts.iter()));
+        let mut text = format!("{verb} {}.", describe_purge(&self.counts));
         if self.source_count > 1 {
             let mut table = style.table(&["Source", "Completed", "Dead letters"]);
             let mut sources: Vec<&str> = self.counts.iter().map(|c| c.source.as_str()).collect();

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 /// How one source is processed. Every field has the contract's default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, expecting = "a mapping of settings")]
 pub struct Settings {
     /// Most rows claimed in one statement.
     pub batch_size: u32,
@@ -60,7 +60,7 @@ impl Settings {
             ("cleanup_interval_hours", self.cleanup_interval_hours),
         ];
         for (key, value) in positive {
-            if !(value > 0.0) || !value.is_finite() {
+            if value.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || !value.is_finite() {
                 return Err(format!("`{key}` must be greater than 0 (got {value})"));
             }
         }
@@ -68,7 +68,7 @@ impl Settings {
             ("retry_backoff_base_seconds", self.retry_backoff_base_seconds),
             ("max_retry_backoff_seconds", self.max_retry_backoff_seconds),
         ] {
-            if !(value >= 0.0) || !value.is_finite() {
+            if value < 0.0 || !value.is_finite() {
                 return Err(format!("`{key}` must be 0 or more (got {value})"));
             }
         }

@@ -31,7 +31,8 @@ pub enum MigrateCommand {
 /// Arguments of `icq migrate add`.
 #[derive(Debug, Args)]
 pub struct AddArgs {
-    /// SQL dialect to write [default: from the --database-url / $DATABASE_URL scheme].
+    /// SQL dialect to write: postgres, sqlite, mysql or sqlserver [default: from the
+    /// --database-url / $DATABASE_URL scheme].
     #[arg(long, value_name = "ENGINE", value_parser = parse_engine)]
     pub engine: Option<Engine>,
 
@@ -182,10 +183,9 @@ async fn apply(args: RunArgs, global: &GlobalArgs) -> anyhow::Result<()> {
                 println!("applied {}/{}", applied.version, applied.description);
             }
             if report.applied.is_empty() {
-                println!(
-                    "{shown} is up to date ({} migrations already applied)",
-                    report.already_applied
-                );
+                let n = report.already_applied;
+                let noun = if n == 1 { "migration" } else { "migrations" };
+                println!("{shown} is up to date ({n} {noun} already applied)");
             }
         }
         Format::Json => {
@@ -219,7 +219,9 @@ fn resolve_url(global: &GlobalArgs) -> anyhow::Result<Option<String>> {
     Ok(global.database_url.clone().or(from_env))
 }
 
-/// The table the configured source uses, when a source is selected.
+/// The table the selected configured source uses (`table:` in icq.yaml), if any.
 fn source_table(global: &GlobalArgs) -> anyhow::Result<Option<TableName>> {
-    resolve_url(global).map(|_| None)
+    // Until the config is wired, `--source` is refused by `resolve_url`.
+    resolve_url(global)?;
+    Ok(None)
 }

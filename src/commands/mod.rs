@@ -2,7 +2,13 @@
 //! as a thin layer: parse arguments, call the library, render the result.
 
 pub mod completions;
+pub mod dead_letters;
 pub mod migrate;
+pub mod pending;
+pub mod purge;
+pub mod replay;
+pub mod requeue;
+pub mod schedule;
 pub mod work;
 
 use std::path::PathBuf;
@@ -61,6 +67,25 @@ pub enum Command {
     /// Run the processor for every configured source in the foreground.
     Work(work::WorkArgs),
 
+    /// Count commands per state: due, scheduled, running, dead, completed.
+    Pending(pending::PendingArgs),
+
+    /// List dead letters, or show one command in full.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
+
+    /// Put commands back to pending now (attempts reset, last error kept).
+    Requeue(requeue::RequeueArgs),
+
+    /// Delete completed commands and/or dead letters, in batches.
+    Purge(purge::PurgeArgs),
+
+    /// Schedule a new copy of completed or dead commands; prints the new ids.
+    Replay(replay::ReplayArgs),
+
+    /// Schedule one command, or many from a JSON Lines file.
+    Schedule(schedule::ScheduleArgs),
+
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
 }
@@ -70,6 +95,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,
+        Command::Pending(args) => pending::run(args, &cli.global).await,
+        Command::DeadLetters(cmd) => dead_letters::run(cmd, &cli.global).await,
+        Command::Requeue(args) => requeue::run(args, &cli.global).await,
+        Command::Purge(args) => purge::run(args, &cli.global).await,
+        Command::Replay(args) => replay::run(args, &cli.global).await,
+        Command::Schedule(args) => schedule::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
     }
 }

@@ -6,3 +6,5 @@ mod support;
 mod migrate;
 mod schema;
 mod work;
+mod config;
+mod admin;

@@ -144,7 +144,8 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
     let t = db.q("InternalCommands");
     assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await, 1);
 
-    let seen: Arc<Mutex<Vec<(SendReceipt, Job, Option<Context>)>>> = Arc::default();
+    type Seen = Vec<(SendReceipt, Job, Option<Context>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let mut registry = Registry::new();
     let sink = seen.clone();
     registry
@@ -160,7 +161,7 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
     processor.add_source(queue.source_handle(fast_settings()));
     run_until_idle(&processor).await;
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1, "the committed command runs exactly once");
     let (cmd, job, current) = &seen[0];
     assert_eq!(cmd, &receipt);
@@ -413,7 +414,7 @@ pub async fn four_processors_drain_5000_exactly_once(engine: &'static str) {
     let started = Instant::now();
     let results = futures::future::join_all(processors.iter().map(run_until_idle)).await;
     assert_eq!(results.len(), 4);
-    let runs = runs.lock().unwrap();
+    let runs = runs.lock().unwrap().clone();
     assert_eq!(runs.len(), 5000, "every command ran");
     let twice: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "commands run more than once: {twice:?}");

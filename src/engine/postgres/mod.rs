@@ -419,19 +419,19 @@ impl QueueOps for PgDriver {
                 }
             }
         });
-        if let Ok(mut slot) = self.listener.lock() {
-            if let Some(old) = slot.replace(task) {
-                old.abort();
-            }
+        if let Ok(mut slot) = self.listener.lock()
+            && let Some(old) = slot.replace(task)
+        {
+            old.abort();
         }
         Ok(true)
     }
 
     async fn close(&self) {
-        if let Ok(mut slot) = self.listener.lock() {
-            if let Some(task) = slot.take() {
-                task.abort();
-            }
+        if let Ok(mut slot) = self.listener.lock()
+            && let Some(task) = slot.take()
+        {
+            task.abort();
         }
         self.pool.close().await;
     }

@@ -1,0 +1,58 @@
+//! `icq dead-letters list|show`: the commands that stopped retrying, and one of them in
+//! full.
+
+use clap::{Args, Subcommand};
+
+use super::GlobalArgs;
+use crate::command::CommandId;
+use crate::{admin, output};
+
+/// Dead-letter subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum DeadLettersCommand {
+    /// List dead letters, newest first: id, type, attempts, when, last error.
+    List(ListArgs),
+    /// Show one command in full, payload and captured context included.
+    Show(ShowArgs),
+}
+
+/// Arguments of `icq dead-letters list`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Only dead letters of this command type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub type_name: Option<String>,
+
+    /// Show at most this many (across all sources).
+    #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT)]
+    pub limit: u32,
+}
+
+/// Arguments of `icq dead-letters show`.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The command id (a UUID).
+    #[arg(value_name = "ID")]
+    pub id: CommandId,
+}
+
+/// Runs a dead-letters subcommand.
+pub async fn run(cmd: DeadLettersCommand, global: &GlobalArgs) -> anyhow::Result<()> {
+    let sources = super::open_sources(global).await?;
+    let result = match cmd {
+        DeadLettersCommand::List(args) => {
+            let query = admin::DeadLetterQuery {
+                type_name: args.type_name,
+                limit: args.limit,
+            };
+            admin::dead_letters(&sources, &query)
+                .await
+                .and_then(|report| output::emit(global.format, &report))
+        }
+        DeadLettersCommand::Show(args) => admin::show(&sources, args.id)
+            .await
+            .and_then(|row| output::emit(global.format, &row)),
+    };
+    admin::close(&sources).await;
+    Ok(result?)
+}

@@ -1,0 +1,72 @@
+//! `icq requeue ID... | --all-dead [--type T]`: put commands back to pending now, with
+//! their attempts reset and their `LastError` kept.
+
+use clap::{ArgGroup, Args};
+
+use super::GlobalArgs;
+use crate::admin::{self, RequeueTarget};
+use crate::command::CommandId;
+use crate::output::{self, Confirmation};
+
+/// Arguments of `icq requeue`.
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["ids", "all_dead"])))]
+pub struct RequeueArgs {
+    /// Ids of the commands to requeue (dead, or pending and not running).
+    #[arg(value_name = "ID")]
+    pub ids: Vec<CommandId>,
+
+    /// Requeue every dead letter, in batches.
+    #[arg(long, conflicts_with = "ids")]
+    pub all_dead: bool,
+
+    /// With --all-dead: only dead letters of this command type.
+    #[arg(long = "type", value_name = "TYPE", requires = "all_dead")]
+    pub type_name: Option<String>,
+
+    /// Confirmation.
+    #[command(flatten)]
+    pub confirmation: Confirmation,
+}
+
+/// Runs `icq requeue`.
+pub async fn run(args: RequeueArgs, global: &GlobalArgs) -> anyhow::Result<()> {
+    let sources = super::open_sources(global).await?;
+    let result = requeue(args, &sources, global).await;
+    admin::close(&sources).await;
+    Ok(result?)
+}
+
+async fn requeue(
+    args: RequeueArgs,
+    sources: &[crate::sources::OpenSource],
+    global: &GlobalArgs,
+) -> crate::Result<()> {
+    let target = if args.all_dead {
+        RequeueTarget::AllDead {
+            type_name: args.type_name.clone(),
+        }
+    } else {
+        RequeueTarget::Ids(args.ids.clone())
+    };
+    let plan = admin::plan_requeue(sources, &target).await?;
+    if plan.total() > 0 && !output::confirm(&question(&plan, &args), args.confirmation)? {
+        output::note("Nothing was requeued.");
+        return Ok(());
+    }
+    let progress = output::progress();
+    let report = admin::requeue(&plan, progress.as_ref()).await?;
+    output::emit(global.format, &report)
+}
+
+fn question(plan: &admin::RequeuePlan, args: &RequeueArgs) -> String {
+    let total = plan.total();
+    let what = match (args.all_dead, &args.type_name) {
+        (true, Some(t)) => format!("{} of type {t}", output::plural(total, "dead letter", "dead letters")),
+        (true, None) => output::plural(total, "dead letter", "dead letters"),
+        (false, _) => output::plural(total, "command", "commands"),
+    };
+    let sources: Vec<&str> = plan.per_source().into_iter().map(|(s, _)| s).collect();
+    let noun = if sources.len() == 1 { "source" } else { "sources" };
+    format!("Requeue {what} in {noun} {}?", sources.join(", "))
+}

@@ -1,0 +1,836 @@
+//! The operator subcommands (`pending`, `dead-letters list|show`, `requeue`, `purge`,
+//! `replay`, `schedule`; SPEC §7) run as a process: their table and JSON output on SQLite
+//! as snapshots, their effect on every engine checked with SQL, every bad input's exit
+//! code and message, and the batching of bulk requeues through the library.
+//!
+//! Every database gets the same fixture ([`seed`]): one command in each state, with fixed
+//! ids and fixed past timestamps so the order of every listing is known.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use icq::admin::{self, Progress, PurgeRequest, RequeueTarget};
+use icq::engine::ConnectOptions;
+use icq::sources::OpenSource;
+use icq::{Queue, Settings, TableName};
+use serde_json::{Value, json};
+
+use crate::support::TestDb;
+
+/// Pending, `RunAt` in the past.
+const DUE: &str = "10000000-0000-4000-8000-000000000001";
+/// Pending, `RunAt` far in the future.
+const SCHEDULED: &str = "10000000-0000-4000-8000-000000000002";
+/// Pending with a live lease.
+const RUNNING: &str = "10000000-0000-4000-8000-000000000003";
+/// Dead since 2026-01-02, `webhooks.deliver`, with a captured context and a long error.
+const DEAD_OLD: &str = "10000000-0000-4000-8000-000000000004";
+/// Dead since 2026-01-03, `orders.send_receipt`.
+const DEAD_NEW: &str = "10000000-0000-4000-8000-000000000005";
+/// Completed on 2026-01-01.
+const DONE_OLD: &str = "10000000-0000-4000-8000-000000000006";
+/// Completed just now.
+const DONE_NEW: &str = "10000000-0000-4000-8000-000000000007";
+/// An id no fixture row has.
+const UNKNOWN: &str = "0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e";
+
+const LONG_ERROR: &str = "HTTP 503 from http://127.0.0.1:8080/hooks after 10.0s: upstream unavailable, \
+                          the receiving service answered with an HTML error page instead of JSON\n\
+                          <html><body>Service Unavailable</body></html>";
+
+// ---------------------------------------------------------------------------------------
+// fixture
+
+async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
+    let db = TestDb::new(engine, tag).await;
+    let kind: icq::Engine = engine.parse().unwrap();
+    db.execute(&icq::schema::render(kind, &TableName::default()).up).await;
+    db
+}
+
+/// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's column type.
+fn ts(db: &TestDb, at: &str) -> String {
+    match db.engine {
+        "postgres" => format!("'{at}Z'::timestamptz"),
+        "mysql" => format!("'{}'", at.replace('T', " ")),
+        _ => format!("'{at}.000Z'"),
+    }
+}
+
+/// The engine's "now" in the column type.
+fn now(db: &TestDb) -> &'static str {
+    match db.engine {
+        "postgres" => "now()",
+        "mysql" => "UTC_TIMESTAMP(6)",
+        _ => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    }
+}
+
+/// Inserts one row; `columns` are extra (column, SQL literal) pairs.
+async fn insert(db: &TestDb, id: &str, ty: &str, payload: &str, columns: &[(&str, String)]) {
+    let mut names = vec![db.q("Id"), db.q("Type"), db.q("Payload")];
+    let mut values = vec![format!("'{id}'"), format!("'{ty}'"), format!("'{payload}'")];
+    for (column, value) in columns {
+        names.push(db.q(column));
+        values.push(value.clone());
+    }
+    db.execute(&format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        db.q("InternalCommands"),
+        names.join(", "),
+        values.join(", ")
+    ))
+    .await;
+}
+
+/// One command in each state (see the constants).
+async fn seed(db: &TestDb) {
+    let created = || ("CreatedAt", ts(db, "2025-12-31T00:00:00"));
+    insert(db, DUE, "orders.send_receipt", r#"{"order_id": 1}"#, &[created(), ("RunAt", ts(db, "2026-01-01T00:00:00"))]).await;
+    insert(db, SCHEDULED, "orders.send_receipt", r#"{"order_id": 2}"#, &[created(), ("RunAt", ts(db, "2999-01-01T00:00:00"))]).await;
+    insert(
+        db,
+        RUNNING,
+        "orders.send_receipt",
+        r#"{"order_id": 3}"#,
+        &[
+            created(),
+            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("Attempts", "1".into()),
+            ("LockToken", "'20000000-0000-4000-8000-000000000001'".into()),
+            ("LockedUntil", ts(db, "2999-01-01T00:00:00")),
+        ],
+    )
+    .await;
+    insert(
+        db,
+        DEAD_OLD,
+        "webhooks.deliver",
+        r#"{"event": "order.paid", "order_id": 4}"#,
+        &[
+            created(),
+            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("Attempts", "5".into()),
+            ("DeadLetteredAt", ts(db, "2026-01-02T00:00:00")),
+            ("LastError", format!("'{LONG_ERROR}'")),
+            ("UserId", "'user-7'".into()),
+            ("Roles", r#"'["orders.write", "support"]'"#.into()),
+            ("TenantId", "'acme'".into()),
+            ("CorrelationId", "'req-42'".into()),
+        ],
+    )
+    .await;
+    insert(
+        db,
+        DEAD_NEW,
+        "orders.send_receipt",
+        r#"{"order_id": 5}"#,
+        &[
+            created(),
+            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("Attempts", "1".into()),
+            ("DeadLetteredAt", ts(db, "2026-01-03T00:00:00")),
+            ("LastError", "'no handler for command type orders.send_receipt'".into()),
+        ],
+    )
+    .await;
+    insert(
+        db,
+        DONE_OLD,
+        "orders.send_receipt",
+        r#"{"order_id": 6}"#,
+        &[created(), ("Attempts", "1".into()), ("ProcessedAt", ts(db, "2026-01-01T00:00:00"))],
+    )
+    .await;
+    insert(
+        db,
+        DONE_NEW,
+        "orders.send_receipt",
+        r#"{"order_id": 7}"#,
+        &[created(), ("Attempts", "1".into()), ("ProcessedAt", now(db).into())],
+    )
+    .await;
+}
+
+async fn seeded(engine: &'static str, tag: &str) -> TestDb {
+    let db = db_with_table(engine, tag).await;
+    seed(&db).await;
+    db
+}
+
+/// `SELECT COUNT(*) FROM InternalCommands WHERE {condition}` with `{Column}` quoted.
+async fn count(db: &TestDb, condition: &str) -> i64 {
+    let mut sql = format!("SELECT COUNT(*) FROM {} WHERE {condition}", db.q("InternalCommands"));
+    for column in [
+        "Id", "Type", "Payload", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt",
+        "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId", "CreatedAt",
+    ] {
+        sql = sql.replace(&format!("{{{column}}}"), &db.q(column));
+    }
+    db.scalar_i64(&sql).await
+}
+
+async fn total(db: &TestDb) -> i64 {
+    count(db, "1 = 1").await
+}
+
+// ---------------------------------------------------------------------------------------
+// running the binary
+
+/// A directory standing in for $HOME, the XDG dirs and the working directory, so no
+/// configuration file of the machine running the tests is picked up.
+fn isolated_home() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("icq-admin-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// What one run of `icq` did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `icq` with `args` (which name the database: `--database-url` or `--config`).
+fn icq(args: &[&str], stdin: Option<&str>) -> Run {
+    let home = isolated_home();
+    let mut cmd = assert_cmd::Command::cargo_bin("icq").unwrap();
+    cmd.args(args)
+        .current_dir(&home)
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", &home)
+        .env("XDG_DATA_HOME", &home)
+        .env("COLUMNS", "120")
+        .env("NO_COLOR", "1")
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG");
+    if let Some(stdin) = stdin {
+        cmd.write_stdin(stdin);
+    }
+    let out = cmd.output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// Runs `icq --database-url URL args…`.
+fn on(db: &TestDb, args: &[&str]) -> Run {
+    let mut all = vec!["--database-url", db.url.as_str()];
+    all.extend_from_slice(args);
+    icq(&all, None)
+}
+
+/// Runs a command that must succeed and returns its stdout.
+fn ok(db: &TestDb, args: &[&str]) -> String {
+    let run = on(db, args);
+    assert_eq!(run.code, 0, "icq {args:?} failed: {}", run.stderr);
+    run.stdout
+}
+
+/// Runs a command with `--format json` that must succeed and returns the document.
+fn json_of(db: &TestDb, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--format", "json"]);
+    serde_json::from_str(&ok(db, &all)).unwrap()
+}
+
+/// Runs a command that must fail with `code` and returns its stderr.
+fn fails(db: &TestDb, args: &[&str], code: i32) -> String {
+    let run = on(db, args);
+    assert_eq!(run.code, code, "icq {args:?}: stdout {} stderr {}", run.stdout, run.stderr);
+    assert!(run.stdout.is_empty(), "a failure wrote to stdout: {}", run.stdout);
+    run.stderr
+}
+
+/// `$ icq args…` followed by its output, for a snapshot.
+fn transcript(db: &TestDb, runs: &[&[&str]]) -> String {
+    let mut text = String::new();
+    for args in runs {
+        text.push_str(&format!("$ icq {}\n{}\n", args.join(" "), ok(db, args)));
+    }
+    text
+}
+
+macro_rules! snapshot {
+    ($name:expr, $text:expr) => {
+        insta::with_settings!({
+            filters => vec![
+                (r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "[ID]"),
+                (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z", "[TS]"),
+            ],
+            prepend_module_to_snapshot => true,
+        }, {
+            insta::assert_snapshot!($name, $text);
+        });
+    };
+}
+
+/// Generates `mod $name { postgres, sqlite, mysql }` tests calling `$name(engine)`.
+macro_rules! on_every_engine {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn postgres() {
+                super::$name("postgres").await
+            }
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name("sqlite").await
+            }
+            #[tokio::test]
+            async fn mysql() {
+                super::$name("mysql").await
+            }
+        }
+    )*};
+}
+
+// ---------------------------------------------------------------------------------------
+// output snapshots (SQLite)
+
+#[tokio::test]
+async fn pending_output() {
+    let db = seeded("sqlite", "snap_pending").await;
+    snapshot!(
+        "pending",
+        transcript(&db, &[&["pending"], &["pending", "--format", "json"], &["pending", "--by-type"], &["pending", "--by-type", "--format", "json"]])
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_list_output() {
+    let db = seeded("sqlite", "snap_dl_list").await;
+    snapshot!(
+        "dead_letters_list",
+        transcript(
+            &db,
+            &[
+                &["dead-letters", "list"],
+                &["dead-letters", "list", "--format", "json"],
+                &["dead-letters", "list", "--type", "webhooks.deliver", "--limit", "1"],
+            ]
+        )
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_show_output() {
+    let db = seeded("sqlite", "snap_dl_show").await;
+    snapshot!(
+        "dead_letters_show",
+        transcript(&db, &[&["dead-letters", "show", DEAD_OLD], &["dead-letters", "show", DEAD_OLD, "--format", "json"]])
+    );
+}
+
+#[tokio::test]
+async fn empty_outputs() {
+    let db = db_with_table("sqlite", "snap_empty").await;
+    snapshot!(
+        "empty",
+        transcript(
+            &db,
+            &[
+                &["pending"],
+                &["pending", "--by-type"],
+                &["pending", "--by-type", "--format", "json"],
+                &["dead-letters", "list"],
+                &["dead-letters", "list", "--format", "json"],
+                &["requeue", "--all-dead"],
+                &["purge", "--completed", "--dead-letters"],
+            ]
+        )
+    );
+}
+
+#[tokio::test]
+async fn requeue_output() {
+    let db = seeded("sqlite", "snap_requeue").await;
+    snapshot!(
+        "requeue",
+        transcript(
+            &db,
+            &[
+                &["requeue", DEAD_NEW, "--yes"],
+                &["requeue", DEAD_OLD, "-y", "--format", "json"],
+                &["requeue", "--all-dead", "-y", "--format", "json"],
+            ]
+        )
+    );
+}
+
+#[tokio::test]
+async fn purge_output() {
+    let db = seeded("sqlite", "snap_purge").await;
+    snapshot!(
+        "purge",
+        transcript(
+            &db,
+            &[
+                &["purge", "--completed", "--dead-letters", "--dry-run"],
+                &["purge", "--completed", "--dead-letters", "--older-than", "7d", "--dry-run", "--format", "json"],
+                &["purge", "--completed", "--older-than", "7d", "--yes"],
+                &["purge", "--dead-letters", "--yes", "--format", "json"],
+            ]
+        )
+    );
+}
+
+#[tokio::test]
+async fn replay_output() {
+    let db = seeded("sqlite", "snap_replay").await;
+    snapshot!(
+        "replay",
+        transcript(&db, &[&["replay", DONE_OLD, DEAD_OLD], &["replay", DEAD_NEW, "--format", "json"]])
+    );
+}
+
+#[tokio::test]
+async fn schedule_output() {
+    let db = db_with_table("sqlite", "snap_schedule").await;
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = dir.path().join("jobs.jsonl");
+    std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": {}}\n").unwrap();
+    let jobs = jobs.to_str().unwrap();
+    snapshot!(
+        "schedule",
+        transcript(
+            &db,
+            &[
+                &["schedule", "--type", "orders.send_receipt", "--payload", r#"{"order_id": 1}"#],
+                &["schedule", "--type", "orders.send_receipt", "--payload", "{}", "--format", "json"],
+                &["schedule", "--from-file", jobs],
+                &["schedule", "--from-file", jobs, "--format", "json"],
+            ]
+        )
+    );
+}
+
+/// Two sources from a configuration file: the output names the source of every row.
+#[tokio::test]
+async fn several_sources_are_named_in_the_output() {
+    let alpha = seeded("sqlite", "multi_alpha").await;
+    let beta = db_with_table("sqlite", "multi_beta").await;
+    insert(
+        &beta,
+        "30000000-0000-4000-8000-000000000001",
+        "billing.charge",
+        "{}",
+        &[("DeadLetteredAt", ts(&beta, "2026-01-04T00:00:00")), ("LastError", "'card declined'".into())],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!("sources:\n  - name: alpha\n    url: \"{}\"\n  - name: beta\n    url: \"{}\"\n", alpha.url, beta.url),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut all = vec!["--config", config];
+        all.extend_from_slice(args);
+        icq(&all, None)
+    };
+    let mut text = String::new();
+    for args in [
+        &["pending"][..],
+        &["pending", "--format", "json"],
+        &["dead-letters", "list", "--limit", "2"],
+        &["dead-letters", "list", "--limit", "2", "--format", "json"],
+    ] {
+        let out = run(args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        text.push_str(&format!("$ icq {}\n{}\n", args.join(" "), out.stdout));
+    }
+    snapshot!("several_sources", text);
+
+    // Ids are found in whichever source holds them.
+    let out = run(&["dead-letters", "show", "30000000-0000-4000-8000-000000000001", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let shown: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(shown["source"], "beta");
+    let out = run(&["requeue", DEAD_OLD, "30000000-0000-4000-8000-000000000001", "-y", "--format", "json"]);
+    assert_eq!((out.code, out.stdout.trim()), (0, "{\n  \"requeued\": 2\n}"), "{}", out.stderr);
+
+    // Scheduling needs one target.
+    let out = run(&["schedule", "--type", "t", "--payload", "{}"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("2 sources are configured (alpha, beta)"), "{}", out.stderr);
+    assert!(out.stderr.contains("--source NAME"), "{}", out.stderr);
+    let out = run(&["--source", "beta", "schedule", "--type", "t", "--payload", "{}"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(count(&beta, "{Type} = 't'").await, 1);
+    assert_eq!(count(&alpha, "{Type} = 't'").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// effects on every engine
+
+async fn pending_counts(engine: &'static str) {
+    let db = seeded(engine, "pending").await;
+    assert_eq!(
+        json_of(&db, &["pending"]),
+        json!([{"source": "default", "due": 1, "scheduled": 1, "running": 1, "dead": 2, "completed": 2}])
+    );
+    assert_eq!(
+        json_of(&db, &["pending", "--by-type"]),
+        json!([
+            {"source": "default", "type": "orders.send_receipt", "due": 1, "scheduled": 1, "running": 1, "dead": 1, "completed": 2},
+            {"source": "default", "type": "webhooks.deliver", "due": 0, "scheduled": 0, "running": 0, "dead": 1, "completed": 0},
+        ])
+    );
+}
+
+async fn dead_letter_listing(engine: &'static str) {
+    let db = seeded(engine, "dead_letters").await;
+    let listed = json_of(&db, &["dead-letters", "list"]);
+    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [DEAD_NEW, DEAD_OLD], "newest first");
+    assert_eq!(listed[1]["type"], "webhooks.deliver");
+    assert_eq!(listed[1]["attempts"], 5);
+    assert_eq!(listed[1]["dead_lettered_at"], "2026-01-02T00:00:00Z");
+    assert_eq!(listed[1]["last_error"], LONG_ERROR);
+    let keys: Vec<&String> = listed[0].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["source", "id", "type", "attempts", "dead_lettered_at", "last_error"]);
+
+    let typed = json_of(&db, &["dead-letters", "list", "--type", "webhooks.deliver"]);
+    assert_eq!(typed.as_array().unwrap().len(), 1);
+    let limited = json_of(&db, &["dead-letters", "list", "--limit", "1"]);
+    assert_eq!(limited[0]["id"], DEAD_NEW);
+    assert_eq!(limited.as_array().unwrap().len(), 1);
+
+    let shown = json_of(&db, &["dead-letters", "show", DEAD_OLD]);
+    assert_eq!(
+        shown,
+        json!({
+            "source": "default",
+            "id": DEAD_OLD,
+            "type": "webhooks.deliver",
+            "payload": {"event": "order.paid", "order_id": 4},
+            "created_at": "2025-12-31T00:00:00Z",
+            "run_at": "2026-01-01T00:00:00Z",
+            "attempts": 5,
+            "lock_token": null,
+            "locked_until": null,
+            "processed_at": null,
+            "dead_lettered_at": "2026-01-02T00:00:00Z",
+            "last_error": LONG_ERROR,
+            "user_id": "user-7",
+            "roles": ["orders.write", "support"],
+            "tenant_id": "acme",
+            "correlation_id": "req-42",
+        })
+    );
+}
+
+async fn requeue_effects(engine: &'static str) {
+    let db = seeded(engine, "requeue").await;
+    assert_eq!(json_of(&db, &["requeue", DEAD_OLD, DUE, DEAD_OLD, "-y"]), json!({"requeued": 2}));
+    let requeued = format!("{{Id}} = '{DEAD_OLD}'");
+    assert_eq!(count(&db, &format!("{requeued} AND {{DeadLetteredAt}} IS NULL AND {{ProcessedAt}} IS NULL")).await, 1);
+    assert_eq!(count(&db, &format!("{requeued} AND {{Attempts}} = 0 AND {{LockToken}} IS NULL AND {{LockedUntil}} IS NULL")).await, 1);
+    assert_eq!(count(&db, &format!("{requeued} AND {{LastError}} = '{LONG_ERROR}'")).await, 1, "LastError is kept");
+    assert_eq!(count(&db, &format!("{requeued} AND {{RunAt}} > {}", ts(&db, "2026-06-01T00:00:00"))).await, 1, "due now");
+    assert_eq!(count(&db, &format!("{requeued} AND {{RunAt}} <= {}", now(&db))).await, 1, "due now");
+    assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 1, "the other dead letter is untouched");
+
+    // A running or completed row is refused, and nothing else in the request changes.
+    let err = fails(&db, &["requeue", DEAD_NEW, RUNNING, "-y"], 2);
+    assert!(err.contains(&format!("command {RUNNING} is running")), "{err}");
+    let err = fails(&db, &["requeue", DEAD_NEW, DONE_OLD, "-y"], 2);
+    assert!(err.contains(&format!("`icq replay {DONE_OLD}`")), "{err}");
+    assert!(err.contains("nothing was requeued"), "{err}");
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1);
+
+    // --all-dead with a type filter, then without.
+    assert_eq!(json_of(&db, &["requeue", "--all-dead", "--type", "nothing.like.this", "-y"]), json!({"requeued": 0}));
+    assert_eq!(json_of(&db, &["requeue", "--all-dead", "--type", "orders.send_receipt", "-y"]), json!({"requeued": 1}));
+    assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 0);
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}' AND {{Attempts}} = 0 AND {{LastError}} IS NOT NULL")).await, 1);
+    assert_eq!(json_of(&db, &["requeue", "--all-dead", "-y"]), json!({"requeued": 0}));
+    assert_eq!(total(&db).await, 7);
+}
+
+async fn purge_effects(engine: &'static str) {
+    let db = seeded(engine, "purge").await;
+    assert_eq!(json_of(&db, &["purge", "--completed", "--dead-letters", "--dry-run"]), json!({"would_delete": 4}));
+    assert_eq!(json_of(&db, &["purge", "--completed", "--older-than", "7d", "--dry-run"]), json!({"would_delete": 1}));
+    assert_eq!(total(&db).await, 7, "a dry run deletes nothing");
+
+    assert_eq!(json_of(&db, &["purge", "--completed", "--older-than", "7d", "-y"]), json!({"deleted": 1}));
+    assert_eq!(count(&db, &format!("{{Id}} = '{DONE_OLD}'")).await, 0);
+    assert_eq!(count(&db, &format!("{{Id}} = '{DONE_NEW}'")).await, 1, "younger than 7 days");
+
+    assert_eq!(json_of(&db, &["purge", "--dead-letters", "--older-than", "1h", "-y"]), json!({"deleted": 2}));
+    assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 0);
+    assert_eq!(json_of(&db, &["purge", "--completed", "-y"]), json!({"deleted": 1}));
+    assert_eq!(count(&db, "{ProcessedAt} IS NOT NULL").await, 0);
+    assert_eq!(total(&db).await, 3, "pending rows are never purged");
+}
+
+async fn replay_effects(engine: &'static str) {
+    let db = seeded(engine, "replay").await;
+    let out = json_of(&db, &["replay", DEAD_OLD, DONE_OLD]);
+    let replayed = out["replayed"].as_array().unwrap();
+    assert_eq!(replayed.len(), 2);
+    assert_eq!(replayed[0]["from"], DEAD_OLD);
+    assert_eq!(replayed[1]["from"], DONE_OLD);
+    let copy = replayed[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(replayed[0].as_object().unwrap().len(), 2, "exactly from and id");
+
+    let copy_row = json_of(&db, &["dead-letters", "show", &copy]);
+    assert_eq!(copy_row["type"], "webhooks.deliver");
+    assert_eq!(copy_row["payload"], json!({"event": "order.paid", "order_id": 4}));
+    assert_eq!(copy_row["user_id"], "user-7");
+    assert_eq!(copy_row["roles"], json!(["orders.write", "support"]));
+    assert_eq!(copy_row["tenant_id"], "acme");
+    assert_eq!(copy_row["correlation_id"], "req-42");
+    assert_eq!(copy_row["attempts"], 0);
+    assert_eq!(copy_row["last_error"], Value::Null);
+    assert_eq!(copy_row["dead_lettered_at"], Value::Null);
+    assert_eq!(count(&db, &format!("{{Id}} = '{copy}' AND {{RunAt}} <= {}", now(&db))).await, 1, "due now");
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1, "the original stays");
+    assert_eq!(total(&db).await, 9);
+
+    let err = fails(&db, &["replay", DUE], 2);
+    assert!(err.contains(&format!("command {DUE} is still pending (due)")), "{err}");
+    let err = fails(&db, &["replay", DEAD_NEW, SCHEDULED], 2);
+    assert!(err.contains("still pending (scheduled)"), "{err}");
+    assert_eq!(total(&db).await, 9, "nothing was replayed");
+}
+
+async fn schedule_effects(engine: &'static str) {
+    let db = db_with_table(engine, "schedule").await;
+    let one = json_of(
+        &db,
+        &[
+            "schedule", "--type", "orders.send_receipt", "--payload", r#"{"order_id": 9}"#, "--in", "5m",
+            "--user-id", "u1", "--roles", "a,b", "--tenant-id", "t1", "--correlation-id", "c1",
+        ],
+    );
+    let id = one["id"].as_str().unwrap().to_owned();
+    assert_eq!(one.as_object().unwrap().len(), 1);
+    let row = json_of(&db, &["dead-letters", "show", &id]);
+    assert_eq!(row["type"], "orders.send_receipt");
+    assert_eq!(row["payload"], json!({"order_id": 9}));
+    assert_eq!((&row["user_id"], &row["roles"], &row["tenant_id"], &row["correlation_id"]), (&json!("u1"), &json!(["a", "b"]), &json!("t1"), &json!("c1")));
+    assert_eq!(count(&db, &format!("{{Id}} = '{id}' AND {{RunAt}} > {}", now(&db))).await, 1, "due in 5 minutes");
+
+    let at = json_of(&db, &["schedule", "--type", "x", "--payload", "[1, 2]", "--at", "2030-05-01T12:00:00+02:00"]);
+    let at_row = json_of(&db, &["dead-letters", "show", at["id"].as_str().unwrap()]);
+    assert_eq!(at_row["run_at"], "2030-05-01T10:00:00Z");
+    assert_eq!(at_row["payload"], json!([1, 2]));
+
+    let dir = tempfile::tempdir().unwrap();
+    let payload = dir.path().join("payload.json");
+    std::fs::write(&payload, r#"{"from": "file"}"#).unwrap();
+    let from_file = json_of(&db, &["schedule", "--type", "y", "--payload", &format!("@{}", payload.display())]);
+    let file_row = json_of(&db, &["dead-letters", "show", from_file["id"].as_str().unwrap()]);
+    assert_eq!(file_row["payload"], json!({"from": "file"}));
+
+    let jobs = dir.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        "{\"type\": \"bulk.a\", \"payload\": {\"n\": 1}}\n\
+         \n\
+         {\"type\": \"bulk.b\", \"payload\": 2, \"run_at\": \"2031-01-01T00:00:00Z\", \"user_id\": \"u\", \"roles\": [\"r\"], \"tenant_id\": \"t\", \"correlation_id\": \"c\"}\n\
+         {\"type\": \"bulk.a\", \"payload\": null}\n",
+    )
+    .unwrap();
+    let many = json_of(&db, &["schedule", "--from-file", jobs.to_str().unwrap()]);
+    let ids = many["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 3);
+    let second = json_of(&db, &["dead-letters", "show", ids[1].as_str().unwrap()]);
+    assert_eq!(second["type"], "bulk.b");
+    assert_eq!(second["run_at"], "2031-01-01T00:00:00Z");
+    assert_eq!(second["roles"], json!(["r"]));
+    assert_eq!(second["correlation_id"], "c");
+    assert_eq!(count(&db, "{Type} LIKE 'bulk.%'").await, 3);
+    assert_eq!(total(&db).await, 6);
+}
+
+on_every_engine!(pending_counts, dead_letter_listing, requeue_effects, purge_effects, replay_effects, schedule_effects);
+
+// ---------------------------------------------------------------------------------------
+// bad input
+
+#[tokio::test]
+async fn unknown_ids_exit_3_and_change_nothing() {
+    let db = seeded("sqlite", "unknown_ids").await;
+    let err = fails(&db, &["dead-letters", "show", UNKNOWN], 3);
+    assert_eq!(err, format!("error: no command with id {UNKNOWN} in source `default`; nothing to show\n"));
+    let err = fails(&db, &["requeue", DEAD_OLD, UNKNOWN, "-y"], 3);
+    assert!(err.contains(&format!("no command with id {UNKNOWN}")) && err.contains("nothing was requeued"), "{err}");
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1, "still dead");
+    let err = fails(&db, &["replay", DEAD_OLD, UNKNOWN], 3);
+    assert!(err.contains("nothing was replayed"), "{err}");
+    assert_eq!(total(&db).await, 7);
+}
+
+#[tokio::test]
+async fn malformed_ids_are_usage_errors() {
+    let db = seeded("sqlite", "malformed_ids").await;
+    for args in [&["dead-letters", "show", "42"][..], &["requeue", "42", "-y"], &["replay", DEAD_OLD, "not-an-id"]] {
+        let err = fails(&db, args, 2);
+        assert!(err.contains("is not a command id: ids are UUIDs like"), "{args:?}: {err}");
+    }
+    assert_eq!(total(&db).await, 7);
+}
+
+#[tokio::test]
+async fn bad_durations_and_instants_are_usage_errors() {
+    let db = seeded("sqlite", "bad_durations").await;
+    let err = fails(&db, &["purge", "--completed", "--older-than", "7x", "-y"], 2);
+    assert!(err.contains("`7x` is not a duration") && err.contains("like 30s, 5m, 12h, 7d"), "{err}");
+    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--in", "soon"], 2);
+    assert!(err.contains("`soon` is not a duration"), "{err}");
+    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--at", "tomorrow"], 2);
+    assert!(err.contains("is not an RFC 3339 instant") && err.contains("2026-01-31T12:00:00Z"), "{err}");
+    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--at", "2030-01-01T00:00:00Z", "--in", "5m"], 2);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = fails(&db, &["purge", "-y"], 2);
+    assert!(err.contains("--completed, --dead-letters, or both"), "{err}");
+    assert_eq!(total(&db).await, 7);
+}
+
+#[tokio::test]
+async fn payloads_and_job_files_must_be_json() {
+    let db = db_with_table("sqlite", "bad_json").await;
+    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{order: 1}"], 2);
+    assert_eq!(
+        err,
+        "error: --payload is not JSON: key must be a string at line 1 column 2 (pass a JSON document \
+         such as '{\"order_id\": 42}', or @file to read one)\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = dir.path().join("jobs.jsonl");
+    std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 2}\n{\"type\": \"a\", \"payload\": }\n").unwrap();
+    let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
+    assert!(err.contains("jobs.jsonl:3: expected value at line 1 column 26; nothing was scheduled"), "{err}");
+    std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 1, \"when\": 3}\n").unwrap();
+    let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
+    assert!(err.contains("jobs.jsonl:2: unknown field `when`"), "{err}");
+    assert_eq!(total(&db).await, 0, "nothing was inserted");
+}
+
+#[tokio::test]
+async fn destructive_commands_need_yes_off_a_terminal() {
+    let db = seeded("sqlite", "needs_yes").await;
+    let err = fails(&db, &["requeue", DEAD_OLD], 2);
+    assert_eq!(
+        err,
+        "error: refusing to requeue 1 command in source default without confirmation: stdin is not \
+         a terminal, so pass --yes (-y) to confirm; nothing was changed\n"
+    );
+    let err = fails(&db, &["requeue", "--all-dead"], 2);
+    assert!(err.contains("refusing to requeue 2 dead letters"), "{err}");
+    let err = fails(&db, &["purge", "--completed", "--dead-letters"], 2);
+    assert!(err.contains("refusing to delete 2 completed commands and 2 dead letters from source default"), "{err}");
+    assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 2);
+    assert_eq!(total(&db).await, 7);
+}
+
+#[tokio::test]
+async fn a_missing_table_is_explained() {
+    for engine in ["sqlite", "postgres", "mysql"] {
+        let db = TestDb::new(engine, "no_table").await;
+        for args in [&["pending"][..], &["dead-letters", "list"], &["purge", "--completed", "-y"], &["schedule", "--type", "t", "--payload", "{}"]] {
+            let err = fails(&db, args, 1);
+            assert!(err.contains("does not exist; create it with `icq migrate add --engine"), "{engine} {args:?}: {err}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// batches, through the library
+
+/// Records every progress step.
+#[derive(Default)]
+struct Steps(Mutex<Vec<u64>>);
+
+impl Progress for Steps {
+    fn begin(&self, _label: &str, _total: u64) {}
+    fn advance(&self, n: u64) {
+        self.0.lock().unwrap().push(n);
+    }
+    fn finish(&self) {}
+}
+
+async fn open(db: &TestDb) -> Vec<OpenSource> {
+    let queue = Queue::connect("default", &db.url, &TableName::default(), &ConnectOptions::default())
+        .await
+        .unwrap();
+    vec![OpenSource {
+        name: "default".into(),
+        queue,
+        settings: Settings::default(),
+    }]
+}
+
+#[tokio::test]
+async fn requeue_all_dead_works_in_batches_on_postgres() {
+    let db = db_with_table("postgres", "requeue_batches").await;
+    db.execute(
+        r#"INSERT INTO "InternalCommands" ("Type", "Payload", "Attempts", "DeadLetteredAt", "LastError")
+           SELECT 'bulk.t', jsonb_build_object('n', n), 5, now() - interval '1 hour', 'boom'
+           FROM generate_series(1, 20000) AS n"#,
+    )
+    .await;
+    let sources = open(&db).await;
+    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await.unwrap();
+    assert_eq!(plan.total(), 20_000);
+    // A row that dies after the plan was made is not part of it.
+    db.execute(
+        r#"INSERT INTO "InternalCommands" ("Type", "Payload", "DeadLetteredAt") VALUES ('late', '{}', now() + interval '1 second')"#,
+    )
+    .await;
+    let steps = Steps::default();
+    let report = admin::requeue(&plan, &steps).await.unwrap();
+    assert_eq!(report.requeued, 20_000);
+    let steps = steps.0.into_inner().unwrap();
+    assert!(steps.len() >= 20, "{} batches", steps.len());
+    assert!(steps.iter().all(|n| *n <= u64::from(admin::REQUEUE_BATCH)), "{steps:?}");
+    assert_eq!(count(&db, "{Type} = 'bulk.t' AND {DeadLetteredAt} IS NULL AND {Attempts} = 0 AND {LastError} = 'boom'").await, 20_000);
+    assert_eq!(count(&db, "{Type} = 'late' AND {DeadLetteredAt} IS NOT NULL").await, 1);
+    admin::close(&sources).await;
+}
+
+/// A one-off measurement, not a test: `cargo test --test cli admin::measure -- --ignored
+/// --nocapture`. Requeues 100,000 dead rows and purges 1,000,000 completed rows on
+/// PostgreSQL through the same library calls the CLI makes, and prints the times.
+#[tokio::test]
+#[ignore = "a measurement that takes a while; run by hand"]
+async fn measure_bulk_requeue_and_purge_on_postgres() {
+    let db = db_with_table("postgres", "measure").await;
+    db.execute(
+        r#"INSERT INTO "InternalCommands" ("Type", "Payload", "Attempts", "DeadLetteredAt", "LastError")
+           SELECT 'dead.t', jsonb_build_object('n', n), 5, now() - interval '1 day', 'boom'
+           FROM generate_series(1, 100000) AS n;
+           INSERT INTO "InternalCommands" ("Type", "Payload", "Attempts", "ProcessedAt")
+           SELECT 'done.t', jsonb_build_object('n', n), 1, now() - interval '8 days' + n * interval '1 millisecond'
+           FROM generate_series(1, 1000000) AS n;
+           ANALYZE "InternalCommands";"#,
+    )
+    .await;
+    let sources = open(&db).await;
+
+    let started = Instant::now();
+    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await.unwrap();
+    let report = admin::requeue(&plan, &admin::NoProgress).await.unwrap();
+    let requeue_time = started.elapsed();
+    assert_eq!(report.requeued, 100_000);
+
+    let started = Instant::now();
+    let request = PurgeRequest { completed: true, dead_letters: false, older_than: Some(std::time::Duration::from_secs(7 * 86_400)) };
+    let plan = admin::plan_purge(&sources, &request).await.unwrap();
+    let report = admin::purge(&plan, &admin::NoProgress).await.unwrap();
+    let purge_time = started.elapsed();
+    assert_eq!(report.total(), 1_000_000);
+    println!("requeue --all-dead of 100,000 dead rows: {requeue_time:.2?}");
+    println!("purge --completed --older-than 7d of 1,000,000 rows: {purge_time:.2?}");
+    admin::close(&sources).await;
+}
