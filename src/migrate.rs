@@ -25,6 +25,26 @@
 //! [`run`] applies a directory with [`sqlx::migrate::Migrator`], so the `_sqlx_migrations`
 //! bookkeeping and checksums are exactly those sqlx-cli keeps: either tool can take over
 //! from the other.
+//!
+//! ```no_run
+//! use icq::migrate::{self, AddOptions, Versioning};
+//! use icq::{Engine, TableName};
+//!
+//! # async fn demo() -> icq::Result<()> {
+//! let plan = migrate::add(&AddOptions {
+//!     engine: Engine::Postgres,
+//!     table: TableName::default(),
+//!     dir: migrate::default_dir(Engine::Postgres),
+//!     kind: None, // like the directory's last migration
+//!     versioning: Versioning::Inferred,
+//! })?;
+//! println!("wrote {}", plan.files[0].path.display());
+//!
+//! let report = migrate::run("postgres://app@localhost/orders", "migrations".as_ref()).await?;
+//! println!("applied {} migration(s)", report.applied.len());
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -9,6 +9,8 @@ pub mod purge;
 pub mod replay;
 pub mod requeue;
 pub mod schedule;
+pub mod progress;
+pub mod quickstart;
 pub mod work;
 
 use std::path::PathBuf;
@@ -64,6 +66,9 @@ pub enum Command {
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),
 
+    /// A guided tour on the embedded SQLite default: schedule samples, work, inspect.
+    Quickstart(quickstart::QuickstartArgs),
+
     /// Run the processor for every configured source in the foreground.
     Work(work::WorkArgs),
 
@@ -95,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,
+        Command::Quickstart(args) => quickstart::run(args, &cli.global).await,
         Command::Pending(args) => pending::run(args, &cli.global).await,
         Command::DeadLetters(cmd) => dead_letters::run(cmd, &cli.global).await,
         Command::Requeue(args) => requeue::run(args, &cli.global).await,

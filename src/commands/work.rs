@@ -93,7 +93,19 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
         until_idle: args.until_idle,
         shutdown_grace: Duration::from_secs_f64(args.grace_seconds.max(0.0)),
     };
-    processor.run(options, shutdown).await?;
+    let progress = if args.until_idle {
+        Some(super::progress::RunProgress::start(
+            sources.iter().map(|s| s.queue.stats().clone()).collect(),
+            None,
+        ))
+    } else {
+        None
+    };
+    let outcome = processor.run(options, shutdown).await;
+    if let Some(progress) = progress {
+        progress.finish();
+    }
+    outcome?;
     for source in &sources {
         let stats = source.queue.stats().snapshot();
         tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");

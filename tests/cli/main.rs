@@ -8,3 +8,4 @@ mod schema;
 mod work;
 mod config;
 mod admin;
+mod quickstart;
