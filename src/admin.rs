@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use crate::command::{CommandId, CommandRow, Context, NewCommand, RunAt, State};
 use crate::engine::Backend;
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
+    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
+    StateCountParams,
 };
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
@@ -100,11 +100,9 @@ pub struct PendingReport {
 /// query per source.
 pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingReport> {
     let params = StateCountParams { by_type };
-    let counted = futures::future::try_join_all(
-        sources
-            .iter()
-            .map(|s| async move { Ok::<_, Error>((s, s.queue.backend().state_count(&params).await?)) }),
-    )
+    let counted = futures::future::try_join_all(sources.iter().map(|s| async move {
+        Ok::<_, Error>((s, s.queue.backend().state_count(&params).await?))
+    }))
     .await?;
     let rows = counted
         .into_iter()
@@ -165,7 +163,10 @@ pub struct DeadLetterReport {
 }
 
 /// Lists dead letters across every source, newest first, at most `query.limit` in all.
-pub async fn dead_letters(sources: &[OpenSource], query: &DeadLetterQuery) -> Result<DeadLetterReport> {
+pub async fn dead_letters(
+    sources: &[OpenSource],
+    query: &DeadLetterQuery,
+) -> Result<DeadLetterReport> {
     let params = DeadLetterListParams {
         type_name: query.type_name.clone(),
         limit: query.limit,
@@ -242,17 +243,22 @@ impl Located {
     /// The ids of `wanted` that no source holds, or `None` when every one was found.
     fn missing(&self, wanted: &[CommandId]) -> Option<Vec<CommandId>> {
         let found: HashSet<CommandId> = self.rows.iter().map(|(_, row)| row.id).collect();
-        let missing: Vec<CommandId> = wanted.iter().filter(|id| !found.contains(id)).copied().collect();
+        let missing: Vec<CommandId> = wanted
+            .iter()
+            .filter(|id| !found.contains(id))
+            .copied()
+            .collect();
         (!missing.is_empty()).then_some(missing)
     }
 }
 
 /// Reads the rows of `ids` from every source.
 async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<Located> {
-    let found = futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
-        Ok::<_, Error>((i, s.queue.backend().command_get_many(ids).await?))
-    }))
-    .await?;
+    let found =
+        futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
+            Ok::<_, Error>((i, s.queue.backend().command_get_many(ids).await?))
+        }))
+        .await?;
     Ok(Located {
         rows: found
             .into_iter()
@@ -268,7 +274,10 @@ fn distinct(ids: &[CommandId]) -> Vec<CommandId> {
 }
 
 fn list_ids(ids: &[CommandId]) -> String {
-    ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn where_sources(sources: &[OpenSource]) -> String {
@@ -276,7 +285,10 @@ fn where_sources(sources: &[OpenSource]) -> String {
         [one] => format!("in source `{}`", one.name),
         many => format!(
             "in any of the sources {}",
-            many.iter().map(|s| format!("`{}`", s.name)).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|s| format!("`{}`", s.name))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -384,7 +396,9 @@ pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Res
 
 async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<RequeuePlan> {
     if ids.is_empty() {
-        return Err(Error::Usage("name the commands to requeue (ids), or pass --all-dead".into()));
+        return Err(Error::Usage(
+            "name the commands to requeue (ids), or pass --all-dead".into(),
+        ));
     }
     let located = locate(sources, ids).await?;
     if let Some(missing) = located.missing(ids) {
@@ -411,7 +425,10 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
         }
     }
     if !refusals.is_empty() {
-        return Err(Error::Usage(format!("{}; nothing was requeued", refusals.join("; "))));
+        return Err(Error::Usage(format!(
+            "{}; nothing was requeued",
+            refusals.join("; ")
+        )));
     }
     let parts = sources
         .iter()
@@ -457,7 +474,10 @@ pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<Requ
                 if part.count == 0 {
                     continue;
                 }
-                progress.begin(&format!("requeueing dead letters in {}", part.source), part.count);
+                progress.begin(
+                    &format!("requeueing dead letters in {}", part.source),
+                    part.count,
+                );
                 let params = DeadLetterRequeueBatchParams {
                     filter: filter.clone(),
                     limit: REQUEUE_BATCH,
@@ -539,10 +559,17 @@ impl PurgeReport {
 }
 
 impl Serialize for PurgeReport {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(Some(1))?;
-        let key = if self.dry_run { "would_delete" } else { "deleted" };
+        let key = if self.dry_run {
+            "would_delete"
+        } else {
+            "deleted"
+        };
         map.serialize_entry(key, &self.total())?;
         map.end()
     }
@@ -575,7 +602,11 @@ impl PurgePlan {
     }
 
     fn source_count(&self) -> usize {
-        self.parts.iter().map(|p| &p.source).collect::<HashSet<_>>().len()
+        self.parts
+            .iter()
+            .map(|p| &p.source)
+            .collect::<HashSet<_>>()
+            .len()
     }
 }
 
@@ -607,7 +638,10 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
             .checked_sub_signed(age)
             .ok_or_else(|| Error::Usage("--older-than reaches before the year 0".into()))?;
         for kind in &kinds {
-            let filter = FinishedFilter { kind: *kind, before };
+            let filter = FinishedFilter {
+                kind: *kind,
+                before,
+            };
             let count = backend.finished_count(&filter).await?;
             parts.push(PurgePart {
                 source: source.name.clone(),
@@ -734,7 +768,9 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
         }
         let commands: Vec<NewCommand> = rows
             .iter()
-            .map(|row| NewCommand::new(row.type_name.clone(), row.payload.clone()).context(row.context()))
+            .map(|row| {
+                NewCommand::new(row.type_name.clone(), row.payload.clone()).context(row.context())
+            })
             .collect();
         let new_ids = source.queue.schedule_many(&commands).await?;
         replayed.extend(rows.iter().zip(new_ids).map(|(row, id)| Replayed {
@@ -758,11 +794,16 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
 pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
     match sources {
         [one] => Ok(one),
-        [] => Err(Error::Usage("no source is configured to schedule into".into())),
+        [] => Err(Error::Usage(
+            "no source is configured to schedule into".into(),
+        )),
         many => Err(Error::Usage(format!(
             "{} sources are configured ({}); say which one to schedule into with --source NAME",
             many.len(),
-            many.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ))),
     }
 }
@@ -809,7 +850,10 @@ pub async fn schedule_many(
         command.validate()?;
     }
     let mut ids = Vec::with_capacity(commands.len());
-    progress.begin(&format!("scheduling into {}", source.name), commands.len() as u64);
+    progress.begin(
+        &format!("scheduling into {}", source.name),
+        commands.len() as u64,
+    );
     for chunk in commands.chunks(SCHEDULE_CHUNK) {
         match source.queue.schedule_many(chunk).await {
             Ok(new) => ids.extend(new),
@@ -873,7 +917,9 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
         commands.push(command);
     }
     if commands.is_empty() {
-        return Err(Error::Usage(format!("{origin} holds no commands (one JSON object per line)")));
+        return Err(Error::Usage(format!(
+            "{origin} holds no commands (one JSON object per line)"
+        )));
     }
     Ok(commands)
 }
@@ -889,7 +935,8 @@ pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
             (text, "the payload on stdin".to_owned())
         }
         Some(path) => (
-            std::fs::read_to_string(path).map_err(Error::io(format!("reading the payload file {path}")))?,
+            std::fs::read_to_string(path)
+                .map_err(Error::io(format!("reading the payload file {path}")))?,
             format!("the payload file {path}"),
         ),
         None => (argument.to_owned(), "--payload".to_owned()),
@@ -925,7 +972,9 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         }
         let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
         let after = &rest[digits..];
-        let unit_len = after.find(|c: char| c.is_ascii_digit()).unwrap_or(after.len());
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
         let seconds = match &after[..unit_len] {
             "s" => 1,
             "m" => 60,
@@ -972,9 +1021,21 @@ mod tests {
         assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(43_200));
         assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        for bad in ["", "7", "d", "7x", "-1d", "1.5h", "1h 30m", "99999999999999999999w"] {
+        for bad in [
+            "",
+            "7",
+            "d",
+            "7x",
+            "-1d",
+            "1.5h",
+            "1h 30m",
+            "99999999999999999999w",
+        ] {
             let err = parse_duration(bad).unwrap_err();
-            assert!(err.to_string().contains("like 30s, 5m, 12h, 7d"), "{bad}: {err}");
+            assert!(
+                err.to_string().contains("like 30s, 5m, 12h, 7d"),
+                "{bad}: {err}"
+            );
             assert_eq!(err.exit_code(), 2);
         }
     }
@@ -988,20 +1049,38 @@ mod tests {
         assert_eq!(commands[1].context.roles, vec!["x"]);
         assert!(matches!(commands[1].run_at, RunAt::At(_)));
 
-        let err = parse_jobs("{\"type\":\"a\",\"payload\":1}\n{\"type\":\"a\"}\n", "jobs.jsonl")
-            .unwrap_err();
-        assert!(err.to_string().starts_with("jobs.jsonl:2: missing field `payload`"), "{err}");
+        let err = parse_jobs(
+            "{\"type\":\"a\",\"payload\":1}\n{\"type\":\"a\"}\n",
+            "jobs.jsonl",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("jobs.jsonl:2: missing field `payload`"),
+            "{err}"
+        );
         let err = parse_jobs("{\"type\":\"\",\"payload\":1}", "f").unwrap_err();
-        assert!(err.to_string().starts_with("f:1: a command type must not be empty"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("f:1: a command type must not be empty"),
+            "{err}"
+        );
         let err = parse_jobs("{\"type\":\"a\",\"payload\":1,\"typo\":1}", "f").unwrap_err();
         assert!(err.to_string().contains("unknown field `typo`"), "{err}");
     }
 
     #[test]
     fn payloads_must_be_json() {
-        assert_eq!(read_payload("{\"a\":1}").unwrap(), serde_json::json!({"a": 1}));
+        assert_eq!(
+            read_payload("{\"a\":1}").unwrap(),
+            serde_json::json!({"a": 1})
+        );
         let err = read_payload("not json").unwrap_err();
-        assert!(err.to_string().starts_with("--payload is not JSON: expected"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("--payload is not JSON: expected"),
+            "{err}"
+        );
         assert_eq!(err.exit_code(), 2);
     }
 }

@@ -43,27 +43,26 @@ pub enum Error {
     },
 
     /// The database could not be reached or returned an error.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Database {
         /// What icq was doing, e.g. `claiming commands from source orders`.
         context: String,
-        /// The underlying driver error.
-        #[source]
-        source: sqlx::Error,
+        /// The underlying driver error (already part of the message, so not a `source`:
+        /// `{:#}` would print it twice).
+        cause: sqlx::Error,
     },
 
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
 
     /// A file could not be read or written.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         /// What icq was doing, with the path.
         context: String,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying I/O error (part of the message, not a `source`).
+        cause: std::io::Error,
     },
 
     /// A stored row could not be decoded (a foreign writer put something unexpected in it).
@@ -76,6 +75,12 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Error::Migrate(err)
+    }
 }
 
 /// `file:line:col: …` when the message starts with a position, `file: …` otherwise.
@@ -100,13 +105,13 @@ impl Error {
     /// Wraps a driver error with what icq was doing when it happened.
     pub fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
         let context = context.into();
-        move |source| Error::Database { context, source }
+        move |cause| Error::Database { context, cause }
     }
 
     /// Wraps an I/O error with what icq was doing when it happened.
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
-        move |source| Error::Io { context, source }
+        move |cause| Error::Io { context, cause }
     }
 
     /// True when the error means the database connection failed (as opposed to a bad query).
@@ -114,7 +119,7 @@ impl Error {
         matches!(
             self,
             Error::Database {
-                source: sqlx::Error::Io(_)
+                cause: sqlx::Error::Io(_)
                     | sqlx::Error::PoolTimedOut
                     | sqlx::Error::PoolClosed
                     | sqlx::Error::Tls(_)

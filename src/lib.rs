@@ -28,6 +28,7 @@ pub mod redact;
 pub mod schema;
 pub mod settings;
 pub mod sources;
+pub mod telemetry;
 pub mod worker;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};

@@ -14,12 +14,15 @@ use std::io::{IsTerminal, Write};
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use comfy_table::{Attribute, Cell, CellAlignment, Color, ContentArrangement, Table, modifiers, presets};
+use comfy_table::{
+    Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, modifiers,
+    presets,
+};
 use serde::Serialize;
 
 use crate::admin::{
-    DeadLetterReport, PendingReport, Progress, PurgeCount, PurgeReport, ReplayReport, RequeueReport, Scheduled,
-    ScheduledMany, ShownCommand,
+    DeadLetterReport, PendingReport, Progress, PurgeCount, PurgeReport, ReplayReport,
+    RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::commands::Format;
 use crate::engine::admin::FinishedKind;
@@ -44,7 +47,9 @@ impl Style {
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
         Style {
             color: !no_color && std::io::stdout().is_terminal(),
-            width: std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok()),
+            width: std::env::var("COLUMNS")
+                .ok()
+                .and_then(|c| c.trim().parse().ok()),
         }
     }
 
@@ -72,6 +77,15 @@ impl Style {
     }
 }
 
+/// Keeps the named columns (ids, timestamps) on one line however narrow the table gets.
+fn keep_whole(table: &mut Table, columns: &[usize]) {
+    for index in columns {
+        if let Some(column) = table.column_mut(*index) {
+            column.set_constraint(ColumnConstraint::ContentWidth);
+        }
+    }
+}
+
 /// A result the CLI prints: its JSON form is its `Serialize` form.
 pub trait Render: Serialize {
     /// The form for people.
@@ -89,7 +103,10 @@ pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
         text.push('\n');
     }
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
             Err(Error::io("writing to stdout")(err))
         }
@@ -192,10 +209,17 @@ impl Render for DeadLetterReport {
                 Cell::new(&s.type_name),
                 Cell::new(s.attempts).set_alignment(CellAlignment::Right),
                 Cell::new(time(s.dead_lettered_at)),
-                Cell::new(s.last_error.as_deref().map_or_else(|| "-".to_owned(), |e| truncate(e, ERROR_WIDTH))),
+                Cell::new(
+                    s.last_error
+                        .as_deref()
+                        .map_or_else(|| "-".to_owned(), |e| truncate(e, ERROR_WIDTH)),
+                ),
             ]);
             table.add_row(cells);
         }
+        // Only the error wraps: ids, types and times stay whole.
+        let first = usize::from(sourced);
+        keep_whole(&mut table, &[0, first, first + 1, first + 3]);
         table.to_string()
     }
 }
@@ -203,8 +227,13 @@ impl Render for DeadLetterReport {
 impl Render for ShownCommand {
     fn human(&self, style: &Style) -> String {
         let r = &self.row;
-        let payload = serde_json::to_string_pretty(&r.payload).unwrap_or_else(|_| r.payload.to_string());
-        let roles = if r.roles.is_empty() { "-".to_owned() } else { r.roles.join(", ") };
+        let payload =
+            serde_json::to_string_pretty(&r.payload).unwrap_or_else(|_| r.payload.to_string());
+        let roles = if r.roles.is_empty() {
+            "-".to_owned()
+        } else {
+            r.roles.join(", ")
+        };
         let state = serde_json::to_value(self.state)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
@@ -219,7 +248,11 @@ impl Render for ShownCommand {
             ("Run at", time(r.run_at)),
             ("Processed at", opt_time(r.processed_at)),
             ("Dead lettered at", opt_time(r.dead_lettered_at)),
-            ("Lock token", r.lock_token.map_or_else(|| "-".to_owned(), |t| t.to_string())),
+            (
+                "Lock token",
+                r.lock_token
+                    .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            ),
             ("Locked until", opt_time(r.locked_until)),
             ("User id", opt(r.user_id.as_deref())),
             ("Roles", roles),
@@ -264,8 +297,12 @@ pub fn describe_purge(counts: &[PurgeCount]) -> String {
 
 impl Render for PurgeReport {
     fn human(&self, style: &Style) -> String {
-        let verb = if self.dry_run { "Would delete" } else { "Deleted" };
-        let mut text = format!("{verb} {}.", describe_purge(&self.counts));
+        let verb = if self.dry_run {
+            "Would delete"
+        } else {
+            "Deleted"
+        };
+        let mut text = format!("{verb} {}", describe_purge(&self.counts));
         if self.source_count > 1 {
             let mut table = style.table(&["Source", "Completed", "Dead letters"]);
             let mut sources: Vec<&str> = self.counts.iter().map(|c| c.source.as_str()).collect();
@@ -289,6 +326,7 @@ impl Render for PurgeReport {
         if self.dry_run {
             text.push_str(" (dry run: nothing was deleted)");
         }
+        text.push('.');
         text
     }
 }
@@ -310,6 +348,8 @@ impl Render for ReplayReport {
             cells.extend([Cell::new(r.from), Cell::new(r.id)]);
             table.add_row(cells);
         }
+        let first = usize::from(sourced);
+        keep_whole(&mut table, &[first, first + 1]);
         table.to_string()
     }
 }

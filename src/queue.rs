@@ -75,11 +75,12 @@ impl Queue {
 
     /// Wraps an already connected driver.
     pub fn from_backend(name: &str, backend: Arc<dyn Backend>) -> Queue {
+        let name: Arc<str> = Arc::from(name);
         Queue {
-            name: Arc::from(name),
+            stats: Arc::new(Stats::new(name.clone())),
+            name,
             backend,
             wake: Arc::new(Notify::new()),
-            stats: Arc::new(Stats::default()),
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::config::{Config, HandlerConfig, HandlerKind};
 use crate::error::{Error, Result};
 use crate::handler::exec::ExecHandler;
+use crate::handler::http::HttpHandler;
 use crate::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer, TraceLayer};
 use crate::processor::Processor;
 use crate::sources::OpenSource;
@@ -30,11 +31,10 @@ fn build_handler(type_name: &str, config: &HandlerConfig) -> Result<Arc<dyn Hand
             Arc::new(exec)
         }
         HandlerKind::Noop => with_timeout(Arc::new(Noop), config),
-        HandlerKind::Http { .. } => {
-            return Err(Error::Usage(format!(
-                "handler `{type_name}`: http handlers are not available in this build yet"
-            )));
-        }
+        HandlerKind::Http { url, headers } => Arc::new(
+            HttpHandler::new(url, headers, config.timeout)
+                .map_err(|err| Error::Usage(format!("handler `{type_name}`: {err}")))?,
+        ),
     };
     let authorized = AuthorizeLayer {
         required: config.requires_roles.clone(),

@@ -201,27 +201,39 @@ async fn apply(args: RunArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 }
 
 // ---- Configuration hooks ------------------------------------------------------------------
-// TODO(config): wire these two to `icq::config::load(...)` once src/config.rs lands, so that
-// `--source NAME` (and a lone configured source) supplies the URL and the table name.
-
-/// The database URL `migrate` works on: `--database-url`, then `$DATABASE_URL`.
-fn resolve_url(global: &GlobalArgs) -> anyhow::Result<Option<String>> {
-    if let Some(name) = &global.source {
-        return Err(Error::Usage(format!(
-            "--source {name}: reading sources from icq.yaml is not wired into `icq migrate` \
-             yet; pass --database-url instead"
-        ))
-        .into());
+/// The configured source `migrate` works on, if the command line or configuration names
+/// one: `--source`, or the only source of the configuration file, or `$DATABASE_URL`.
+/// The embedded default does not count: migrations for it are never implied.
+fn selected_source(global: &GlobalArgs) -> anyhow::Result<Option<crate::config::SourceConfig>> {
+    if global.database_url.is_some() && global.source.is_none() {
+        return Ok(None);
     }
-    let from_env = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| !url.is_empty());
-    Ok(global.database_url.clone().or(from_env))
+    let config = crate::sources::load_config(&global.source_request())?;
+    let selected = config.select(global.source.as_deref())?;
+    match selected.as_slice() {
+        [one] if one.embedded => Ok(None),
+        [one] => Ok(Some((*one).clone())),
+        many => {
+            let names: Vec<&str> = many.iter().map(|s| s.name.as_str()).collect();
+            Err(Error::Usage(format!(
+                "{} sources are configured ({}); choose one with --source",
+                many.len(),
+                names.join(", ")
+            ))
+            .into())
+        }
+    }
+}
+
+/// The database URL `migrate` works on: `--database-url`, else the selected source's.
+fn resolve_url(global: &GlobalArgs) -> anyhow::Result<Option<String>> {
+    if let Some(url) = &global.database_url {
+        return Ok(Some(url.clone()));
+    }
+    Ok(selected_source(global)?.map(|source| source.url.expose().to_owned()))
 }
 
 /// The table the selected configured source uses (`table:` in icq.yaml), if any.
 fn source_table(global: &GlobalArgs) -> anyhow::Result<Option<TableName>> {
-    // Until the config is wired, `--source` is refused by `resolve_url`.
-    resolve_url(global)?;
-    Ok(None)
+    Ok(selected_source(global)?.map(|source| source.table))
 }

@@ -73,7 +73,11 @@ fn question(plan: &admin::PurgePlan) -> String {
         .map(|c| c.source.as_str())
         .collect();
     sources.dedup();
-    let noun = if sources.len() == 1 { "source" } else { "sources" };
+    let noun = if sources.len() == 1 {
+        "source"
+    } else {
+        "sources"
+    };
     format!(
         "Delete {} from {noun} {}?",
         output::describe_purge(&report.counts),

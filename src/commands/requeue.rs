@@ -62,11 +62,18 @@ async fn requeue(
 fn question(plan: &admin::RequeuePlan, args: &RequeueArgs) -> String {
     let total = plan.total();
     let what = match (args.all_dead, &args.type_name) {
-        (true, Some(t)) => format!("{} of type {t}", output::plural(total, "dead letter", "dead letters")),
+        (true, Some(t)) => format!(
+            "{} of type {t}",
+            output::plural(total, "dead letter", "dead letters")
+        ),
         (true, None) => output::plural(total, "dead letter", "dead letters"),
         (false, _) => output::plural(total, "command", "commands"),
     };
     let sources: Vec<&str> = plan.per_source().into_iter().map(|(s, _)| s).collect();
-    let noun = if sources.len() == 1 { "source" } else { "sources" };
+    let noun = if sources.len() == 1 {
+        "source"
+    } else {
+        "sources"
+    };
     format!("Requeue {what} in {noun} {}?", sources.join(", "))
 }

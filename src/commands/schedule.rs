@@ -16,11 +16,20 @@ use crate::{admin, output};
 #[derive(Debug, Clone, Args)]
 pub struct ScheduleArgs {
     /// The command type, e.g. orders.send_receipt.
-    #[arg(long = "type", value_name = "TYPE", required_unless_present = "from_file")]
+    #[arg(
+        long = "type",
+        value_name = "TYPE",
+        required_unless_present = "from_file"
+    )]
     pub type_name: Option<String>,
 
     /// The payload: JSON text, @FILE to read it from a file, or @- to read stdin.
-    #[arg(long, value_name = "JSON|@FILE", allow_hyphen_values = true, required_unless_present = "from_file")]
+    #[arg(
+        long,
+        value_name = "JSON|@FILE",
+        allow_hyphen_values = true,
+        required_unless_present = "from_file"
+    )]
     pub payload: Option<String>,
 
     /// Due at this instant (RFC 3339, e.g. 2026-01-31T12:00:00Z) instead of now.
@@ -103,7 +112,9 @@ impl Input {
             return Ok(Input::Many(admin::parse_jobs(&text, &origin)?));
         }
         let (Some(type_name), Some(payload)) = (args.type_name, args.payload) else {
-            return Err(Error::Usage("pass --type and --payload, or --from-file".into()));
+            return Err(Error::Usage(
+                "pass --type and --payload, or --from-file".into(),
+            ));
         };
         let run_at = match (args.at, args.delay) {
             (Some(at), _) => RunAt::At(at),

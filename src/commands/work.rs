@@ -20,6 +20,10 @@ pub struct WorkArgs {
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     pub grace_seconds: f64,
 
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -86,6 +90,20 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     for source in &sources {
         tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
     }
+    let gauges = match args.metrics_addr {
+        Some(addr) => {
+            crate::telemetry::serve(addr)?;
+            tracing::info!(%addr, "serving Prometheus metrics");
+            Some(crate::telemetry::spawn_pending_gauges(
+                sources
+                    .iter()
+                    .map(|s| (std::sync::Arc::from(s.name.as_str()), s.queue.backend().clone()))
+                    .collect(),
+                Duration::from_secs(5),
+            ))
+        }
+        None => None,
+    };
     let processor = crate::worker::processor(registry, &sources);
     let shutdown = CancellationToken::new();
     stop_on_signals(shutdown.clone());
@@ -104,6 +122,9 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     let outcome = processor.run(options, shutdown).await;
     if let Some(progress) = progress {
         progress.finish();
+    }
+    if let Some(gauges) = gauges {
+        gauges.abort();
     }
     outcome?;
     for source in &sources {

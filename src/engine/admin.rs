@@ -134,8 +134,10 @@ pub trait AdminOps: Send + Sync + 'static {
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>>;
 
     /// Lists dead letters, newest first.
-    async fn dead_letter_list(&self, params: &DeadLetterListParams)
-    -> Result<Vec<DeadLetterSummary>>;
+    async fn dead_letter_list(
+        &self,
+        params: &DeadLetterListParams,
+    ) -> Result<Vec<DeadLetterSummary>>;
 
     /// Reads the rows with these ids, in any state; ids that do not exist are absent.
     async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>>;

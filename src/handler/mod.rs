@@ -7,6 +7,7 @@
 //! program with the payload on stdin (see [`exec`]).
 
 pub mod exec;
+pub mod http;
 pub mod layers;
 
 use std::collections::HashMap;

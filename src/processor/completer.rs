@@ -71,7 +71,7 @@ async fn stamp_batch(source: &str, backend: &dyn Backend, batch: Vec<Stamp>, sta
         let result: crate::Result<()> = async {
             if !completed.is_empty() {
                 let stamped = backend.command_complete_many(&completed).await?;
-                Stats::add(&stats.succeeded, stamped);
+                stats.succeeded(stamped);
                 note_stale(source, "completed", completed.len() as u64, stamped, stats);
                 completed.clear();
             }
@@ -80,8 +80,8 @@ async fn stamp_batch(source: &str, backend: &dyn Backend, batch: Vec<Stamp>, sta
                 let stamped = backend.command_fail_many(&failed).await?;
                 // Stale rows are rare; attribute them to retries first for the counters.
                 let stamped_dead = dead.min(stamped);
-                Stats::add(&stats.dead_lettered, stamped_dead);
-                Stats::add(&stats.failed, stamped - stamped_dead);
+                stats.dead_lettered(stamped_dead);
+                stats.failed(stamped - stamped_dead);
                 note_stale(source, "failed", failed.len() as u64, stamped, stats);
                 failed.clear();
             }
@@ -111,7 +111,7 @@ async fn stamp_batch(source: &str, backend: &dyn Backend, batch: Vec<Stamp>, sta
 fn note_stale(source: &str, kind: &str, requested: u64, stamped: u64, stats: &Stats) {
     if stamped < requested {
         let stale = requested - stamped;
-        Stats::add(&stats.stale, stale);
+        stats.stale(stale);
         tracing::warn!(source, kind, stale, "dropped stale outcomes: their leases had passed to another claim");
     }
 }

@@ -196,7 +196,7 @@ impl SourceWorker {
                     Ok(rows) => {
                         db_pause = Duration::from_millis(200);
                         let claimed = rows.len() as u32;
-                        Stats::add(&src.stats.claimed, u64::from(claimed));
+                        src.stats.claimed(u64::from(claimed));
                         for row in rows {
                             let Ok(permit) = slots.clone().try_acquire_owned() else {
                                 // Cannot happen: only this loop takes permits.
@@ -306,6 +306,7 @@ async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
     let lease_until = row
         .locked_until
         .unwrap_or_else(|| Utc::now() + chrono::Duration::seconds(settings.lease_seconds as i64));
+    let started = std::time::Instant::now();
     let result = if attempts > settings.max_attempts {
         Err(HandlerError::terminal(format!(
             "gave up after {} attempts: the last lease expired without an outcome (the processor \
@@ -341,6 +342,12 @@ async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
             }
         }
     };
+    let label = match &result {
+        Ok(()) => "succeeded",
+        Err(err) if err.terminal => "terminal",
+        Err(_) => "failed",
+    };
+    shared.source.stats.execution(&row.type_name, label, started.elapsed().as_secs_f64());
     let outcome = match result {
         Ok(()) => Outcome::Completed(lease),
         Err(err) => {

@@ -1,20 +1,22 @@
-//! Counters a processor keeps per source (exported as metrics and in run reports).
+//! Counters a processor keeps per source. Each one is kept in memory (for run reports and
+//! the progress line) and also sent to the `metrics` facade, which the Prometheus
+//! exporter of `icq work --metrics-addr` serves (a no-op when no exporter is installed).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Prefix of every exported series.
+pub const METRIC_PREFIX: &str = "icq_internal_commands_";
+
 /// Monotonic counters for one source.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
-    /// Rows claimed.
-    pub claimed: AtomicU64,
-    /// Rows stamped completed.
-    pub succeeded: AtomicU64,
-    /// Failed attempts stamped for retry.
-    pub failed: AtomicU64,
-    /// Rows stamped dead.
-    pub dead_lettered: AtomicU64,
-    /// Outcomes dropped because the lease had passed to another claim.
-    pub stale: AtomicU64,
+    source: Arc<str>,
+    claimed: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    dead_lettered: AtomicU64,
+    stale: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -32,10 +34,57 @@ pub struct StatsSnapshot {
     pub stale: u64,
 }
 
+macro_rules! counter_method {
+    ($(#[$doc:meta])* $name:ident, $series:literal) => {
+        $(#[$doc])*
+        pub fn $name(&self, n: u64) {
+            if n > 0 {
+                self.$name.fetch_add(n, Ordering::Relaxed);
+                metrics::counter!(concat!("icq_internal_commands_", $series), "source" => self.source.to_string())
+                    .increment(n);
+            }
+        }
+    };
+}
+
 impl Stats {
-    /// Adds `n` to `counter`.
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+    /// Counters for the source named `source`.
+    pub fn new(source: Arc<str>) -> Stats {
+        Stats {
+            source,
+            claimed: AtomicU64::new(0),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+        }
+    }
+
+    counter_method!(
+        /// Counts rows claimed.
+        claimed, "claimed_total");
+    counter_method!(
+        /// Counts rows stamped completed.
+        succeeded, "succeeded_total");
+    counter_method!(
+        /// Counts failed attempts stamped for retry.
+        failed, "failed_total");
+    counter_method!(
+        /// Counts rows stamped dead.
+        dead_lettered, "dead_lettered_total");
+    counter_method!(
+        /// Counts outcomes dropped because their lease had passed to another claim.
+        stale, "stale_stamps_total");
+
+    /// Records how long one execution of `type_name` took and how it ended.
+    pub fn execution(&self, type_name: &str, outcome: &'static str, seconds: f64) {
+        metrics::histogram!(
+            "icq_internal_commands_execution_seconds",
+            "source" => self.source.to_string(),
+            "type" => type_name.to_owned(),
+            "outcome" => outcome
+        )
+        .record(seconds);
     }
 
     /// Reads every counter.

@@ -45,7 +45,8 @@ const LONG_ERROR: &str = "HTTP 503 from http://127.0.0.1:8080/hooks after 10.0s:
 async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
     let db = TestDb::new(engine, tag).await;
     let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up).await;
+    db.execute(&icq::schema::render(kind, &TableName::default()).up)
+        .await;
     db
 }
 
@@ -87,8 +88,22 @@ async fn insert(db: &TestDb, id: &str, ty: &str, payload: &str, columns: &[(&str
 /// One command in each state (see the constants).
 async fn seed(db: &TestDb) {
     let created = || ("CreatedAt", ts(db, "2025-12-31T00:00:00"));
-    insert(db, DUE, "orders.send_receipt", r#"{"order_id": 1}"#, &[created(), ("RunAt", ts(db, "2026-01-01T00:00:00"))]).await;
-    insert(db, SCHEDULED, "orders.send_receipt", r#"{"order_id": 2}"#, &[created(), ("RunAt", ts(db, "2999-01-01T00:00:00"))]).await;
+    insert(
+        db,
+        DUE,
+        "orders.send_receipt",
+        r#"{"order_id": 1}"#,
+        &[created(), ("RunAt", ts(db, "2026-01-01T00:00:00"))],
+    )
+    .await;
+    insert(
+        db,
+        SCHEDULED,
+        "orders.send_receipt",
+        r#"{"order_id": 2}"#,
+        &[created(), ("RunAt", ts(db, "2999-01-01T00:00:00"))],
+    )
+    .await;
     insert(
         db,
         RUNNING,
@@ -131,7 +146,10 @@ async fn seed(db: &TestDb) {
             ("RunAt", ts(db, "2026-01-01T00:00:00")),
             ("Attempts", "1".into()),
             ("DeadLetteredAt", ts(db, "2026-01-03T00:00:00")),
-            ("LastError", "'no handler for command type orders.send_receipt'".into()),
+            (
+                "LastError",
+                "'no handler for command type orders.send_receipt'".into(),
+            ),
         ],
     )
     .await;
@@ -140,7 +158,11 @@ async fn seed(db: &TestDb) {
         DONE_OLD,
         "orders.send_receipt",
         r#"{"order_id": 6}"#,
-        &[created(), ("Attempts", "1".into()), ("ProcessedAt", ts(db, "2026-01-01T00:00:00"))],
+        &[
+            created(),
+            ("Attempts", "1".into()),
+            ("ProcessedAt", ts(db, "2026-01-01T00:00:00")),
+        ],
     )
     .await;
     insert(
@@ -148,7 +170,11 @@ async fn seed(db: &TestDb) {
         DONE_NEW,
         "orders.send_receipt",
         r#"{"order_id": 7}"#,
-        &[created(), ("Attempts", "1".into()), ("ProcessedAt", now(db).into())],
+        &[
+            created(),
+            ("Attempts", "1".into()),
+            ("ProcessedAt", now(db).into()),
+        ],
     )
     .await;
 }
@@ -161,10 +187,26 @@ async fn seeded(engine: &'static str, tag: &str) -> TestDb {
 
 /// `SELECT COUNT(*) FROM InternalCommands WHERE {condition}` with `{Column}` quoted.
 async fn count(db: &TestDb, condition: &str) -> i64 {
-    let mut sql = format!("SELECT COUNT(*) FROM {} WHERE {condition}", db.q("InternalCommands"));
+    let mut sql = format!(
+        "SELECT COUNT(*) FROM {} WHERE {condition}",
+        db.q("InternalCommands")
+    );
     for column in [
-        "Id", "Type", "Payload", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt",
-        "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId", "CreatedAt",
+        "Id",
+        "Type",
+        "Payload",
+        "RunAt",
+        "Attempts",
+        "LockToken",
+        "LockedUntil",
+        "ProcessedAt",
+        "DeadLetteredAt",
+        "LastError",
+        "UserId",
+        "Roles",
+        "TenantId",
+        "CorrelationId",
+        "CreatedAt",
     ] {
         sql = sql.replace(&format!("{{{column}}}"), &db.q(column));
     }
@@ -241,8 +283,16 @@ fn json_of(db: &TestDb, args: &[&str]) -> Value {
 /// Runs a command that must fail with `code` and returns its stderr.
 fn fails(db: &TestDb, args: &[&str], code: i32) -> String {
     let run = on(db, args);
-    assert_eq!(run.code, code, "icq {args:?}: stdout {} stderr {}", run.stdout, run.stderr);
-    assert!(run.stdout.is_empty(), "a failure wrote to stdout: {}", run.stdout);
+    assert_eq!(
+        run.code, code,
+        "icq {args:?}: stdout {} stderr {}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.stdout.is_empty(),
+        "a failure wrote to stdout: {}",
+        run.stdout
+    );
     run.stderr
 }
 
@@ -297,7 +347,15 @@ async fn pending_output() {
     let db = seeded("sqlite", "snap_pending").await;
     snapshot!(
         "pending",
-        transcript(&db, &[&["pending"], &["pending", "--format", "json"], &["pending", "--by-type"], &["pending", "--by-type", "--format", "json"]])
+        transcript(
+            &db,
+            &[
+                &["pending"],
+                &["pending", "--format", "json"],
+                &["pending", "--by-type"],
+                &["pending", "--by-type", "--format", "json"]
+            ]
+        )
     );
 }
 
@@ -311,7 +369,14 @@ async fn dead_letters_list_output() {
             &[
                 &["dead-letters", "list"],
                 &["dead-letters", "list", "--format", "json"],
-                &["dead-letters", "list", "--type", "webhooks.deliver", "--limit", "1"],
+                &[
+                    "dead-letters",
+                    "list",
+                    "--type",
+                    "webhooks.deliver",
+                    "--limit",
+                    "1"
+                ],
             ]
         )
     );
@@ -322,7 +387,13 @@ async fn dead_letters_show_output() {
     let db = seeded("sqlite", "snap_dl_show").await;
     snapshot!(
         "dead_letters_show",
-        transcript(&db, &[&["dead-letters", "show", DEAD_OLD], &["dead-letters", "show", DEAD_OLD, "--format", "json"]])
+        transcript(
+            &db,
+            &[
+                &["dead-letters", "show", DEAD_OLD],
+                &["dead-letters", "show", DEAD_OLD, "--format", "json"]
+            ]
+        )
     );
 }
 
@@ -371,7 +442,16 @@ async fn purge_output() {
             &db,
             &[
                 &["purge", "--completed", "--dead-letters", "--dry-run"],
-                &["purge", "--completed", "--dead-letters", "--older-than", "7d", "--dry-run", "--format", "json"],
+                &[
+                    "purge",
+                    "--completed",
+                    "--dead-letters",
+                    "--older-than",
+                    "7d",
+                    "--dry-run",
+                    "--format",
+                    "json"
+                ],
                 &["purge", "--completed", "--older-than", "7d", "--yes"],
                 &["purge", "--dead-letters", "--yes", "--format", "json"],
             ]
@@ -384,24 +464,47 @@ async fn replay_output() {
     let db = seeded("sqlite", "snap_replay").await;
     snapshot!(
         "replay",
-        transcript(&db, &[&["replay", DONE_OLD, DEAD_OLD], &["replay", DEAD_NEW, "--format", "json"]])
+        transcript(
+            &db,
+            &[
+                &["replay", DONE_OLD, DEAD_OLD],
+                &["replay", DEAD_NEW, "--format", "json"]
+            ]
+        )
     );
 }
 
 #[tokio::test]
 async fn schedule_output() {
     let db = db_with_table("sqlite", "snap_schedule").await;
-    let dir = tempfile::tempdir().unwrap();
-    let jobs = dir.path().join("jobs.jsonl");
-    std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": {}}\n").unwrap();
-    let jobs = jobs.to_str().unwrap();
+    // Written to the directory icq runs in, so the transcript shows a relative path.
+    let jobs = "schedule-output-jobs.jsonl";
+    std::fs::write(
+        isolated_home().join(jobs),
+        "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": {}}\n",
+    )
+    .unwrap();
     snapshot!(
         "schedule",
         transcript(
             &db,
             &[
-                &["schedule", "--type", "orders.send_receipt", "--payload", r#"{"order_id": 1}"#],
-                &["schedule", "--type", "orders.send_receipt", "--payload", "{}", "--format", "json"],
+                &[
+                    "schedule",
+                    "--type",
+                    "orders.send_receipt",
+                    "--payload",
+                    r#"{"order_id": 1}"#
+                ],
+                &[
+                    "schedule",
+                    "--type",
+                    "orders.send_receipt",
+                    "--payload",
+                    "{}",
+                    "--format",
+                    "json"
+                ],
                 &["schedule", "--from-file", jobs],
                 &["schedule", "--from-file", jobs, "--format", "json"],
             ]
@@ -419,14 +522,20 @@ async fn several_sources_are_named_in_the_output() {
         "30000000-0000-4000-8000-000000000001",
         "billing.charge",
         "{}",
-        &[("DeadLetteredAt", ts(&beta, "2026-01-04T00:00:00")), ("LastError", "'card declined'".into())],
+        &[
+            ("DeadLetteredAt", ts(&beta, "2026-01-04T00:00:00")),
+            ("LastError", "'card declined'".into()),
+        ],
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("icq.yaml");
     std::fs::write(
         &config,
-        format!("sources:\n  - name: alpha\n    url: \"{}\"\n  - name: beta\n    url: \"{}\"\n", alpha.url, beta.url),
+        format!(
+            "sources:\n  - name: alpha\n    url: \"{}\"\n  - name: beta\n    url: \"{}\"\n",
+            alpha.url, beta.url
+        ),
     )
     .unwrap();
     let config = config.to_str().unwrap();
@@ -441,6 +550,7 @@ async fn several_sources_are_named_in_the_output() {
         &["pending", "--format", "json"],
         &["dead-letters", "list", "--limit", "2"],
         &["dead-letters", "list", "--limit", "2", "--format", "json"],
+        &["purge", "--completed", "--dead-letters", "--dry-run"],
     ] {
         let out = run(args);
         assert_eq!(out.code, 0, "{}", out.stderr);
@@ -449,19 +559,50 @@ async fn several_sources_are_named_in_the_output() {
     snapshot!("several_sources", text);
 
     // Ids are found in whichever source holds them.
-    let out = run(&["dead-letters", "show", "30000000-0000-4000-8000-000000000001", "--format", "json"]);
+    let out = run(&[
+        "dead-letters",
+        "show",
+        "30000000-0000-4000-8000-000000000001",
+        "--format",
+        "json",
+    ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let shown: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(shown["source"], "beta");
-    let out = run(&["requeue", DEAD_OLD, "30000000-0000-4000-8000-000000000001", "-y", "--format", "json"]);
-    assert_eq!((out.code, out.stdout.trim()), (0, "{\n  \"requeued\": 2\n}"), "{}", out.stderr);
+    let out = run(&[
+        "requeue",
+        DEAD_OLD,
+        "30000000-0000-4000-8000-000000000001",
+        "-y",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (0, "{\n  \"requeued\": 2\n}"),
+        "{}",
+        out.stderr
+    );
 
     // Scheduling needs one target.
     let out = run(&["schedule", "--type", "t", "--payload", "{}"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
-    assert!(out.stderr.contains("2 sources are configured (alpha, beta)"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("2 sources are configured (alpha, beta)"),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("--source NAME"), "{}", out.stderr);
-    let out = run(&["--source", "beta", "schedule", "--type", "t", "--payload", "{}"]);
+    let out = run(&[
+        "--source",
+        "beta",
+        "schedule",
+        "--type",
+        "t",
+        "--payload",
+        "{}",
+    ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(count(&beta, "{Type} = 't'").await, 1);
     assert_eq!(count(&alpha, "{Type} = 't'").await, 0);
@@ -488,14 +629,29 @@ async fn pending_counts(engine: &'static str) {
 async fn dead_letter_listing(engine: &'static str) {
     let db = seeded(engine, "dead_letters").await;
     let listed = json_of(&db, &["dead-letters", "list"]);
-    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, [DEAD_NEW, DEAD_OLD], "newest first");
     assert_eq!(listed[1]["type"], "webhooks.deliver");
     assert_eq!(listed[1]["attempts"], 5);
     assert_eq!(listed[1]["dead_lettered_at"], "2026-01-02T00:00:00Z");
     assert_eq!(listed[1]["last_error"], LONG_ERROR);
     let keys: Vec<&String> = listed[0].as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["source", "id", "type", "attempts", "dead_lettered_at", "last_error"]);
+    assert_eq!(
+        keys,
+        [
+            "attempts",
+            "dead_lettered_at",
+            "id",
+            "last_error",
+            "source",
+            "type"
+        ]
+    );
 
     let typed = json_of(&db, &["dead-letters", "list", "--type", "webhooks.deliver"]);
     assert_eq!(typed.as_array().unwrap().len(), 1);
@@ -529,45 +685,148 @@ async fn dead_letter_listing(engine: &'static str) {
 
 async fn requeue_effects(engine: &'static str) {
     let db = seeded(engine, "requeue").await;
-    assert_eq!(json_of(&db, &["requeue", DEAD_OLD, DUE, DEAD_OLD, "-y"]), json!({"requeued": 2}));
+    assert_eq!(
+        json_of(&db, &["requeue", DEAD_OLD, DUE, DEAD_OLD, "-y"]),
+        json!({"requeued": 2})
+    );
     let requeued = format!("{{Id}} = '{DEAD_OLD}'");
-    assert_eq!(count(&db, &format!("{requeued} AND {{DeadLetteredAt}} IS NULL AND {{ProcessedAt}} IS NULL")).await, 1);
+    assert_eq!(
+        count(
+            &db,
+            &format!("{requeued} AND {{DeadLetteredAt}} IS NULL AND {{ProcessedAt}} IS NULL")
+        )
+        .await,
+        1
+    );
     assert_eq!(count(&db, &format!("{requeued} AND {{Attempts}} = 0 AND {{LockToken}} IS NULL AND {{LockedUntil}} IS NULL")).await, 1);
-    assert_eq!(count(&db, &format!("{requeued} AND {{LastError}} = '{LONG_ERROR}'")).await, 1, "LastError is kept");
-    assert_eq!(count(&db, &format!("{requeued} AND {{RunAt}} > {}", ts(&db, "2026-06-01T00:00:00"))).await, 1, "due now");
-    assert_eq!(count(&db, &format!("{requeued} AND {{RunAt}} <= {}", now(&db))).await, 1, "due now");
-    assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 1, "the other dead letter is untouched");
+    assert_eq!(
+        count(
+            &db,
+            &format!("{requeued} AND {{LastError}} = '{LONG_ERROR}'")
+        )
+        .await,
+        1,
+        "LastError is kept"
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!(
+                "{requeued} AND {{RunAt}} > {}",
+                ts(&db, "2026-06-01T00:00:00")
+            )
+        )
+        .await,
+        1,
+        "due now"
+    );
+    assert_eq!(
+        count(&db, &format!("{requeued} AND {{RunAt}} <= {}", now(&db))).await,
+        1,
+        "due now"
+    );
+    assert_eq!(
+        count(&db, "{DeadLetteredAt} IS NOT NULL").await,
+        1,
+        "the other dead letter is untouched"
+    );
 
     // A running or completed row is refused, and nothing else in the request changes.
     let err = fails(&db, &["requeue", DEAD_NEW, RUNNING, "-y"], 2);
-    assert!(err.contains(&format!("command {RUNNING} is running")), "{err}");
+    assert!(
+        err.contains(&format!("command {RUNNING} is running")),
+        "{err}"
+    );
     let err = fails(&db, &["requeue", DEAD_NEW, DONE_OLD, "-y"], 2);
     assert!(err.contains(&format!("`icq replay {DONE_OLD}`")), "{err}");
     assert!(err.contains("nothing was requeued"), "{err}");
-    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1);
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DEAD_NEW}' AND {{DeadLetteredAt}} IS NOT NULL")
+        )
+        .await,
+        1
+    );
 
     // --all-dead with a type filter, then without.
-    assert_eq!(json_of(&db, &["requeue", "--all-dead", "--type", "nothing.like.this", "-y"]), json!({"requeued": 0}));
-    assert_eq!(json_of(&db, &["requeue", "--all-dead", "--type", "orders.send_receipt", "-y"]), json!({"requeued": 1}));
+    assert_eq!(
+        json_of(
+            &db,
+            &["requeue", "--all-dead", "--type", "nothing.like.this", "-y"]
+        ),
+        json!({"requeued": 0})
+    );
+    assert_eq!(
+        json_of(
+            &db,
+            &[
+                "requeue",
+                "--all-dead",
+                "--type",
+                "orders.send_receipt",
+                "-y"
+            ]
+        ),
+        json!({"requeued": 1})
+    );
     assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 0);
-    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}' AND {{Attempts}} = 0 AND {{LastError}} IS NOT NULL")).await, 1);
-    assert_eq!(json_of(&db, &["requeue", "--all-dead", "-y"]), json!({"requeued": 0}));
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DEAD_NEW}' AND {{Attempts}} = 0 AND {{LastError}} IS NOT NULL")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        json_of(&db, &["requeue", "--all-dead", "-y"]),
+        json!({"requeued": 0})
+    );
     assert_eq!(total(&db).await, 7);
 }
 
 async fn purge_effects(engine: &'static str) {
     let db = seeded(engine, "purge").await;
-    assert_eq!(json_of(&db, &["purge", "--completed", "--dead-letters", "--dry-run"]), json!({"would_delete": 4}));
-    assert_eq!(json_of(&db, &["purge", "--completed", "--older-than", "7d", "--dry-run"]), json!({"would_delete": 1}));
+    assert_eq!(
+        json_of(
+            &db,
+            &["purge", "--completed", "--dead-letters", "--dry-run"]
+        ),
+        json!({"would_delete": 4})
+    );
+    assert_eq!(
+        json_of(
+            &db,
+            &["purge", "--completed", "--older-than", "7d", "--dry-run"]
+        ),
+        json!({"would_delete": 1})
+    );
     assert_eq!(total(&db).await, 7, "a dry run deletes nothing");
 
-    assert_eq!(json_of(&db, &["purge", "--completed", "--older-than", "7d", "-y"]), json!({"deleted": 1}));
+    assert_eq!(
+        json_of(&db, &["purge", "--completed", "--older-than", "7d", "-y"]),
+        json!({"deleted": 1})
+    );
     assert_eq!(count(&db, &format!("{{Id}} = '{DONE_OLD}'")).await, 0);
-    assert_eq!(count(&db, &format!("{{Id}} = '{DONE_NEW}'")).await, 1, "younger than 7 days");
+    assert_eq!(
+        count(&db, &format!("{{Id}} = '{DONE_NEW}'")).await,
+        1,
+        "younger than 7 days"
+    );
 
-    assert_eq!(json_of(&db, &["purge", "--dead-letters", "--older-than", "1h", "-y"]), json!({"deleted": 2}));
+    assert_eq!(
+        json_of(
+            &db,
+            &["purge", "--dead-letters", "--older-than", "1h", "-y"]
+        ),
+        json!({"deleted": 2})
+    );
     assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 0);
-    assert_eq!(json_of(&db, &["purge", "--completed", "-y"]), json!({"deleted": 1}));
+    assert_eq!(
+        json_of(&db, &["purge", "--completed", "-y"]),
+        json!({"deleted": 1})
+    );
     assert_eq!(count(&db, "{ProcessedAt} IS NOT NULL").await, 0);
     assert_eq!(total(&db).await, 3, "pending rows are never purged");
 }
@@ -580,11 +839,18 @@ async fn replay_effects(engine: &'static str) {
     assert_eq!(replayed[0]["from"], DEAD_OLD);
     assert_eq!(replayed[1]["from"], DONE_OLD);
     let copy = replayed[0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(replayed[0].as_object().unwrap().len(), 2, "exactly from and id");
+    assert_eq!(
+        replayed[0].as_object().unwrap().len(),
+        2,
+        "exactly from and id"
+    );
 
     let copy_row = json_of(&db, &["dead-letters", "show", &copy]);
     assert_eq!(copy_row["type"], "webhooks.deliver");
-    assert_eq!(copy_row["payload"], json!({"event": "order.paid", "order_id": 4}));
+    assert_eq!(
+        copy_row["payload"],
+        json!({"event": "order.paid", "order_id": 4})
+    );
     assert_eq!(copy_row["user_id"], "user-7");
     assert_eq!(copy_row["roles"], json!(["orders.write", "support"]));
     assert_eq!(copy_row["tenant_id"], "acme");
@@ -592,12 +858,31 @@ async fn replay_effects(engine: &'static str) {
     assert_eq!(copy_row["attempts"], 0);
     assert_eq!(copy_row["last_error"], Value::Null);
     assert_eq!(copy_row["dead_lettered_at"], Value::Null);
-    assert_eq!(count(&db, &format!("{{Id}} = '{copy}' AND {{RunAt}} <= {}", now(&db))).await, 1, "due now");
-    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1, "the original stays");
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{copy}' AND {{RunAt}} <= {}", now(&db))
+        )
+        .await,
+        1,
+        "due now"
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")
+        )
+        .await,
+        1,
+        "the original stays"
+    );
     assert_eq!(total(&db).await, 9);
 
     let err = fails(&db, &["replay", DUE], 2);
-    assert!(err.contains(&format!("command {DUE} is still pending (due)")), "{err}");
+    assert!(
+        err.contains(&format!("command {DUE} is still pending (due)")),
+        "{err}"
+    );
     let err = fails(&db, &["replay", DEAD_NEW, SCHEDULED], 2);
     assert!(err.contains("still pending (scheduled)"), "{err}");
     assert_eq!(total(&db).await, 9, "nothing was replayed");
@@ -608,8 +893,21 @@ async fn schedule_effects(engine: &'static str) {
     let one = json_of(
         &db,
         &[
-            "schedule", "--type", "orders.send_receipt", "--payload", r#"{"order_id": 9}"#, "--in", "5m",
-            "--user-id", "u1", "--roles", "a,b", "--tenant-id", "t1", "--correlation-id", "c1",
+            "schedule",
+            "--type",
+            "orders.send_receipt",
+            "--payload",
+            r#"{"order_id": 9}"#,
+            "--in",
+            "5m",
+            "--user-id",
+            "u1",
+            "--roles",
+            "a,b",
+            "--tenant-id",
+            "t1",
+            "--correlation-id",
+            "c1",
         ],
     );
     let id = one["id"].as_str().unwrap().to_owned();
@@ -617,10 +915,37 @@ async fn schedule_effects(engine: &'static str) {
     let row = json_of(&db, &["dead-letters", "show", &id]);
     assert_eq!(row["type"], "orders.send_receipt");
     assert_eq!(row["payload"], json!({"order_id": 9}));
-    assert_eq!((&row["user_id"], &row["roles"], &row["tenant_id"], &row["correlation_id"]), (&json!("u1"), &json!(["a", "b"]), &json!("t1"), &json!("c1")));
-    assert_eq!(count(&db, &format!("{{Id}} = '{id}' AND {{RunAt}} > {}", now(&db))).await, 1, "due in 5 minutes");
+    assert_eq!(
+        (
+            &row["user_id"],
+            &row["roles"],
+            &row["tenant_id"],
+            &row["correlation_id"]
+        ),
+        (&json!("u1"), &json!(["a", "b"]), &json!("t1"), &json!("c1"))
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{id}' AND {{RunAt}} > {}", now(&db))
+        )
+        .await,
+        1,
+        "due in 5 minutes"
+    );
 
-    let at = json_of(&db, &["schedule", "--type", "x", "--payload", "[1, 2]", "--at", "2030-05-01T12:00:00+02:00"]);
+    let at = json_of(
+        &db,
+        &[
+            "schedule",
+            "--type",
+            "x",
+            "--payload",
+            "[1, 2]",
+            "--at",
+            "2030-05-01T12:00:00+02:00",
+        ],
+    );
     let at_row = json_of(&db, &["dead-letters", "show", at["id"].as_str().unwrap()]);
     assert_eq!(at_row["run_at"], "2030-05-01T10:00:00Z");
     assert_eq!(at_row["payload"], json!([1, 2]));
@@ -628,8 +953,20 @@ async fn schedule_effects(engine: &'static str) {
     let dir = tempfile::tempdir().unwrap();
     let payload = dir.path().join("payload.json");
     std::fs::write(&payload, r#"{"from": "file"}"#).unwrap();
-    let from_file = json_of(&db, &["schedule", "--type", "y", "--payload", &format!("@{}", payload.display())]);
-    let file_row = json_of(&db, &["dead-letters", "show", from_file["id"].as_str().unwrap()]);
+    let from_file = json_of(
+        &db,
+        &[
+            "schedule",
+            "--type",
+            "y",
+            "--payload",
+            &format!("@{}", payload.display()),
+        ],
+    );
+    let file_row = json_of(
+        &db,
+        &["dead-letters", "show", from_file["id"].as_str().unwrap()],
+    );
     assert_eq!(file_row["payload"], json!({"from": "file"}));
 
     let jobs = dir.path().join("jobs.jsonl");
@@ -653,7 +990,14 @@ async fn schedule_effects(engine: &'static str) {
     assert_eq!(total(&db).await, 6);
 }
 
-on_every_engine!(pending_counts, dead_letter_listing, requeue_effects, purge_effects, replay_effects, schedule_effects);
+on_every_engine!(
+    pending_counts,
+    dead_letter_listing,
+    requeue_effects,
+    purge_effects,
+    replay_effects,
+    schedule_effects
+);
 
 // ---------------------------------------------------------------------------------------
 // bad input
@@ -662,10 +1006,25 @@ on_every_engine!(pending_counts, dead_letter_listing, requeue_effects, purge_eff
 async fn unknown_ids_exit_3_and_change_nothing() {
     let db = seeded("sqlite", "unknown_ids").await;
     let err = fails(&db, &["dead-letters", "show", UNKNOWN], 3);
-    assert_eq!(err, format!("error: no command with id {UNKNOWN} in source `default`; nothing to show\n"));
+    assert_eq!(
+        err,
+        format!("error: no command with id {UNKNOWN} in source `default`; nothing to show\n")
+    );
     let err = fails(&db, &["requeue", DEAD_OLD, UNKNOWN, "-y"], 3);
-    assert!(err.contains(&format!("no command with id {UNKNOWN}")) && err.contains("nothing was requeued"), "{err}");
-    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")).await, 1, "still dead");
+    assert!(
+        err.contains(&format!("no command with id {UNKNOWN}"))
+            && err.contains("nothing was requeued"),
+        "{err}"
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NOT NULL")
+        )
+        .await,
+        1,
+        "still dead"
+    );
     let err = fails(&db, &["replay", DEAD_OLD, UNKNOWN], 3);
     assert!(err.contains("nothing was replayed"), "{err}");
     assert_eq!(total(&db).await, 7);
@@ -674,9 +1033,16 @@ async fn unknown_ids_exit_3_and_change_nothing() {
 #[tokio::test]
 async fn malformed_ids_are_usage_errors() {
     let db = seeded("sqlite", "malformed_ids").await;
-    for args in [&["dead-letters", "show", "42"][..], &["requeue", "42", "-y"], &["replay", DEAD_OLD, "not-an-id"]] {
+    for args in [
+        &["dead-letters", "show", "42"][..],
+        &["requeue", "42", "-y"],
+        &["replay", DEAD_OLD, "not-an-id"],
+    ] {
         let err = fails(&db, args, 2);
-        assert!(err.contains("is not a command id: ids are UUIDs like"), "{args:?}: {err}");
+        assert!(
+            err.contains("is not a command id: ids are UUIDs like"),
+            "{args:?}: {err}"
+        );
     }
     assert_eq!(total(&db).await, 7);
 }
@@ -684,23 +1050,70 @@ async fn malformed_ids_are_usage_errors() {
 #[tokio::test]
 async fn bad_durations_and_instants_are_usage_errors() {
     let db = seeded("sqlite", "bad_durations").await;
-    let err = fails(&db, &["purge", "--completed", "--older-than", "7x", "-y"], 2);
-    assert!(err.contains("`7x` is not a duration") && err.contains("like 30s, 5m, 12h, 7d"), "{err}");
-    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--in", "soon"], 2);
+    let err = fails(
+        &db,
+        &["purge", "--completed", "--older-than", "7x", "-y"],
+        2,
+    );
+    assert!(
+        err.contains("`7x` is not a duration") && err.contains("like 30s, 5m, 12h, 7d"),
+        "{err}"
+    );
+    let err = fails(
+        &db,
+        &["schedule", "--type", "t", "--payload", "{}", "--in", "soon"],
+        2,
+    );
     assert!(err.contains("`soon` is not a duration"), "{err}");
-    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--at", "tomorrow"], 2);
-    assert!(err.contains("is not an RFC 3339 instant") && err.contains("2026-01-31T12:00:00Z"), "{err}");
-    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{}", "--at", "2030-01-01T00:00:00Z", "--in", "5m"], 2);
+    let err = fails(
+        &db,
+        &[
+            "schedule",
+            "--type",
+            "t",
+            "--payload",
+            "{}",
+            "--at",
+            "tomorrow",
+        ],
+        2,
+    );
+    assert!(
+        err.contains("is not an RFC 3339 instant") && err.contains("2026-01-31T12:00:00Z"),
+        "{err}"
+    );
+    let err = fails(
+        &db,
+        &[
+            "schedule",
+            "--type",
+            "t",
+            "--payload",
+            "{}",
+            "--at",
+            "2030-01-01T00:00:00Z",
+            "--in",
+            "5m",
+        ],
+        2,
+    );
     assert!(err.contains("cannot be used with"), "{err}");
     let err = fails(&db, &["purge", "-y"], 2);
-    assert!(err.contains("--completed, --dead-letters, or both"), "{err}");
+    assert!(
+        err.contains("--completed, --dead-letters, or both"),
+        "{err}"
+    );
     assert_eq!(total(&db).await, 7);
 }
 
 #[tokio::test]
 async fn payloads_and_job_files_must_be_json() {
     let db = db_with_table("sqlite", "bad_json").await;
-    let err = fails(&db, &["schedule", "--type", "t", "--payload", "{order: 1}"], 2);
+    let err = fails(
+        &db,
+        &["schedule", "--type", "t", "--payload", "{order: 1}"],
+        2,
+    );
     assert_eq!(
         err,
         "error: --payload is not JSON: key must be a string at line 1 column 2 (pass a JSON document \
@@ -710,8 +1123,15 @@ async fn payloads_and_job_files_must_be_json() {
     let jobs = dir.path().join("jobs.jsonl");
     std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 2}\n{\"type\": \"a\", \"payload\": }\n").unwrap();
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
-    assert!(err.contains("jobs.jsonl:3: expected value at line 1 column 26; nothing was scheduled"), "{err}");
-    std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 1, \"when\": 3}\n").unwrap();
+    assert!(
+        err.contains("jobs.jsonl:3: expected value at line 1 column 26; nothing was scheduled"),
+        "{err}"
+    );
+    std::fs::write(
+        &jobs,
+        "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 1, \"when\": 3}\n",
+    )
+    .unwrap();
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
     assert!(err.contains("jobs.jsonl:2: unknown field `when`"), "{err}");
     assert_eq!(total(&db).await, 0, "nothing was inserted");
@@ -729,7 +1149,12 @@ async fn destructive_commands_need_yes_off_a_terminal() {
     let err = fails(&db, &["requeue", "--all-dead"], 2);
     assert!(err.contains("refusing to requeue 2 dead letters"), "{err}");
     let err = fails(&db, &["purge", "--completed", "--dead-letters"], 2);
-    assert!(err.contains("refusing to delete 2 completed commands and 2 dead letters from source default"), "{err}");
+    assert!(
+        err.contains(
+            "refusing to delete 2 completed commands and 2 dead letters from source default"
+        ),
+        "{err}"
+    );
     assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 2);
     assert_eq!(total(&db).await, 7);
 }
@@ -738,9 +1163,17 @@ async fn destructive_commands_need_yes_off_a_terminal() {
 async fn a_missing_table_is_explained() {
     for engine in ["sqlite", "postgres", "mysql"] {
         let db = TestDb::new(engine, "no_table").await;
-        for args in [&["pending"][..], &["dead-letters", "list"], &["purge", "--completed", "-y"], &["schedule", "--type", "t", "--payload", "{}"]] {
+        for args in [
+            &["pending"][..],
+            &["dead-letters", "list"],
+            &["purge", "--completed", "-y"],
+            &["schedule", "--type", "t", "--payload", "{}"],
+        ] {
             let err = fails(&db, args, 1);
-            assert!(err.contains("does not exist; create it with `icq migrate add --engine"), "{engine} {args:?}: {err}");
+            assert!(
+                err.contains("does not exist; create it with `icq migrate add --engine"),
+                "{engine} {args:?}: {err}"
+            );
         }
     }
 }
@@ -761,9 +1194,14 @@ impl Progress for Steps {
 }
 
 async fn open(db: &TestDb) -> Vec<OpenSource> {
-    let queue = Queue::connect("default", &db.url, &TableName::default(), &ConnectOptions::default())
-        .await
-        .unwrap();
+    let queue = Queue::connect(
+        "default",
+        &db.url,
+        &TableName::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
     vec![OpenSource {
         name: "default".into(),
         queue,
@@ -781,7 +1219,9 @@ async fn requeue_all_dead_works_in_batches_on_postgres() {
     )
     .await;
     let sources = open(&db).await;
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await.unwrap();
+    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
+        .await
+        .unwrap();
     assert_eq!(plan.total(), 20_000);
     // A row that dies after the plan was made is not part of it.
     db.execute(
@@ -793,9 +1233,15 @@ async fn requeue_all_dead_works_in_batches_on_postgres() {
     assert_eq!(report.requeued, 20_000);
     let steps = steps.0.into_inner().unwrap();
     assert!(steps.len() >= 20, "{} batches", steps.len());
-    assert!(steps.iter().all(|n| *n <= u64::from(admin::REQUEUE_BATCH)), "{steps:?}");
+    assert!(
+        steps.iter().all(|n| *n <= u64::from(admin::REQUEUE_BATCH)),
+        "{steps:?}"
+    );
     assert_eq!(count(&db, "{Type} = 'bulk.t' AND {DeadLetteredAt} IS NULL AND {Attempts} = 0 AND {LastError} = 'boom'").await, 20_000);
-    assert_eq!(count(&db, "{Type} = 'late' AND {DeadLetteredAt} IS NOT NULL").await, 1);
+    assert_eq!(
+        count(&db, "{Type} = 'late' AND {DeadLetteredAt} IS NOT NULL").await,
+        1
+    );
     admin::close(&sources).await;
 }
 
@@ -819,13 +1265,19 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
     let sources = open(&db).await;
 
     let started = Instant::now();
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await.unwrap();
+    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
+        .await
+        .unwrap();
     let report = admin::requeue(&plan, &admin::NoProgress).await.unwrap();
     let requeue_time = started.elapsed();
     assert_eq!(report.requeued, 100_000);
 
     let started = Instant::now();
-    let request = PurgeRequest { completed: true, dead_letters: false, older_than: Some(std::time::Duration::from_secs(7 * 86_400)) };
+    let request = PurgeRequest {
+        completed: true,
+        dead_letters: false,
+        older_than: Some(std::time::Duration::from_secs(7 * 86_400)),
+    };
     let plan = admin::plan_purge(&sources, &request).await.unwrap();
     let report = admin::purge(&plan, &admin::NoProgress).await.unwrap();
     let purge_time = started.elapsed();

@@ -9,3 +9,4 @@ mod work;
 mod config;
 mod admin;
 mod quickstart;
+mod production;

@@ -15,9 +15,9 @@ use super::{COLUMNS, MySqlDriver, NOW, decode_row, marks};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
+    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
+    StateCountParams,
 };
 use crate::error::{Error, Result};
 
@@ -231,9 +231,8 @@ impl AdminOps for MySqlDriver {
         let set = requeue_set();
         // A single-table UPDATE may take ORDER BY … LIMIT: one short statement per batch,
         // walking IX_<table>_DeadLetters.
-        let sql = format!(
-            "UPDATE {t} SET {set} WHERE {DEAD_FILTER} ORDER BY `DeadLetteredAt` LIMIT ?"
-        );
+        let sql =
+            format!("UPDATE {t} SET {set} WHERE {DEAD_FILTER} ORDER BY `DeadLetteredAt` LIMIT ?");
         let filter = &params.filter;
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(filter.dead_before.naive_utc())

@@ -14,9 +14,9 @@ use super::{PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
+    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
+    StateCountParams,
 };
 use crate::error::{Error, Result};
 
@@ -61,7 +61,9 @@ impl PgDriver {
             .bind(crate::schema::notify_channel(&self.table))
             .execute(&self.pool)
             .await
-            .map_err(Error::db(self.ctx("notifying processors of requeued commands")))?;
+            .map_err(Error::db(
+                self.ctx("notifying processors of requeued commands"),
+            ))?;
         Ok(())
     }
 }

@@ -15,9 +15,9 @@ use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
 use crate::engine::AdminOps;
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
+    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
+    StateCountParams,
 };
 use crate::error::{Error, Result};
 
@@ -91,9 +91,10 @@ impl AdminOps for SqliteDriver {
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("reading the database clock")))?;
-        parse_timestamp(&now).ok_or_else(|| Error::Database {
-            context: self.ctx("reading the database clock"),
-            source: sqlx::Error::Decode(format!("`{now}` is not a timestamp").into()),
+        parse_timestamp(&now).ok_or_else(|| {
+            Error::db(self.ctx("reading the database clock"))(sqlx::Error::Decode(
+                format!("`{now}` is not a timestamp").into(),
+            ))
         })
     }
 
@@ -164,7 +165,8 @@ impl AdminOps for SqliteDriver {
         let mut found = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = vec!["?"; chunk.len()].join(", ");
-            let sql = format!(r#"SELECT * FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#);
+            let sql =
+                format!(r#"SELECT * FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#);
             let mut query = sqlx::query(AssertSqlSafe(sql));
             for id in chunk {
                 query = query.bind(id.to_string());
