@@ -38,3 +38,8 @@ pub use settings::Settings;
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
 pub use processor::{Processor, RunOptions};
 pub use queue::{Enqueue, Queue, schedule_in};
+
+/// The README's Rust examples, compiled as doctests so the README stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
