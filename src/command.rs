@@ -99,8 +99,9 @@ impl Context {
     pub fn parse_roles(raw: Option<&str>) -> Vec<String> {
         match raw.map(str::trim) {
             None | Some("") => Vec::new(),
-            Some(text) => serde_json::from_str::<Vec<String>>(text)
-                .unwrap_or_else(|_| vec![text.to_owned()]),
+            Some(text) => {
+                serde_json::from_str::<Vec<String>>(text).unwrap_or_else(|_| vec![text.to_owned()])
+            }
         }
     }
 
@@ -151,9 +152,8 @@ impl NewCommand {
 
     /// A command built from a typed, serializable value.
     pub fn typed<C: CommandType>(command: &C) -> Result<NewCommand> {
-        let payload = serde_json::to_value(command).map_err(|e| {
-            Error::Usage(format!("command {} cannot be serialized: {e}", C::TYPE))
-        })?;
+        let payload = serde_json::to_value(command)
+            .map_err(|e| Error::Usage(format!("command {} cannot be serialized: {e}", C::TYPE)))?;
         Ok(NewCommand::new(C::TYPE, payload))
     }
 

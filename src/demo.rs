@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::command::{Context, NewCommand};
-use crate::handler::{FnHandler, HandlerError, Job, Registry, TraceLayer, Layer};
+use crate::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
 use crate::settings::Settings;
 
 /// The type the demo's succeeding handler runs.
@@ -16,7 +16,11 @@ pub const FLAKY: &str = "demo.charge_card";
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
     let greet = FnHandler(|job: Job| async move {
-        let name = job.payload.get("name").and_then(|n| n.as_str()).unwrap_or("world");
+        let name = job
+            .payload
+            .get("name")
+            .and_then(|n| n.as_str())
+            .unwrap_or("world");
         tracing::info!(name, "hello");
         Ok(())
     });
@@ -47,8 +51,11 @@ pub fn commands() -> Vec<NewCommand> {
         })
         .collect();
     commands.push(
-        NewCommand::new(FLAKY, serde_json::json!({ "order_id": 42, "amount_cents": 1999 }))
-            .context(context),
+        NewCommand::new(
+            FLAKY,
+            serde_json::json!({ "order_id": 42, "amount_cents": 1999 }),
+        )
+        .context(context),
     );
     commands
 }

@@ -31,7 +31,8 @@ pub enum Error {
     /// The commands table is missing from a source's database.
     #[error(
         "source `{source_name}`: table {table} does not exist; create it with \
-         `icq migrate add --engine {engine}` followed by `icq migrate run --source {source_name}`"
+         `icq migrate add --engine {engine}`, then apply it with `icq migrate run` against the \
+         same database (the same --source or --database-url)"
     )]
     TableMissing {
         /// The configured source.

@@ -48,7 +48,11 @@ impl Engine {
 
     /// Infers the engine from a database URL's scheme.
     pub fn from_url(url: &str) -> Result<Engine> {
-        let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+        let scheme = url
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         match scheme.as_str() {
             "postgres" | "postgresql" => Ok(Engine::Postgres),
             "sqlite" => Ok(Engine::Sqlite),

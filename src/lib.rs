@@ -13,9 +13,9 @@
 
 pub mod admin;
 pub mod command;
-pub mod demo;
 pub mod commands;
 pub mod config;
+pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod handler;
@@ -33,11 +33,11 @@ pub mod worker;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
 pub use error::{Error, Result};
-pub use ident::{Engine, TableName};
-pub use settings::Settings;
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
+pub use ident::{Engine, TableName};
 pub use processor::{Processor, RunOptions};
 pub use queue::{Enqueue, Queue, schedule_in};
+pub use settings::Settings;
 
 /// The README's Rust examples, compiled as doctests so the README stays true.
 #[doc = include_str!("../README.md")]

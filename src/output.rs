@@ -96,7 +96,7 @@ pub trait Render: Serialize {
 pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
     let mut text = match format {
         Format::Json => serde_json::to_string_pretty(report)
-            .map_err(|e| Error::Usage(format!("cannot render the result as JSON: {e}")))?,
+            .map_err(|e| Error::io("rendering the result as JSON")(std::io::Error::other(e)))?,
         Format::Table => report.human(&Style::detect()),
     };
     if !text.ends_with('\n') {
@@ -413,36 +413,47 @@ fn lowercase_first(text: &str) -> String {
 /// A progress bar on stderr when it is a terminal; invisible otherwise.
 pub fn progress() -> Box<dyn Progress> {
     if std::io::stderr().is_terminal() {
-        Box::new(Bar(indicatif::ProgressBar::with_draw_target(
-            None,
-            indicatif::ProgressDrawTarget::stderr(),
-        )))
+        Box::new(Bar(std::sync::Mutex::new(None)))
     } else {
         Box::new(crate::admin::NoProgress)
     }
 }
 
-/// An indicatif bar drawn on stderr.
-struct Bar(indicatif::ProgressBar);
+/// An indicatif bar drawn on stderr, one per phase.
+struct Bar(std::sync::Mutex<Option<indicatif::ProgressBar>>);
 
 impl Progress for Bar {
     fn begin(&self, label: &str, total: u64) {
+        let mut bar = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        )
+        .with_message(label.to_owned());
         if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:30}] {human_pos}/{human_len} ({per_sec}, eta {eta})",
+            "{msg} [{bar:30}] {human_pos}/{human_len} (eta {eta})",
         ) {
-            self.0.set_style(style.progress_chars("=> "));
+            bar = bar.with_style(style.progress_chars("=> "));
         }
-        self.0.reset();
-        self.0.set_length(total);
-        self.0.set_position(0);
-        self.0.set_message(label.to_owned());
+        if let Ok(mut slot) = self.0.lock()
+            && let Some(old) = slot.replace(bar)
+        {
+            old.finish_and_clear();
+        }
     }
 
     fn advance(&self, n: u64) {
-        self.0.inc(n);
+        if let Ok(slot) = self.0.lock()
+            && let Some(bar) = slot.as_ref()
+        {
+            bar.inc(n);
+        }
     }
 
     fn finish(&self) {
-        self.0.finish_and_clear();
+        if let Ok(mut slot) = self.0.lock()
+            && let Some(bar) = slot.take()
+        {
+            bar.finish_and_clear();
+        }
     }
 }

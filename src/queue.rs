@@ -66,7 +66,12 @@ pub struct Queue {
 
 impl Queue {
     /// Connects to `url` (engine from the scheme) for `table`, checking the table exists.
-    pub async fn connect(name: &str, url: &str, table: &TableName, options: &ConnectOptions) -> Result<Queue> {
+    pub async fn connect(
+        name: &str,
+        url: &str,
+        table: &TableName,
+        options: &ConnectOptions,
+    ) -> Result<Queue> {
         let backend = engine::connect(url, table, options).await?;
         let queue = Queue::from_backend(name, backend);
         queue.ensure_table(false).await?;

@@ -18,7 +18,10 @@ pub fn redact_url(url: &str) -> String {
 
 /// Masks every occurrence of `url`'s password inside `text` (e.g. a driver's message).
 pub fn redact_in(text: &str, url: &str) -> String {
-    match url::Url::parse(url).ok().and_then(|u| u.password().map(str::to_owned)) {
+    match url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_owned))
+    {
         Some(password) if !password.is_empty() => text.replace(&password, "***"),
         _ => text.to_string(),
     }

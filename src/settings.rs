@@ -65,7 +65,10 @@ impl Settings {
             }
         }
         for (key, value) in [
-            ("retry_backoff_base_seconds", self.retry_backoff_base_seconds),
+            (
+                "retry_backoff_base_seconds",
+                self.retry_backoff_base_seconds,
+            ),
             ("max_retry_backoff_seconds", self.max_retry_backoff_seconds),
         ] {
             if value < 0.0 || !value.is_finite() {

@@ -62,8 +62,7 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         max_connections: (source.settings.concurrency / 2).clamp(4, 32),
         ..ConnectOptions::default()
     };
-    let backend =
-        crate::engine::connect(source.url.expose(), &source.table, &options).await?;
+    let backend = crate::engine::connect(source.url.expose(), &source.table, &options).await?;
     let queue = Queue::from_backend(&source.name, backend);
     queue.ensure_table(source.embedded).await?;
     Ok(OpenSource {

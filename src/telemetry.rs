@@ -35,11 +35,27 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
         .map_err(|e| Error::Usage(format!("cannot serve metrics on {addr}: {e}")))?;
     metrics::describe_counter!("icq_internal_commands_claimed_total", "Rows claimed");
     metrics::describe_counter!("icq_internal_commands_succeeded_total", "Rows completed");
-    metrics::describe_counter!("icq_internal_commands_failed_total", "Failed attempts scheduled for retry");
-    metrics::describe_counter!("icq_internal_commands_dead_lettered_total", "Rows dead-lettered");
-    metrics::describe_counter!("icq_internal_commands_stale_stamps_total", "Outcomes dropped: lease expired and taken over");
-    metrics::describe_histogram!("icq_internal_commands_execution_seconds", metrics::Unit::Seconds, "Handler execution time");
-    metrics::describe_gauge!("icq_internal_commands_pending", "Pending rows by state (due, running)");
+    metrics::describe_counter!(
+        "icq_internal_commands_failed_total",
+        "Failed attempts scheduled for retry"
+    );
+    metrics::describe_counter!(
+        "icq_internal_commands_dead_lettered_total",
+        "Rows dead-lettered"
+    );
+    metrics::describe_counter!(
+        "icq_internal_commands_stale_stamps_total",
+        "Outcomes dropped: lease expired and taken over"
+    );
+    metrics::describe_histogram!(
+        "icq_internal_commands_execution_seconds",
+        metrics::Unit::Seconds,
+        "Handler execution time"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_pending",
+        "Pending rows by state (due, running)"
+    );
     Ok(())
 }
 
@@ -58,7 +74,9 @@ pub fn spawn_pending_gauges(
                         metrics::gauge!("icq_internal_commands_pending", "source" => name.to_string(), "state" => "running")
                             .set(activity.running as f64);
                     }
-                    Err(err) => tracing::debug!(source = %name, error = %err, "cannot refresh pending gauges"),
+                    Err(err) => {
+                        tracing::debug!(source = %name, error = %err, "cannot refresh pending gauges")
+                    }
                 }
             }
             tokio::time::sleep(every).await;

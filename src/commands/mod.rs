@@ -5,12 +5,12 @@ pub mod completions;
 pub mod dead_letters;
 pub mod migrate;
 pub mod pending;
+pub mod progress;
 pub mod purge;
+pub mod quickstart;
 pub mod replay;
 pub mod requeue;
 pub mod schedule;
-pub mod progress;
-pub mod quickstart;
 pub mod work;
 
 use std::path::PathBuf;
@@ -32,6 +32,7 @@ pub struct Cli {
 
 /// Options every subcommand accepts.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Configuration file (default: $ICQ_CONFIG, ./icq.yaml, then the user config dir).
     #[arg(long, global = true, value_name = "PATH")]

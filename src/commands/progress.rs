@@ -20,7 +20,10 @@ impl RunProgress {
     /// spinner. Shows nothing when stderr is not a terminal.
     pub fn start(stats: Vec<Arc<Stats>>, total: Option<u64>) -> RunProgress {
         if !std::io::stderr().is_terminal() {
-            return RunProgress { bar: None, task: None };
+            return RunProgress {
+                bar: None,
+                task: None,
+            };
         }
         let bar = match total {
             Some(total) => ProgressBar::new(total).with_style(
@@ -45,11 +48,16 @@ impl RunProgress {
                     dead += snap.dead_lettered;
                 }
                 shown.set_position(ok + dead);
-                shown.set_message(format!("{ok} succeeded, {failed} retried, {dead} dead-lettered"));
+                shown.set_message(format!(
+                    "{ok} succeeded, {failed} retried, {dead} dead-lettered"
+                ));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
-        RunProgress { bar: Some(bar), task: Some(task) }
+        RunProgress {
+            bar: Some(bar),
+            task: Some(task),
+        }
     }
 
     /// Stops updating and clears the line.

@@ -16,7 +16,10 @@ pub struct QuickstartArgs {}
 /// Runs the tour.
 pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
     let embedded = crate::config::embedded_default()?;
-    output::note(&format!("using the embedded default database: {}", embedded.url));
+    output::note(&format!(
+        "using the embedded default database: {}",
+        embedded.url
+    ));
     let mut source = crate::sources::open_one(&embedded).await?;
     source.settings = crate::demo::settings();
     let commands = crate::demo::commands();
@@ -34,7 +37,10 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
         vec![source.queue.stats().clone()],
         Some(commands.len() as u64),
     );
-    let options = RunOptions { until_idle: true, ..RunOptions::default() };
+    let options = RunOptions {
+        until_idle: true,
+        ..RunOptions::default()
+    };
     processor.run(options, CancellationToken::new()).await?;
     progress.finish();
     let stats = source.queue.stats().snapshot();
@@ -47,8 +53,13 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
     output::note("\n$ icq pending");
     output::emit(global.format, &admin::pending(&sources, false).await?)?;
     output::note("\n$ icq dead-letters list");
-    output::emit(global.format, &admin::dead_letters(&sources, &DeadLetterQuery::default()).await?)?;
-    output::note("\nNext: `icq dead-letters show ID`, `icq requeue ID --yes`, or write an icq.yaml (see README).");
+    output::emit(
+        global.format,
+        &admin::dead_letters(&sources, &DeadLetterQuery::default()).await?,
+    )?;
+    output::note(
+        "\nNext: `icq dead-letters show ID`, `icq requeue ID --yes`, or write an icq.yaml (see README).",
+    );
     admin::close(&sources).await;
     Ok(())
 }

@@ -85,7 +85,9 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     let registry = crate::worker::registry_from_config(&config)?;
     let sources = crate::sources::open_selected(&config, request.source.as_deref()).await?;
     if registry.is_empty() {
-        tracing::warn!("no handlers are configured: every command will be dead-lettered as unknown");
+        tracing::warn!(
+            "no handlers are configured: every command will be dead-lettered as unknown"
+        );
     }
     for source in &sources {
         tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
@@ -97,7 +99,12 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
             Some(crate::telemetry::spawn_pending_gauges(
                 sources
                     .iter()
-                    .map(|s| (std::sync::Arc::from(s.name.as_str()), s.queue.backend().clone()))
+                    .map(|s| {
+                        (
+                            std::sync::Arc::from(s.name.as_str()),
+                            s.queue.backend().clone(),
+                        )
+                    })
                     .collect(),
                 Duration::from_secs(5),
             ))

@@ -47,7 +47,11 @@ impl ExecHandler {
             vec![Path::new(program).to_path_buf()]
         } else {
             std::env::var_os("PATH")
-                .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join(program)).collect())
+                .map(|paths| {
+                    std::env::split_paths(&paths)
+                        .map(|dir| dir.join(program))
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         for candidate in &candidates {
@@ -57,7 +61,10 @@ impl ExecHandler {
                     return Ok(());
                 }
                 if meta.is_file() {
-                    return Err(format!("{} is not executable (chmod +x it)", candidate.display()));
+                    return Err(format!(
+                        "{} is not executable (chmod +x it)",
+                        candidate.display()
+                    ));
                 }
             }
         }
@@ -116,12 +123,18 @@ impl Handler for ExecHandler {
             .env("ICQ_ATTEMPT", job.attempt.to_string())
             .env("ICQ_SOURCE", job.source.as_ref())
             .env("ICQ_USER_ID", ctx.user_id.as_deref().unwrap_or(""))
-            .env("ICQ_ROLES", serde_json::to_string(&ctx.roles).unwrap_or_else(|_| "[]".into()))
+            .env(
+                "ICQ_ROLES",
+                serde_json::to_string(&ctx.roles).unwrap_or_else(|_| "[]".into()),
+            )
             .env("ICQ_TENANT_ID", ctx.tenant_id.as_deref().unwrap_or(""))
-            .env("ICQ_CORRELATION_ID", ctx.correlation_id.as_deref().unwrap_or(""));
-        let mut child = command.spawn().map_err(|e| {
-            HandlerError::retry(format!("cannot start {}: {e}", self.argv[0]))
-        })?;
+            .env(
+                "ICQ_CORRELATION_ID",
+                ctx.correlation_id.as_deref().unwrap_or(""),
+            );
+        let mut child = command
+            .spawn()
+            .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
         let pid = child.id();
         let payload = job.payload.to_string();
         let stdin = child.stdin.take();
@@ -163,7 +176,8 @@ impl Handler for ExecHandler {
                 "timed out after {limit:.1}s; process group killed"
             )));
         };
-        let status = status.map_err(|e| HandlerError::retry(format!("waiting for {}: {e}", self.argv[0])))?;
+        let status = status
+            .map_err(|e| HandlerError::retry(format!("waiting for {}: {e}", self.argv[0])))?;
         if status.success() {
             return Ok(());
         }

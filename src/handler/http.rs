@@ -48,7 +48,10 @@ impl HttpHandler {
             map.insert(name, value);
         }
         let same_host = reqwest::redirect::Policy::custom(|attempt| {
-            let first = attempt.previous().first().and_then(|u| u.host_str().map(str::to_owned));
+            let first = attempt
+                .previous()
+                .first()
+                .and_then(|u| u.host_str().map(str::to_owned));
             if attempt.previous().len() > 5 || attempt.url().host_str() != first.as_deref() {
                 attempt.stop()
             } else {
@@ -61,7 +64,11 @@ impl HttpHandler {
             .user_agent(concat!("icq/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| crate::Error::Usage(format!("cannot build the HTTP client: {e}")))?;
-        Ok(HttpHandler { client, url, headers: map })
+        Ok(HttpHandler {
+            client,
+            url,
+            headers: map,
+        })
     }
 }
 
@@ -111,7 +118,11 @@ impl Handler for HttpHandler {
             .send()
             .await
             .map_err(|err| {
-                let what = if err.is_timeout() { "timed out" } else { "failed" };
+                let what = if err.is_timeout() {
+                    "timed out"
+                } else {
+                    "failed"
+                };
                 let mut message = format!("POST {} {what}: {err}", redacted(&self.url));
                 let mut source = std::error::Error::source(&err);
                 while let Some(cause) = source {
@@ -132,7 +143,9 @@ impl Handler for HttpHandler {
         let body = response.bytes().await.unwrap_or_default();
         let mut message = format!("HTTP {status}");
         if let Some(location) = location.filter(|_| status.is_redirection()) {
-            message.push_str(&format!(" (redirect to {location} not followed: another host)"));
+            message.push_str(&format!(
+                " (redirect to {location} not followed: another host)"
+            ));
         }
         let body = excerpt(&body);
         if !body.is_empty() {

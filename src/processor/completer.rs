@@ -57,7 +57,11 @@ pub async fn run(
 }
 
 async fn stamp_batch(source: &str, backend: &dyn Backend, batch: Vec<Stamp>, stats: &Stats) {
-    let deadline = batch.iter().map(|s| s.lease_until).min().unwrap_or_else(Utc::now);
+    let deadline = batch
+        .iter()
+        .map(|s| s.lease_until)
+        .min()
+        .unwrap_or_else(Utc::now);
     let mut completed = Vec::new();
     let mut failed = Vec::new();
     for stamp in batch {
@@ -90,7 +94,10 @@ async fn stamp_batch(source: &str, backend: &dyn Backend, batch: Vec<Stamp>, sta
         .await;
         match result {
             Ok(()) => break,
-            Err(err) if Utc::now() + chrono::Duration::from_std(pause).unwrap_or_default() < deadline => {
+            Err(err)
+                if Utc::now() + chrono::Duration::from_std(pause).unwrap_or_default()
+                    < deadline =>
+            {
                 tracing::warn!(source, error = %err, retry_in_ms = pause.as_millis() as u64, "could not stamp outcomes; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
@@ -112,6 +119,11 @@ fn note_stale(source: &str, kind: &str, requested: u64, stamped: u64, stats: &St
     if stamped < requested {
         let stale = requested - stamped;
         stats.stale(stale);
-        tracing::warn!(source, kind, stale, "dropped stale outcomes: their leases had passed to another claim");
+        tracing::warn!(
+            source,
+            kind,
+            stale,
+            "dropped stale outcomes: their leases had passed to another claim"
+        );
     }
 }

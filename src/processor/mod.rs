@@ -147,7 +147,9 @@ impl SourceWorker {
         match src.backend.listen(src.wake.clone()).await {
             Ok(true) => tracing::debug!(source = %name, "listening for inserts"),
             Ok(false) => {}
-            Err(err) => tracing::warn!(source = %name, error = %err, "cannot LISTEN; relying on polling"),
+            Err(err) => {
+                tracing::warn!(source = %name, error = %err, "cannot LISTEN; relying on polling")
+            }
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let outstanding = Arc::new(AtomicUsize::new(0));
@@ -241,7 +243,9 @@ impl SourceWorker {
                         continue;
                     }
                     Ok(_) => {}
-                    Err(err) => tracing::warn!(source = %name, error = %err, "cannot count due commands"),
+                    Err(err) => {
+                        tracing::warn!(source = %name, error = %err, "cannot count due commands")
+                    }
                 }
             }
             let poll = if self.options.until_idle && in_flight.is_empty() {
@@ -283,7 +287,9 @@ impl SourceWorker {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn lease_of(row: &CommandRow, token: LeaseToken) -> Lease {
@@ -331,13 +337,20 @@ async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
                 let handler = handler.clone();
                 let context = job.context.clone();
                 // A task of its own, so a panic is caught and counted as a failed attempt.
-                match tokio::spawn(with_context(context, async move { handler.handle(job).await })).await {
+                match tokio::spawn(with_context(
+                    context,
+                    async move { handler.handle(job).await },
+                ))
+                .await
+                {
                     Ok(result) => result,
                     Err(join) if join.is_panic() => Err(HandlerError::retry(format!(
                         "handler panicked: {}",
                         panic_message(join.into_panic())
                     ))),
-                    Err(join) => Err(HandlerError::retry(format!("handler was cancelled: {join}"))),
+                    Err(join) => Err(HandlerError::retry(format!(
+                        "handler was cancelled: {join}"
+                    ))),
                 }
             }
         }
@@ -347,7 +360,10 @@ async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
         Err(err) if err.terminal => "terminal",
         Err(_) => "failed",
     };
-    shared.source.stats.execution(&row.type_name, label, started.elapsed().as_secs_f64());
+    shared
+        .source
+        .stats
+        .execution(&row.type_name, label, started.elapsed().as_secs_f64());
     let outcome = match result {
         Ok(()) => Outcome::Completed(lease),
         Err(err) => {
@@ -370,7 +386,14 @@ async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
     };
     shared.outstanding.fetch_add(1, Ordering::AcqRel);
     lock(&shared.running).remove(&lease);
-    if shared.outcomes.send(Stamp { outcome, lease_until }).is_err() {
+    if shared
+        .outcomes
+        .send(Stamp {
+            outcome,
+            lease_until,
+        })
+        .is_err()
+    {
         shared.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }

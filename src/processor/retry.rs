@@ -26,7 +26,10 @@ mod tests {
             for _ in 0..200 {
                 let d = backoff(attempts, 10.0, 600.0, &mut rng).as_secs_f64();
                 let (lo, hi) = ((expected * 0.8).min(600.0), (expected * 1.2).min(600.0));
-                assert!(d >= lo - 1e-9 && d <= hi + 1e-9, "attempt {attempts}: {d} not in [{lo}, {hi}]");
+                assert!(
+                    d >= lo - 1e-9 && d <= hi + 1e-9,
+                    "attempt {attempts}: {d} not in [{lo}, {hi}]"
+                );
             }
         }
     }

@@ -223,7 +223,8 @@ async fn total(db: &TestDb) -> i64 {
 /// A directory standing in for $HOME, the XDG dirs and the working directory, so no
 /// configuration file of the machine running the tests is picked up.
 fn isolated_home() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("icq-admin-tests-{}", std::process::id()));
+    // One fixed directory (not one per run): it only ever holds a fixture file.
+    let dir = std::env::temp_dir().join("icq-admin-tests");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -3,10 +3,10 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
+mod config;
 mod migrate;
+mod production;
+mod quickstart;
 mod schema;
 mod work;
-mod config;
-mod admin;
-mod quickstart;
-mod production;

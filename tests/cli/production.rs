@@ -23,7 +23,10 @@ struct Seen {
 
 impl Seen {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -64,7 +67,11 @@ async fn http_server() -> (u16, Arc<Mutex<Vec<Seen>>>) {
                     .unwrap_or(0);
                 let mut body = vec![0; len];
                 reader.read_exact(&mut body).await.unwrap();
-                log.lock().unwrap().push(Seen { path: path.clone(), headers, body: String::from_utf8_lossy(&body).into() });
+                log.lock().unwrap().push(Seen {
+                    path: path.clone(),
+                    headers,
+                    body: String::from_utf8_lossy(&body).into(),
+                });
                 let response = match path.as_str() {
                     "/ok" => "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".to_owned(),
                     "/away" => "HTTP/1.1 302 Found\r\nlocation: http://example.invalid/x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
@@ -81,7 +88,8 @@ async fn http_server() -> (u16, Arc<Mutex<Vec<Seen>>>) {
 async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
     let db = TestDb::new(engine, tag).await;
     let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up).await;
+    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up)
+        .await;
     db
 }
 
@@ -93,12 +101,25 @@ async fn insert(db: &TestDb, ty: &str, payload: &str, extra: &[(&str, &str)]) {
         cols.push(db.q(c));
         vals.push(format!("'{v}'"));
     }
-    db.execute(&format!("INSERT INTO {t} ({}) VALUES ({})", cols.join(", "), vals.join(", "))).await;
+    db.execute(&format!(
+        "INSERT INTO {t} ({}) VALUES ({})",
+        cols.join(", "),
+        vals.join(", ")
+    ))
+    .await;
 }
 
 fn run_until_idle(config: &std::path::Path) -> std::process::Output {
-    let out = icq().args(["work", "--until-idle", "--config"]).arg(config).output().unwrap();
-    assert!(out.status.success(), "icq work failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = icq()
+        .args(["work", "--until-idle", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "icq work failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -116,14 +137,37 @@ async fn http_handler_posts_payload_and_context_headers() {
         ),
     )
     .unwrap();
-    insert(&db, "hooks.ok", r#"{"order": 1}"#, &[("UserId", "u-1"), ("Roles", r#"["a","b"]"#), ("TenantId", "t-1"), ("CorrelationId", "c-1")]).await;
+    insert(
+        &db,
+        "hooks.ok",
+        r#"{"order": 1}"#,
+        &[
+            ("UserId", "u-1"),
+            ("Roles", r#"["a","b"]"#),
+            ("TenantId", "t-1"),
+            ("CorrelationId", "c-1"),
+        ],
+    )
+    .await;
     insert(&db, "hooks.fail", "{}", &[]).await;
     insert(&db, "hooks.away", "{}", &[]).await;
-    let out = icq().args(["work", "--until-idle", "--config"]).arg(&config).env("HOOK_TOKEN", "tok-123").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = icq()
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .env("HOOK_TOKEN", "tok-123")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let seen = seen.lock().unwrap().clone();
-    let ok = seen.iter().find(|s| s.path == "/ok").expect("the ok hook was called");
+    let ok = seen
+        .iter()
+        .find(|s| s.path == "/ok")
+        .expect("the ok hook was called");
     assert_eq!(ok.body, r#"{"order":1}"#);
     for (name, value) in [
         ("authorization", "Bearer tok-123"),
@@ -139,11 +183,20 @@ async fn http_handler_posts_payload_and_context_headers() {
         assert_eq!(ok.header(name), Some(value), "header {name}");
     }
     assert_eq!(ok.header("x-icq-command-id").map(str::len), Some(36));
-    assert!(!seen.iter().any(|s| s.path == "/x"), "no cross-host redirect followed");
+    assert!(
+        !seen.iter().any(|s| s.path == "/x"),
+        "no cross-host redirect followed"
+    );
 
     let t = db.q("InternalCommands");
     let (ty, le, p) = (db.q("Type"), db.q("LastError"), db.q("ProcessedAt"));
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.ok' AND {p} IS NOT NULL")).await, 1);
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.ok' AND {p} IS NOT NULL"
+        ))
+        .await,
+        1
+    );
     assert_eq!(
         db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.fail' AND {le} = 'HTTP 500 Internal Server Error: oops: database down' AND {p} IS NULL")).await,
         1
@@ -175,7 +228,13 @@ async fn two_sources_of_different_engines_in_one_process() {
     run_until_idle(&config);
     for db in [&pg, &my] {
         let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
-        assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL")).await, 20, "{}", db.engine);
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+                .await,
+            20,
+            "{}",
+            db.engine
+        );
     }
 }
 
@@ -186,12 +245,21 @@ async fn metrics_endpoint_serves_prometheus_text() {
         insert(&db, "noop.m", "{}", &[]).await;
     }
     insert(&db, "nobody.handles", "{}", &[]).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("icq.yaml");
     std::fs::write(&config, format!("sources:\n  - name: m\n    url: \"{}\"\n    settings: {{ polling_interval_seconds: 0.1 }}\nhandlers:\n  noop.m:\n    noop: true\n", db.url)).unwrap();
     let mut worker = icq()
-        .args(["work", "--metrics-addr", &format!("127.0.0.1:{port}"), "--config"])
+        .args([
+            "work",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--config",
+        ])
         .arg(&config)
         .stderr(Stdio::null())
         .spawn()
@@ -210,7 +278,11 @@ async fn metrics_endpoint_serves_prometheus_text() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     assert!(worker.wait().unwrap().success());
     for series in [
         "icq_internal_commands_claimed_total{source=\"m\"} 4",
@@ -226,7 +298,11 @@ async fn metrics_endpoint_serves_prometheus_text() {
 #[test]
 fn unreachable_database_names_host_and_port_but_never_the_password() {
     let out = icq()
-        .args(["pending", "--database-url", "postgres://app:s3cret-pw@127.0.0.1:9/orders"])
+        .args([
+            "pending",
+            "--database-url",
+            "postgres://app:s3cret-pw@127.0.0.1:9/orders",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

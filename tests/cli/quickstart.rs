@@ -16,8 +16,14 @@ fn quickstart_runs_end_to_end_on_the_embedded_default() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(data.path().join("icq.db").exists(), "the embedded database was created");
-    assert!(stderr.contains("done: 4 succeeded, 2 failed attempts retried, 1 dead-lettered"), "{stderr}");
+    assert!(
+        data.path().join("icq.db").exists(),
+        "the embedded database was created"
+    );
+    assert!(
+        stderr.contains("done: 4 succeeded, 2 failed attempts retried, 1 dead-lettered"),
+        "{stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut docs = serde_json::Deserializer::from_str(&stdout).into_iter::<serde_json::Value>();
     let pending = docs.next().unwrap().unwrap();

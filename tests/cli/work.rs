@@ -13,7 +13,8 @@ fn icq() -> Command {
 async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
     let db = TestDb::new(engine, tag).await;
     let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up).await;
+    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up)
+        .await;
     db
 }
 
@@ -29,7 +30,10 @@ fn write_config(dir: &Path, url: &str, settings: &str, handlers: &str) -> std::p
 async fn insert(db: &TestDb, ty: &str, n: usize) {
     let (t, c1, c2) = (db.q("InternalCommands"), db.q("Type"), db.q("Payload"));
     for i in 0..n {
-        db.execute(&format!("INSERT INTO {t} ({c1}, {c2}) VALUES ('{ty}', '{{\"n\": {i}}}')")).await;
+        db.execute(&format!(
+            "INSERT INTO {t} ({c1}, {c2}) VALUES ('{ty}', '{{\"n\": {i}}}')"
+        ))
+        .await;
     }
 }
 
@@ -56,11 +60,25 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
         "  crash.test:\n    exec: [\"sh\", \"-c\", \"if [ \\\"$ICQ_ATTEMPT\\\" = 1 ]; then touch {}; sleep 3; fi\"]\n",
         marker.display()
     );
-    let config = write_config(dir.path(), &db.url, "      lease_seconds: 2\n      polling_interval_seconds: 0.1", &handler);
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        "      lease_seconds: 2\n      polling_interval_seconds: 0.1",
+        &handler,
+    );
     insert(&db, "crash.test", 1).await;
 
-    let mut first = icq().arg("work").arg("--config").arg(&config).stderr(Stdio::null()).spawn().unwrap();
-    assert!(wait_for(Duration::from_secs(20), || marker.exists()).await, "first attempt started");
+    let mut first = icq()
+        .arg("work")
+        .arg("--config")
+        .arg(&config)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || marker.exists()).await,
+        "first attempt started"
+    );
     signal(&first, nix::sys::signal::Signal::SIGKILL);
     first.wait().unwrap();
 
@@ -69,10 +87,28 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
         .arg(&config)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (t, p, a) = (db.q("InternalCommands"), db.q("ProcessedAt"), db.q("Attempts"));
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL")).await, 1, "completed after the lease expired");
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {a} = 2")).await, 1, "the crashed attempt was counted");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (t, p, a) = (
+        db.q("InternalCommands"),
+        db.q("ProcessedAt"),
+        db.q("Attempts"),
+    );
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+            .await,
+        1,
+        "completed after the lease expired"
+    );
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {a} = 2"))
+            .await,
+        1,
+        "the crashed attempt was counted"
+    );
 }
 
 async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) {
@@ -83,29 +119,72 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         "  slow.test:\n    exec: [\"sh\", \"-c\", \"echo x >> {}; sleep 1\"]\n",
         started.display()
     );
-    let config = write_config(dir.path(), &db.url, "      concurrency: 1\n      polling_interval_seconds: 0.1", &handler);
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        "      concurrency: 1\n      polling_interval_seconds: 0.1",
+        &handler,
+    );
     insert(&db, "slow.test", 3).await;
 
-    let mut worker = icq().arg("work").arg("--config").arg(&config).stderr(Stdio::piped()).spawn().unwrap();
-    assert!(wait_for(Duration::from_secs(20), || started.exists()).await, "a command started");
+    let mut worker = icq()
+        .arg("work")
+        .arg("--config")
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || started.exists()).await,
+        "a command started"
+    );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
     let status = worker.wait().unwrap();
     assert!(status.success(), "exit 0 after SIGTERM, got {status:?}");
-    let (t, p, l) = (db.q("InternalCommands"), db.q("ProcessedAt"), db.q("LockToken"));
-    let done = db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL")).await;
+    let (t, p, l) = (
+        db.q("InternalCommands"),
+        db.q("ProcessedAt"),
+        db.q("LockToken"),
+    );
+    let done = db
+        .scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+        .await;
     assert!(done >= 1, "the in-flight command finished");
     assert!(done < 3, "the worker stopped claiming");
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL")).await, 0, "no lease left behind");
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL"))
+            .await,
+        0,
+        "no lease left behind"
+    );
 
     // Past the grace period, the unfinished command's lease is released, not left to expire.
-    let slow = format!("  slow.test:\n    exec: [\"sh\", \"-c\", \"echo y >> {}; sleep 20\"]\n", started.display());
-    let config = write_config(dir.path(), &db.url, "      concurrency: 1\n      polling_interval_seconds: 0.1", &slow);
+    let slow = format!(
+        "  slow.test:\n    exec: [\"sh\", \"-c\", \"echo y >> {}; sleep 20\"]\n",
+        started.display()
+    );
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        "      concurrency: 1\n      polling_interval_seconds: 0.1",
+        &slow,
+    );
     std::fs::remove_file(&started).unwrap();
-    let mut worker = icq().args(["work", "--grace-seconds", "0.3", "--config"]).arg(&config).stderr(Stdio::null()).spawn().unwrap();
+    let mut worker = icq()
+        .args(["work", "--grace-seconds", "0.3", "--config"])
+        .arg(&config)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     assert!(wait_for(Duration::from_secs(20), || started.exists()).await);
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
     assert!(worker.wait().unwrap().success());
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL")).await, 0, "lease released at once");
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL"))
+            .await,
+        0,
+        "lease released at once"
+    );
 }
 
 macro_rules! per_engine {
@@ -116,25 +195,49 @@ macro_rules! per_engine {
     };
 }
 
-per_engine!(killed_mid_handler_runs_again_after_the_lease, sigterm_finishes_in_flight_and_releases_the_rest);
+per_engine!(
+    killed_mid_handler_runs_again_after_the_lease,
+    sigterm_finishes_in_flight_and_releases_the_rest
+);
 
 #[tokio::test]
 async fn missing_table_says_which_migrate_command_to_run() {
     let db = TestDb::new("postgres", "notable").await;
-    let out = icq().args(["pending", "--database-url", &db.url]).output().unwrap();
+    let out = icq()
+        .args(["pending", "--database-url", &db.url])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("table InternalCommands does not exist"), "{stderr}");
-    assert!(stderr.contains("icq migrate add --engine postgres"), "{stderr}");
+    assert!(
+        stderr.contains("table InternalCommands does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("icq migrate add --engine postgres"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn missing_exec_program_fails_at_startup() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
-    let config = write_config(dir.path(), &url, "      batch_size: 5", "  a.b:\n    exec: [\"/nonexistent/send-receipt\"]\n");
-    let out = icq().args(["work", "--until-idle", "--config"]).arg(&config).output().unwrap();
+    let config = write_config(
+        dir.path(),
+        &url,
+        "      batch_size: 5",
+        "  a.b:\n    exec: [\"/nonexistent/send-receipt\"]\n",
+    );
+    let out = icq()
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("handler `a.b`: program /nonexistent/send-receipt not found"), "{stderr}");
+    assert!(
+        stderr.contains("handler `a.b`: program /nonexistent/send-receipt not found"),
+        "{stderr}"
+    );
 }

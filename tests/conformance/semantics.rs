@@ -20,15 +20,21 @@ use crate::support::TestDb;
 async fn setup(engine: &'static str, tag: &str) -> (TestDb, Queue) {
     let db = TestDb::new(engine, tag).await;
     let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up).await;
+    db.execute(&icq::schema::render(kind, &TableName::default()).up)
+        .await;
     let queue = connect(&db).await;
     (db, queue)
 }
 
 async fn connect(db: &TestDb) -> Queue {
-    Queue::connect("orders", &db.url, &TableName::default(), &ConnectOptions::default())
-        .await
-        .expect("connect queue")
+    Queue::connect(
+        "orders",
+        &db.url,
+        &TableName::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .expect("connect queue")
 }
 
 fn fast_settings() -> Settings {
@@ -82,7 +88,12 @@ async fn run_until_idle(processor: &Processor) {
 }
 
 async fn row(queue: &Queue, id: CommandId) -> icq::CommandRow {
-    queue.backend().command_get(id).await.expect("get row").expect("row exists")
+    queue
+        .backend()
+        .command_get(id)
+        .await
+        .expect("get row")
+        .expect("row exists")
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,7 +118,10 @@ fn context() -> Context {
 pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static str) {
     let (db, queue) = setup(engine, "txn").await;
     let table = TableName::default();
-    let receipt = SendReceipt { order_id: 42, email: "a@example.com".into() };
+    let receipt = SendReceipt {
+        order_id: 42,
+        email: "a@example.com".into(),
+    };
     let command = NewCommand::typed(&receipt).unwrap().context(context());
     let rolled_back = NewCommand::typed(&receipt).unwrap();
 
@@ -116,7 +130,9 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
         "postgres" => {
             let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back).await.unwrap();
+            icq::schedule_in(&mut *tx, &table, &rolled_back)
+                .await
+                .unwrap();
             tx.rollback().await.unwrap();
             let mut tx = conn.begin().await.unwrap();
             icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
@@ -125,7 +141,9 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
         "mysql" => {
             let mut conn = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back).await.unwrap();
+            icq::schedule_in(&mut *tx, &table, &rolled_back)
+                .await
+                .unwrap();
             tx.rollback().await.unwrap();
             let mut tx = conn.begin().await.unwrap();
             icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
@@ -134,7 +152,9 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
         _ => {
             let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back).await.unwrap();
+            icq::schedule_in(&mut *tx, &table, &rolled_back)
+                .await
+                .unwrap();
             tx.rollback().await.unwrap();
             let mut tx = conn.begin().await.unwrap();
             icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
@@ -152,7 +172,9 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
         .register::<SendReceipt, _, _>(move |cmd, job| {
             let sink = sink.clone();
             async move {
-                sink.lock().unwrap().push((cmd, job, icq::current_context()));
+                sink.lock()
+                    .unwrap()
+                    .push((cmd, job, icq::current_context()));
                 Ok(())
             }
         })
@@ -169,7 +191,11 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
     assert_eq!(job.attempt, 1);
     assert_eq!(&*job.source, "orders");
     assert_eq!(job.context, context());
-    assert_eq!(current.as_ref(), Some(&context()), "context restored into the task");
+    assert_eq!(
+        current.as_ref(),
+        Some(&context()),
+        "context restored into the task"
+    );
     let stored = row(&queue, command.id).await;
     assert!(stored.processed_at.is_some());
     assert_eq!(stored.attempts, 1);
@@ -186,7 +212,11 @@ pub async fn exec_handler_receives_payload_and_context(engine: &'static str) {
     );
     let mut registry = Registry::new();
     registry
-        .insert_exec("orders.send_receipt", vec!["sh".into(), "-c".into(), script], None)
+        .insert_exec(
+            "orders.send_receipt",
+            vec!["sh".into(), "-c".into(), script],
+            None,
+        )
         .unwrap();
     let payload = serde_json::json!({"order_id": 7, "note": "naïve ✓"});
     let id = queue
@@ -197,9 +227,10 @@ pub async fn exec_handler_receives_payload_and_context(engine: &'static str) {
     processor.add_source(queue.source_handle(fast_settings()));
     run_until_idle(&processor).await;
 
-    let got: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{}.payload", out.display())).unwrap())
-            .unwrap();
+    let got: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{}.payload", out.display())).unwrap(),
+    )
+    .unwrap();
     assert_eq!(got, payload);
     let env = std::fs::read_to_string(&out).unwrap();
     for expected in [
@@ -212,7 +243,10 @@ pub async fn exec_handler_receives_payload_and_context(engine: &'static str) {
         "ICQ_TENANT_ID=acme".into(),
         "ICQ_CORRELATION_ID=req-7".into(),
     ] {
-        assert!(env.lines().any(|l| l == expected), "missing {expected} in\n{env}");
+        assert!(
+            env.lines().any(|l| l == expected),
+            "missing {expected} in\n{env}"
+        );
     }
     assert!(row(&queue, id).await.processed_at.is_some());
 }
@@ -229,14 +263,20 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
                 let counter = counter.clone();
                 async move {
                     *counter.lock().unwrap() += 1;
-                    Err(HandlerError::retry(format!("boom on attempt {}", job.attempt)))
+                    Err(HandlerError::retry(format!(
+                        "boom on attempt {}",
+                        job.attempt
+                    )))
                 }
             })),
         )
         .unwrap();
 
     // First: one failure with a 20 s base, then look at RunAt in the database.
-    let id = queue.schedule(&NewCommand::new("always.fails", serde_json::json!({}))).await.unwrap();
+    let id = queue
+        .schedule(&NewCommand::new("always.fails", serde_json::json!({})))
+        .await
+        .unwrap();
     let slow = Settings {
         retry_backoff_base_seconds: 20.0,
         max_retry_backoff_seconds: 600.0,
@@ -259,12 +299,21 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
     assert_eq!(after_fail.last_error.as_deref(), Some("boom on attempt 1"));
     assert!(after_fail.dead_lettered_at.is_none() && after_fail.lock_token.is_none());
     let delay = (after_fail.run_at - before).num_milliseconds() as f64 / 1000.0;
-    assert!((15.0..=25.0).contains(&delay), "RunAt {delay}s after the failure, expected 20s ±20%");
+    assert!(
+        (15.0..=25.0).contains(&delay),
+        "RunAt {delay}s after the failure, expected 20s ±20%"
+    );
 
     // Then: a fast curve to the end; dead after max_attempts with the last error.
-    let id = queue.schedule(&NewCommand::new("always.fails", serde_json::json!({}))).await.unwrap();
+    let id = queue
+        .schedule(&NewCommand::new("always.fails", serde_json::json!({})))
+        .await
+        .unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings { max_attempts: 3, ..fast_settings() }));
+    processor.add_source(queue.source_handle(Settings {
+        max_attempts: 3,
+        ..fast_settings()
+    }));
     let q = queue.clone();
     assert!(
         run_until(processor, Duration::from_secs(30), || {
@@ -299,27 +348,50 @@ pub async fn panic_timeout_and_exit_status_each_consume_an_attempt(engine: &'sta
         Ok(())
     }));
     registry
-        .insert("times.out", TimeoutLayer { timeout: Duration::from_millis(200) }.layer(sleepy))
+        .insert(
+            "times.out",
+            TimeoutLayer {
+                timeout: Duration::from_millis(200),
+            }
+            .layer(sleepy),
+        )
         .unwrap();
     registry
         .insert_exec(
             "exits.nonzero",
-            vec!["sh".into(), "-c".into(), "echo 'disk full' >&2; exit 3".into()],
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "echo 'disk full' >&2; exit 3".into(),
+            ],
             None,
         )
         .unwrap();
     registry
         .insert_exec(
             "exec.times.out",
-            vec!["sh".into(), "-c".into(), "sleep 30 & sleep 30; exit 0".into()],
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 30 & sleep 30; exit 0".into(),
+            ],
             Some(Duration::from_millis(300)),
         )
         .unwrap();
     let mut ids = Vec::new();
     for ty in ["panics", "times.out", "exits.nonzero", "exec.times.out"] {
-        ids.push(queue.schedule(&NewCommand::new(ty, serde_json::json!({}))).await.unwrap());
+        ids.push(
+            queue
+                .schedule(&NewCommand::new(ty, serde_json::json!({})))
+                .await
+                .unwrap(),
+        );
     }
-    let settings = Settings { retry_backoff_base_seconds: 60.0, max_retry_backoff_seconds: 600.0, ..fast_settings() };
+    let settings = Settings {
+        retry_backoff_base_seconds: 60.0,
+        max_retry_backoff_seconds: 600.0,
+        ..fast_settings()
+    };
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(settings));
     let q = queue.clone();
@@ -338,13 +410,21 @@ pub async fn panic_timeout_and_exit_status_each_consume_an_attempt(engine: &'sta
         })
         .await
     );
-    let expected = ["handler panicked: handler exploded", "timed out after 0.2s", "exit status 3: disk full", "timed out after 0.3s; process group killed"];
+    let expected = [
+        "handler panicked: handler exploded",
+        "timed out after 0.2s",
+        "exit status 3: disk full",
+        "timed out after 0.3s; process group killed",
+    ];
     for (id, message) in ids.into_iter().zip(expected) {
         let r = row(&queue, id).await;
         assert_eq!(r.attempts, 1, "{message}");
         assert_eq!(r.last_error.as_deref(), Some(message));
         assert!(r.dead_lettered_at.is_none() && r.processed_at.is_none());
-        assert!(r.run_at > chrono::Utc::now() + chrono::Duration::seconds(30), "retry scheduled by backoff");
+        assert!(
+            r.run_at > chrono::Utc::now() + chrono::Duration::seconds(30),
+            "retry scheduled by backoff"
+        );
     }
 }
 
@@ -361,9 +441,18 @@ pub async fn unknown_type_and_missing_role_dead_letter_at_once(engine: &'static 
     }));
     let mut registry = Registry::new();
     registry
-        .insert("admin.only", AuthorizeLayer { required: vec!["admin".into()] }.layer(guarded))
+        .insert(
+            "admin.only",
+            AuthorizeLayer {
+                required: vec!["admin".into()],
+            }
+            .layer(guarded),
+        )
         .unwrap();
-    let unknown = queue.schedule(&NewCommand::new("nobody.handles", serde_json::json!({}))).await.unwrap();
+    let unknown = queue
+        .schedule(&NewCommand::new("nobody.handles", serde_json::json!({})))
+        .await
+        .unwrap();
     let forbidden = queue
         .schedule(&NewCommand::new("admin.only", serde_json::json!({})).context(context()))
         .await
@@ -375,11 +464,18 @@ pub async fn unknown_type_and_missing_role_dead_letter_at_once(engine: &'static 
     let r = row(&queue, unknown).await;
     assert!(r.dead_lettered_at.is_some());
     assert_eq!(r.attempts, 1);
-    assert!(r.last_error.unwrap().contains("no handler is registered for command type `nobody.handles`"));
+    assert!(
+        r.last_error
+            .unwrap()
+            .contains("no handler is registered for command type `nobody.handles`")
+    );
     let r = row(&queue, forbidden).await;
     assert!(r.dead_lettered_at.is_some());
     assert_eq!(r.attempts, 1);
-    assert_eq!(r.last_error.as_deref(), Some("forbidden: principal u-42 lacks required role(s) admin"));
+    assert_eq!(
+        r.last_error.as_deref(),
+        Some("forbidden: principal u-42 lacks required role(s) admin")
+    );
     assert_eq!(*calls.lock().unwrap(), 0, "the handler is never called");
 }
 
@@ -408,7 +504,11 @@ pub async fn four_processors_drain_5000_exactly_once(engine: &'static str) {
             .unwrap();
         let mut processor = Processor::new(registry);
         // A separate pool per processor, as separate replicas would have.
-        processor.add_source(connect(&db).await.source_handle(Settings { batch_size: 100, concurrency: 16, ..fast_settings() }));
+        processor.add_source(connect(&db).await.source_handle(Settings {
+            batch_size: 100,
+            concurrency: 16,
+            ..fast_settings()
+        }));
         processors.push(processor);
     }
     let started = Instant::now();
@@ -420,13 +520,25 @@ pub async fn four_processors_drain_5000_exactly_once(engine: &'static str) {
     assert!(twice.is_empty(), "commands run more than once: {twice:?}");
     let t = db.q("InternalCommands");
     let processed = db.q("ProcessedAt");
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {processed} IS NOT NULL")).await, 5000);
-    eprintln!("{engine}: 4 processors drained 5000 commands in {:?}", started.elapsed());
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {processed} IS NOT NULL"
+        ))
+        .await,
+        5000
+    );
+    eprintln!(
+        "{engine}: 4 processors drained 5000 commands in {:?}",
+        started.elapsed()
+    );
 }
 
 pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
     let (db, queue) = setup(engine, "stale").await;
-    let id = queue.schedule(&NewCommand::new("slow.then.fail", serde_json::json!({}))).await.unwrap();
+    let id = queue
+        .schedule(&NewCommand::new("slow.then.fail", serde_json::json!({})))
+        .await
+        .unwrap();
     let a_started = Arc::new(tokio::sync::Notify::new());
     let signal = a_started.clone();
     let mut registry_a = Registry::new();
@@ -445,10 +557,17 @@ pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
         .unwrap();
     let mut registry_b = Registry::new();
     registry_b
-        .insert("slow.then.fail", Arc::new(FnHandler(|_job: Job| async move { Ok(()) })))
+        .insert(
+            "slow.then.fail",
+            Arc::new(FnHandler(|_job: Job| async move { Ok(()) })),
+        )
         .unwrap();
     // Concurrency 1: A cannot re-claim the row itself while its handler is busy.
-    let short_lease = Settings { lease_seconds: 1, concurrency: 1, ..fast_settings() };
+    let short_lease = Settings {
+        lease_seconds: 1,
+        concurrency: 1,
+        ..fast_settings()
+    };
     let queue_a = connect(&db).await;
     let mut processor_a = Processor::new(registry_a);
     processor_a.add_source(queue_a.source_handle(short_lease.clone()));
@@ -480,7 +599,11 @@ pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
     assert!(r.dead_lettered_at.is_none());
     assert_eq!(r.last_error, None, "A's stale failure was dropped");
     assert_eq!(r.attempts, 2);
-    assert_eq!(queue_a.stats().snapshot().stale, 1, "A counted one stale outcome");
+    assert_eq!(
+        queue_a.stats().snapshot().stale,
+        1,
+        "A counted one stale outcome"
+    );
 }
 
 pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static str) {
@@ -501,7 +624,10 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
             })),
         )
         .unwrap();
-    let id = queue.schedule(&NewCommand::new("takes.a.while", serde_json::json!({}))).await.unwrap();
+    let id = queue
+        .schedule(&NewCommand::new("takes.a.while", serde_json::json!({})))
+        .await
+        .unwrap();
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(fast_settings()));
     let stop = CancellationToken::new();
@@ -512,17 +638,30 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.cancel();
     run.await.unwrap().unwrap();
-    assert_eq!(*finished.lock().unwrap(), 1, "the in-flight command finished");
-    assert!(row(&queue, id).await.processed_at.is_some(), "and its outcome was stamped");
+    assert_eq!(
+        *finished.lock().unwrap(),
+        1,
+        "the in-flight command finished"
+    );
+    assert!(
+        row(&queue, id).await.processed_at.is_some(),
+        "and its outcome was stamped"
+    );
 
     // With a grace period too short for the handler, the lease is released instead.
-    let id = queue.schedule(&NewCommand::new("takes.a.while", serde_json::json!({}))).await.unwrap();
+    let id = queue
+        .schedule(&NewCommand::new("takes.a.while", serde_json::json!({})))
+        .await
+        .unwrap();
     let mut registry = Registry::new();
     registry
-        .insert("takes.a.while", Arc::new(FnHandler(|_job: Job| async move {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Ok(())
-        })))
+        .insert(
+            "takes.a.while",
+            Arc::new(FnHandler(|_job: Job| async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(())
+            })),
+        )
         .unwrap();
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(fast_settings()));
@@ -531,7 +670,13 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         let stop = stop.clone();
         async move {
             processor
-                .run(RunOptions { until_idle: false, shutdown_grace: Duration::from_millis(200) }, stop)
+                .run(
+                    RunOptions {
+                        until_idle: false,
+                        shutdown_grace: Duration::from_millis(200),
+                    },
+                    stop,
+                )
                 .await
         }
     });
@@ -540,7 +685,10 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
     stop.cancel();
     run.await.unwrap().unwrap();
     let r = row(&queue, id).await;
-    assert!(r.lock_token.is_none() && r.locked_until.is_none(), "lease released");
+    assert!(
+        r.lock_token.is_none() && r.locked_until.is_none(),
+        "lease released"
+    );
     assert_eq!(r.attempts, 0, "the unfinished attempt is given back");
     assert!(r.processed_at.is_none());
 }
@@ -548,9 +696,14 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
 pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     let (db, queue) = setup(engine, "retention").await;
     let mut registry = Registry::new();
-    registry.insert("noop", Arc::new(icq::handler::Noop)).unwrap();
+    registry
+        .insert("noop", Arc::new(icq::handler::Noop))
+        .unwrap();
     for _ in 0..5 {
-        queue.schedule(&NewCommand::new("noop", serde_json::json!({}))).await.unwrap();
+        queue
+            .schedule(&NewCommand::new("noop", serde_json::json!({})))
+            .await
+            .unwrap();
     }
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(fast_settings()));
@@ -558,9 +711,31 @@ pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     let t = db.q("InternalCommands");
     assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await, 5);
     // Nothing is older than 1 day yet; with a zero retention everything completed goes.
-    assert_eq!(queue.backend().completed_delete_batch(Duration::from_secs(86_400), 100).await.unwrap(), 0);
-    assert_eq!(queue.backend().completed_delete_batch(Duration::ZERO, 2).await.unwrap(), 2, "bounded batch");
-    assert_eq!(queue.backend().completed_delete_batch(Duration::ZERO, 100).await.unwrap(), 3);
+    assert_eq!(
+        queue
+            .backend()
+            .completed_delete_batch(Duration::from_secs(86_400), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        queue
+            .backend()
+            .completed_delete_batch(Duration::ZERO, 2)
+            .await
+            .unwrap(),
+        2,
+        "bounded batch"
+    );
+    assert_eq!(
+        queue
+            .backend()
+            .completed_delete_batch(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        3
+    );
 }
 
 pub async fn notify_wakes_processor_without_polling() {
@@ -581,7 +756,10 @@ pub async fn notify_wakes_processor_without_polling() {
         )
         .unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings { polling_interval_seconds: 30.0, ..Settings::default() }));
+    processor.add_source(queue.source_handle(Settings {
+        polling_interval_seconds: 30.0,
+        ..Settings::default()
+    }));
     let stop = CancellationToken::new();
     let run = tokio::spawn({
         let stop = stop.clone();
@@ -592,10 +770,12 @@ pub async fn notify_wakes_processor_without_polling() {
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let committed = {
         let mut tx = conn.begin().await.unwrap();
-        sqlx::query(r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('wake.me', '{}')"#)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        sqlx::query(
+            r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('wake.me', '{}')"#,
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
         tx.commit().await.unwrap();
         Instant::now()
     };
@@ -610,5 +790,8 @@ pub async fn notify_wakes_processor_without_polling() {
     stop.cancel();
     run.await.unwrap().unwrap();
     eprintln!("commit-to-start latency: {latency:?}");
-    assert!(latency < Duration::from_millis(100), "started {latency:?} after commit; want < 100 ms with a 30 s poll");
+    assert!(
+        latency < Duration::from_millis(100),
+        "started {latency:?} after commit; want < 100 ms with a 30 s poll"
+    );
 }

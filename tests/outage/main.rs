@@ -20,12 +20,19 @@ const COMMANDS: usize = 3000;
 async fn drain_through(engine: &'static str, outage: impl std::future::Future<Output = ()>) {
     let db = TestDb::new(engine, "outage").await;
     let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up).await;
-    let queue = Queue::connect("o", &db.url, &TableName::default(), &ConnectOptions::default())
-        .await
-        .unwrap();
-    let commands: Vec<NewCommand> =
-        (0..COMMANDS).map(|i| NewCommand::new("slow.noop", serde_json::json!({ "i": i }))).collect();
+    db.execute(&icq::schema::render(kind, &TableName::default()).up)
+        .await;
+    let queue = Queue::connect(
+        "o",
+        &db.url,
+        &TableName::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    let commands: Vec<NewCommand> = (0..COMMANDS)
+        .map(|i| NewCommand::new("slow.noop", serde_json::json!({ "i": i })))
+        .collect();
     queue.schedule_many(&commands).await.unwrap();
     let runs = Arc::new(Mutex::new(0usize));
     let counter = runs.clone();
@@ -54,12 +61,21 @@ async fn drain_through(engine: &'static str, outage: impl std::future::Future<Ou
     processor.add_source(queue.source_handle(settings));
     let run = tokio::spawn(async move {
         processor
-            .run(RunOptions { until_idle: true, ..RunOptions::default() }, CancellationToken::new())
+            .run(
+                RunOptions {
+                    until_idle: true,
+                    ..RunOptions::default()
+                },
+                CancellationToken::new(),
+            )
             .await
     });
     tokio::time::sleep(Duration::from_millis(800)).await;
     let before = *runs.lock().unwrap();
-    assert!(before > 0 && before < COMMANDS, "the outage hits mid-drain ({before} done)");
+    assert!(
+        before > 0 && before < COMMANDS,
+        "the outage hits mid-drain ({before} done)"
+    );
     outage.await;
     tokio::time::timeout(Duration::from_secs(120), run)
         .await
@@ -68,13 +84,17 @@ async fn drain_through(engine: &'static str, outage: impl std::future::Future<Ou
         .expect("the processor kept running through the outage");
     let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
     assert_eq!(
-        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL")).await,
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+            .await,
         COMMANDS as i64,
         "every command completed"
     );
     let ran = *runs.lock().unwrap();
     assert!(ran >= COMMANDS, "at least once: {ran}");
-    eprintln!("{engine}: {ran} executions for {COMMANDS} commands ({} re-run after the outage)", ran - COMMANDS);
+    eprintln!(
+        "{engine}: {ran} executions for {COMMANDS} commands ({} re-run after the outage)",
+        ran - COMMANDS
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -87,7 +107,14 @@ async fn postgres_restart_mid_drain_loses_nothing() {
             .next()
             .expect("a cluster version");
         let status = tokio::process::Command::new("pg_ctlcluster")
-            .args(["--skip-systemctl-redirect", &version, "main", "restart", "-m", "fast"])
+            .args([
+                "--skip-systemctl-redirect",
+                &version,
+                "main",
+                "restart",
+                "-m",
+                "fast",
+            ])
             .status()
             .await
             .expect("run pg_ctlcluster");

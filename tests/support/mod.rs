@@ -31,14 +31,21 @@ fn postgres_admin_url() -> String {
 }
 
 fn mysql_admin_url() -> String {
-    std::env::var("ICQ_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    std::env::var("ICQ_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 fn unique_name(tag: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let tag: String = tag
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(30)
         .collect();
     format!(
@@ -68,7 +75,13 @@ impl TestDb {
                     .execute(&mut conn)
                     .await
                     .expect("create test database");
-                TestDb { engine, url: replace_db(&admin, &name), admin_url: Some(admin), name, _dir: None }
+                TestDb {
+                    engine,
+                    url: replace_db(&admin, &name),
+                    admin_url: Some(admin),
+                    name,
+                    _dir: None,
+                }
             }
             "mysql" => {
                 let admin = mysql_admin_url();
@@ -79,13 +92,25 @@ impl TestDb {
                     .execute(&mut conn)
                     .await
                     .expect("create test database");
-                TestDb { engine, url: replace_db(&admin, &name), admin_url: Some(admin), name, _dir: None }
+                TestDb {
+                    engine,
+                    url: replace_db(&admin, &name),
+                    admin_url: Some(admin),
+                    name,
+                    _dir: None,
+                }
             }
             "sqlite" => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let path = dir.path().join(format!("{name}.db"));
                 let url = format!("sqlite://{}?mode=rwc", path.display());
-                TestDb { engine, url, admin_url: None, name, _dir: Some(dir) }
+                TestDb {
+                    engine,
+                    url,
+                    admin_url: None,
+                    name,
+                    _dir: Some(dir),
+                }
             }
             other => panic!("unknown test engine {other}"),
         }
@@ -96,15 +121,21 @@ impl TestDb {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
         match self.engine {
             "postgres" => {
-                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("connect");
+                let mut c = sqlx::PgConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
                 sqlx::raw_sql(sql).execute(&mut c).await.expect("execute");
             }
             "mysql" => {
-                let mut c = sqlx::MySqlConnection::connect(&self.url).await.expect("connect");
+                let mut c = sqlx::MySqlConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
                 sqlx::raw_sql(sql).execute(&mut c).await.expect("execute");
             }
             _ => {
-                let mut c = sqlx::SqliteConnection::connect(&self.url).await.expect("connect");
+                let mut c = sqlx::SqliteConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
                 sqlx::raw_sql(sql).execute(&mut c).await.expect("execute");
             }
         }
@@ -115,40 +146,74 @@ impl TestDb {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
         match self.engine {
             "postgres" => {
-                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("connect");
-                sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await.expect("query")
+                let mut c = sqlx::PgConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(&mut c)
+                    .await
+                    .expect("query")
             }
             "mysql" => {
-                let mut c = sqlx::MySqlConnection::connect(&self.url).await.expect("connect");
-                sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await.expect("query")
+                let mut c = sqlx::MySqlConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(&mut c)
+                    .await
+                    .expect("query")
             }
             _ => {
-                let mut c = sqlx::SqliteConnection::connect(&self.url).await.expect("connect");
-                sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await.expect("query")
+                let mut c = sqlx::SqliteConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(&mut c)
+                    .await
+                    .expect("query")
             }
         }
     }
 
     /// Quotes an identifier for this engine (test SQL only).
     pub fn q(&self, ident: &str) -> String {
-        if self.engine == "mysql" { format!("`{ident}`") } else { format!("\"{ident}\"") }
+        if self.engine == "mysql" {
+            format!("`{ident}`")
+        } else {
+            format!("\"{ident}\"")
+        }
     }
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let Some(admin) = self.admin_url.clone() else { return };
+        let Some(admin) = self.admin_url.clone() else {
+            return;
+        };
         let (engine, name) = (self.engine, self.name.clone());
         // Best effort, on a thread of its own: Drop cannot be async.
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
             rt.block_on(async move {
                 if engine == "postgres" {
                     if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))).execute(&mut c).await;
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                        )))
+                        .execute(&mut c)
+                        .await;
                     }
                 } else if let Ok(mut c) = sqlx::MySqlConnection::connect(&admin).await {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`"))).execute(&mut c).await;
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS `{name}`"
+                    )))
+                    .execute(&mut c)
+                    .await;
                 }
             });
         })

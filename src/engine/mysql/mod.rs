@@ -137,7 +137,10 @@ async fn insert_with(
     Ok(command.id)
 }
 
-fn time(row: &MySqlRow, column: &str) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+fn time(
+    row: &MySqlRow,
+    column: &str,
+) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
     Ok(row
         .try_get::<Option<chrono::NaiveDateTime>, _>(column)?
         .map(|naive| naive.and_utc()))
@@ -166,7 +169,10 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
         created_at: required("CreatedAt")?,
         run_at: required("RunAt")?,
         attempts: row.try_get("Attempts")?,
-        lock_token: token.as_deref().map(|t| uuid(t, "LockToken").map(LeaseToken)).transpose()?,
+        lock_token: token
+            .as_deref()
+            .map(|t| uuid(t, "LockToken").map(LeaseToken))
+            .transpose()?,
         locked_until: time(row, "LockedUntil")?,
         processed_at: time(row, "ProcessedAt")?,
         dead_lettered_at: time(row, "DeadLetteredAt")?,
@@ -338,7 +344,10 @@ impl QueueOps for MySqlDriver {
             query = query.bind(id);
         }
         query.execute(&mut *tx).await.map_err(Error::db(ctx()))?;
-        let select = format!("SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({})", marks(ids.len()));
+        let select = format!(
+            "SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({})",
+            marks(ids.len())
+        );
         let mut query = sqlx::query(AssertSqlSafe(select));
         for id in &ids {
             query = query.bind(id);
@@ -388,7 +397,8 @@ impl QueueOps for MySqlDriver {
     }
 
     async fn command_release_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set = "`LockToken` = NULL, `LockedUntil` = NULL, `Attempts` = GREATEST(`Attempts` - 1, 0)";
+        let set =
+            "`LockToken` = NULL, `LockedUntil` = NULL, `Attempts` = GREATEST(`Attempts` - 1, 0)";
         self.update_leases(set, leases, "releasing leases").await
     }
 
@@ -408,7 +418,9 @@ impl QueueOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row.try_get("running").map_err(Error::db("decoding counts"))?;
+        let running: i64 = row
+            .try_get("running")
+            .map_err(Error::db("decoding counts"))?;
         Ok(Activity {
             due: due.max(0) as u64,
             running: running.max(0) as u64,

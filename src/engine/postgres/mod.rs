@@ -389,7 +389,9 @@ impl QueueOps for PgDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row.try_get("running").map_err(Error::db("decoding counts"))?;
+        let running: i64 = row
+            .try_get("running")
+            .map_err(Error::db("decoding counts"))?;
         Ok(Activity {
             due: due.max(0) as u64,
             running: running.max(0) as u64,

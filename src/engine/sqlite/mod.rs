@@ -147,7 +147,10 @@ async fn insert_with(
     Ok(command.id)
 }
 
-fn time(row: &SqliteRow, column: &str) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+fn time(
+    row: &SqliteRow,
+    column: &str,
+) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
     let text: Option<String> = row.try_get(column)?;
     match text {
         None => Ok(None),
@@ -157,9 +160,11 @@ fn time(row: &SqliteRow, column: &str) -> std::result::Result<Option<chrono::Dat
     }
 }
 
-fn required_time(row: &SqliteRow, column: &str) -> std::result::Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
-    time(row, column)?
-        .ok_or_else(|| sqlx::Error::Decode(format!("column {column} is NULL").into()))
+fn required_time(
+    row: &SqliteRow,
+    column: &str,
+) -> std::result::Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    time(row, column)?.ok_or_else(|| sqlx::Error::Decode(format!("column {column} is NULL").into()))
 }
 
 fn uuid(text: &str, column: &str) -> std::result::Result<uuid::Uuid, sqlx::Error> {
@@ -182,7 +187,10 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
         created_at: required_time(row, "CreatedAt")?,
         run_at: required_time(row, "RunAt")?,
         attempts: attempts.clamp(0, i64::from(i32::MAX)) as i32,
-        lock_token: token.as_deref().map(|t| uuid(t, "LockToken").map(LeaseToken)).transpose()?,
+        lock_token: token
+            .as_deref()
+            .map(|t| uuid(t, "LockToken").map(LeaseToken))
+            .transpose()?,
         locked_until: time(row, "LockedUntil")?,
         processed_at: time(row, "ProcessedAt")?,
         dead_lettered_at: time(row, "DeadLetteredAt")?,
@@ -233,9 +241,8 @@ impl SqliteDriver {
         for (token, ids) in super::group_by_token(leases) {
             for chunk in ids.chunks(MAX_PARAMS) {
                 let marks = vec!["?"; chunk.len()].join(", ");
-                let sql = format!(
-                    r#"UPDATE {t} SET {set} WHERE "LockToken" = ? AND "Id" IN ({marks})"#
-                );
+                let sql =
+                    format!(r#"UPDATE {t} SET {set} WHERE "LockToken" = ? AND "Id" IN ({marks})"#);
                 let mut query = sqlx::query(AssertSqlSafe(sql)).bind(token.to_string());
                 for id in chunk {
                     query = query.bind(id.to_string());
@@ -358,7 +365,8 @@ impl QueueOps for SqliteDriver {
     }
 
     async fn command_release_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set = r#""LockToken" = NULL, "LockedUntil" = NULL, "Attempts" = MAX("Attempts" - 1, 0)"#;
+        let set =
+            r#""LockToken" = NULL, "LockedUntil" = NULL, "Attempts" = MAX("Attempts" - 1, 0)"#;
         self.update_leases(set, leases, "releasing leases").await
     }
 
@@ -378,7 +386,9 @@ impl QueueOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row.try_get("running").map_err(Error::db("decoding counts"))?;
+        let running: i64 = row
+            .try_get("running")
+            .map_err(Error::db("decoding counts"))?;
         Ok(Activity {
             due: due.max(0) as u64,
             running: running.max(0) as u64,
