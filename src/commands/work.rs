@@ -106,7 +106,7 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
                         )
                     })
                     .collect(),
-                Duration::from_secs(5),
+                Duration::from_secs(2),
             ))
         }
         None => None,

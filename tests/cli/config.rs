@@ -113,7 +113,7 @@ fn full_example_parses_with_every_key() {
 fn malformed_yaml() {
     assert_eq!(
         fixture_error("malformed.yaml"),
-        "FILE: 4:4: invalid YAML: did not find expected '-' indicator, while parsing a block \
+        "FILE:4:4: invalid YAML: did not find expected '-' indicator, while parsing a block \
          collection at line 2 column 3"
     );
 }
@@ -122,7 +122,7 @@ fn malformed_yaml() {
 fn unknown_top_level_key() {
     assert_eq!(
         fixture_error("unknown_top_key.yaml"),
-        "FILE: 4:1: unknown field `handler`, expected `sources` or `handlers`"
+        "FILE:4:1: unknown field `handler`, expected `sources` or `handlers`"
     );
 }
 
@@ -130,7 +130,7 @@ fn unknown_top_level_key() {
 fn unknown_source_key() {
     assert_eq!(
         fixture_error("unknown_source_key.yaml"),
-        "FILE: 4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
+        "FILE:4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
          `settings`"
     );
 }
@@ -139,7 +139,7 @@ fn unknown_source_key() {
 fn unknown_settings_key() {
     assert_eq!(
         fixture_error("unknown_settings_key.yaml"),
-        "FILE: 6:7: sources[0].settings: unknown field `batchsize`, expected one of \
+        "FILE:6:7: sources[0].settings: unknown field `batchsize`, expected one of \
          `batch_size`, `max_attempts`, `lease_seconds`, `retry_backoff_base_seconds`, \
          `max_retry_backoff_seconds`, `retention_days`, `cleanup_interval_hours`, \
          `processing_delay_seconds`, `polling_interval_seconds`, `concurrency`"
@@ -150,7 +150,7 @@ fn unknown_settings_key() {
 fn unknown_handler_key() {
     assert_eq!(
         fixture_error("unknown_handler_key.yaml"),
-        "FILE: 7:5: handlers.orders.send_receipt: unknown field `timeout`, expected one of \
+        "FILE:7:5: handlers.orders.send_receipt: unknown field `timeout`, expected one of \
          `exec`, `http`, `noop`, `timeout_seconds`, `requires_roles`"
     );
 }
@@ -159,7 +159,7 @@ fn unknown_handler_key() {
 fn bad_type() {
     assert_eq!(
         fixture_error("bad_type.yaml"),
-        "FILE: 5:21: sources[0].settings.max_attempts: invalid type: string \"five\", \
+        "FILE:5:21: sources[0].settings.max_attempts: invalid type: string \"five\", \
          expected u32"
     );
 }
@@ -168,7 +168,7 @@ fn bad_type() {
 fn unset_variable() {
     assert_eq!(
         fixture_error("unset_variable.yaml"),
-        "FILE: 5:10: environment variable `BILLING_DATABASE_URL` is not set; set it, or give \
+        "FILE:5:10: environment variable `BILLING_DATABASE_URL` is not set; set it, or give \
          a default with `${BILLING_DATABASE_URL:-value}`"
     );
 }
@@ -177,7 +177,7 @@ fn unset_variable() {
 fn bad_url_scheme() {
     assert_eq!(
         fixture_error("bad_scheme.yaml"),
-        "FILE: 3:10: sources[0].url: cannot tell the database engine from URL scheme \
+        "FILE:3:10: sources[0].url: cannot tell the database engine from URL scheme \
          `redis:`; use postgres://, postgresql://, sqlite:, mysql:// or mariadb://"
     );
 }
@@ -186,7 +186,7 @@ fn bad_url_scheme() {
 fn duplicate_source_names() {
     assert_eq!(
         fixture_error("duplicate_sources.yaml"),
-        "FILE: 6:11: sources[2].name: source name `orders` is already used by sources[0] on \
+        "FILE:6:11: sources[2].name: source name `orders` is already used by sources[0] on \
          line 2; source names must be unique"
     );
 }
@@ -195,7 +195,7 @@ fn duplicate_source_names() {
 fn exec_given_as_a_string() {
     assert_eq!(
         fixture_error("exec_string.yaml"),
-        "FILE: 6:11: handlers.orders.send_receipt.exec: `exec` takes an argv list, never a \
+        "FILE:6:11: handlers.orders.send_receipt.exec: `exec` takes an argv list, never a \
          shell string: write exec: [\"./bin/send-receipt\", \"--fast\"]"
     );
 }
@@ -204,7 +204,7 @@ fn exec_given_as_a_string() {
 fn no_sources() {
     assert_eq!(
         fixture_error("no_sources.yaml"),
-        "FILE: 2:10: sources: no sources configured; list at least one, e.g.\nsources:\n  - \
+        "FILE:2:10: sources: no sources configured; list at least one, e.g.\nsources:\n  - \
          name: orders\n    url: ${ORDERS_DATABASE_URL}"
     );
     assert_eq!(
@@ -219,8 +219,8 @@ fn password_never_appears_in_errors() {
     // serde echoes the string it could not use as settings: the password is masked in it.
     assert_eq!(
         fixture_error("password.yaml"),
-        "FILE: 4:15: sources[0].settings: invalid type: string \
-         \"postgres://app:***@db.internal:5432/orders\", expected struct Settings"
+        "FILE:4:15: sources[0].settings: invalid type: string \
+         \"postgres://app:***@db.internal:5432/orders\", expected a mapping of settings"
     );
     // The scheme error of bad_scheme.yaml (whose URL holds a password) is checked too, by
     // fixture_error itself.

@@ -271,7 +271,7 @@ async fn metrics_endpoint_serves_prometheus_text() {
         if let Ok(resp) = reqwest::get(&url).await {
             body = resp.text().await.unwrap_or_default();
             if body.contains("icq_internal_commands_succeeded_total{source=\"m\"} 3")
-                && body.contains("icq_internal_commands_pending")
+                && body.contains("icq_internal_commands_pending{source=\"m\",state=\"due\"} 0")
             {
                 break;
             }
