@@ -176,3 +176,28 @@ pub(crate) fn group_by_token(leases: &[Lease]) -> Vec<(LeaseToken, Vec<CommandId
     }
     groups
 }
+
+/// Decodes the `due` / `running` counts every engine's activity query returns.
+pub(crate) fn decode_activity<R>(row: &R) -> Result<Activity>
+where
+    R: sqlx::Row,
+    i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+{
+    let count = |column: &str| -> Result<u64> {
+        let n: i64 = row
+            .try_get(column)
+            .map_err(crate::Error::db("decoding due/running counts"))?;
+        Ok(n.max(0) as u64)
+    };
+    Ok(Activity {
+        due: count("due")?,
+        running: count("running")?,
+    })
+}
+
+/// Parses a UUID stored as text (SQLite, MySQL), naming the column when it is not one.
+pub(crate) fn parse_uuid(text: &str, column: &str) -> std::result::Result<uuid::Uuid, sqlx::Error> {
+    uuid::Uuid::parse_str(text)
+        .map_err(|e| sqlx::Error::Decode(format!("column {column}: `{text}`: {e}").into()))
+}

@@ -14,7 +14,7 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
-use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps};
+use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, parse_uuid as uuid};
 use crate::command::{CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
@@ -144,11 +144,6 @@ fn time(
     Ok(row
         .try_get::<Option<chrono::NaiveDateTime>, _>(column)?
         .map(|naive| naive.and_utc()))
-}
-
-fn uuid(text: &str, column: &str) -> std::result::Result<uuid::Uuid, sqlx::Error> {
-    uuid::Uuid::parse_str(text)
-        .map_err(|e| sqlx::Error::Decode(format!("column {column}: `{text}`: {e}").into()))
 }
 
 /// Decodes a row read with [`COLUMNS`].
@@ -417,14 +412,7 @@ impl QueueOps for MySqlDriver {
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
-        let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row
-            .try_get("running")
-            .map_err(Error::db("decoding counts"))?;
-        Ok(Activity {
-            due: due.max(0) as u64,
-            running: running.max(0) as u64,
-        })
+        super::decode_activity(&row)
     }
 
     async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {

@@ -388,14 +388,7 @@ impl QueueOps for PgDriver {
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
-        let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row
-            .try_get("running")
-            .map_err(Error::db("decoding counts"))?;
-        Ok(Activity {
-            due: due.max(0) as u64,
-            running: running.max(0) as u64,
-        })
+        super::decode_activity(&row)
     }
 
     async fn listen(&self, notify: Arc<Notify>) -> Result<bool> {

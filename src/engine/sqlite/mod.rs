@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
-use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps};
+use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, parse_uuid as uuid};
 use crate::command::{
     CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt, format_timestamp,
     parse_timestamp,
@@ -165,11 +165,6 @@ fn required_time(
     column: &str,
 ) -> std::result::Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
     time(row, column)?.ok_or_else(|| sqlx::Error::Decode(format!("column {column} is NULL").into()))
-}
-
-fn uuid(text: &str, column: &str) -> std::result::Result<uuid::Uuid, sqlx::Error> {
-    uuid::Uuid::parse_str(text)
-        .map_err(|e| sqlx::Error::Decode(format!("column {column}: `{text}`: {e}").into()))
 }
 
 /// Decodes a full row (`SELECT *` or `RETURNING *`).
@@ -385,14 +380,7 @@ impl QueueOps for SqliteDriver {
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
-        let due: i64 = row.try_get("due").map_err(Error::db("decoding counts"))?;
-        let running: i64 = row
-            .try_get("running")
-            .map_err(Error::db("decoding counts"))?;
-        Ok(Activity {
-            due: due.max(0) as u64,
-            running: running.max(0) as u64,
-        })
+        super::decode_activity(&row)
     }
 
     async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
