@@ -190,3 +190,61 @@ impl Handler for ExecHandler {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{CommandId, Context};
+    use std::sync::Arc;
+
+    fn job() -> Job {
+        Job {
+            id: CommandId::new(),
+            type_name: "t".into(),
+            payload: serde_json::json!({"k": "v"}),
+            attempt: 1,
+            source: Arc::from("s"),
+            context: Context::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn non_utf8_stderr_is_kept_lossily_and_tailed() {
+        let script =
+            "head -c 5000 /dev/zero | tr '\\0' 'x' >&2; printf '\\377\\376 end' >&2; exit 4";
+        let handler =
+            ExecHandler::new(vec!["sh".into(), "-c".into(), script.into()], None).unwrap();
+        let err = handler.handle(job()).await.unwrap_err();
+        assert!(
+            err.message.starts_with("exit status 4: xxx"),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message.ends_with("\u{fffd}\u{fffd} end"),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message.len() < STDERR_TAIL_BYTES + 100,
+            "bounded: {}",
+            err.message.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_program_that_ignores_stdin_still_succeeds() {
+        let handler = ExecHandler::new(vec!["true".into()], None).unwrap();
+        assert_eq!(handler.handle(job()).await, Ok(()));
+    }
+
+    #[test]
+    fn missing_programs_are_reported_before_running() {
+        let handler = ExecHandler::new(vec!["no-such-program-icq".into()], None).unwrap();
+        assert_eq!(
+            handler.check_program().unwrap_err(),
+            "program `no-such-program-icq` not found on PATH"
+        );
+        assert!(ExecHandler::new(vec![], None).is_err());
+    }
+}

@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod basics;
 mod config;
 mod migrate;
 mod production;
