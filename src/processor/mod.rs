@@ -123,6 +123,9 @@ impl Processor {
     }
 }
 
+/// How long the claim loop waits for more slots to free up before claiming a small batch.
+const REFILL_WAIT: Duration = Duration::from_millis(5);
+
 struct SourceWorker {
     source: SourceHandle,
     registry: Arc<Registry>,
@@ -172,6 +175,14 @@ impl SourceWorker {
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let mut claim_now = true;
         let mut db_pause = Duration::from_millis(200);
+        // Refilling one freed slot at a time costs a claim statement per row; when only a
+        // few slots are free, wait briefly for more so claims stay batched.
+        let worthwhile = settings
+            .batch_size
+            .min(settings.concurrency)
+            .div_ceil(2)
+            .max(1);
+        let mut waited_for_refill = false;
 
         loop {
             while in_flight.try_join_next().is_some() {}
@@ -187,6 +198,15 @@ impl SourceWorker {
                     }
                     continue;
                 }
+                if free < worthwhile && !in_flight.is_empty() && !waited_for_refill {
+                    waited_for_refill = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFILL_WAIT) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+                waited_for_refill = false;
                 let limit = free.min(settings.batch_size);
                 let params = ClaimParams {
                     limit,
