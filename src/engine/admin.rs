@@ -163,3 +163,30 @@ pub trait AdminOps: Send + Sync + 'static {
     /// key; returns how many.
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64>;
 }
+
+/// Decodes one row of an engine's state-count query: the five counts, and `type` when
+/// counting by type.
+pub(crate) fn decode_state_count<R>(row: &R, by_type: bool) -> Result<StateCount>
+where
+    R: sqlx::Row,
+    i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    String: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+{
+    use super::decode_count as count;
+    Ok(StateCount {
+        type_name: if by_type {
+            Some(
+                row.try_get("type")
+                    .map_err(crate::Error::db("decoding a type"))?,
+            )
+        } else {
+            None
+        },
+        due: count(row, "due")?,
+        scheduled: count(row, "scheduled")?,
+        running: count(row, "running")?,
+        dead: count(row, "dead")?,
+        completed: count(row, "completed")?,
+    })
+}

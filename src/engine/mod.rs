@@ -177,6 +177,19 @@ pub(crate) fn group_by_token(leases: &[Lease]) -> Vec<(LeaseToken, Vec<CommandId
     groups
 }
 
+/// Decodes one non-negative count column (`COUNT(*)`/`SUM(…)` cast to a 64-bit integer).
+pub(crate) fn decode_count<R>(row: &R, column: &str) -> Result<u64>
+where
+    R: sqlx::Row,
+    i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+{
+    let n: i64 = row
+        .try_get(column)
+        .map_err(crate::Error::db(format!("decoding the {column} count")))?;
+    Ok(n.max(0) as u64)
+}
+
 /// Decodes the `due` / `running` counts every engine's activity query returns.
 pub(crate) fn decode_activity<R>(row: &R) -> Result<Activity>
 where
@@ -184,15 +197,9 @@ where
     i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
 {
-    let count = |column: &str| -> Result<u64> {
-        let n: i64 = row
-            .try_get(column)
-            .map_err(crate::Error::db("decoding due/running counts"))?;
-        Ok(n.max(0) as u64)
-    };
     Ok(Activity {
-        due: count("due")?,
-        running: count("running")?,
+        due: decode_count(row, "due")?,
+        running: decode_count(row, "running")?,
     })
 }
 

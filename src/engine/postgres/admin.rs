@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::{PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
+use crate::engine::admin::decode_state_count;
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
@@ -45,13 +46,6 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
             r#""DeadLetteredAt""#,
         ),
     }
-}
-
-fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64> {
-    let n: i64 = row
-        .try_get(column)
-        .map_err(Error::db(format!("decoding the {column} count")))?;
-    Ok(n.max(0) as u64)
 }
 
 impl PgDriver {
@@ -98,20 +92,7 @@ impl AdminOps for PgDriver {
             .await
             .map_err(Error::db(self.ctx("counting commands by state")))?;
         rows.iter()
-            .map(|row| {
-                Ok(StateCount {
-                    type_name: if params.by_type {
-                        Some(row.try_get("type").map_err(Error::db("decoding a type"))?)
-                    } else {
-                        None
-                    },
-                    due: count(row, "due")?,
-                    scheduled: count(row, "scheduled")?,
-                    running: count(row, "running")?,
-                    dead: count(row, "dead")?,
-                    completed: count(row, "completed")?,
-                })
-            })
+            .map(|row| decode_state_count(row, params.by_type))
             .collect()
     }
 
