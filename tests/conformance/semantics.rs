@@ -115,6 +115,27 @@ fn context() -> Context {
     }
 }
 
+/// Schedules `rolled_back` in a transaction that rolls back, then `committed` in one that
+/// commits, on the caller's own connection.
+async fn rollback_then_commit<C>(
+    mut conn: C,
+    table: &TableName,
+    rolled_back: &NewCommand,
+    committed: &NewCommand,
+) where
+    C: Connection + icq::Enqueue,
+    C::Database: sqlx::Database<Connection = C>,
+{
+    let mut tx = conn.begin().await.unwrap();
+    icq::schedule_in(&mut *tx, table, rolled_back)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    icq::schedule_in(&mut *tx, table, committed).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
 pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static str) {
     let (db, queue) = setup(engine, "txn").await;
     let table = TableName::default();
@@ -128,37 +149,16 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
     // Rollback: nothing scheduled. Commit: one row.
     match engine {
         "postgres" => {
-            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back)
-                .await
-                .unwrap();
-            tx.rollback().await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
-            tx.commit().await.unwrap();
+            let conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            rollback_then_commit(conn, &table, &rolled_back, &command).await;
         }
         "mysql" => {
-            let mut conn = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back)
-                .await
-                .unwrap();
-            tx.rollback().await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
-            tx.commit().await.unwrap();
+            let conn = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+            rollback_then_commit(conn, &table, &rolled_back, &command).await;
         }
         _ => {
-            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &rolled_back)
-                .await
-                .unwrap();
-            tx.rollback().await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            icq::schedule_in(&mut *tx, &table, &command).await.unwrap();
-            tx.commit().await.unwrap();
+            let conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+            rollback_then_commit(conn, &table, &rolled_back, &command).await;
         }
     }
     let t = db.q("InternalCommands");
