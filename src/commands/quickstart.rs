@@ -25,9 +25,8 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
     let commands = crate::demo::commands();
     source.queue.schedule_many(&commands).await?;
     output::note(&format!(
-        "scheduled {} sample commands ({} of type {} always fails); running the worker until idle",
+        "scheduled {} sample commands (the one of type {} always fails); running the worker until idle",
         commands.len(),
-        1,
         crate::demo::FLAKY
     ));
 
