@@ -16,10 +16,7 @@ use icq::{NewCommand, Processor, Queue, Registry, RunOptions, Settings, TableNam
 use tokio_util::sync::CancellationToken;
 
 async fn drain(engine: &'static str, n: usize) -> (Duration, Duration) {
-    let db = support::TestDb::new(engine, "bench").await;
-    let kind: icq::Engine = engine.parse().expect("engine");
-    db.execute(&icq::schema::render(kind, &TableName::default()).up)
-        .await;
+    let db = support::TestDb::with_table(engine, "bench").await;
     let queue = Queue::connect(
         "bench",
         &db.url,

@@ -208,3 +208,8 @@ pub(crate) fn parse_uuid(text: &str, column: &str) -> std::result::Result<uuid::
     uuid::Uuid::parse_str(text)
         .map_err(|e| sqlx::Error::Decode(format!("column {column}: `{text}`: {e}").into()))
 }
+
+/// `?, ?, …` with `n` markers (SQLite and MySQL placeholders for an `IN (…)` list).
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}

@@ -42,14 +42,6 @@ const LONG_ERROR: &str = "HTTP 503 from http://127.0.0.1:8080/hooks after 10.0s:
 // ---------------------------------------------------------------------------------------
 // fixture
 
-async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
-    let db = TestDb::new(engine, tag).await;
-    let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up)
-        .await;
-    db
-}
-
 /// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's column type.
 fn ts(db: &TestDb, at: &str) -> String {
     match db.engine {
@@ -180,7 +172,7 @@ async fn seed(db: &TestDb) {
 }
 
 async fn seeded(engine: &'static str, tag: &str) -> TestDb {
-    let db = db_with_table(engine, tag).await;
+    let db = TestDb::with_table(engine, tag).await;
     seed(&db).await;
     db
 }
@@ -400,7 +392,7 @@ async fn dead_letters_show_output() {
 
 #[tokio::test]
 async fn empty_outputs() {
-    let db = db_with_table("sqlite", "snap_empty").await;
+    let db = TestDb::with_table("sqlite", "snap_empty").await;
     snapshot!(
         "empty",
         transcript(
@@ -477,7 +469,7 @@ async fn replay_output() {
 
 #[tokio::test]
 async fn schedule_output() {
-    let db = db_with_table("sqlite", "snap_schedule").await;
+    let db = TestDb::with_table("sqlite", "snap_schedule").await;
     // Written to the directory icq runs in, so the transcript shows a relative path.
     let jobs = "schedule-output-jobs.jsonl";
     std::fs::write(
@@ -517,7 +509,7 @@ async fn schedule_output() {
 #[tokio::test]
 async fn several_sources_are_named_in_the_output() {
     let alpha = seeded("sqlite", "multi_alpha").await;
-    let beta = db_with_table("sqlite", "multi_beta").await;
+    let beta = TestDb::with_table("sqlite", "multi_beta").await;
     insert(
         &beta,
         "30000000-0000-4000-8000-000000000001",
@@ -890,7 +882,7 @@ async fn replay_effects(engine: &'static str) {
 }
 
 async fn schedule_effects(engine: &'static str) {
-    let db = db_with_table(engine, "schedule").await;
+    let db = TestDb::with_table(engine, "schedule").await;
     let one = json_of(
         &db,
         &[
@@ -1109,7 +1101,7 @@ async fn bad_durations_and_instants_are_usage_errors() {
 
 #[tokio::test]
 async fn payloads_and_job_files_must_be_json() {
-    let db = db_with_table("sqlite", "bad_json").await;
+    let db = TestDb::with_table("sqlite", "bad_json").await;
     let err = fails(
         &db,
         &["schedule", "--type", "t", "--payload", "{order: 1}"],
@@ -1212,7 +1204,7 @@ async fn open(db: &TestDb) -> Vec<OpenSource> {
 
 #[tokio::test]
 async fn requeue_all_dead_works_in_batches_on_postgres() {
-    let db = db_with_table("postgres", "requeue_batches").await;
+    let db = TestDb::with_table("postgres", "requeue_batches").await;
     db.execute(
         r#"INSERT INTO "InternalCommands" ("Type", "Payload", "Attempts", "DeadLetteredAt", "LastError")
            SELECT 'bulk.t', jsonb_build_object('n', n), 5, now() - interval '1 hour', 'boom'
@@ -1252,7 +1244,7 @@ async fn requeue_all_dead_works_in_batches_on_postgres() {
 #[tokio::test]
 #[ignore = "a measurement that takes a while; run by hand"]
 async fn measure_bulk_requeue_and_purge_on_postgres() {
-    let db = db_with_table("postgres", "measure").await;
+    let db = TestDb::with_table("postgres", "measure").await;
     db.execute(
         r#"INSERT INTO "InternalCommands" ("Type", "Payload", "Attempts", "DeadLetteredAt", "LastError")
            SELECT 'dead.t', jsonb_build_object('n', n), 5, now() - interval '1 day', 'boom'

@@ -85,14 +85,6 @@ async fn http_server() -> (u16, Arc<Mutex<Vec<Seen>>>) {
     (port, seen)
 }
 
-async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
-    let db = TestDb::new(engine, tag).await;
-    let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up)
-        .await;
-    db
-}
-
 async fn insert(db: &TestDb, ty: &str, payload: &str, extra: &[(&str, &str)]) {
     let t = db.q("InternalCommands");
     let mut cols = vec![db.q("Type"), db.q("Payload")];
@@ -126,7 +118,7 @@ fn run_until_idle(config: &std::path::Path) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread")]
 async fn http_handler_posts_payload_and_context_headers() {
     let (port, seen) = http_server().await;
-    let db = db_with_table("sqlite", "http").await;
+    let db = TestDb::with_table("sqlite", "http").await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("icq.yaml");
     std::fs::write(
@@ -209,8 +201,8 @@ async fn http_handler_posts_payload_and_context_headers() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_sources_of_different_engines_in_one_process() {
-    let pg = db_with_table("postgres", "multi").await;
-    let my = db_with_table("mysql", "multi").await;
+    let pg = TestDb::with_table("postgres", "multi").await;
+    let my = TestDb::with_table("mysql", "multi").await;
     for _ in 0..20 {
         insert(&pg, "noop.a", "{}", &[]).await;
         insert(&my, "noop.a", "{}", &[]).await;
@@ -240,7 +232,7 @@ async fn two_sources_of_different_engines_in_one_process() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_endpoint_serves_prometheus_text() {
-    let db = db_with_table("postgres", "metrics").await;
+    let db = TestDb::with_table("postgres", "metrics").await;
     for _ in 0..3 {
         insert(&db, "noop.m", "{}", &[]).await;
     }

@@ -10,14 +10,6 @@ fn icq() -> Command {
     Command::new(env!("CARGO_BIN_EXE_icq"))
 }
 
-async fn db_with_table(engine: &'static str, tag: &str) -> TestDb {
-    let db = TestDb::new(engine, tag).await;
-    let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &icq::TableName::default()).up)
-        .await;
-    db
-}
-
 fn write_config(dir: &Path, url: &str, settings: &str, handlers: &str) -> std::path::PathBuf {
     let path = dir.join("icq.yaml");
     let text = format!(
@@ -53,7 +45,7 @@ fn signal(child: &Child, signal: nix::sys::signal::Signal) {
 }
 
 async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
-    let db = db_with_table(engine, "sigkill").await;
+    let db = TestDb::with_table(engine, "sigkill").await;
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("first-attempt-started");
     let handler = format!(
@@ -112,7 +104,7 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
 }
 
 async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) {
-    let db = db_with_table(engine, "sigterm").await;
+    let db = TestDb::with_table(engine, "sigterm").await;
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let handler = format!(

@@ -18,10 +18,7 @@ use crate::support::TestDb;
 
 /// A private database with the commands table, and a connected queue on it.
 async fn setup(engine: &'static str, tag: &str) -> (TestDb, Queue) {
-    let db = TestDb::new(engine, tag).await;
-    let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up)
-        .await;
+    let db = TestDb::with_table(engine, tag).await;
     let queue = connect(&db).await;
     (db, queue)
 }

@@ -18,10 +18,7 @@ use support::TestDb;
 const COMMANDS: usize = 3000;
 
 async fn drain_through(engine: &'static str, outage: impl std::future::Future<Output = ()>) {
-    let db = TestDb::new(engine, "outage").await;
-    let kind: icq::Engine = engine.parse().unwrap();
-    db.execute(&icq::schema::render(kind, &TableName::default()).up)
-        .await;
+    let db = TestDb::with_table(engine, "outage").await;
     let queue = Queue::connect(
         "o",
         &db.url,

@@ -116,6 +116,15 @@ impl TestDb {
         }
     }
 
+    /// A fresh database on `engine` with the default commands table already created.
+    pub async fn with_table(engine: &'static str, tag: &str) -> TestDb {
+        let db = TestDb::new(engine, tag).await;
+        let kind: icq::Engine = engine.parse().expect("a runtime engine name");
+        db.execute(&icq::schema::render(kind, &icq::TableName::default()).up)
+            .await;
+        db
+    }
+
     /// Runs a batch of SQL statements (no parameters) against the private database.
     pub async fn execute(&self, sql: &str) {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());

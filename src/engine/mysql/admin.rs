@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{COLUMNS, MySqlDriver, NOW, decode_row, marks};
+use super::{COLUMNS, MySqlDriver, NOW, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
@@ -20,6 +20,7 @@ use crate::engine::admin::{
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
     StateCountParams,
 };
+use crate::engine::marks;
 use crate::error::{Error, Result};
 
 /// Ids per `IN (…)` list.

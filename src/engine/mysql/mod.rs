@@ -14,7 +14,9 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
-use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, parse_uuid as uuid};
+use super::{
+    Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, marks, parse_uuid as uuid,
+};
 use crate::command::{CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
@@ -90,11 +92,6 @@ impl Sql {
 /// Microseconds in `d`, for `INTERVAL ? MICROSECOND`.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// `?, ?, …` with `n` markers.
-pub(crate) fn marks(n: usize) -> String {
-    vec!["?"; n].join(", ")
 }
 
 /// Inserts `command` through `conn` — a pooled connection or, with `&mut *tx`, the

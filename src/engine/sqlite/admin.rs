@@ -13,13 +13,13 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
-use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
     StateCountParams,
 };
+use crate::engine::{AdminOps, marks};
 use crate::error::{Error, Result};
 
 /// Ids per `IN (…)` list, well under SQLite's bound-parameter limit.
@@ -145,7 +145,7 @@ impl AdminOps for SqliteDriver {
         let t = &self.t;
         let mut found = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let marks = vec!["?"; chunk.len()].join(", ");
+            let marks = marks(chunk.len());
             let sql =
                 format!(r#"SELECT * FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#);
             let mut query = sqlx::query(AssertSqlSafe(sql));
@@ -170,7 +170,7 @@ impl AdminOps for SqliteDriver {
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            let marks = vec!["?"; chunk.len()].join(", ");
+            let marks = marks(chunk.len());
             let sql = format!(
                 r#"UPDATE {t} SET {set}
                    WHERE "Id" IN ({marks}) AND "ProcessedAt" IS NULL AND {unleased}"#

@@ -18,7 +18,9 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
-use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, parse_uuid as uuid};
+use super::{
+    Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, marks, parse_uuid as uuid,
+};
 use crate::command::{
     CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt, format_timestamp,
     parse_timestamp,
@@ -235,7 +237,7 @@ impl SqliteDriver {
         let mut total = 0;
         for (token, ids) in super::group_by_token(leases) {
             for chunk in ids.chunks(MAX_PARAMS) {
-                let marks = vec!["?"; chunk.len()].join(", ");
+                let marks = marks(chunk.len());
                 let sql =
                     format!(r#"UPDATE {t} SET {set} WHERE "LockToken" = ? AND "Id" IN ({marks})"#);
                 let mut query = sqlx::query(AssertSqlSafe(sql)).bind(token.to_string());
