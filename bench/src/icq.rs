@@ -1,0 +1,302 @@
+//! icq, run the way a user runs it: the DDL from `icq migrate add --stdout`, a backlog
+//! loaded with plain SQL, then `icq work --until-idle --config icq.yaml` at icq's default
+//! settings, timed as a process. Afterwards SQL checks that every row has `ProcessedAt`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, SqliteConnection};
+
+use crate::db::{self, FreshDb};
+use crate::{Drain, Opts};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Postgres,
+    Sqlite,
+    Mysql,
+}
+
+impl Engine {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "postgres" | "postgresql" | "pg" => Self::Postgres,
+            "sqlite" => Self::Sqlite,
+            "mysql" | "mariadb" => Self::Mysql,
+            other => bail!("unknown engine `{other}` (expected postgres, sqlite or mysql)"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+            Self::Mysql => "mysql",
+        }
+    }
+}
+
+/// One icq build under test: the current one, or the `--icq-baseline-bin` one.
+#[derive(Clone, Debug)]
+pub struct IcqBin {
+    pub label: &'static str,
+    pub path: PathBuf,
+    pub version: String,
+}
+
+impl IcqBin {
+    pub async fn probe(label: &'static str, path: &Path) -> Result<Self> {
+        let path = path.canonicalize().with_context(|| {
+            format!(
+                "{label}: no icq binary at {} (build it with `cargo build --release --bin icq` \
+                 at the repository root, or pass the path)",
+                path.display()
+            )
+        })?;
+        let out = tokio::process::Command::new(&path)
+            .arg("--version")
+            .output()
+            .await
+            .with_context(|| format!("running {} --version", path.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} --version failed: {}",
+            path.display(),
+            out.status
+        );
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        Ok(Self {
+            label,
+            path,
+            version,
+        })
+    }
+}
+
+const TABLE: &str = "\"InternalCommands\"";
+
+pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
+    let tmp = tempfile::Builder::new().prefix("icq-bench-").tempdir()?;
+    let ddl = migration(bin, engine, tmp.path()).await?;
+    match engine {
+        Engine::Postgres => {
+            let db = FreshDb::postgres(&opts.pg_server).await?;
+            let result = async {
+                let pool = db.pg_pool(2).await?;
+                sqlx::raw_sql(AssertSqlSafe(ddl))
+                    .execute(&pool)
+                    .await
+                    .context("applying icq's DDL")?;
+                {
+                    let mut conn = pool.acquire().await?;
+                    db::copy_rows(
+                        &mut conn,
+                        r#"COPY "InternalCommands" ("Type", "Payload") FROM STDIN"#,
+                        "bench.noop\t{}",
+                        opts.jobs,
+                    )
+                    .await?;
+                }
+                db::settle_postgres(&pool, &[TABLE]).await?;
+                pool.close().await;
+                let seconds = work(bin, &db.url(), tmp.path(), opts).await?;
+                let mut conn = sqlx::PgConnection::connect(&db.url()).await?;
+                let (done, left): (i64, i64) = sqlx::query_as(
+                    r#"SELECT count(*) FILTER (WHERE "ProcessedAt" IS NOT NULL),
+                              count(*) FILTER (WHERE "ProcessedAt" IS NULL)
+                       FROM "InternalCommands""#,
+                )
+                .fetch_one(&mut conn)
+                .await?;
+                conn.close().await?;
+                verified(seconds, done, left, opts.jobs)
+            }
+            .await;
+            db.drop_db(opts.keep_databases).await?;
+            result
+        }
+        Engine::Sqlite => {
+            let file = tmp.path().join("bench.db");
+            let url = format!("sqlite://{}?mode=rwc", file.display());
+            let mut conn = SqliteConnection::connect(&url)
+                .await
+                .with_context(|| url.clone())?;
+            sqlx::raw_sql(AssertSqlSafe(ddl))
+                .execute(&mut conn)
+                .await
+                .context("applying icq's DDL")?;
+            insert_values(
+                &mut conn,
+                r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES "#,
+                opts.jobs,
+                500,
+            )
+            .await?;
+            conn.close().await?;
+            let seconds = work(bin, &url, tmp.path(), opts).await?;
+            let mut conn = SqliteConnection::connect(&url).await?;
+            let (done, left): (i64, i64) = sqlx::query_as(
+                r#"SELECT count("ProcessedAt"), count(*) - count("ProcessedAt") FROM "InternalCommands""#,
+            )
+            .fetch_one(&mut conn)
+            .await?;
+            conn.close().await?;
+            if opts.keep_databases {
+                let kept = tmp.keep();
+                eprintln!("  (kept {})", kept.display());
+            }
+            verified(seconds, done, left, opts.jobs)
+        }
+        Engine::Mysql => {
+            let db = FreshDb::mysql(&opts.mysql_server).await?;
+            let result = async {
+                let mut conn = MySqlConnection::connect(&db.url()).await?;
+                sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut conn).await.context("applying icq's DDL")?;
+                insert_values(&mut conn, "INSERT INTO `InternalCommands` (`Type`, `Payload`) VALUES ", opts.jobs, 2_000)
+                    .await?;
+                sqlx::raw_sql("ANALYZE TABLE `InternalCommands`").execute(&mut conn).await?;
+                conn.close().await?;
+                let seconds = work(bin, &db.url(), tmp.path(), opts).await?;
+                let mut conn = MySqlConnection::connect(&db.url()).await?;
+                let (done, left): (i64, i64) = sqlx::query_as(
+                    "SELECT CAST(count(`ProcessedAt`) AS SIGNED), \
+                            CAST(count(*) - count(`ProcessedAt`) AS SIGNED) FROM `InternalCommands`",
+                )
+                .fetch_one(&mut conn)
+                .await?;
+                conn.close().await?;
+                verified(seconds, done, left, opts.jobs)
+            }
+            .await;
+            db.drop_db(opts.keep_databases).await?;
+            result
+        }
+    }
+}
+
+fn verified(seconds: f64, done: i64, left: i64, jobs: usize) -> Result<Drain> {
+    anyhow::ensure!(
+        (done + left) as usize == jobs,
+        "the table holds {} rows after the drain, expected {jobs}",
+        done + left
+    );
+    Ok(Drain {
+        seconds,
+        unfinished: left as u64,
+        handled: None,
+    })
+}
+
+/// `icq migrate add --engine <engine> --stdout`, run in a scratch directory.
+async fn migration(bin: &IcqBin, engine: Engine, dir: &Path) -> Result<String> {
+    let out = tokio::process::Command::new(&bin.path)
+        .args(["migrate", "add", "--engine", engine.name(), "--stdout"])
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running {} migrate add", bin.path.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} migrate add --engine {} --stdout failed ({}): {}",
+            bin.path.display(),
+            engine.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let sql = String::from_utf8(out.stdout).context("icq migrate add printed non-UTF-8")?;
+    anyhow::ensure!(
+        sql.contains("CREATE TABLE"),
+        "icq migrate add --stdout printed no CREATE TABLE:\n{sql}"
+    );
+    Ok(sql)
+}
+
+/// Many `(…), (…)` rows per INSERT, all in one transaction.
+async fn insert_values<C>(conn: &mut C, head: &str, jobs: usize, per_statement: usize) -> Result<()>
+where
+    C: Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    let row = "('bench.noop', '{}')";
+    let mut tx = conn.begin().await?;
+    let mut left = jobs;
+    while left > 0 {
+        let n = left.min(per_statement);
+        let sql = format!("{head}{}", vec![row; n].join(", "));
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .context("inserting the backlog")?;
+        left -= n;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Writes icq.yaml (default settings: no `settings:` block) and times
+/// `icq work --until-idle --config icq.yaml` as a process.
+async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts) -> Result<f64> {
+    let config = dir.join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    noop: true\n"
+        ),
+    )?;
+    let stdout = std::fs::File::create(dir.join("work.stdout"))?;
+    let stderr = std::fs::File::create(dir.join("work.stderr"))?;
+    let mut cmd = tokio::process::Command::new(&bin.path);
+    cmd.arg("work")
+        .arg("--until-idle")
+        .arg("--config")
+        .arg(&config)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .kill_on_drop(true);
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {} work", bin.path.display()))?;
+    let status = match tokio::time::timeout(opts.timeout(), child.wait()).await {
+        Ok(status) => status?,
+        Err(_) => {
+            child.kill().await.ok();
+            bail!(
+                "{} work --until-idle did not exit within {:?}{}",
+                bin.label,
+                opts.timeout(),
+                tail(&dir.join("work.stderr"))
+            );
+        }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!(
+            "{} work --until-idle failed ({status}){}",
+            bin.label,
+            tail(&dir.join("work.stderr"))
+        );
+    }
+    Ok(seconds)
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(20);
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ends:\n{}", lines[from..].join("\n"))
+    }
+}
