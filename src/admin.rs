@@ -214,8 +214,8 @@ pub struct ShownCommand {
 
 /// Reads one command in full from whichever selected source holds it.
 pub async fn show(sources: &[OpenSource], id: CommandId) -> Result<ShownCommand> {
-    let located = locate(sources, &[id]).await?;
-    if let Some(missing) = located.missing(&[id]) {
+    let located = locate(sources, std::slice::from_ref(&id)).await?;
+    if let Some(missing) = located.missing(std::slice::from_ref(&id)) {
         return Err(not_found(&missing, sources, "nothing to show"));
     }
     let found = located.rows.into_iter().next();
@@ -242,11 +242,11 @@ struct Located {
 impl Located {
     /// The ids of `wanted` that no source holds, or `None` when every one was found.
     fn missing(&self, wanted: &[CommandId]) -> Option<Vec<CommandId>> {
-        let found: HashSet<CommandId> = self.rows.iter().map(|(_, row)| row.id).collect();
+        let found: HashSet<&CommandId> = self.rows.iter().map(|(_, row)| &row.id).collect();
         let missing: Vec<CommandId> = wanted
             .iter()
             .filter(|id| !found.contains(id))
-            .copied()
+            .cloned()
             .collect();
         (!missing.is_empty()).then_some(missing)
     }
@@ -270,7 +270,7 @@ async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<Located> {
 /// `ids` without repeats, in their first-seen order.
 fn distinct(ids: &[CommandId]) -> Vec<CommandId> {
     let mut seen = HashSet::new();
-    ids.iter().filter(|id| seen.insert(**id)).copied().collect()
+    ids.iter().filter(|id| seen.insert(*id)).cloned().collect()
 }
 
 fn list_ids(ids: &[CommandId]) -> String {
@@ -420,7 +420,7 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
                     .map_or_else(|| "now".to_owned(), crate::command::format_timestamp)
             )),
             State::Dead | State::Due | State::Scheduled => {
-                per_source.entry(*index).or_default().push(row.id);
+                per_source.entry(*index).or_default().push(row.id.clone());
             }
         }
     }
@@ -774,12 +774,12 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
             .collect();
         let new_ids = source.queue.schedule_many(&commands).await?;
         replayed.extend(rows.iter().zip(new_ids).map(|(row, id)| Replayed {
-            from: row.id,
+            from: row.id.clone(),
             id,
             source: source.name.clone(),
         }));
     }
-    let order: HashMap<CommandId, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let order: HashMap<CommandId, usize> = ids.iter().enumerate().map(|(i, id)| (id.clone(), i)).collect();
     replayed.sort_by_key(|r| order.get(&r.from).copied().unwrap_or(usize::MAX));
     Ok(ReplayReport {
         replayed,

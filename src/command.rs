@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,15 +12,34 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
-/// A command's id (the `Id` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// A command's id (the `Id` column), exactly as stored.
+///
+/// icq writes lowercase hyphenated UUIDs, but the table is shared with other programs: on
+/// SQLite and MySQL `Id` is text, and a row may carry `AAAAAAAA-…`, `{…}` or `job-1`. The
+/// id is kept verbatim so every statement matches the row exactly as it was written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct CommandId(pub Uuid);
+pub struct CommandId(Arc<str>);
 
 impl CommandId {
-    /// A fresh random (v4) id.
+    /// A fresh random (v4) id, lowercase and hyphenated.
     pub fn new() -> CommandId {
-        CommandId(Uuid::new_v4())
+        CommandId::from(Uuid::new_v4())
+    }
+
+    /// The id as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as a UUID, when it is one (in any case, with or without braces).
+    pub fn as_uuid(&self) -> Option<Uuid> {
+        Uuid::parse_str(&self.0).ok()
+    }
+
+    /// An id read back from the database, kept verbatim.
+    pub(crate) fn stored(text: impl Into<Arc<str>>) -> CommandId {
+        CommandId(text.into())
     }
 }
 
@@ -29,20 +49,37 @@ impl Default for CommandId {
     }
 }
 
+impl From<Uuid> for CommandId {
+    fn from(uuid: Uuid) -> CommandId {
+        CommandId(Arc::from(uuid.hyphenated().to_string()))
+    }
+}
+
 impl fmt::Display for CommandId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
+        f.write_str(&self.0)
     }
 }
 
 impl FromStr for CommandId {
     type Err = Error;
+    /// Accepts any id a row can carry: surrounding white space is trimmed, the rest is
+    /// matched exactly as stored.
     fn from_str(s: &str) -> Result<CommandId> {
-        Uuid::parse_str(s.trim()).map(CommandId).map_err(|_| {
-            Error::Usage(format!(
-                "`{s}` is not a command id: ids are UUIDs like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
-            ))
-        })
+        let text = s.trim();
+        if text.is_empty() {
+            return Err(Error::Usage(
+                "a command id must not be empty: ids look like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+                    .into(),
+            ));
+        }
+        if text.chars().count() > 255 || text.chars().any(char::is_control) {
+            return Err(Error::Usage(format!(
+                "`{}` is not a command id: ids are at most 255 printable characters",
+                text.escape_debug()
+            )));
+        }
+        Ok(CommandId(Arc::from(text)))
     }
 }
 
@@ -229,9 +266,48 @@ pub struct CommandRow {
     pub tenant_id: Option<String>,
     /// `CorrelationId`.
     pub correlation_id: Option<String>,
+    /// Columns that could not be decoded, each with the reason (empty for a healthy row).
+    /// A claimed row with defects is dead-lettered without running; listings show it with
+    /// the column's value replaced by a neutral placeholder.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub defects: Vec<String>,
 }
 
 impl CommandRow {
+    /// A row whose columns are all placeholders, for decoders that fill in what they can.
+    pub(crate) fn placeholder(id: CommandId) -> CommandRow {
+        CommandRow {
+            id,
+            type_name: String::new(),
+            payload: serde_json::Value::Null,
+            created_at: DateTime::<Utc>::UNIX_EPOCH,
+            run_at: DateTime::<Utc>::UNIX_EPOCH,
+            attempts: 0,
+            lock_token: None,
+            locked_until: None,
+            processed_at: None,
+            dead_lettered_at: None,
+            last_error: None,
+            user_id: None,
+            roles: Vec::new(),
+            tenant_id: None,
+            correlation_id: None,
+            defects: Vec::new(),
+        }
+    }
+
+    /// Why this row cannot be run, when some column could not be decoded.
+    pub fn defect_summary(&self) -> Option<String> {
+        if self.defects.is_empty() {
+            None
+        } else {
+            Some(format!(
+                "row cannot be processed: {}",
+                self.defects.join("; ")
+            ))
+        }
+    }
+
     /// The captured context as stored in the row.
     pub fn context(&self) -> Context {
         Context {
@@ -280,14 +356,30 @@ pub fn format_timestamp(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
-/// Parses a stored timestamp: RFC 3339, or SQLite's `YYYY-MM-DD HH:MM:SS[.fff]` (UTC).
+/// Parses a stored timestamp: RFC 3339, SQLite's `YYYY-MM-DD HH:MM:SS[.fff]` or
+/// `YYYY-MM-DDTHH:MM:SS[.fff]` (UTC), or integer/fractional Unix seconds (SQLite's
+/// "integer time", as other programs may write it).
 pub fn parse_timestamp(text: &str) -> Option<DateTime<Utc>> {
+    let text = text.trim();
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Some(at.with_timezone(&Utc));
     }
-    chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
-        .ok()
-        .map(|naive| naive.and_utc())
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(naive) = chrono::NaiveDateTime::parse_from_str(text, format) {
+            return Some(naive.and_utc());
+        }
+    }
+    let seconds: f64 = text.parse().ok()?;
+    if !seconds.is_finite() || text.contains(['e', 'E', 'i', 'I', 'n', 'N']) {
+        return None;
+    }
+    let whole = seconds.floor();
+    // chrono's range is about ±262,000 years; anything beyond is not a time icq can use.
+    if whole.abs() > 8.0e12 {
+        return None;
+    }
+    let nanos = ((seconds - whole) * 1e9).round().min(999_999_999.0) as u32;
+    DateTime::from_timestamp(whole as i64, nanos)
 }
 
 #[cfg(test)]
@@ -312,5 +404,31 @@ mod tests {
         let b = parse_timestamp("2026-01-01 00:00:01").unwrap();
         assert!(format_timestamp(a) < format_timestamp(b));
         assert_eq!(format_timestamp(a), "2026-01-01T00:00:00.500Z");
+    }
+
+    #[test]
+    fn integer_time_and_garbage() {
+        assert_eq!(
+            parse_timestamp("1700000000").unwrap(),
+            DateTime::from_timestamp(1_700_000_000, 0).unwrap()
+        );
+        assert!(parse_timestamp("1e10").is_none());
+        assert!(parse_timestamp("infinity").is_none());
+        assert!(parse_timestamp("99999999999999999999").is_none());
+        assert!(parse_timestamp("tomorrow").is_none());
+    }
+
+    #[test]
+    fn ids_are_kept_verbatim() {
+        let upper: CommandId = "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE".parse().unwrap();
+        assert_eq!(upper.as_str(), "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE");
+        assert!(upper.as_uuid().is_some());
+        let braced: CommandId = "{aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee}".parse().unwrap();
+        assert_eq!(braced.as_str(), "{aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee}");
+        let job: CommandId = " job-1 ".parse().unwrap();
+        assert_eq!(job.as_str(), "job-1");
+        assert!(job.as_uuid().is_none());
+        assert!("".parse::<CommandId>().is_err());
+        assert!("a\nb".parse::<CommandId>().is_err());
     }
 }

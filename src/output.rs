@@ -205,7 +205,7 @@ impl Render for DeadLetterReport {
                 cells.push(Cell::new(&row.source));
             }
             cells.extend([
-                Cell::new(s.id),
+                Cell::new(&s.id),
                 Cell::new(&s.type_name),
                 Cell::new(s.attempts).set_alignment(CellAlignment::Right),
                 Cell::new(time(s.dead_lettered_at)),
@@ -345,7 +345,7 @@ impl Render for ReplayReport {
             if sourced {
                 cells.push(Cell::new(&r.source));
             }
-            cells.extend([Cell::new(r.from), Cell::new(r.id)]);
+            cells.extend([Cell::new(&r.from), Cell::new(&r.id)]);
             table.add_row(cells);
         }
         let first = usize::from(sourced);

@@ -29,6 +29,8 @@ pub struct Settings {
     pub polling_interval_seconds: f64,
     /// Rows executed at once.
     pub concurrency: u32,
+    /// Claim only the types this worker has handlers for; others stay pending.
+    pub claim_only_handled_types: bool,
 }
 
 impl Default for Settings {
@@ -44,6 +46,7 @@ impl Default for Settings {
             processing_delay_seconds: 0,
             polling_interval_seconds: 2.0,
             concurrency: 8,
+            claim_only_handled_types: false,
         }
     }
 }

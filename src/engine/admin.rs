@@ -70,6 +70,25 @@ pub struct DeadLetterSummary {
     pub last_error: Option<String>,
 }
 
+impl From<CommandRow> for DeadLetterSummary {
+    fn from(row: CommandRow) -> DeadLetterSummary {
+        let last_error = match row.defect_summary() {
+            None => row.last_error,
+            Some(defects) => Some(match row.last_error {
+                Some(error) => format!("{error} ({defects})"),
+                None => defects,
+            }),
+        };
+        DeadLetterSummary {
+            id: row.id,
+            type_name: row.type_name,
+            attempts: row.attempts,
+            dead_lettered_at: row.dead_lettered_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+            last_error,
+        }
+    }
+}
+
 /// A set of dead letters fixed at the start of a bulk operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterFilter {

@@ -7,6 +7,7 @@
 //! work of the one that took the row over.
 
 pub mod admin;
+pub(crate) mod decode;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
@@ -26,7 +27,7 @@ pub use admin::AdminOps;
 /// What to claim: the due prefix of a batch under one fresh lease token.
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
-    /// Most rows to claim (never more than free execution slots).
+    /// Most rows to claim (the source's `batch_size`).
     pub limit: u32,
     /// The lease: claimed rows are held until `now + lease`.
     pub lease: Duration,
@@ -34,26 +35,102 @@ pub struct ClaimParams {
     pub processing_delay: Duration,
     /// The token written into `LockToken`.
     pub token: LeaseToken,
+    /// Claim only these types (`claim_only_handled_types`); `None` claims every type.
+    pub types: Option<Arc<[String]>>,
 }
 
 /// One claimed row's lease: the pair every outcome stamp is guarded by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lease {
-    /// The row.
+    /// The row, by its id exactly as stored.
     pub id: CommandId,
     /// The token of the claim that holds it.
     pub token: LeaseToken,
 }
 
-/// A failed attempt to stamp.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
-    /// The row and its lease.
+/// A row a claim returned: its lease and its columns, decoded one by one. A row whose
+/// `defects` are not empty cannot be run and is dead-lettered on its own.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    /// The lease the claim took.
     pub lease: Lease,
-    /// The text stored in `LastError`.
-    pub error: String,
-    /// `Some(delay)` retries after `delay`; `None` dead-letters the row.
-    pub retry_in: Option<Duration>,
+    /// The row as decoded.
+    pub row: CommandRow,
+}
+
+/// What a stamp does to one leased row. Every kind clears the lease.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateChange {
+    /// The handler succeeded: `ProcessedAt = now`.
+    Completed,
+    /// The attempt failed and will be retried: `RunAt = now + delay`, `LastError` set.
+    Retry {
+        /// Delay before the next attempt.
+        delay: Duration,
+        /// The text stored in `LastError`.
+        error: String,
+    },
+    /// The row stops retrying: `DeadLetteredAt = now`, `LastError` set.
+    Dead {
+        /// The text stored in `LastError`.
+        error: String,
+    },
+    /// The row never started (or was stopped by shutdown): the attempt the claim consumed
+    /// is given back; with `run_in`, `RunAt` moves to `now + run_in`.
+    Release {
+        /// Where to move `RunAt`, when it should move.
+        run_in: Option<Duration>,
+    },
+}
+
+/// One row's stamp: the lease that guards it and the change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetState {
+    /// The row and the claim that must still hold it.
+    pub lease: Lease,
+    /// What to write.
+    pub change: StateChange,
+}
+
+impl SetState {
+    /// The numeric kind the engines' set-state statements switch on.
+    pub(crate) fn kind(&self) -> i16 {
+        match self.change {
+            StateChange::Completed => 0,
+            StateChange::Retry { .. } => 1,
+            StateChange::Dead { .. } => 2,
+            StateChange::Release { .. } => 3,
+        }
+    }
+
+    /// Seconds to add to now for the new `RunAt` (retry or release with a move), if any.
+    pub(crate) fn delay_seconds(&self) -> Option<f64> {
+        match &self.change {
+            StateChange::Retry { delay, .. } => Some(delay.as_secs_f64()),
+            StateChange::Release { run_in } => run_in.map(|d| d.as_secs_f64()),
+            _ => None,
+        }
+    }
+
+    /// The `LastError` text this stamp writes, NUL bytes removed (no engine stores them
+    /// in text), if it writes one.
+    pub(crate) fn error(&self) -> Option<String> {
+        match &self.change {
+            StateChange::Retry { error, .. } | StateChange::Dead { error } => {
+                Some(error.replace('\0', ""))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One batch of the retention sweep.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepParams {
+    /// Completed rows older than this (by `ProcessedAt`) are deleted.
+    pub older_than: Duration,
+    /// At most this many in this batch.
+    pub limit: u32,
 }
 
 /// Counts used to decide whether a processor is idle.
@@ -74,7 +151,7 @@ pub trait QueueOps: Send + Sync + 'static {
     /// The table it works on.
     fn table(&self) -> &TableName;
 
-    /// Fails with [`crate::Error::TableMissing`]-style detail when the table does not exist.
+    /// Whether the commands table exists.
     async fn table_exists(&self) -> Result<bool>;
 
     /// Runs a DDL script (the embedded default creating its table on first use).
@@ -83,28 +160,30 @@ pub trait QueueOps: Send + Sync + 'static {
     /// Inserts one command on its own (autocommit) and returns its id.
     async fn command_insert(&self, command: &NewCommand) -> Result<CommandId>;
 
-    /// Inserts many commands in bulk, in one transaction per chunk.
+    /// Inserts many commands in bulk in one transaction (`COPY` on PostgreSQL).
     async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>>;
 
-    /// Claims up to `limit` due rows in one statement; increments `Attempts` on each.
-    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<CommandRow>>;
+    /// Claims up to `limit` due rows in one statement under `token`; increments
+    /// `Attempts` on each (saturating, so a hostile value cannot fail the statement).
+    /// Each row is decoded on its own: one that cannot be decoded comes back with
+    /// defects instead of failing the claim.
+    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>>;
 
-    /// Reads one row by id.
-    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>>;
+    /// Reads one row by id (exactly as stored).
+    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>>;
 
-    /// Stamps successes, guarded by each lease token; returns how many rows were stamped.
-    async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64>;
+    /// Stamps every outcome kind in one statement, each guarded by its lease token;
+    /// returns how many rows were stamped (stale leases are skipped).
+    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64>;
 
-    /// Stamps failures (retry or dead-letter), guarded by each lease token; returns how
-    /// many rows were stamped.
-    async fn command_fail_many(&self, failures: &[Failure]) -> Result<u64>;
+    /// Extends the leases still held to `now + lease`, guarded by each token; returns
+    /// the leases that were extended (the others were lost to another claim).
+    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>>;
 
-    /// Releases claimed-but-unstarted rows so another processor may take them at once;
-    /// the attempt the claim consumed is given back.
-    async fn command_release_many(&self, leases: &[Lease]) -> Result<u64>;
-
-    /// Deletes up to `limit` completed rows older than `older_than`; returns how many.
-    async fn completed_delete_batch(&self, older_than: Duration, limit: u32) -> Result<u64>;
+    /// Deletes up to `limit` completed rows older than `older_than`; returns how many,
+    /// or `None` when another replica holds the sweep lock (PostgreSQL advisory lock,
+    /// MySQL `GET_LOCK`) and this one should skip the round.
+    async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>>;
 
     /// How many rows are due and running right now.
     async fn activity(&self) -> Result<Activity>;
@@ -164,19 +243,6 @@ pub async fn connect(
     }
 }
 
-/// Groups leases by token (a completion batch usually spans a handful of claims), for
-/// engines that stamp with `"LockToken" = ? AND "Id" IN (…)`.
-pub(crate) fn group_by_token(leases: &[Lease]) -> Vec<(LeaseToken, Vec<CommandId>)> {
-    let mut groups: Vec<(LeaseToken, Vec<CommandId>)> = Vec::new();
-    for lease in leases {
-        match groups.iter_mut().find(|(token, _)| *token == lease.token) {
-            Some((_, ids)) => ids.push(lease.id),
-            None => groups.push((lease.token, vec![lease.id])),
-        }
-    }
-    groups
-}
-
 /// Decodes one non-negative count column (`COUNT(*)`/`SUM(…)` cast to a 64-bit integer).
 pub(crate) fn decode_count<R>(row: &R, column: &str) -> Result<u64>
 where
@@ -201,12 +267,6 @@ where
         due: decode_count(row, "due")?,
         running: decode_count(row, "running")?,
     })
-}
-
-/// Parses a UUID stored as text (SQLite, MySQL), naming the column when it is not one.
-pub(crate) fn parse_uuid(text: &str, column: &str) -> std::result::Result<uuid::Uuid, sqlx::Error> {
-    uuid::Uuid::parse_str(text)
-        .map_err(|e| sqlx::Error::Decode(format!("column {column}: `{text}`: {e}").into()))
 }
 
 /// `?, ?, …` with `n` markers (SQLite and MySQL placeholders for an `IN (…)` list).

@@ -1,33 +1,42 @@
-//! The processor: for each source, a claim loop (the producer) that never claims more
-//! rows than it has free execution slots, an executor per row, a completer that stamps
-//! outcomes in batches, and a retention sweeper.
+//! The processor: for each source, a set of named roles on River's split.
 //!
-//! Guarantees: a row runs only under a live lease; every outcome stamp is guarded by the
-//! lease token; a failure, an error, a panic and a timeout each consume one attempt; an
-//! unknown type is dead-lettered on its first attempt without running anything. On
-//! shutdown the loop stops claiming, lets in-flight work finish within the grace period
-//! and releases the leases of anything it did not finish.
+//! - [`producer`] claims `batch_size` rows ahead into a bounded local buffer;
+//! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
+//! - [`completer`] stamps every outcome in batches with one set-state statement;
+//! - [`lease`] renews the leases of everything held and stops executions whose lease
+//!   cannot be kept;
+//! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert notifications.
+//!
+//! Guarantees: a row runs only under a live lease, and a live worker keeps its leases, so
+//! a command runs twice only when a process dies; every stamp is guarded by the lease
+//! token; a failure, a panic and a timeout each consume one attempt; a row that cannot be
+//! decoded, has no handler or is past `max_attempts` is dead-lettered on its own without
+//! running. On shutdown the producer stops claiming, buffered rows are released at once
+//! (their attempt given back), in-flight commands get the grace period, then are stopped
+//! (an exec handler's process group killed) and released; every outcome is stamped before
+//! `run` returns.
 
 mod completer;
+mod executor;
+mod lease;
+mod producer;
 pub mod retry;
 pub mod stats;
+mod sweeper;
+mod waker;
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use chrono::Utc;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::command::{CommandRow, LeaseToken};
-use crate::engine::{Backend, ClaimParams, Failure, Lease};
-use crate::error::Result;
-use crate::handler::{HandlerError, Job, Registry, with_context};
+use crate::engine::{Backend, ClaimedRow, SetState, StateChange};
+use crate::error::{Error, Result};
+use crate::handler::Registry;
 use crate::settings::Settings;
-use completer::{Outcome, Stamp};
 pub use stats::{Stats, StatsSnapshot};
 
 /// One source as the processor sees it.
@@ -91,8 +100,22 @@ impl Processor {
 
     /// Runs every source until `shutdown` is cancelled (or, with `until_idle`, until each
     /// source is idle). Each source runs independently, so a burst on one cannot starve
-    /// another.
+    /// another. Fails at once when no handler is registered or a source's settings are
+    /// out of range.
     pub async fn run(&self, options: RunOptions, shutdown: CancellationToken) -> Result<()> {
+        if self.registry.is_empty() {
+            return Err(Error::Usage(
+                "no handlers are configured: a processor without handlers would dead-letter \
+                 every command it claims. Add a `handlers:` section to icq.yaml (or register \
+                 typed handlers) before running the processor"
+                    .into(),
+            ));
+        }
+        for source in &self.sources {
+            source.settings.validate().map_err(|problem| {
+                Error::Usage(format!("source `{}`: settings: {problem}", source.name))
+            })?;
+        }
         let mut tasks = JoinSet::new();
         for source in &self.sources {
             let worker = SourceWorker {
@@ -123,8 +146,28 @@ impl Processor {
     }
 }
 
-/// How long the claim loop waits for more slots to free up before claiming a small batch.
-const REFILL_WAIT: Duration = Duration::from_millis(5);
+/// A claimed row waiting in the buffer for an execution slot.
+pub(crate) struct Buffered {
+    claimed: ClaimedRow,
+    /// Cancelled when its lease is lost or about to lapse, or the grace ran out.
+    cancel: CancellationToken,
+}
+
+/// State the roles of one source share.
+pub(crate) struct Shared {
+    source: SourceHandle,
+    registry: Arc<Registry>,
+    leases: Arc<lease::Leases>,
+    /// Types this worker claims, when `claim_only_handled_types` is on.
+    types: Option<Arc<[String]>>,
+    buffer_tx: mpsc::UnboundedSender<Buffered>,
+    buffer_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Buffered>>,
+    /// Rows in the buffer (the channel is unbounded; the producer bounds it by this).
+    buffered: AtomicUsize,
+    /// Signalled when a slot takes a row, so the producer can claim into the room.
+    space: Notify,
+    outcomes: mpsc::Sender<SetState>,
+}
 
 struct SourceWorker {
     source: SourceHandle,
@@ -133,332 +176,114 @@ struct SourceWorker {
     shutdown: CancellationToken,
 }
 
-/// State shared by the claim loop and its executions.
-struct Shared {
-    source: SourceHandle,
-    registry: Arc<Registry>,
-    outcomes: mpsc::UnboundedSender<Stamp>,
-    outstanding: Arc<AtomicUsize>,
-    running: Mutex<HashSet<Lease>>,
-}
-
 impl SourceWorker {
     async fn run(self) -> Result<()> {
         let src = &self.source;
-        let name = src.name.clone();
         let settings = &src.settings;
-        match src.backend.listen(src.wake.clone()).await {
-            Ok(true) => tracing::debug!(source = %name, "listening for inserts"),
-            Ok(false) => {}
-            Err(err) => {
-                tracing::warn!(source = %name, error = %err, "cannot LISTEN; relying on polling")
+        waker::listen(src).await;
+
+        let leases = Arc::new(lease::Leases::default());
+        let capacity = producer::buffer_capacity(settings.batch_size, settings.concurrency);
+        let (outcomes, inbox) = mpsc::channel(completer::MAX_BATCH.max(capacity * 2));
+        let completer = tokio::spawn(
+            completer::Completer {
+                source: src.name.clone(),
+                backend: src.backend.clone(),
+                stats: src.stats.clone(),
+                leases: leases.clone(),
+                lease: settings.lease(),
             }
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let outstanding = Arc::new(AtomicUsize::new(0));
-        let completer = tokio::spawn(completer::run(
-            name.clone(),
+            .run(inbox),
+        );
+        let renew_stop = CancellationToken::new();
+        let renewer = tokio::spawn(lease::renew_loop(
+            src.name.clone(),
             src.backend.clone(),
-            rx,
-            src.stats.clone(),
-            outstanding.clone(),
+            leases.clone(),
+            settings.lease(),
+            renew_stop.clone(),
         ));
-        let sweeper = tokio::spawn(sweep_loop(src.clone(), self.shutdown.clone()));
+        let sweep_stop = CancellationToken::new();
+        let sweeper = tokio::spawn(sweeper::run(src.clone(), sweep_stop.clone()));
+
+        let (buffer_tx, buffer_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             source: src.clone(),
             registry: self.registry.clone(),
-            outcomes: tx,
-            outstanding: outstanding.clone(),
-            running: Mutex::new(HashSet::new()),
+            leases: leases.clone(),
+            types: settings.claim_only_handled_types.then(|| {
+                self.registry
+                    .types()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+                    .into()
+            }),
+            buffer_tx,
+            buffer_rx: tokio::sync::Mutex::new(buffer_rx),
+            buffered: AtomicUsize::new(0),
+            space: Notify::new(),
+            outcomes,
         });
-        let slots = Arc::new(Semaphore::new(settings.concurrency as usize));
-        let mut in_flight: JoinSet<()> = JoinSet::new();
-        let mut claim_now = true;
-        let mut db_pause = Duration::from_millis(200);
-        // Refilling one freed slot at a time costs a claim statement per row; when only a
-        // few slots are free, wait briefly for more so claims stay batched.
-        let worthwhile = settings
-            .batch_size
-            .min(settings.concurrency)
-            .div_ceil(2)
-            .max(1);
-        let mut waited_for_refill = false;
-
-        loop {
-            while in_flight.try_join_next().is_some() {}
-            if self.shutdown.is_cancelled() {
-                break;
-            }
-            if claim_now {
-                let free = slots.available_permits() as u32;
-                if free == 0 {
-                    tokio::select! {
-                        _ = in_flight.join_next() => {}
-                        _ = self.shutdown.cancelled() => {}
-                    }
-                    continue;
-                }
-                if free < worthwhile && !in_flight.is_empty() && !waited_for_refill {
-                    waited_for_refill = true;
-                    tokio::select! {
-                        _ = tokio::time::sleep(REFILL_WAIT) => {}
-                        _ = self.shutdown.cancelled() => {}
-                    }
-                    continue;
-                }
-                waited_for_refill = false;
-                let limit = free.min(settings.batch_size);
-                let params = ClaimParams {
-                    limit,
-                    lease: settings.lease(),
-                    processing_delay: Duration::from_secs(settings.processing_delay_seconds),
-                    token: LeaseToken::new(),
-                };
-                match src.backend.command_claim(&params).await {
-                    Ok(rows) => {
-                        db_pause = Duration::from_millis(200);
-                        let claimed = rows.len() as u32;
-                        src.stats.claimed(u64::from(claimed));
-                        for row in rows {
-                            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                                // Cannot happen: only this loop takes permits.
-                                release(&shared, &[lease_of(&row, params.token)]).await;
-                                continue;
-                            };
-                            let lease = lease_of(&row, params.token);
-                            lock(&shared.running).insert(lease);
-                            let shared = shared.clone();
-                            in_flight.spawn(async move {
-                                execute(&shared, row, lease).await;
-                                drop(permit);
-                            });
-                        }
-                        claim_now = claimed == limit;
-                        if claim_now {
-                            continue;
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(source = %name, error = %err, retry_in_ms = db_pause.as_millis() as u64, "claim failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(db_pause) => {}
-                            _ = self.shutdown.cancelled() => {}
-                        }
-                        db_pause = (db_pause * 2).min(Duration::from_secs(30));
-                        continue;
-                    }
-                }
-            }
-            if self.options.until_idle
-                && in_flight.is_empty()
-                && outstanding.load(Ordering::Acquire) == 0
-            {
-                match src.backend.activity().await {
-                    Ok(activity) if activity.due == 0 && activity.running == 0 => break,
-                    Ok(activity) if activity.due > 0 => {
-                        // Due but not claimable yet (processing delay) or taken by a
-                        // racing replica: look again shortly.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        claim_now = true;
-                        continue;
-                    }
-                    Ok(_) => {}
-                    Err(err) => {
-                        tracing::warn!(source = %name, error = %err, "cannot count due commands")
-                    }
-                }
-            }
-            let poll = if self.options.until_idle && in_flight.is_empty() {
-                settings.polling_interval().min(Duration::from_millis(250))
-            } else {
-                settings.polling_interval()
-            };
-            tokio::select! {
-                _ = src.wake.notified() => claim_now = true,
-                _ = tokio::time::sleep(poll) => claim_now = true,
-                _ = self.shutdown.cancelled() => {}
-                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-            }
+        let stop_taking = CancellationToken::new();
+        let mut slots = JoinSet::new();
+        for _ in 0..settings.concurrency.max(1) {
+            slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
         }
 
-        // Shutdown: stop claiming, give in-flight work its grace period, then release the
-        // leases of whatever did not finish so another replica can take it at once.
-        if !in_flight.is_empty() {
-            tracing::info!(source = %name, in_flight = in_flight.len(), "waiting for in-flight commands");
-            let drained = tokio::time::timeout(self.options.shutdown_grace, async {
-                while in_flight.join_next().await.is_some() {}
-            })
-            .await;
-            if drained.is_err() {
-                in_flight.abort_all();
-                while in_flight.join_next().await.is_some() {}
+        // Until-idle ends through the same teardown as a shutdown.
+        let stopped = producer::run(
+            shared.clone(),
+            self.options.clone(),
+            src.wake.clone(),
+            self.shutdown.clone(),
+        )
+        .await;
+
+        // Teardown: stop taking rows, give running commands their grace, then stop them.
+        stop_taking.cancel();
+        let running = leases.len().saturating_sub(buffered_len(&shared));
+        if running > 0 && !self.options.until_idle {
+            tracing::info!(source = %src.name, running, "waiting for in-flight commands");
+        }
+        let drained = tokio::time::timeout(self.options.shutdown_grace, async {
+            while slots.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(source = %src.name, "shutdown grace ran out; stopping the commands still running");
+            leases.cancel_all();
+            while slots.join_next().await.is_some() {}
+        }
+        // Rows still buffered never started: give them back at once.
+        let mut released = 0;
+        {
+            let mut buffer = shared.buffer_rx.lock().await;
+            buffer.close();
+            while let Ok(item) = buffer.try_recv() {
+                released += 1;
+                let _ = shared
+                    .outcomes
+                    .send(SetState {
+                        lease: item.claimed.lease,
+                        change: StateChange::Release { run_in: None },
+                    })
+                    .await;
             }
         }
-        let unfinished: Vec<Lease> = lock(&shared.running).drain().collect();
-        if !unfinished.is_empty() {
-            tracing::warn!(source = %name, count = unfinished.len(), "releasing leases of unfinished commands");
-            release(&shared, &unfinished).await;
+        if released > 0 {
+            tracing::info!(source = %src.name, released, "released the leases of claimed commands that had not started");
         }
         drop(shared);
         let _ = completer.await;
-        sweeper.abort();
-        Ok(())
+        renew_stop.cancel();
+        let _ = renewer.await;
+        sweep_stop.cancel();
+        let _ = sweeper.await;
+        stopped.map(|_| ())
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn lease_of(row: &CommandRow, token: LeaseToken) -> Lease {
-    Lease {
-        id: row.id,
-        token: row.lock_token.unwrap_or(token),
-    }
-}
-
-async fn release(shared: &Shared, leases: &[Lease]) {
-    if let Err(err) = shared.source.backend.command_release_many(leases).await {
-        tracing::warn!(source = %shared.source.name, error = %err, "could not release leases; they expire on their own");
-    }
-}
-
-/// Runs one claimed row and hands its outcome to the completer.
-async fn execute(shared: &Shared, row: CommandRow, lease: Lease) {
-    let settings = &shared.source.settings;
-    let attempts = u32::try_from(row.attempts).unwrap_or(0).max(1);
-    let lease_until = row
-        .locked_until
-        .unwrap_or_else(|| Utc::now() + chrono::Duration::seconds(settings.lease_seconds as i64));
-    let started = std::time::Instant::now();
-    let result = if attempts > settings.max_attempts {
-        Err(HandlerError::terminal(format!(
-            "gave up after {} attempts: the last lease expired without an outcome (the processor \
-             crashed or was killed during execution)",
-            attempts - 1
-        )))
-    } else {
-        match shared.registry.get(&row.type_name) {
-            None => Err(HandlerError::terminal(format!(
-                "no handler is registered for command type `{}`",
-                row.type_name
-            ))),
-            Some(handler) => {
-                let job = Job {
-                    id: row.id,
-                    type_name: row.type_name.clone(),
-                    payload: row.payload.clone(),
-                    attempt: attempts,
-                    source: shared.source.name.clone(),
-                    context: row.context(),
-                };
-                let handler = handler.clone();
-                let context = job.context.clone();
-                // A task of its own, so a panic is caught and counted as a failed attempt.
-                match tokio::spawn(with_context(
-                    context,
-                    async move { handler.handle(job).await },
-                ))
-                .await
-                {
-                    Ok(result) => result,
-                    Err(join) if join.is_panic() => Err(HandlerError::retry(format!(
-                        "handler panicked: {}",
-                        panic_message(join.into_panic())
-                    ))),
-                    Err(join) => Err(HandlerError::retry(format!(
-                        "handler was cancelled: {join}"
-                    ))),
-                }
-            }
-        }
-    };
-    let label = match &result {
-        Ok(()) => "succeeded",
-        Err(err) if err.terminal => "terminal",
-        Err(_) => "failed",
-    };
-    shared
-        .source
-        .stats
-        .execution(&row.type_name, label, started.elapsed().as_secs_f64());
-    let outcome = match result {
-        Ok(()) => Outcome::Completed(lease),
-        Err(err) => {
-            let retry_in = if err.terminal || attempts >= settings.max_attempts {
-                None
-            } else {
-                Some(retry::backoff(
-                    attempts,
-                    settings.retry_backoff_base_seconds,
-                    settings.max_retry_backoff_seconds,
-                    &mut rand::rng(),
-                ))
-            };
-            Outcome::Failed(Failure {
-                lease,
-                error: err.message,
-                retry_in,
-            })
-        }
-    };
-    shared.outstanding.fetch_add(1, Ordering::AcqRel);
-    lock(&shared.running).remove(&lease);
-    if shared
-        .outcomes
-        .send(Stamp {
-            outcome,
-            lease_until,
-        })
-        .is_err()
-    {
-        shared.outstanding.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
-    }
-}
-
-/// Every `cleanup_interval_hours`, deletes completed rows older than `retention_days` in
-/// batches of 1000, one short statement each.
-async fn sweep_loop(source: SourceHandle, shutdown: CancellationToken) {
-    const BATCH: u32 = 1000;
-    loop {
-        let mut deleted = 0u64;
-        loop {
-            match source
-                .backend
-                .completed_delete_batch(source.settings.retention(), BATCH)
-                .await
-            {
-                Ok(n) => {
-                    deleted += n;
-                    if n < u64::from(BATCH) || shutdown.is_cancelled() {
-                        break;
-                    }
-                    tokio::task::yield_now().await;
-                }
-                Err(err) => {
-                    tracing::warn!(source = %source.name, error = %err, "retention sweep failed");
-                    break;
-                }
-            }
-        }
-        if deleted > 0 {
-            tracing::info!(source = %source.name, deleted, "retention sweep deleted completed commands");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(source.settings.cleanup_interval()) => {}
-            _ = shutdown.cancelled() => return,
-        }
-    }
+fn buffered_len(shared: &Shared) -> usize {
+    shared.buffered.load(std::sync::atomic::Ordering::Acquire)
 }

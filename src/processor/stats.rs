@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const METRIC_PREFIX: &str = "icq_internal_commands_";
 
 /// Monotonic counters for one source.
-#[derive(Debug)]
 pub struct Stats {
     source: Arc<str>,
     claimed: AtomicU64,
@@ -17,6 +16,17 @@ pub struct Stats {
     failed: AtomicU64,
     dead_lettered: AtomicU64,
     stale: AtomicU64,
+    /// Execution-time histograms per type: succeeded, terminal, failed.
+    histograms: std::sync::RwLock<std::collections::HashMap<String, [metrics::Histogram; 3]>>,
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stats")
+            .field("source", &self.source)
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -57,6 +67,7 @@ impl Stats {
             failed: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             stale: AtomicU64::new(0),
+            histograms: Default::default(),
         }
     }
 
@@ -76,15 +87,40 @@ impl Stats {
         /// Counts outcomes dropped because their lease had passed to another claim.
         stale, "stale_stamps_total");
 
-    /// Records how long one execution of `type_name` took and how it ended.
+    /// Records how long one execution of `type_name` took and how it ended. The
+    /// histogram handles are registered once per type, not once per execution.
     pub fn execution(&self, type_name: &str, outcome: &'static str, seconds: f64) {
-        metrics::histogram!(
-            "icq_internal_commands_execution_seconds",
-            "source" => self.source.to_string(),
-            "type" => type_name.to_owned(),
-            "outcome" => outcome
-        )
-        .record(seconds);
+        let index = match outcome {
+            "succeeded" => 0,
+            "terminal" => 1,
+            _ => 2,
+        };
+        let cached = self
+            .histograms
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(type_name)
+            .map(|set| set[index].clone());
+        let histogram = match cached {
+            Some(histogram) => histogram,
+            None => {
+                let set = ["succeeded", "terminal", "failed"].map(|outcome| {
+                    metrics::histogram!(
+                        "icq_internal_commands_execution_seconds",
+                        "source" => self.source.to_string(),
+                        "type" => type_name.to_owned(),
+                        "outcome" => outcome
+                    )
+                });
+                let histogram = set[index].clone();
+                self.histograms
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(type_name.to_owned(), set);
+                histogram
+            }
+        };
+        histogram.record(seconds);
     }
 
     /// Reads every counter.

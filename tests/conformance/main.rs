@@ -23,6 +23,7 @@ for_each_engine!(
     unknown_type_and_missing_role_dead_letter_at_once,
     four_processors_drain_5000_exactly_once,
     stale_lease_outcome_is_dropped,
+    lease_is_renewed_while_the_handler_runs,
     shutdown_releases_unstarted_and_finishes_in_flight,
     retention_sweep_deletes_old_completed_rows,
 );

@@ -84,7 +84,7 @@ async fn run_until_idle(processor: &Processor) {
     .expect("processor run");
 }
 
-async fn row(queue: &Queue, id: CommandId) -> icq::CommandRow {
+async fn row(queue: &Queue, id: &CommandId) -> icq::CommandRow {
     queue
         .backend()
         .command_get(id)
@@ -193,7 +193,7 @@ pub async fn rollback_schedules_nothing_and_commit_runs_once(engine: &'static st
         Some(&context()),
         "context restored into the task"
     );
-    let stored = row(&queue, command.id).await;
+    let stored = row(&queue, &command.id).await;
     assert!(stored.processed_at.is_some());
     assert_eq!(stored.attempts, 1);
     assert!(stored.lock_token.is_none());
@@ -245,7 +245,7 @@ pub async fn exec_handler_receives_payload_and_context(engine: &'static str) {
             "missing {expected} in\n{env}"
         );
     }
-    assert!(row(&queue, id).await.processed_at.is_some());
+    assert!(row(&queue, &id).await.processed_at.is_some());
 }
 
 pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static str) {
@@ -286,12 +286,12 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
     let q = queue.clone();
     assert!(
         run_until(processor, Duration::from_secs(20), || {
-            let q = q.clone();
-            async move { row(&q, id).await.last_error.is_some() }
+            let (q, id) = (q.clone(), id.clone());
+            async move { row(&q, &id).await.last_error.is_some() }
         })
         .await
     );
-    let after_fail = row(&queue, id).await;
+    let after_fail = row(&queue, &id).await;
     assert_eq!(after_fail.attempts, 1);
     assert_eq!(after_fail.last_error.as_deref(), Some("boom on attempt 1"));
     assert!(after_fail.dead_lettered_at.is_none() && after_fail.lock_token.is_none());
@@ -314,13 +314,13 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
     let q = queue.clone();
     assert!(
         run_until(processor, Duration::from_secs(30), || {
-            let q = q.clone();
-            async move { row(&q, id).await.dead_lettered_at.is_some() }
+            let (q, id) = (q.clone(), id.clone());
+            async move { row(&q, &id).await.dead_lettered_at.is_some() }
         })
         .await,
         "dead-lettered after max_attempts"
     );
-    let dead = row(&queue, id).await;
+    let dead = row(&queue, &id).await;
     assert_eq!(dead.attempts, 3);
     assert_eq!(dead.last_error.as_deref(), Some("boom on attempt 3"));
     assert!(dead.processed_at.is_none());
@@ -398,7 +398,7 @@ pub async fn panic_timeout_and_exit_status_each_consume_an_attempt(engine: &'sta
             let (q, ids) = (q.clone(), ids2.clone());
             async move {
                 for id in ids {
-                    if row(&q, id).await.last_error.is_none() {
+                    if row(&q, &id).await.last_error.is_none() {
                         return false;
                     }
                 }
@@ -414,7 +414,7 @@ pub async fn panic_timeout_and_exit_status_each_consume_an_attempt(engine: &'sta
         "timed out after 0.3s; process group killed",
     ];
     for (id, message) in ids.into_iter().zip(expected) {
-        let r = row(&queue, id).await;
+        let r = row(&queue, &id).await;
         assert_eq!(r.attempts, 1, "{message}");
         assert_eq!(r.last_error.as_deref(), Some(message));
         assert!(r.dead_lettered_at.is_none() && r.processed_at.is_none());
@@ -458,7 +458,7 @@ pub async fn unknown_type_and_missing_role_dead_letter_at_once(engine: &'static 
     processor.add_source(queue.source_handle(fast_settings()));
     run_until_idle(&processor).await;
 
-    let r = row(&queue, unknown).await;
+    let r = row(&queue, &unknown).await;
     assert!(r.dead_lettered_at.is_some());
     assert_eq!(r.attempts, 1);
     assert!(
@@ -466,7 +466,7 @@ pub async fn unknown_type_and_missing_role_dead_letter_at_once(engine: &'static 
             .unwrap()
             .contains("no handler is registered for command type `nobody.handles`")
     );
-    let r = row(&queue, forbidden).await;
+    let r = row(&queue, &forbidden).await;
     assert!(r.dead_lettered_at.is_some());
     assert_eq!(r.attempts, 1);
     assert_eq!(
@@ -530,77 +530,130 @@ pub async fn four_processors_drain_5000_exactly_once(engine: &'static str) {
     );
 }
 
+/// A handler running 3.5× its lease under two workers runs once: the live worker keeps
+/// extending its lease, so the other never claims the row.
+pub async fn lease_is_renewed_while_the_handler_runs(engine: &'static str) {
+    let (db, queue) = setup(engine, "renew").await;
+    let id = queue
+        .schedule(&NewCommand::new("slow", serde_json::json!({})))
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(0u32));
+    let registry = || {
+        let runs = runs.clone();
+        let mut registry = Registry::new();
+        registry
+            .insert(
+                "slow",
+                Arc::new(FnHandler(move |_job: Job| {
+                    let runs = runs.clone();
+                    async move {
+                        *runs.lock().unwrap() += 1;
+                        tokio::time::sleep(Duration::from_millis(3500)).await;
+                        Ok(())
+                    }
+                })),
+            )
+            .unwrap();
+        registry
+    };
+    let short_lease = Settings {
+        lease_seconds: 1,
+        ..fast_settings()
+    };
+    let stop = CancellationToken::new();
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let q = connect(&db).await;
+        let mut processor = Processor::new(registry());
+        processor.add_source(q.source_handle(short_lease.clone()));
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            processor.run(RunOptions::default(), stop).await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while row(&queue, &id).await.processed_at.is_none() {
+        assert!(Instant::now() < deadline, "the slow command completed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    for worker in workers {
+        worker.await.unwrap().unwrap();
+    }
+    assert_eq!(*runs.lock().unwrap(), 1, "ran once, never alongside itself");
+    assert_eq!(row(&queue, &id).await.attempts, 1);
+}
+
+/// A lease that passes to another claim while the handler runs stops the execution, and
+/// its outcome is dropped as stale instead of overwriting the new claim's row.
 pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
     let (db, queue) = setup(engine, "stale").await;
     let id = queue
         .schedule(&NewCommand::new("slow.then.fail", serde_json::json!({})))
         .await
         .unwrap();
-    let a_started = Arc::new(tokio::sync::Notify::new());
-    let signal = a_started.clone();
-    let mut registry_a = Registry::new();
-    registry_a
+    let started = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    struct OnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let mut registry = Registry::new();
+    let (signal, flag) = (started.clone(), dropped.clone());
+    registry
         .insert(
             "slow.then.fail",
             Arc::new(FnHandler(move |_job: Job| {
-                let signal = signal.clone();
+                let (signal, guard) = (signal.clone(), OnDrop(flag.clone()));
                 async move {
+                    let _guard = guard;
                     signal.notify_one();
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    tokio::time::sleep(Duration::from_secs(30)).await;
                     Err(HandlerError::retry("A failed late"))
                 }
             })),
         )
         .unwrap();
-    let mut registry_b = Registry::new();
-    registry_b
-        .insert(
-            "slow.then.fail",
-            Arc::new(FnHandler(|_job: Job| async move { Ok(()) })),
-        )
-        .unwrap();
-    // Concurrency 1: A cannot re-claim the row itself while its handler is busy.
-    let short_lease = Settings {
+    let settings = Settings {
         lease_seconds: 1,
-        concurrency: 1,
         ..fast_settings()
     };
     let queue_a = connect(&db).await;
-    let mut processor_a = Processor::new(registry_a);
-    processor_a.add_source(queue_a.source_handle(short_lease.clone()));
-    let stop_a = CancellationToken::new();
-    let run_a = tokio::spawn({
-        let stop = stop_a.clone();
-        async move { processor_a.run(RunOptions::default(), stop).await }
+    let mut processor = Processor::new(registry);
+    processor.add_source(queue_a.source_handle(settings));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { processor.run(RunOptions::default(), stop).await }
     });
-    a_started.notified().await;
-    // A holds the row; let its 1 s lease lapse, then B takes the row over and succeeds.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    let queue_b = connect(&db).await;
-    let mut processor_b = Processor::new(registry_b);
-    processor_b.add_source(queue_b.source_handle(short_lease));
-    let qb = queue.clone();
-    assert!(
-        run_until(processor_b, Duration::from_secs(10), || {
-            let q = qb.clone();
-            async move { row(&q, id).await.processed_at.is_some() }
-        })
-        .await
-    );
-    // A's late failure must not overwrite B's success.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    stop_a.cancel();
-    run_a.await.unwrap().unwrap();
-    let r = row(&queue, id).await;
-    assert!(r.processed_at.is_some(), "stays completed");
-    assert!(r.dead_lettered_at.is_none());
-    assert_eq!(r.last_error, None, "A's stale failure was dropped");
-    assert_eq!(r.attempts, 2);
+    started.notified().await;
+    // Another claim takes the row over (as if A's lease had lapsed).
+    let t = db.q("InternalCommands");
+    let (lock, id_col) = (db.q("LockToken"), db.q("Id"));
+    let other = "00000000-0000-4000-8000-000000000001";
+    db.execute(&format!(
+        "UPDATE {t} SET {lock} = '{other}' WHERE {id_col} = '{id}'"
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "A's handler was stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let r = row(&queue, &id).await;
     assert_eq!(
-        queue_a.stats().snapshot().stale,
-        1,
-        "A counted one stale outcome"
+        r.lock_token.map(|t| t.to_string()).as_deref(),
+        Some(other),
+        "the new claim still holds the row"
     );
+    assert_eq!(r.last_error, None, "A's outcome was dropped");
+    assert_eq!(r.attempts, 1, "A's release did not give back the new claim's attempt");
+    assert_eq!(queue_a.stats().snapshot().stale, 1, "A counted one stale outcome");
 }
 
 pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static str) {
@@ -641,7 +694,7 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         "the in-flight command finished"
     );
     assert!(
-        row(&queue, id).await.processed_at.is_some(),
+        row(&queue, &id).await.processed_at.is_some(),
         "and its outcome was stamped"
     );
 
@@ -678,10 +731,10 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(row(&queue, id).await.lock_token.is_some(), "claimed");
+    assert!(row(&queue, &id).await.lock_token.is_some(), "claimed");
     stop.cancel();
     run.await.unwrap().unwrap();
-    let r = row(&queue, id).await;
+    let r = row(&queue, &id).await;
     assert!(
         r.lock_token.is_none() && r.locked_until.is_none(),
         "lease released"
@@ -711,27 +764,27 @@ pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(Duration::from_secs(86_400), 100)
+            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::from_secs(86_400), limit: 100 })
             .await
             .unwrap(),
-        0
+        Some(0)
     );
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(Duration::ZERO, 2)
+            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::ZERO, limit: 2 })
             .await
             .unwrap(),
-        2,
+        Some(2),
         "bounded batch"
     );
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(Duration::ZERO, 100)
+            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::ZERO, limit: 100 })
             .await
             .unwrap(),
-        3
+        Some(3)
     );
 }
 

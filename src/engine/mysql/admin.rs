@@ -8,8 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row};
 use crate::command::{CommandId, CommandRow};
@@ -61,21 +60,6 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
     }
 }
 
-fn decode_summary(row: &MySqlRow) -> std::result::Result<DeadLetterSummary, sqlx::Error> {
-    let id: String = row.try_get("Id")?;
-    let at: chrono::NaiveDateTime = row.try_get("DeadLetteredAt")?;
-    Ok(DeadLetterSummary {
-        id: CommandId(
-            uuid::Uuid::parse_str(&id)
-                .map_err(|e| sqlx::Error::Decode(format!("column Id: `{id}`: {e}").into()))?,
-        ),
-        type_name: row.try_get("Type")?,
-        attempts: row.try_get("Attempts")?,
-        dead_lettered_at: at.and_utc(),
-        last_error: row.try_get("LastError")?,
-    })
-}
-
 #[async_trait]
 impl AdminOps for MySqlDriver {
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
@@ -120,7 +104,7 @@ impl AdminOps for MySqlDriver {
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
         let sql = format!(
-            "SELECT `Id`, `Type`, `Attempts`, `DeadLetteredAt`, `LastError` FROM {t} \
+            "SELECT {COLUMNS} FROM {t} \
              WHERE {DEAD} AND (? IS NULL OR `Type` = ?) \
              ORDER BY `DeadLetteredAt` DESC, `Id` \
              LIMIT ?"
@@ -133,7 +117,7 @@ impl AdminOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(decode_summary)
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }

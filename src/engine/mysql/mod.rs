@@ -14,10 +14,14 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
+use chrono::{DateTime, Utc};
+
+use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, marks, parse_uuid as uuid,
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
+    marks,
 };
-use crate::command::{CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt};
+use crate::command::{CommandId, CommandRow, NewCommand, RunAt};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
@@ -40,43 +44,67 @@ pub struct MySqlDriver {
 }
 
 struct Sql {
-    insert: String,
-    claim_select: String,
-    fail: String,
-    sweep: String,
-    activity: String,
+    insert: Arc<str>,
+    set_state: Arc<str>,
+    extend: Arc<str>,
+    extended: Arc<str>,
+    sweep: Arc<str>,
+    activity: Arc<str>,
 }
+
+/// One row of an insert: nine parameters.
+const INSERT_ROW: &str = "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?)";
+
+/// Rows per multi-row insert.
+const INSERT_ROWS_PER_STATEMENT: usize = 1000;
 
 fn insert_sql(t: &str) -> String {
     format!(
         "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) \
-         VALUES (?, ?, ?, COALESCE(?, {NOW} + INTERVAL ? MICROSECOND), ?, ?, ?, ?)"
+         VALUES {INSERT_ROW}"
+    )
+}
+
+/// The leases of a JSON array of `[id, token, kind, delay µs or -1, error]` arrays as a
+/// table `s`. Ids compare binary, exactly as stored, whatever the connection collation.
+fn leases_join(t: &str) -> String {
+    format!(
+        "{t} AS c JOIN JSON_TABLE(?, '$[*]' COLUMNS ( \
+             id VARCHAR(255) PATH '$[0]', token VARCHAR(64) PATH '$[1]', kind INT PATH '$[2]', \
+             delay BIGINT PATH '$[3]', error LONGTEXT PATH '$[4]')) AS s \
+           ON c.`Id` = s.id COLLATE utf8mb4_bin AND c.`LockToken` = s.token COLLATE utf8mb4_bin"
     )
 }
 
 impl Sql {
     fn new(t: &str) -> Sql {
+        let leases = leases_join(t);
         Sql {
-            insert: insert_sql(t),
-            claim_select: format!(
-                "SELECT `Id` FROM {t} \
-                 WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
-                   AND `RunAt` <= {NOW} \
-                   AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
-                   AND `CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND \
-                 ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED"
-            ),
-            fail: format!(
-                "UPDATE {t} SET `LastError` = ?, `LockToken` = NULL, `LockedUntil` = NULL, \
-                   `RunAt` = CASE WHEN ? THEN `RunAt` ELSE {NOW} + INTERVAL ? MICROSECOND END, \
-                   `DeadLetteredAt` = CASE WHEN ? THEN {NOW} ELSE NULL END \
-                 WHERE `Id` = ? AND `LockToken` = ?"
-            ),
+            insert: insert_sql(t).into(),
+            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
+            set_state: format!(
+                "UPDATE {leases} SET \
+                   c.`ProcessedAt` = CASE WHEN s.kind = 0 THEN {NOW} ELSE c.`ProcessedAt` END, \
+                   c.`DeadLetteredAt` = CASE WHEN s.kind = 2 THEN {NOW} ELSE c.`DeadLetteredAt` END, \
+                   c.`RunAt` = CASE WHEN s.delay >= 0 THEN {NOW} + INTERVAL s.delay MICROSECOND \
+                                    ELSE c.`RunAt` END, \
+                   c.`LastError` = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c.`LastError` END, \
+                   c.`Attempts` = CASE WHEN s.kind = 3 THEN GREATEST(c.`Attempts` - 1, 0) \
+                                       ELSE c.`Attempts` END, \
+                   c.`LockToken` = NULL, c.`LockedUntil` = NULL"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {leases} SET c.`LockedUntil` = {NOW} + INTERVAL ? MICROSECOND"
+            )
+            .into(),
+            extended: format!("SELECT c.`Id`, c.`LockToken` FROM {leases}").into(),
             sweep: format!(
                 "DELETE FROM {t} WHERE `ProcessedAt` IS NOT NULL \
                    AND `ProcessedAt` < {NOW} - INTERVAL ? MICROSECOND \
                  ORDER BY `ProcessedAt` LIMIT ?"
-            ),
+            )
+            .into(),
             activity: format!(
                 "SELECT \
                    CAST(COALESCE(SUM(`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}), 0) AS SIGNED) AS due, \
@@ -84,9 +112,44 @@ impl Sql {
                  FROM {t} \
                  WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
                    AND (`RunAt` <= {NOW} OR `LockedUntil` > {NOW})"
-            ),
+            )
+            .into(),
         }
     }
+}
+
+/// The select of a claim; with `types`, only those types.
+fn claim_select_sql(t: &str, types: usize) -> String {
+    let filter = if types == 0 {
+        String::new()
+    } else {
+        format!(" AND `Type` IN ({})", marks(types))
+    };
+    format!(
+        "SELECT `Id` FROM {t} \
+         WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
+           AND `RunAt` <= {NOW} \
+           AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+           AND `CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND{filter} \
+         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// The JSON array the lease statements read with `JSON_TABLE`.
+fn leases_json<'a>(rows: impl Iterator<Item = (&'a Lease, i16, i64, Option<String>)>) -> String {
+    let rows: Vec<serde_json::Value> = rows
+        .map(|(lease, kind, delay, error)| {
+            serde_json::json!([lease.id.as_str(), lease.token.to_string(), kind, delay, error])
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// A stable 64-bit FNV-1a hash, for lock names every replica computes alike.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Microseconds in `d`, for `INTERVAL ? MICROSECOND`.
@@ -101,79 +164,73 @@ pub async fn insert_command(
     table: &TableName,
     command: &NewCommand,
 ) -> Result<CommandId> {
-    let sql = insert_sql(&table.quoted(Engine::Mysql));
-    insert_with(conn, &sql, table, command).await
+    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Mysql)).into();
+    insert_rows(conn, &sql, table, std::slice::from_ref(command)).await?;
+    Ok(command.id.clone())
 }
 
-async fn insert_with(
+/// Inserts `commands` with one multi-row statement (`sql` has one row per command).
+async fn insert_rows(
     conn: &mut MySqlConnection,
-    sql: &str,
+    sql: &Arc<str>,
     table: &TableName,
-    command: &NewCommand,
-) -> Result<CommandId> {
-    command.validate()?;
-    let (at, delay) = match command.run_at {
-        RunAt::Now => (None, 0),
-        RunAt::At(at) => (Some(at.naive_utc()), 0),
-        RunAt::After(delay) => (None, micros(delay)),
-    };
-    let ctx = &command.context;
-    sqlx::query(AssertSqlSafe(sql.to_owned()))
-        .bind(command.id.to_string())
-        .bind(&command.type_name)
-        .bind(command.payload.to_string())
-        .bind(at)
-        .bind(delay)
-        .bind(&ctx.user_id)
-        .bind(ctx.roles_json())
-        .bind(&ctx.tenant_id)
-        .bind(&ctx.correlation_id)
+    commands: &[NewCommand],
+) -> Result<()> {
+    let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
+    for command in commands {
+        command.validate()?;
+        let (at, delay) = match command.run_at {
+            RunAt::Now => (None, 0),
+            RunAt::At(at) => (Some(at.naive_utc()), 0),
+            RunAt::After(delay) => (None, micros(delay)),
+        };
+        let ctx = &command.context;
+        query = query
+            .bind(command.id.to_string())
+            .bind(command.type_name.clone())
+            .bind(command.payload.to_string())
+            .bind(at)
+            .bind(delay)
+            .bind(ctx.user_id.clone())
+            .bind(ctx.roles_json())
+            .bind(ctx.tenant_id.clone())
+            .bind(ctx.correlation_id.clone());
+    }
+    query
         .execute(conn)
         .await
-        .map_err(Error::db(format!("scheduling a command into {table}")))?;
-    Ok(command.id)
+        .map_err(Error::db(format!("scheduling commands into {table}")))?;
+    Ok(())
 }
 
-fn time(
-    row: &MySqlRow,
-    column: &str,
-) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
-    Ok(row
-        .try_get::<Option<chrono::NaiveDateTime>, _>(column)?
-        .map(|naive| naive.and_utc()))
+fn optional_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> Option<DateTime<Utc>> {
+    d.get::<_, Option<chrono::NaiveDateTime>>(row, column)
+        .flatten()
+        .map(|naive| naive.and_utc())
 }
 
-/// Decodes a row read with [`COLUMNS`].
+fn required_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> DateTime<Utc> {
+    d.get::<_, chrono::NaiveDateTime>(row, column)
+        .map(|naive| naive.and_utc())
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+/// Decodes a row read with [`COLUMNS`] column by column; only an unreadable `Id` fails
+/// it (the row could not be stamped anyway).
 pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let id: String = row.try_get("Id")?;
-    let payload: String = row.try_get("Payload")?;
-    let token: Option<String> = row.try_get("LockToken")?;
-    let roles: Option<String> = row.try_get("Roles")?;
-    let required = |column: &str| {
-        time(row, column)?
-            .ok_or_else(|| sqlx::Error::Decode(format!("column {column} is NULL").into()))
-    };
-    Ok(CommandRow {
-        id: CommandId(uuid(&id, "Id")?),
-        type_name: row.try_get("Type")?,
-        payload: serde_json::from_str(&payload)
-            .map_err(|e| sqlx::Error::Decode(format!("column Payload: {e}").into()))?,
-        created_at: required("CreatedAt")?,
-        run_at: required("RunAt")?,
-        attempts: row.try_get("Attempts")?,
-        lock_token: token
-            .as_deref()
-            .map(|t| uuid(t, "LockToken").map(LeaseToken))
-            .transpose()?,
-        locked_until: time(row, "LockedUntil")?,
-        processed_at: time(row, "ProcessedAt")?,
-        dead_lettered_at: time(row, "DeadLetteredAt")?,
-        last_error: row.try_get("LastError")?,
-        user_id: row.try_get("UserId")?,
-        roles: Context::parse_roles(roles.as_deref()),
-        tenant_id: row.try_get("TenantId")?,
-        correlation_id: row.try_get("CorrelationId")?,
-    })
+    let mut d = Decoder::default();
+    let mut out = CommandRow::placeholder(text_id(row)?);
+    let payload = d.get::<_, String>(row, "Payload");
+    out.payload = d.json_text("Payload", payload);
+    text_columns(&mut d, row, &mut out);
+    out.created_at = required_time(&mut d, row, "CreatedAt");
+    out.run_at = required_time(&mut d, row, "RunAt");
+    out.attempts = d.get::<_, i32>(row, "Attempts").unwrap_or_default();
+    out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
+    out.locked_until = optional_time(&mut d, row, "LockedUntil");
+    out.processed_at = optional_time(&mut d, row, "ProcessedAt");
+    out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    Ok(d.finish(out))
 }
 
 impl MySqlDriver {
@@ -186,6 +243,7 @@ impl MySqlDriver {
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
             .connect(&normalized)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
@@ -207,29 +265,6 @@ impl MySqlDriver {
         format!("{what} ({})", self.table)
     }
 
-    /// Runs `UPDATE … SET {set} WHERE LockToken = ? AND Id IN (…)` per token group.
-    async fn update_leases(&self, set: &str, leases: &[Lease], what: &str) -> Result<u64> {
-        let t = &self.t;
-        let mut total = 0;
-        for (token, ids) in super::group_by_token(leases) {
-            for chunk in ids.chunks(10_000) {
-                let sql = format!(
-                    "UPDATE {t} SET {set} WHERE `LockToken` = ? AND `Id` IN ({})",
-                    marks(chunk.len())
-                );
-                let mut query = sqlx::query(AssertSqlSafe(sql)).bind(token.to_string());
-                for id in chunk {
-                    query = query.bind(id.to_string());
-                }
-                total += query
-                    .execute(&self.pool)
-                    .await
-                    .map_err(Error::db(self.ctx(what)))?
-                    .rows_affected();
-            }
-        }
-        Ok(total)
-    }
 }
 
 #[async_trait]
@@ -269,53 +304,46 @@ impl QueueOps for MySqlDriver {
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_with(&mut conn, &self.sql.insert, &self.table, command).await
+        insert_rows(&mut conn, &self.sql.insert, &self.table, std::slice::from_ref(command))
+            .await?;
+        Ok(command.id.clone())
     }
 
     async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
         let t = &self.t;
-        let mut ids = Vec::with_capacity(commands.len());
-        for chunk in commands.chunks(1000) {
-            let row = format!("(?, ?, ?, COALESCE(?, {NOW} + INTERVAL ? MICROSECOND), ?, ?, ?, ?)");
-            let sql = format!(
-                "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
-                vec![row.as_str(); chunk.len()].join(", ")
-            );
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for command in chunk {
-                command.validate()?;
-                let (at, delay) = match command.run_at {
-                    RunAt::Now => (None, 0),
-                    RunAt::At(at) => (Some(at.naive_utc()), 0),
-                    RunAt::After(delay) => (None, micros(delay)),
-                };
-                let ctx = &command.context;
-                query = query
-                    .bind(command.id.to_string())
-                    .bind(command.type_name.clone())
-                    .bind(command.payload.to_string())
-                    .bind(at)
-                    .bind(delay)
-                    .bind(ctx.user_id.clone())
-                    .bind(ctx.roles_json())
-                    .bind(ctx.tenant_id.clone())
-                    .bind(ctx.correlation_id.clone());
-                ids.push(command.id);
-            }
-            query
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("scheduling commands in bulk")))?;
+        let ctx = || self.ctx("scheduling commands in bulk");
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut full: Option<Arc<str>> = None;
+        for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
+            let render = || -> Arc<str> {
+                format!(
+                    "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
+                    vec![INSERT_ROW; chunk.len()].join(", ")
+                )
+                .into()
+            };
+            let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
+                full.get_or_insert_with(render).clone()
+            } else {
+                render()
+            };
+            insert_rows(&mut tx, &sql, &self.table, chunk).await?;
         }
-        Ok(ids)
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(commands.iter().map(|c| c.id.clone()).collect())
     }
 
-    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<CommandRow>> {
+    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let t = &self.t;
         let ctx = || self.ctx("claiming due commands");
+        let types = params.types.as_deref().unwrap_or(&[]);
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(self.sql.claim_select.clone()))
-            .bind(micros(params.processing_delay))
+        let mut select = sqlx::query_scalar(AssertSqlSafe(claim_select_sql(t, types.len())))
+            .bind(micros(params.processing_delay));
+        for type_name in types {
+            select = select.bind(type_name.clone());
+        }
+        let ids: Vec<String> = select
             .bind(i64::from(params.limit))
             .fetch_all(&mut *tx)
             .await
@@ -326,7 +354,7 @@ impl QueueOps for MySqlDriver {
         }
         let update = format!(
             "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
-             `Attempts` = `Attempts` + 1 WHERE `Id` IN ({})",
+             `Attempts` = LEAST(`Attempts`, 2147483646) + 1 WHERE `Id` IN ({})",
             marks(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(update))
@@ -346,12 +374,25 @@ impl QueueOps for MySqlDriver {
         }
         let rows = query.fetch_all(&mut *tx).await.map_err(Error::db(ctx()))?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a claimed row"))))
-            .collect()
+        Ok(rows
+            .iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect())
     }
 
-    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
         let sql = format!("SELECT {COLUMNS} FROM {} WHERE `Id` = ?", self.t);
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -363,45 +404,72 @@ impl QueueOps for MySqlDriver {
             .transpose()
     }
 
-    async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set = format!("`ProcessedAt` = {NOW}, `LockToken` = NULL, `LockedUntil` = NULL");
-        self.update_leases(&set, leases, "stamping completed commands")
-            .await
-    }
-
-    async fn command_fail_many(&self, failures: &[Failure]) -> Result<u64> {
-        let mut total = 0;
-        for f in failures {
-            let dead = f.retry_in.is_none();
-            total += sqlx::query(AssertSqlSafe(self.sql.fail.clone()))
-                .bind(&f.error)
-                .bind(dead)
-                .bind(micros(f.retry_in.unwrap_or_default()))
-                .bind(dead)
-                .bind(f.lease.id.to_string())
-                .bind(f.lease.token.to_string())
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("stamping failed commands")))?
-                .rows_affected();
-        }
-        Ok(total)
-    }
-
-    async fn command_release_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set =
-            "`LockToken` = NULL, `LockedUntil` = NULL, `Attempts` = GREATEST(`Attempts` - 1, 0)";
-        self.update_leases(set, leases, "releasing leases").await
-    }
-
-    async fn completed_delete_batch(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
-            .bind(micros(older_than))
-            .bind(i64::from(limit))
+    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+        let json = leases_json(changes.iter().map(|c| {
+            let delay = c
+                .delay_seconds()
+                .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
+            (&c.lease, c.kind(), delay, c.error())
+        }));
+        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+            .bind(json)
             .execute(&self.pool)
             .await
-            .map_err(Error::db(self.ctx("deleting old completed commands")))?;
+            .map_err(Error::db(self.ctx("stamping outcomes")))?;
         Ok(done.rows_affected())
+    }
+
+    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+        let ctx = || self.ctx("extending leases");
+        let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
+        sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
+            .bind(&json)
+            .bind(micros(lease))
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
+        // No UPDATE … RETURNING here: the rows that still carry their token are held.
+        let rows = sqlx::query(AssertSqlSafe(self.sql.extended.clone()))
+            .bind(&json)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id = text_id(row).ok()?;
+                let token = text_token(row.try_get("LockToken").ok()?)?;
+                Some(Lease { id, token })
+            })
+            .collect())
+    }
+
+    async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
+        let ctx = || self.ctx("deleting old completed commands");
+        let lock = format!("icq.sweep.{:016x}", fnv1a(&self.t));
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
+        // One replica sweeps at a time: the others skip the round.
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
+        if locked != Some(1) {
+            return Ok(None);
+        }
+        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+            .bind(micros(params.older_than))
+            .bind(i64::from(params.limit))
+            .execute(&mut *conn)
+            .await;
+        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        let done = done.map_err(Error::db(ctx()))?;
+        released.map_err(Error::db(ctx()))?;
+        Ok(Some(done.rows_affected()))
     }
 
     async fn activity(&self) -> Result<Activity> {

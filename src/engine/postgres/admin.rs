@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::{PgDriver, decode_row};
@@ -102,7 +102,7 @@ impl AdminOps for PgDriver {
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
         let sql = format!(
-            r#"SELECT "Id", "Type", "Attempts", "DeadLetteredAt", "LastError" FROM {t}
+            r#"SELECT * FROM {t}
                WHERE {DEAD} AND ($1::text IS NULL OR "Type" = $1)
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT $2"#
@@ -114,22 +114,14 @@ impl AdminOps for PgDriver {
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(|row| {
-                Ok(DeadLetterSummary {
-                    id: CommandId(row.try_get("Id")?),
-                    type_name: row.try_get("Type")?,
-                    attempts: row.try_get("Attempts")?,
-                    dead_lettered_at: row.try_get("DeadLetteredAt")?,
-                    last_error: row.try_get("LastError")?,
-                })
-            })
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
 
     async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>> {
         let t = &self.t;
-        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let ids: Vec<Uuid> = ids.iter().filter_map(CommandId::as_uuid).collect();
         let sql = format!(r#"SELECT * FROM {t} WHERE "Id" = ANY($1) ORDER BY "CreatedAt", "Id""#);
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(ids)
@@ -144,7 +136,11 @@ impl AdminOps for PgDriver {
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
         let t = &self.t;
         let ctx = || self.ctx("requeueing commands");
-        let ids: Vec<Uuid> = params.ids.iter().map(|id| id.0).collect();
+        // An id that is not a UUID cannot exist here; counting it keeps all-or-nothing.
+        let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
+        if ids.len() != params.ids.len() {
+            return Ok(0);
+        }
         let sql = format!(
             r#"UPDATE {t} SET {REQUEUE_SET}
                WHERE "Id" = ANY($1) AND "ProcessedAt" IS NULL AND {UNLEASED}"#

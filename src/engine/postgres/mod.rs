@@ -11,18 +11,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Row, ValueRef};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::{Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps};
-use crate::command::{CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt};
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgValueFormat;
+
+use super::decode::{Decoder, text_columns};
+use super::{
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
+};
+use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
-
-/// Rows per statement for bulk inserts.
-const INSERT_CHUNK: usize = 1000;
 
 /// A PostgreSQL source: its pool, table and prepared SQL text.
 pub struct PgDriver {
@@ -35,82 +38,91 @@ pub struct PgDriver {
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// The statements of the queue path, rendered once per table.
+/// The statements of the queue path, rendered once per table. `Arc<str>` so a query
+/// borrows them without copying; sqlx prepares each once per connection.
 struct Sql {
-    insert: String,
-    insert_many: String,
-    claim: String,
-    complete: String,
-    fail: String,
-    release: String,
-    sweep: String,
-    activity: String,
+    insert: Arc<str>,
+    claim: Arc<str>,
+    claim_types: Arc<str>,
+    set_state: Arc<str>,
+    extend: Arc<str>,
+    sweep: Arc<str>,
+    activity: Arc<str>,
+    copy: String,
+}
+
+/// The claim: the due prefix in `RunAt` order, skipping rows other claimers hold.
+/// `Attempts` saturates below `i32::MAX` so a hostile value cannot fail the statement.
+fn claim_sql(t: &str, type_filter: &str) -> String {
+    format!(
+        r#"WITH due AS (
+               SELECT "Id" FROM {t}
+               WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                 AND "RunAt" <= now()
+                 AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
+                 AND "CreatedAt" <= now() - make_interval(secs => $3){type_filter}
+               ORDER BY "RunAt"
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED)
+           UPDATE {t} AS c
+           SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
+               "Attempts" = LEAST(c."Attempts", 2147483646) + 1
+           FROM due WHERE c."Id" = due."Id"
+           RETURNING c.*"#
+    )
 }
 
 impl Sql {
     fn new(t: &str) -> Sql {
         Sql {
-            insert: insert_sql(t),
-            insert_many: format!(
-                r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
-                   SELECT s.id, s.type, s.payload::jsonb, COALESCE(s.run_at, now() + make_interval(secs => s.delay)),
-                          s.user_id, s.roles, s.tenant_id, s.correlation_id
-                   FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::float8[],
-                               $6::text[], $7::text[], $8::text[], $9::text[])
-                        AS s(id, type, payload, run_at, delay, user_id, roles, tenant_id, correlation_id)"#
-            ),
-            claim: format!(
-                r#"WITH due AS (
-                       SELECT "Id" FROM {t}
-                       WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                         AND "RunAt" <= now()
-                         AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-                         AND "CreatedAt" <= now() - make_interval(secs => $3)
-                       ORDER BY "RunAt"
-                       LIMIT $1
-                       FOR UPDATE SKIP LOCKED)
-                   UPDATE {t} AS c
-                   SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
-                       "Attempts" = c."Attempts" + 1
-                   FROM due WHERE c."Id" = due."Id"
-                   RETURNING c.*"#
-            ),
-            complete: format!(
+            insert: insert_sql(t).into(),
+            claim: claim_sql(t, "").into(),
+            claim_types: claim_sql(t, "\n                 AND \"Type\" = ANY($5)").into(),
+            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
+            // Columns a kind does not change are written back unchanged, which keeps a
+            // release a HOT update.
+            set_state: format!(
                 r#"UPDATE {t} AS c
-                   SET "ProcessedAt" = now(), "LockToken" = NULL, "LockedUntil" = NULL
+                   SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN now() ELSE c."ProcessedAt" END,
+                       "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN now() ELSE c."DeadLetteredAt" END,
+                       "RunAt" = CASE WHEN s.delay IS NOT NULL
+                                      THEN now() + make_interval(secs => s.delay)
+                                      ELSE c."RunAt" END,
+                       "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
+                       "Attempts" = CASE WHEN s.kind = 3 THEN GREATEST(c."Attempts" - 1, 0)
+                                         ELSE c."Attempts" END,
+                       "LockToken" = NULL, "LockedUntil" = NULL
+                   FROM unnest($1::uuid[], $2::uuid[], $3::int2[], $4::float8[], $5::text[])
+                        AS s(id, token, kind, delay, error)
+                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
+            )
+            .into(),
+            extend: format!(
+                r#"UPDATE {t} AS c SET "LockedUntil" = now() + make_interval(secs => $3)
                    FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
-            ),
-            fail: format!(
-                r#"UPDATE {t} AS c
-                   SET "LastError" = s.error, "LockToken" = NULL, "LockedUntil" = NULL,
-                       "RunAt" = CASE WHEN s.dead THEN c."RunAt"
-                                      ELSE now() + make_interval(secs => s.delay) END,
-                       "DeadLetteredAt" = CASE WHEN s.dead THEN now() ELSE NULL END
-                   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::bool[])
-                        AS s(id, token, error, delay, dead)
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
-            ),
-            release: format!(
-                r#"UPDATE {t} AS c
-                   SET "LockToken" = NULL, "LockedUntil" = NULL,
-                       "Attempts" = GREATEST(c."Attempts" - 1, 0)
-                   FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
-            ),
+                   WHERE c."Id" = s.id AND c."LockToken" = s.token
+                   RETURNING c."Id", c."LockToken""#
+            )
+            .into(),
             sweep: format!(
                 r#"DELETE FROM {t} WHERE "Id" IN (
                        SELECT "Id" FROM {t}
                        WHERE "ProcessedAt" IS NOT NULL
                          AND "ProcessedAt" < now() - make_interval(secs => $1)
                        ORDER BY "ProcessedAt" LIMIT $2)"#
-            ),
+            )
+            .into(),
             activity: format!(
                 r#"SELECT count(*) FILTER (WHERE "LockedUntil" IS NULL OR "LockedUntil" <= now()) AS due,
                           count(*) FILTER (WHERE "LockedUntil" > now()) AS running
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND ("RunAt" <= now() OR "LockedUntil" > now())"#
+            )
+            .into(),
+            copy: format!(
+                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
+                   FROM STDIN WITH (FORMAT csv)"#
             ),
         }
     }
@@ -139,21 +151,27 @@ pub async fn insert_command(
     table: &TableName,
     command: &NewCommand,
 ) -> Result<CommandId> {
-    let sql = insert_sql(&table.quoted(Engine::Postgres));
+    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Postgres)).into();
     insert_with(conn, &sql, table, command).await
 }
 
 async fn insert_with(
     conn: &mut PgConnection,
-    sql: &str,
+    sql: &Arc<str>,
     table: &TableName,
     command: &NewCommand,
 ) -> Result<CommandId> {
     command.validate()?;
+    let id = command.id.as_uuid().ok_or_else(|| {
+        Error::Usage(format!(
+            "`{}` is not a UUID: PostgreSQL stores ids as uuid",
+            command.id
+        ))
+    })?;
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
-    sqlx::query(AssertSqlSafe(sql.to_owned()))
-        .bind(command.id.0)
+    sqlx::query(AssertSqlSafe(sql.clone()))
+        .bind(id)
         .bind(&command.type_name)
         .bind(sqlx::types::Json(&command.payload))
         .bind(at)
@@ -165,34 +183,100 @@ async fn insert_with(
         .execute(conn)
         .await
         .map_err(Error::db(format!("scheduling a command into {table}")))?;
-    Ok(command.id)
+    Ok(command.id.clone())
 }
 
-/// Decodes a full row (`SELECT *` or `RETURNING *`).
+/// Decodes a full row (`SELECT *` or `RETURNING *`) column by column: a column that
+/// cannot be decoded (an infinite timestamp, a payload nested deeper than the JSON
+/// decoder goes) becomes a defect of the row rather than an error of the statement.
 pub(crate) fn decode_row(row: &PgRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let payload: sqlx::types::Json<serde_json::Value> = row.try_get("Payload")?;
-    let roles: Option<String> = row.try_get("Roles")?;
-    Ok(CommandRow {
-        id: CommandId(row.try_get("Id")?),
-        type_name: row.try_get("Type")?,
-        payload: payload.0,
-        created_at: row.try_get("CreatedAt")?,
-        run_at: row.try_get("RunAt")?,
-        attempts: row.try_get("Attempts")?,
-        lock_token: row.try_get::<Option<Uuid>, _>("LockToken")?.map(LeaseToken),
-        locked_until: row.try_get("LockedUntil")?,
-        processed_at: row.try_get("ProcessedAt")?,
-        dead_lettered_at: row.try_get("DeadLetteredAt")?,
-        last_error: row.try_get("LastError")?,
-        user_id: row.try_get("UserId")?,
-        roles: Context::parse_roles(roles.as_deref()),
-        tenant_id: row.try_get("TenantId")?,
-        correlation_id: row.try_get("CorrelationId")?,
-    })
+    let id: Uuid = row.try_get("Id")?;
+    let mut d = Decoder::default();
+    let mut out = CommandRow::placeholder(CommandId::from(id));
+    let payload = d.get::<_, sqlx::types::Json<serde_json::Value>>(row, "Payload");
+    out.payload = payload.map(|p| p.0).unwrap_or_default();
+    text_columns(&mut d, row, &mut out);
+    out.created_at = required_time(&mut d, row, "CreatedAt");
+    out.run_at = required_time(&mut d, row, "RunAt");
+    out.attempts = d.get::<_, i32>(row, "Attempts").unwrap_or_default();
+    out.lock_token = d
+        .get::<_, Option<Uuid>>(row, "LockToken")
+        .flatten()
+        .map(LeaseToken);
+    out.locked_until = optional_time(&mut d, row, "LockedUntil");
+    out.processed_at = optional_time(&mut d, row, "ProcessedAt");
+    out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    Ok(d.finish(out))
 }
 
-fn lease_arrays(leases: &[Lease]) -> (Vec<Uuid>, Vec<Uuid>) {
-    leases.iter().map(|l| (l.id.0, l.token.0)).unzip()
+/// Microseconds since PostgreSQL's epoch, 2000-01-01 00:00 UTC.
+const PG_EPOCH_UNIX_SECONDS: i64 = 946_684_800;
+
+/// Decodes a `timestamptz` without sqlx's chrono decoder, which panics on `infinity`.
+fn time(row: &PgRow, column: &str) -> std::result::Result<Option<DateTime<Utc>>, String> {
+    let raw = row.try_get_raw(column).map_err(|e| e.to_string())?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    match raw.format() {
+        PgValueFormat::Binary => {
+            let micros = <i64 as sqlx::Decode<sqlx::Postgres>>::decode(raw)
+                .map_err(|e| e.to_string())?;
+            match micros {
+                i64::MAX => Err("`infinity` is not an instant icq can use".into()),
+                i64::MIN => Err("`-infinity` is not an instant icq can use".into()),
+                micros => DateTime::from_timestamp(PG_EPOCH_UNIX_SECONDS, 0)
+                    .and_then(|epoch| {
+                        epoch.checked_add_signed(chrono::TimeDelta::microseconds(micros))
+                    })
+                    .map(Some)
+                    .ok_or_else(|| "the instant is out of the supported range".into()),
+            }
+        }
+        PgValueFormat::Text => {
+            let text = raw.as_str().map_err(|e| e.to_string())?;
+            crate::command::parse_timestamp(text)
+                .map(Some)
+                .ok_or_else(|| format!("`{text}` is not an instant icq can use"))
+        }
+    }
+}
+
+fn optional_time(d: &mut Decoder, row: &PgRow, column: &str) -> Option<DateTime<Utc>> {
+    d.take(column, time(row, column)).flatten()
+}
+
+fn required_time(d: &mut Decoder, row: &PgRow, column: &str) -> DateTime<Utc> {
+    match d.take(column, time(row, column)) {
+        Some(Some(at)) => at,
+        Some(None) => {
+            d.defect(column, "NULL");
+            DateTime::<Utc>::UNIX_EPOCH
+        }
+        None => DateTime::<Utc>::UNIX_EPOCH,
+    }
+}
+
+/// Ids and tokens as the `uuid[]` arrays the stamps take. Every id on PostgreSQL is a
+/// UUID (the column's type), so none is dropped in practice.
+fn lease_arrays<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<Uuid>, Vec<Uuid>) {
+    leases
+        .filter_map(|l| Some((l.id.as_uuid()?, l.token.0)))
+        .unzip()
+}
+
+/// Escapes one CSV field for `COPY … (FORMAT csv)`; `None` is the unquoted empty NULL.
+fn csv_field(out: &mut String, value: Option<&str>) {
+    if let Some(value) = value {
+        out.push('"');
+        for c in value.chars() {
+            if c == '"' {
+                out.push('"');
+            }
+            out.push(c);
+        }
+        out.push('"');
+    }
 }
 
 impl PgDriver {
@@ -201,6 +285,9 @@ impl PgDriver {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            // A broken connection fails its statement and is replaced; pinging before
+            // every acquire would double the round trips of the hot path.
+            .test_before_acquire(false)
             .connect(url)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
@@ -222,6 +309,56 @@ impl PgDriver {
 
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
+    }
+
+    async fn copy_in(&self, commands: &[NewCommand]) -> std::result::Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        // The transaction's now(), so RunAt = now agrees with the CreatedAt default.
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let mut copy = tx.copy_in_raw(&self.sql.copy).await?;
+        let mut buf = String::with_capacity(256 * 1024);
+        for command in commands {
+            let run_at = match command.run_at {
+                RunAt::Now => now,
+                RunAt::At(at) => at,
+                RunAt::After(delay) => {
+                    now + chrono::Duration::from_std(delay).unwrap_or(chrono::TimeDelta::MAX)
+                }
+            };
+            let ctx = &command.context;
+            let id = command.id.to_string();
+            let payload = command.payload.to_string();
+            let run_at = run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            let roles = ctx.roles_json();
+            let fields = [
+                Some(id.as_str()),
+                Some(command.type_name.as_str()),
+                Some(payload.as_str()),
+                Some(run_at.as_str()),
+                ctx.user_id.as_deref(),
+                roles.as_deref(),
+                ctx.tenant_id.as_deref(),
+                ctx.correlation_id.as_deref(),
+            ];
+            for (i, field) in fields.into_iter().enumerate() {
+                if i > 0 {
+                    buf.push(',');
+                }
+                csv_field(&mut buf, field);
+            }
+            buf.push('\n');
+            if buf.len() > 240 * 1024 {
+                copy.send(std::mem::take(&mut buf).into_bytes()).await?;
+                buf.reserve(256 * 1024);
+            }
+        }
+        if !buf.is_empty() {
+            copy.send(buf.into_bytes()).await?;
+        }
+        copy.finish().await?;
+        tx.commit().await
     }
 }
 
@@ -262,62 +399,66 @@ impl QueueOps for PgDriver {
     }
 
     async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
-        let mut ids = Vec::with_capacity(commands.len());
-        for chunk in commands.chunks(INSERT_CHUNK) {
-            let mut cols: (Vec<Uuid>, Vec<String>, Vec<String>) = Default::default();
-            let mut at = Vec::with_capacity(chunk.len());
-            let mut delay = Vec::with_capacity(chunk.len());
-            let mut ctx: [Vec<Option<String>>; 4] = Default::default();
-            for command in chunk {
-                command.validate()?;
-                let (a, d) = run_at_parts(command.run_at);
-                cols.0.push(command.id.0);
-                cols.1.push(command.type_name.clone());
-                cols.2.push(command.payload.to_string());
-                at.push(a);
-                delay.push(d);
-                ctx[0].push(command.context.user_id.clone());
-                ctx[1].push(command.context.roles_json());
-                ctx[2].push(command.context.tenant_id.clone());
-                ctx[3].push(command.context.correlation_id.clone());
-                ids.push(command.id);
+        for command in commands {
+            command.validate()?;
+            if command.id.as_uuid().is_none() {
+                return Err(Error::Usage(format!(
+                    "`{}` is not a UUID: PostgreSQL stores ids as uuid",
+                    command.id
+                )));
             }
-            let [user, roles, tenant, correlation] = ctx;
-            sqlx::query(AssertSqlSafe(self.sql.insert_many.clone()))
-                .bind(cols.0)
-                .bind(cols.1)
-                .bind(cols.2)
-                .bind(at)
-                .bind(delay)
-                .bind(user)
-                .bind(roles)
-                .bind(tenant)
-                .bind(correlation)
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("scheduling commands in bulk")))?;
         }
-        Ok(ids)
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.copy_in(commands)
+            .await
+            .map_err(Error::db(self.ctx("scheduling commands in bulk")))?;
+        Ok(commands.iter().map(|c| c.id.clone()).collect())
     }
 
-    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<CommandRow>> {
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
+        let sql = match params.types {
+            Some(_) => &self.sql.claim_types,
+            None => &self.sql.claim,
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(i64::from(params.limit))
             .bind(params.token.0)
             .bind(params.processing_delay.as_secs_f64())
-            .bind(params.lease.as_secs_f64())
+            .bind(params.lease.as_secs_f64());
+        if let Some(types) = &params.types {
+            query = query.bind(types.to_vec());
+        }
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a claimed row"))))
-            .collect()
+        Ok(rows
+            .iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect())
     }
 
-    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
+        let Some(uuid) = id.as_uuid() else {
+            return Ok(None);
+        };
         let sql = format!(r#"SELECT * FROM {} WHERE "Id" = $1"#, self.t);
         let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.0)
+            .bind(uuid)
             .fetch_optional(&self.pool)
             .await
             .map_err(Error::db(self.ctx("reading a command")))?;
@@ -326,61 +467,75 @@ impl QueueOps for PgDriver {
             .transpose()
     }
 
-    async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64> {
-        let (ids, tokens) = lease_arrays(leases);
-        let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
-            .bind(ids)
-            .bind(tokens)
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("stamping completed commands")))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn command_fail_many(&self, failures: &[Failure]) -> Result<u64> {
-        let mut ids = Vec::with_capacity(failures.len());
-        let mut tokens = Vec::with_capacity(failures.len());
-        let mut errors = Vec::with_capacity(failures.len());
-        let mut delays = Vec::with_capacity(failures.len());
-        let mut dead = Vec::with_capacity(failures.len());
-        for f in failures {
-            ids.push(f.lease.id.0);
-            tokens.push(f.lease.token.0);
-            errors.push(f.error.replace('\0', ""));
-            delays.push(f.retry_in.map_or(0.0, |d| d.as_secs_f64()));
-            dead.push(f.retry_in.is_none());
+    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+        let n = changes.len();
+        let (mut ids, mut tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut kinds, mut delays, mut errors) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for change in changes {
+            let Some(id) = change.lease.id.as_uuid() else {
+                continue;
+            };
+            ids.push(id);
+            tokens.push(change.lease.token.0);
+            kinds.push(change.kind());
+            delays.push(change.delay_seconds());
+            errors.push(change.error());
         }
-        let done = sqlx::query(AssertSqlSafe(self.sql.fail.clone()))
+        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
             .bind(ids)
             .bind(tokens)
-            .bind(errors)
+            .bind(kinds)
             .bind(delays)
-            .bind(dead)
+            .bind(errors)
             .execute(&self.pool)
             .await
-            .map_err(Error::db(self.ctx("stamping failed commands")))?;
+            .map_err(Error::db(self.ctx("stamping outcomes")))?;
         Ok(done.rows_affected())
     }
 
-    async fn command_release_many(&self, leases: &[Lease]) -> Result<u64> {
-        let (ids, tokens) = lease_arrays(leases);
-        let done = sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+        let (ids, tokens) = lease_arrays(leases.iter());
+        let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(ids)
             .bind(tokens)
-            .execute(&self.pool)
+            .bind(lease.as_secs_f64())
+            .fetch_all(&self.pool)
             .await
-            .map_err(Error::db(self.ctx("releasing leases")))?;
-        Ok(done.rows_affected())
+            .map_err(Error::db(self.ctx("extending leases")))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Lease {
+                    id: CommandId::from(row.try_get::<Uuid, _>("Id")?),
+                    token: LeaseToken(row.try_get("LockToken")?),
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(Error::db(self.ctx("decoding extended leases")))
     }
 
-    async fn completed_delete_batch(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
-            .bind(older_than.as_secs_f64())
-            .bind(i64::from(limit))
-            .execute(&self.pool)
+    async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
+        let ctx = || self.ctx("deleting old completed commands");
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        // One replica sweeps at a time: the others skip the round instead of deleting the
+        // same rows side by side.
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+            .bind(format!("icq.sweep:{}", self.t))
+            .fetch_one(&mut *tx)
             .await
-            .map_err(Error::db(self.ctx("deleting old completed commands")))?;
-        Ok(done.rows_affected())
+            .map_err(Error::db(ctx()))?;
+        if !locked {
+            tx.rollback().await.map_err(Error::db(ctx()))?;
+            return Ok(None);
+        }
+        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+            .bind(params.older_than.as_secs_f64())
+            .bind(i64::from(params.limit))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(ctx()))?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(Some(done.rows_affected()))
     }
 
     async fn activity(&self) -> Result<Activity> {

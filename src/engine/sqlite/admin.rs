@@ -8,8 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
@@ -60,24 +59,6 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
     }
 }
 
-fn decode_summary(row: &SqliteRow) -> std::result::Result<DeadLetterSummary, sqlx::Error> {
-    let id: String = row.try_get("Id")?;
-    let at: String = row.try_get("DeadLetteredAt")?;
-    let attempts: i64 = row.try_get("Attempts")?;
-    Ok(DeadLetterSummary {
-        id: CommandId(
-            uuid::Uuid::parse_str(&id)
-                .map_err(|e| sqlx::Error::Decode(format!("column Id: `{id}`: {e}").into()))?,
-        ),
-        type_name: row.try_get("Type")?,
-        attempts: attempts.clamp(0, i64::from(i32::MAX)) as i32,
-        dead_lettered_at: parse_timestamp(&at).ok_or_else(|| {
-            sqlx::Error::Decode(format!("column DeadLetteredAt: `{at}` is not a timestamp").into())
-        })?,
-        last_error: row.try_get("LastError")?,
-    })
-}
-
 #[async_trait]
 impl AdminOps for SqliteDriver {
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
@@ -124,7 +105,7 @@ impl AdminOps for SqliteDriver {
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
         let sql = format!(
-            r#"SELECT "Id", "Type", "Attempts", "DeadLetteredAt", "LastError" FROM {t}
+            r#"SELECT * FROM {t}
                WHERE {DEAD} AND (?1 IS NULL OR "Type" = ?1)
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT ?2"#
@@ -136,7 +117,7 @@ impl AdminOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(decode_summary)
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }

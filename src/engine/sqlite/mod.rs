@@ -15,25 +15,22 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Row, ValueRef};
 use tokio::sync::Notify;
 
+use chrono::{DateTime, Utc};
+
+use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ConnectOptions, Failure, Lease, QueueOps, marks, parse_uuid as uuid,
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
 };
-use crate::command::{
-    CommandId, CommandRow, Context, LeaseToken, NewCommand, RunAt, format_timestamp,
-    parse_timestamp,
-};
+use crate::command::{CommandId, CommandRow, NewCommand, RunAt, format_timestamp, parse_timestamp};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
 
 /// SQL for "now" in icq's stored format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-/// Most bound parameters in one statement (SQLite's limit is 32766).
-const MAX_PARAMS: usize = 30_000;
 
 /// A SQLite source: its pool, table and SQL text.
 pub struct SqliteDriver {
@@ -45,53 +42,92 @@ pub struct SqliteDriver {
 }
 
 struct Sql {
-    insert: String,
-    claim: String,
-    fail: String,
-    sweep: String,
-    activity: String,
+    insert: Arc<str>,
+    claim: Arc<str>,
+    claim_types: Arc<str>,
+    set_state: Arc<str>,
+    extend: Arc<str>,
+    sweep: Arc<str>,
+    activity: Arc<str>,
 }
 
 fn insert_sql(t: &str) -> String {
     format!(
         r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
-           VALUES (?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?)"#
+           VALUES {INSERT_ROW}"#
     )
 }
+
+/// One row of an insert: nine parameters.
+const INSERT_ROW: &str = "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?)";
+
+/// Rows per multi-row insert (9 parameters each, well under SQLite's limit).
+const INSERT_ROWS_PER_STATEMENT: usize = 500;
+
+/// The claim: one `UPDATE … RETURNING`. `Attempts` saturates below `i32::MAX`.
+fn claim_sql(t: &str, type_filter: &str) -> String {
+    format!(
+        r#"UPDATE {t}
+           SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
+               "Attempts" = MIN("Attempts", 2147483646) + 1
+           WHERE "Id" IN (
+               SELECT "Id" FROM {t}
+               WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                 AND "RunAt" <= {NOW}
+                 AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})
+                 AND "CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3){type_filter}
+               ORDER BY "RunAt"
+               LIMIT ?4)
+           RETURNING *"#
+    )
+}
+
+/// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
+const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
+     json_extract(value, '$[2]') AS kind, json_extract(value, '$[3]') AS delay, \
+     json_extract(value, '$[4]') AS error FROM json_each(?1)";
 
 impl Sql {
     fn new(t: &str) -> Sql {
         Sql {
-            insert: insert_sql(t),
-            claim: format!(
-                r#"UPDATE {t}
-                   SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
-                       "Attempts" = "Attempts" + 1
-                   WHERE "Id" IN (
-                       SELECT "Id" FROM {t}
-                       WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                         AND "RunAt" <= {NOW}
-                         AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})
-                         AND "CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
-                       ORDER BY "RunAt"
-                       LIMIT ?4)
-                   RETURNING *"#
-            ),
-            fail: format!(
-                r#"UPDATE {t}
-                   SET "LastError" = ?3, "LockToken" = NULL, "LockedUntil" = NULL,
-                       "RunAt" = CASE WHEN ?5 THEN "RunAt"
-                                      ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?4) END,
-                       "DeadLetteredAt" = CASE WHEN ?5 THEN {NOW} ELSE NULL END
-                   WHERE "Id" = ?1 AND "LockToken" = ?2"#
-            ),
+            insert: insert_sql(t).into(),
+            claim: claim_sql(t, "").into(),
+            claim_types: claim_sql(
+                t,
+                "\n                 AND \"Type\" IN (SELECT value FROM json_each(?5))",
+            )
+            .into(),
+            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
+            set_state: format!(
+                r#"UPDATE {t} AS c
+                   SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN {NOW} ELSE c."ProcessedAt" END,
+                       "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN {NOW} ELSE c."DeadLetteredAt" END,
+                       "RunAt" = CASE WHEN s.delay IS NOT NULL
+                                      THEN strftime('%Y-%m-%dT%H:%M:%fZ', 'now', s.delay)
+                                      ELSE c."RunAt" END,
+                       "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
+                       "Attempts" = CASE WHEN s.kind = 3 THEN MAX(c."Attempts" - 1, 0)
+                                         ELSE c."Attempts" END,
+                       "LockToken" = NULL, "LockedUntil" = NULL
+                   FROM ({LEASES_JSON}) AS s
+                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
+            )
+            .into(),
+            extend: format!(
+                r#"UPDATE {t} AS c SET "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
+                   FROM ({LEASES_JSON}) AS s
+                   WHERE c."Id" = s.id AND c."LockToken" = s.token
+                   RETURNING "Id", "LockToken""#
+            )
+            .into(),
             sweep: format!(
                 r#"DELETE FROM {t} WHERE "Id" IN (
                        SELECT "Id" FROM {t}
                        WHERE "ProcessedAt" IS NOT NULL
                          AND "ProcessedAt" < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)
                        ORDER BY "ProcessedAt" LIMIT ?2)"#
-            ),
+            )
+            .into(),
             activity: format!(
                 r#"SELECT
                        COALESCE(SUM(CASE WHEN "LockedUntil" IS NULL OR "LockedUntil" <= {NOW} THEN 1 ELSE 0 END), 0) AS due,
@@ -99,7 +135,8 @@ impl Sql {
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND ("RunAt" <= {NOW} OR "LockedUntil" > {NOW})"#
-            ),
+            )
+            .into(),
         }
     }
 }
@@ -116,87 +153,106 @@ pub async fn insert_command(
     table: &TableName,
     command: &NewCommand,
 ) -> Result<CommandId> {
-    let sql = insert_sql(&table.quoted(Engine::Sqlite));
-    insert_with(conn, &sql, table, command).await
+    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Sqlite)).into();
+    insert_rows(conn, &sql, table, std::slice::from_ref(command)).await?;
+    Ok(command.id.clone())
 }
 
-async fn insert_with(
+/// Inserts `commands` with one multi-row statement (`sql` has one row per command).
+async fn insert_rows(
     conn: &mut SqliteConnection,
-    sql: &str,
+    sql: &Arc<str>,
     table: &TableName,
-    command: &NewCommand,
-) -> Result<CommandId> {
-    command.validate()?;
-    let (at, delay) = match command.run_at {
-        RunAt::Now => (None, 0.0),
-        RunAt::At(at) => (Some(format_timestamp(at)), 0.0),
-        RunAt::After(delay) => (None, delay.as_secs_f64()),
-    };
-    let ctx = &command.context;
-    sqlx::query(AssertSqlSafe(sql.to_owned()))
-        .bind(command.id.to_string())
-        .bind(&command.type_name)
-        .bind(command.payload.to_string())
-        .bind(at)
-        .bind(offset(delay))
-        .bind(&ctx.user_id)
-        .bind(ctx.roles_json())
-        .bind(&ctx.tenant_id)
-        .bind(&ctx.correlation_id)
+    commands: &[NewCommand],
+) -> Result<()> {
+    let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
+    for command in commands {
+        command.validate()?;
+        let (at, delay) = match command.run_at {
+            RunAt::Now => (None, 0.0),
+            RunAt::At(at) => (Some(format_timestamp(at)), 0.0),
+            RunAt::After(delay) => (None, delay.as_secs_f64()),
+        };
+        let ctx = &command.context;
+        query = query
+            .bind(command.id.to_string())
+            .bind(command.type_name.clone())
+            .bind(command.payload.to_string())
+            .bind(at)
+            .bind(offset(delay))
+            .bind(ctx.user_id.clone())
+            .bind(ctx.roles_json())
+            .bind(ctx.tenant_id.clone())
+            .bind(ctx.correlation_id.clone());
+    }
+    query
         .execute(conn)
         .await
-        .map_err(Error::db(format!("scheduling a command into {table}")))?;
-    Ok(command.id)
+        .map_err(Error::db(format!("scheduling commands into {table}")))?;
+    Ok(())
 }
 
-fn time(
-    row: &SqliteRow,
-    column: &str,
-) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
-    let text: Option<String> = row.try_get(column)?;
-    match text {
-        None => Ok(None),
-        Some(text) => parse_timestamp(&text).map(Some).ok_or_else(|| {
-            sqlx::Error::Decode(format!("column {column}: `{text}` is not a UTC timestamp").into())
-        }),
+/// Decodes a stored time: icq's text, another program's text, or integer Unix time.
+fn time(row: &SqliteRow, column: &str) -> std::result::Result<Option<DateTime<Utc>>, String> {
+    let raw = row.try_get_raw(column).map_err(|e| e.to_string())?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    let text = match row.try_get::<String, _>(column) {
+        Ok(text) => text,
+        Err(_) => match row.try_get::<f64, _>(column) {
+            Ok(seconds) => seconds.to_string(),
+            Err(err) => return Err(err.to_string()),
+        },
+    };
+    parse_timestamp(&text)
+        .map(Some)
+        .ok_or_else(|| format!("`{text}` is not a UTC timestamp"))
+}
+
+fn optional_time(d: &mut Decoder, row: &SqliteRow, column: &str) -> Option<DateTime<Utc>> {
+    d.take(column, time(row, column)).flatten()
+}
+
+fn required_time(d: &mut Decoder, row: &SqliteRow, column: &str) -> DateTime<Utc> {
+    match d.take(column, time(row, column)) {
+        Some(Some(at)) => at,
+        Some(None) => {
+            d.defect(column, "NULL");
+            DateTime::<Utc>::UNIX_EPOCH
+        }
+        None => DateTime::<Utc>::UNIX_EPOCH,
     }
 }
 
-fn required_time(
-    row: &SqliteRow,
-    column: &str,
-) -> std::result::Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
-    time(row, column)?.ok_or_else(|| sqlx::Error::Decode(format!("column {column} is NULL").into()))
+/// Decodes a full row (`SELECT *` or `RETURNING *`) column by column; only an unreadable
+/// `Id` fails it (the row could not be stamped anyway).
+pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
+    let mut d = Decoder::default();
+    let mut out = CommandRow::placeholder(text_id(row)?);
+    let payload = d.get::<_, String>(row, "Payload");
+    out.payload = d.json_text("Payload", payload);
+    text_columns(&mut d, row, &mut out);
+    out.created_at = required_time(&mut d, row, "CreatedAt");
+    out.run_at = required_time(&mut d, row, "RunAt");
+    let attempts = d.get::<_, i64>(row, "Attempts").unwrap_or_default();
+    out.attempts = attempts.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+    out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
+    out.locked_until = optional_time(&mut d, row, "LockedUntil");
+    out.processed_at = optional_time(&mut d, row, "ProcessedAt");
+    out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    Ok(d.finish(out))
 }
 
-/// Decodes a full row (`SELECT *` or `RETURNING *`).
-pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let id: String = row.try_get("Id")?;
-    let payload: String = row.try_get("Payload")?;
-    let token: Option<String> = row.try_get("LockToken")?;
-    let roles: Option<String> = row.try_get("Roles")?;
-    let attempts: i64 = row.try_get("Attempts")?;
-    Ok(CommandRow {
-        id: CommandId(uuid(&id, "Id")?),
-        type_name: row.try_get("Type")?,
-        payload: serde_json::from_str(&payload)
-            .map_err(|e| sqlx::Error::Decode(format!("column Payload: {e}").into()))?,
-        created_at: required_time(row, "CreatedAt")?,
-        run_at: required_time(row, "RunAt")?,
-        attempts: attempts.clamp(0, i64::from(i32::MAX)) as i32,
-        lock_token: token
-            .as_deref()
-            .map(|t| uuid(t, "LockToken").map(LeaseToken))
-            .transpose()?,
-        locked_until: time(row, "LockedUntil")?,
-        processed_at: time(row, "ProcessedAt")?,
-        dead_lettered_at: time(row, "DeadLetteredAt")?,
-        last_error: row.try_get("LastError")?,
-        user_id: row.try_get("UserId")?,
-        roles: Context::parse_roles(roles.as_deref()),
-        tenant_id: row.try_get("TenantId")?,
-        correlation_id: row.try_get("CorrelationId")?,
-    })
+/// The JSON array of `[id, token, kind, delay, error]` the set-state and extend
+/// statements read with `json_each`.
+fn leases_json<'a>(rows: impl Iterator<Item = (&'a Lease, i16, Option<String>, Option<String>)>) -> String {
+    let rows: Vec<serde_json::Value> = rows
+        .map(|(lease, kind, delay, error)| {
+            serde_json::json!([lease.id.as_str(), lease.token.to_string(), kind, delay, error])
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
 }
 
 impl SqliteDriver {
@@ -210,6 +266,7 @@ impl SqliteDriver {
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections.clamp(1, 8))
             .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
             .connect_with(connect)
             .await
             .map_err(Error::db(format!("opening {}", redact_url(url))))?;
@@ -229,29 +286,6 @@ impl SqliteDriver {
 
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
-    }
-
-    /// Runs `UPDATE … SET {set} WHERE "LockToken" = ? AND "Id" IN (…)` per token group.
-    async fn update_leases(&self, set: &str, leases: &[Lease], what: &str) -> Result<u64> {
-        let t = &self.t;
-        let mut total = 0;
-        for (token, ids) in super::group_by_token(leases) {
-            for chunk in ids.chunks(MAX_PARAMS) {
-                let marks = marks(chunk.len());
-                let sql =
-                    format!(r#"UPDATE {t} SET {set} WHERE "LockToken" = ? AND "Id" IN ({marks})"#);
-                let mut query = sqlx::query(AssertSqlSafe(sql)).bind(token.to_string());
-                for id in chunk {
-                    query = query.bind(id.to_string());
-                }
-                total += query
-                    .execute(&self.pool)
-                    .await
-                    .map_err(Error::db(self.ctx(what)))?
-                    .rows_affected();
-            }
-        }
-        Ok(total)
     }
 }
 
@@ -291,42 +325,64 @@ impl QueueOps for SqliteDriver {
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_with(&mut conn, &self.sql.insert, &self.table, command).await
+        insert_rows(&mut conn, &self.sql.insert, &self.table, std::slice::from_ref(command))
+            .await?;
+        Ok(command.id.clone())
     }
 
     async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
-        let mut ids = Vec::with_capacity(commands.len());
-        for chunk in commands.chunks(1000) {
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(Error::db(self.ctx("scheduling commands in bulk")))?;
-            for command in chunk {
-                ids.push(insert_with(&mut tx, &self.sql.insert, &self.table, command).await?);
-            }
-            tx.commit()
-                .await
-                .map_err(Error::db(self.ctx("committing a bulk schedule")))?;
+        let ctx = || self.ctx("scheduling commands in bulk");
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut full: Option<Arc<str>> = None;
+        for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
+            let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
+                full.get_or_insert_with(|| multi_row_insert(&self.t, chunk.len()))
+                    .clone()
+            } else {
+                multi_row_insert(&self.t, chunk.len())
+            };
+            insert_rows(&mut tx, &sql, &self.table, chunk).await?;
         }
-        Ok(ids)
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(commands.iter().map(|c| c.id.clone()).collect())
     }
 
-    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<CommandRow>> {
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+    async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
+        let sql = match params.types {
+            Some(_) => &self.sql.claim_types,
+            None => &self.sql.claim,
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(params.token.to_string())
             .bind(offset(params.lease.as_secs_f64()))
             .bind(offset(-params.processing_delay.as_secs_f64()))
-            .bind(i64::from(params.limit))
+            .bind(i64::from(params.limit));
+        if let Some(types) = &params.types {
+            query = query.bind(serde_json::to_string(&types[..]).unwrap_or_default());
+        }
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a claimed row"))))
-            .collect()
+        Ok(rows
+            .iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect())
     }
 
-    async fn command_get(&self, id: CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
         let sql = format!(r#"SELECT * FROM {} WHERE "Id" = ?"#, self.t);
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -338,43 +394,47 @@ impl QueueOps for SqliteDriver {
             .transpose()
     }
 
-    async fn command_complete_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set = format!(r#""ProcessedAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL"#);
-        self.update_leases(&set, leases, "stamping completed commands")
+    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+        let json = leases_json(
+            changes
+                .iter()
+                .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
+        );
+        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+            .bind(json)
+            .execute(&self.pool)
             .await
+            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+        Ok(done.rows_affected())
     }
 
-    async fn command_fail_many(&self, failures: &[Failure]) -> Result<u64> {
-        let mut total = 0;
-        for f in failures {
-            total += sqlx::query(AssertSqlSafe(self.sql.fail.clone()))
-                .bind(f.lease.id.to_string())
-                .bind(f.lease.token.to_string())
-                .bind(&f.error)
-                .bind(offset(f.retry_in.map_or(0.0, |d| d.as_secs_f64())))
-                .bind(f.retry_in.is_none())
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("stamping failed commands")))?
-                .rows_affected();
-        }
-        Ok(total)
+    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+        let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
+        let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
+            .bind(json)
+            .bind(offset(lease.as_secs_f64()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("extending leases")))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id = text_id(row).ok()?;
+                let token = text_token(row.try_get("LockToken").ok()?)?;
+                Some(Lease { id, token })
+            })
+            .collect())
     }
 
-    async fn command_release_many(&self, leases: &[Lease]) -> Result<u64> {
-        let set =
-            r#""LockToken" = NULL, "LockedUntil" = NULL, "Attempts" = MAX("Attempts" - 1, 0)"#;
-        self.update_leases(set, leases, "releasing leases").await
-    }
-
-    async fn completed_delete_batch(&self, older_than: Duration, limit: u32) -> Result<u64> {
+    async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
+        // One writer at a time: SQLite serialises replicas' sweeps by itself.
         let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
-            .bind(offset(-older_than.as_secs_f64()))
-            .bind(i64::from(limit))
+            .bind(offset(-params.older_than.as_secs_f64()))
+            .bind(i64::from(params.limit))
             .execute(&self.pool)
             .await
             .map_err(Error::db(self.ctx("deleting old completed commands")))?;
-        Ok(done.rows_affected())
+        Ok(Some(done.rows_affected()))
     }
 
     async fn activity(&self) -> Result<Activity> {
@@ -392,4 +452,14 @@ impl QueueOps for SqliteDriver {
     async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// A multi-row insert of `rows` rows.
+fn multi_row_insert(t: &str, rows: usize) -> Arc<str> {
+    format!(
+        r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
+           VALUES {}"#,
+        vec![INSERT_ROW; rows].join(", ")
+    )
+    .into()
 }

@@ -1,0 +1,170 @@
+//! The executor: runs claimed rows, one at a time per execution slot, and turns each
+//! into exactly one stamp for the completer.
+//!
+//! The executor owns the handler's future: cancelling an execution (its lease was lost
+//! or is about to lapse, or the shutdown grace ran out) drops that future, which kills an
+//! exec handler's whole process group, so no handler keeps running once its lease can
+//! pass to another worker. A row that cannot run — undecodable columns, no handler, past
+//! `max_attempts` — is dead-lettered on its own without running anything; a panic, an
+//! error and a timeout each consume one attempt.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{Buffered, Shared, retry};
+use crate::engine::{SetState, StateChange};
+use crate::handler::{HandlerError, Job, with_context};
+
+/// A `RunAt` this far past the processor's clock means the row was claimed because its
+/// stored value sorted as due (SQLite integer time written by another program), not
+/// because it is: it is put back with `RunAt` rewritten instead of running early.
+const FUTURE_TOLERANCE: Duration = Duration::from_secs(60);
+
+/// One execution slot: takes buffered rows until `stop` is cancelled, then returns.
+pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let next = {
+            let mut buffer = shared.buffer_rx.lock().await;
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                item = buffer.recv() => item,
+            }
+        };
+        let Some(item) = next else { return };
+        shared.buffered.fetch_sub(1, Ordering::AcqRel);
+        shared.space.notify_one();
+        let change = execute(&shared, item).await;
+        if shared.outcomes.send(change).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs one buffered row and says what to stamp.
+pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
+    let Buffered { claimed, cancel } = item;
+    let row = claimed.row;
+    let lease = claimed.lease;
+    let settings = &shared.source.settings;
+    let release = |lease| SetState {
+        lease,
+        change: StateChange::Release { run_in: None },
+    };
+    if cancel.is_cancelled() {
+        return release(lease);
+    }
+    let attempts = u32::try_from(row.attempts).unwrap_or(0).max(1);
+    let dead = |error: String| {
+        tracing::warn!(
+            source = %shared.source.name,
+            id = %row.id,
+            r#type = %row.type_name.escape_debug(),
+            attempts,
+            reason = %error.escape_debug(),
+            "command dead-lettered"
+        );
+        StateChange::Dead { error }
+    };
+    if let Some(defects) = row.defect_summary() {
+        return SetState {
+            change: dead(defects),
+            lease,
+        };
+    }
+    if attempts > settings.max_attempts {
+        let error = format!(
+            "gave up after {} attempts: the last lease expired without an outcome (the processor \
+             crashed or was killed during execution)",
+            attempts - 1
+        );
+        return SetState {
+            change: dead(error),
+            lease,
+        };
+    }
+    let Some(handler) = shared.registry.get(&row.type_name) else {
+        let error = format!(
+            "no handler is registered for command type `{}`",
+            row.type_name
+        );
+        return SetState {
+            change: dead(error),
+            lease,
+        };
+    };
+    let now = Utc::now();
+    if row.run_at > now + FUTURE_TOLERANCE {
+        let run_in = (row.run_at - now).to_std().unwrap_or_default();
+        return SetState {
+            lease,
+            change: StateChange::Release {
+                run_in: Some(run_in),
+            },
+        };
+    }
+    let job = Job {
+        id: row.id.clone(),
+        type_name: row.type_name.clone(),
+        payload: row.payload.clone(),
+        attempt: attempts,
+        source: shared.source.name.clone(),
+        context: row.context(),
+    };
+    let context = job.context.clone();
+    let started = Instant::now();
+    let running = AssertUnwindSafe(with_context(context, handler.handle(job))).catch_unwind();
+    let result = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => {
+            tracing::warn!(source = %shared.source.name, id = %row.id, "execution stopped: its lease could not be kept or the shutdown grace ran out");
+            return release(lease);
+        }
+        result = running => match result {
+            Ok(result) => result,
+            Err(panic) => Err(HandlerError::retry(format!(
+                "handler panicked: {}",
+                panic_message(panic)
+            ))),
+        },
+    };
+    let label = match &result {
+        Ok(()) => "succeeded",
+        Err(err) if err.terminal => "terminal",
+        Err(_) => "failed",
+    };
+    shared
+        .source
+        .stats
+        .execution(&row.type_name, label, started.elapsed().as_secs_f64());
+    let change = match result {
+        Ok(()) => StateChange::Completed,
+        Err(err) if err.terminal || attempts >= settings.max_attempts => dead(err.message),
+        Err(err) => StateChange::Retry {
+            delay: retry::backoff(
+                attempts,
+                settings.retry_backoff_base_seconds,
+                settings.max_retry_backoff_seconds,
+                &mut rand::rng(),
+            ),
+            error: err.message,
+        },
+    };
+    SetState { lease, change }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}

@@ -1,0 +1,175 @@
+//! The producer: claims due rows ahead of the execution slots into a bounded local
+//! buffer, so a slot that frees up takes its next row from memory instead of waiting on
+//! a round trip.
+//!
+//! Each claim asks for `batch_size` rows, and up to [`MAX_CLAIMS_IN_FLIGHT`] claims run
+//! at once while the buffer has room for them, so at least one claim is in flight while
+//! the buffer drains. A claim that returns rows is followed by another at once (a short
+//! claim under `SKIP LOCKED` contention does not mean the table is empty); an empty one
+//! waits for a wake-up (an in-process schedule, a PostgreSQL NOTIFY) or the polling
+//! interval. Buffered rows are leased like running ones and renewed alike; on shutdown
+//! they are released at once with their attempt given back.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Buffered, RunOptions, Shared};
+use crate::command::LeaseToken;
+use crate::engine::{ClaimParams, ClaimedRow};
+use crate::error::Result;
+
+/// Claims running at once, at most.
+pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 2;
+
+/// Rows the buffer holds: enough for two claims ahead, and never fewer than the slots.
+pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32) -> usize {
+    (batch_size as usize * MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
+}
+
+/// Why the producer stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// Shutdown was requested.
+    Shutdown,
+    /// `until_idle`: nothing is due or running any more.
+    Idle,
+}
+
+/// Claims until shutdown (or, with `until_idle`, until the source is idle).
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    options: RunOptions,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> Result<Stopped> {
+    let settings = &shared.source.settings;
+    let batch = settings.batch_size.max(1);
+    let capacity = buffer_capacity(batch, settings.concurrency);
+    let poll = if options.until_idle {
+        settings.polling_interval().min(Duration::from_millis(250))
+    } else {
+        settings.polling_interval()
+    };
+    let mut claims = FuturesUnordered::new();
+    let mut reserved = 0usize;
+    let mut want = true;
+    let mut next_poll = Instant::now() + poll;
+    let mut db_pause = Duration::from_millis(200);
+
+    let stopped = loop {
+        if shutdown.is_cancelled() {
+            break Stopped::Shutdown;
+        }
+        while want
+            && claims.len() < MAX_CLAIMS_IN_FLIGHT
+            && shared.buffered.load(Ordering::Acquire) + reserved + batch as usize <= capacity
+        {
+            reserved += batch as usize;
+            claims.push(claim(&shared, batch));
+        }
+        if !want && claims.is_empty() && options.until_idle && shared.leases.len() == 0 {
+            match shared.source.backend.activity().await {
+                Ok(activity) if activity.due == 0 && activity.running == 0 => {
+                    break Stopped::Idle;
+                }
+                Ok(activity) if activity.due > 0 => {
+                    // Due but not claimable yet (processing delay) or taken by a racing
+                    // replica: look again shortly.
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                    want = true;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(source = %shared.source.name, error = %err, "cannot count due commands")
+                }
+            }
+        }
+        tokio::select! {
+            Some((result, limit)) = claims.next(), if !claims.is_empty() => {
+                reserved -= limit as usize;
+                match result {
+                    Ok(rows) => {
+                        db_pause = Duration::from_millis(200);
+                        let claimed = rows.len();
+                        shared.source.stats.claimed(claimed as u64);
+                        buffer(&shared, rows);
+                        want = claimed > 0;
+                        if !want {
+                            next_poll = Instant::now() + poll;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(source = %shared.source.name, error = %err, retry_in_ms = db_pause.as_millis() as u64, "claim failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(db_pause) => {}
+                            _ = shutdown.cancelled() => {}
+                        }
+                        db_pause = (db_pause * 2).min(Duration::from_secs(30));
+                        want = true;
+                    }
+                }
+            }
+            _ = shared.space.notified(), if want => {}
+            _ = wake.notified() => want = true,
+            _ = tokio::time::sleep_until(next_poll), if !want => {
+                want = true;
+                next_poll = Instant::now() + poll;
+            }
+            _ = shutdown.cancelled() => {}
+        }
+    };
+    // Claims already sent still lease their rows: buffer them, so shutdown releases them.
+    while let Some((result, _)) = claims.next().await {
+        if let Ok(rows) = result {
+            shared.source.stats.claimed(rows.len() as u64);
+            buffer(&shared, rows);
+        }
+    }
+    Ok(stopped)
+}
+
+type ClaimOutcome = (Result<Vec<(ClaimedRow, Instant)>>, u32);
+
+/// One claim of up to `limit` rows, each with the instant its lease lapses at the latest.
+async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
+    let settings = &shared.source.settings;
+    let params = ClaimParams {
+        limit,
+        lease: settings.lease(),
+        processing_delay: Duration::from_secs(settings.processing_delay_seconds),
+        token: LeaseToken::new(),
+        types: shared.types.clone(),
+    };
+    let sent = Instant::now();
+    let expires = sent + params.lease;
+    let result = shared.source.backend.command_claim(&params).await;
+    (
+        result.map(|rows| rows.into_iter().map(|row| (row, expires)).collect()),
+        limit,
+    )
+}
+
+fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
+    for (claimed, expires) in rows {
+        let cancel = shared.leases.hold(&claimed.lease, expires);
+        shared.buffered.fetch_add(1, Ordering::AcqRel);
+        if shared
+            .buffer_tx
+            .send(Buffered { claimed, cancel })
+            .is_err()
+        {
+            shared.buffered.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

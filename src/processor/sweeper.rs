@@ -1,0 +1,52 @@
+//! The sweeper: every `cleanup_interval_hours`, deletes completed rows older than
+//! `retention_days` in bounded batches, one short statement each, never touching
+//! pending rows or dead letters. On PostgreSQL and MySQL only one replica sweeps a
+//! table at a time (an advisory lock / `GET_LOCK`); the others skip the round.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::SourceHandle;
+use crate::engine::SweepParams;
+
+/// Rows deleted per statement.
+const BATCH: u32 = 1000;
+
+/// Sweeps now and then every interval until `stop` is cancelled.
+pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
+    let name: Arc<str> = source.name.clone();
+    loop {
+        let params = SweepParams {
+            older_than: source.settings.retention(),
+            limit: BATCH,
+        };
+        let mut deleted = 0u64;
+        loop {
+            match source.backend.completed_delete_batch(&params).await {
+                Ok(Some(n)) => {
+                    deleted += n;
+                    if n < u64::from(BATCH) || stop.is_cancelled() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                Ok(None) => {
+                    tracing::debug!(source = %name, "another replica is sweeping; skipping this round");
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(source = %name, error = %err, "retention sweep failed");
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(source = %name, deleted, "retention sweep deleted completed commands");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(source.settings.cleanup_interval()) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
