@@ -169,6 +169,16 @@ pub trait QueueOps: Send + Sync + 'static {
     /// defects instead of failing the claim.
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>>;
 
+    /// Stamps `changes` (as [`QueueOps::command_set_state_many`]) and claims (as
+    /// [`QueueOps::command_claim`]) in one round trip and one commit: one statement on
+    /// PostgreSQL, one transaction elsewhere. Returns how many rows were stamped and the
+    /// rows claimed. The stamped rows are leased, so the claim never takes them back.
+    async fn command_set_state_and_claim(
+        &self,
+        changes: &[SetState],
+        params: &ClaimParams,
+    ) -> Result<(u64, Vec<ClaimedRow>)>;
+
     /// Reads one row by id (exactly as stored).
     async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>>;
 

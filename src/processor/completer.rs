@@ -1,18 +1,23 @@
-//! The completer: receives every outcome (completed, retry, dead, release) over a bounded
-//! channel and stamps them in batches with the engine's one set-state statement, each row
+//! The completer: every outcome (completed, retry, dead, release) goes into a bounded
+//! outbox and is stamped in batches with the engine's one set-state statement, each row
 //! guarded by its lease token.
 //!
-//! A batch is flushed when it reaches [`MAX_BATCH`] or a few milliseconds after its first
-//! outcome, and at most [`STAMPS_IN_FLIGHT`] statements run at once; a full channel makes
+//! Two paths empty the outbox. While a backlog drains, the producer takes what is
+//! waiting into its next claim ([`crate::engine::QueueOps::command_set_state_and_claim`]),
+//! so a stamp and a claim share one round trip and one commit. Otherwise the completer
+//! flushes a batch when it reaches [`MAX_BATCH`] or [`FLUSH_AFTER`] after its first
+//! outcome, with at most [`STAMPS_IN_FLIGHT`] statements at once. A full outbox makes
 //! executors wait (back-pressure) instead of growing memory. A stamp that fails (the
-//! database went away) is retried while the leases can still be held; the completer only
-//! returns once every outcome it received is stamped or given up on, so shutdown loses
-//! none. Leases are forgotten (and so no longer renewed) only once their row is stamped.
+//! database went away) is retried while the leases can still be held; the completer
+//! returns only once the outbox is closed and empty, so shutdown loses no outcome.
+//! Leases are forgotten (and so no longer renewed) only once their row is stamped.
 
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -23,49 +28,143 @@ use crate::engine::{Backend, SetState, StateChange};
 /// Most outcomes stamped in one statement.
 pub(crate) const MAX_BATCH: usize = 1000;
 
-/// How long a batch waits for more outcomes before it is stamped.
-const FLUSH_AFTER: Duration = Duration::from_millis(2);
+/// How long a batch waits for more outcomes before the completer stamps it.
+const FLUSH_AFTER: Duration = Duration::from_millis(5);
 
-/// Set-state statements run side by side.
+/// Set-state statements the completer runs side by side.
 const STAMPS_IN_FLIGHT: usize = 2;
 
-/// What the completer needs besides its inbox.
+/// Outcomes waiting to be stamped.
+pub(crate) struct Outbox {
+    pending: Mutex<Pending>,
+    /// Signalled when the outbox goes from empty to not empty, or closes.
+    ready: Notify,
+    /// One permit per free place: executors wait here when the outbox is full.
+    room: Semaphore,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Pending {
+    changes: Vec<SetState>,
+    /// When the oldest waiting outcome arrived.
+    since: Option<Instant>,
+}
+
+impl Outbox {
+    /// An outbox with room for `capacity` outcomes.
+    pub(crate) fn new(capacity: usize) -> Outbox {
+        Outbox {
+            pending: Mutex::new(Pending::default()),
+            ready: Notify::new(),
+            room: Semaphore::new(capacity.max(1)),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds one outcome, waiting while the outbox is full.
+    pub(crate) async fn push(&self, change: SetState) {
+        if let Ok(permit) = self.room.acquire().await {
+            permit.forget();
+        }
+        self.put(vec![change]);
+    }
+
+    /// Puts outcomes back (a combined stamp-and-claim that failed); they keep the room
+    /// they already hold.
+    pub(crate) fn put(&self, changes: Vec<SetState>) {
+        let mut pending = self.lock();
+        let was_empty = pending.changes.is_empty();
+        pending.changes.extend(changes);
+        pending.since.get_or_insert_with(Instant::now);
+        drop(pending);
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Takes up to `max` waiting outcomes, oldest first.
+    pub(crate) fn take(&self, max: usize) -> Vec<SetState> {
+        let mut pending = self.lock();
+        let n = pending.changes.len().min(max);
+        let taken: Vec<SetState> = pending.changes.drain(..n).collect();
+        pending.since = if pending.changes.is_empty() {
+            None
+        } else {
+            Some(Instant::now())
+        };
+        taken
+    }
+
+    /// Frees the room of `n` stamped (or given up) outcomes.
+    pub(crate) fn done(&self, n: usize) {
+        self.room.add_permits(n);
+    }
+
+    /// No more outcomes will come: the completer stamps what is left and returns.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.ready.notify_one();
+    }
+
+    fn state(&self) -> (usize, Option<Instant>) {
+        let pending = self.lock();
+        (pending.changes.len(), pending.since)
+    }
+}
+
+/// What the completer needs besides the outbox.
 pub(crate) struct Completer {
     pub(crate) source: Arc<str>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) leases: Arc<Leases>,
+    pub(crate) outbox: Arc<Outbox>,
     /// How long a failing stamp is retried before the lease is left to lapse.
     pub(crate) lease: Duration,
 }
 
 impl Completer {
-    /// Runs until every sender is dropped and everything received is stamped.
-    pub(crate) async fn run(self, mut inbox: mpsc::Receiver<SetState>) {
+    /// Runs until the outbox is closed and everything in it is stamped.
+    pub(crate) async fn run(self) {
         let this = Arc::new(self);
         let slots = Arc::new(Semaphore::new(STAMPS_IN_FLIGHT));
         let mut stamps = JoinSet::new();
-        while let Some(first) = inbox.recv().await {
-            let mut batch = vec![first];
-            let deadline = Instant::now() + FLUSH_AFTER;
-            while batch.len() < MAX_BATCH {
-                match inbox.try_recv() {
-                    Ok(change) => batch.push(change),
-                    Err(mpsc::error::TryRecvError::Disconnected) => break,
-                    Err(mpsc::error::TryRecvError::Empty) => {
-                        match tokio::time::timeout_at(deadline, inbox.recv()).await {
-                            Ok(Some(change)) => batch.push(change),
-                            Ok(None) | Err(_) => break,
-                        }
-                    }
+        loop {
+            let (waiting, since) = this.outbox.state();
+            let closed = this.outbox.closed.load(Ordering::Acquire);
+            if waiting == 0 {
+                if closed {
+                    break;
                 }
+                this.outbox.ready.notified().await;
+                continue;
+            }
+            let due = since.map_or_else(Instant::now, |at| at + FLUSH_AFTER);
+            if waiting < MAX_BATCH && !closed && Instant::now() < due {
+                // Give the producer the chance to carry these with its next claim.
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = this.outbox.ready.notified() => {}
+                }
+                continue;
             }
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 break;
             };
-            let this = this.clone();
+            let batch = this.outbox.take(MAX_BATCH);
+            if batch.is_empty() {
+                continue;
+            }
+            let this2 = this.clone();
             stamps.spawn(async move {
-                this.stamp(batch).await;
+                this2.stamp(batch).await;
                 drop(permit);
             });
             while stamps.try_join_next().is_some() {}
@@ -79,7 +178,7 @@ impl Completer {
         loop {
             match self.backend.command_set_state_many(&batch).await {
                 Ok(stamped) => {
-                    self.count(&batch, stamped);
+                    count(&self.source, &self.stats, &batch, stamped);
                     break;
                 }
                 Err(err) if started.elapsed() + pause < self.lease => {
@@ -98,38 +197,44 @@ impl Completer {
                 }
             }
         }
-        self.leases.forget(batch.iter().map(|c| &c.lease));
+        settled(&self.leases, &self.outbox, &batch);
     }
+}
 
-    /// Updates the counters. Stale stamps are rare; when some rows were not stamped they
-    /// are taken from the completions first for the counters.
-    fn count(&self, batch: &[SetState], stamped: u64) {
-        let (mut completed, mut retried, mut dead) = (0u64, 0u64, 0u64);
-        for change in batch {
-            match change.change {
-                StateChange::Completed => completed += 1,
-                StateChange::Retry { .. } => retried += 1,
-                StateChange::Dead { .. } => dead += 1,
-                StateChange::Release { .. } => {}
-            }
+/// After a batch was stamped (or given up on): its leases are no longer held and its
+/// room in the outbox is free again.
+pub(crate) fn settled(leases: &Leases, outbox: &Outbox, batch: &[SetState]) {
+    leases.forget(batch.iter().map(|c| &c.lease));
+    outbox.done(batch.len());
+}
+
+/// Updates the counters for a stamped batch. Stale stamps are rare; when some rows were
+/// not stamped they are taken from the completions first for the counters.
+pub(crate) fn count(source: &str, stats: &Stats, batch: &[SetState], stamped: u64) {
+    let (mut completed, mut retried, mut dead) = (0u64, 0u64, 0u64);
+    for change in batch {
+        match change.change {
+            StateChange::Completed => completed += 1,
+            StateChange::Retry { .. } => retried += 1,
+            StateChange::Dead { .. } => dead += 1,
+            StateChange::Release { .. } => {}
         }
-        let requested = batch.len() as u64;
-        let mut stale = requested.saturating_sub(stamped);
-        if stale > 0 {
-            self.stats.stale(stale);
-            tracing::warn!(
-                source = %self.source,
-                stale,
-                "dropped stale outcomes: their leases had passed to another claim"
-            );
-            for counter in [&mut completed, &mut retried, &mut dead] {
-                let taken = stale.min(*counter);
-                *counter -= taken;
-                stale -= taken;
-            }
-        }
-        self.stats.succeeded(completed);
-        self.stats.failed(retried);
-        self.stats.dead_lettered(dead);
     }
+    let mut stale = (batch.len() as u64).saturating_sub(stamped);
+    if stale > 0 {
+        stats.stale(stale);
+        tracing::warn!(
+            source,
+            stale,
+            "dropped stale outcomes: their leases had passed to another claim"
+        );
+        for counter in [&mut completed, &mut retried, &mut dead] {
+            let taken = stale.min(*counter);
+            *counter -= taken;
+            stale -= taken;
+        }
+    }
+    stats.succeeded(completed);
+    stats.failed(retried);
+    stats.dead_lettered(dead);
 }

@@ -41,9 +41,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
         shared.space.notify_one();
         let change = execute(&shared, item).await;
-        if shared.outcomes.send(change).await.is_err() {
-            return;
-        }
+        shared.outbox.push(change).await;
     }
 }
 

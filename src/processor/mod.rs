@@ -166,7 +166,7 @@ pub(crate) struct Shared {
     buffered: AtomicUsize,
     /// Signalled when a slot takes a row, so the producer can claim into the room.
     space: Notify,
-    outcomes: mpsc::Sender<SetState>,
+    outbox: Arc<completer::Outbox>,
 }
 
 struct SourceWorker {
@@ -184,16 +184,19 @@ impl SourceWorker {
 
         let leases = Arc::new(lease::Leases::default());
         let capacity = producer::buffer_capacity(settings.batch_size, settings.concurrency);
-        let (outcomes, inbox) = mpsc::channel(completer::MAX_BATCH.max(capacity * 2));
+        let outbox = Arc::new(completer::Outbox::new(
+            (completer::MAX_BATCH * 2).max(capacity * 2),
+        ));
         let completer = tokio::spawn(
             completer::Completer {
                 source: src.name.clone(),
                 backend: src.backend.clone(),
                 stats: src.stats.clone(),
                 leases: leases.clone(),
+                outbox: outbox.clone(),
                 lease: settings.lease(),
             }
-            .run(inbox),
+            .run(),
         );
         let renew_stop = CancellationToken::new();
         let renewer = tokio::spawn(lease::renew_loop(
@@ -223,7 +226,7 @@ impl SourceWorker {
             buffer_rx: tokio::sync::Mutex::new(buffer_rx),
             buffered: AtomicUsize::new(0),
             space: Notify::new(),
-            outcomes,
+            outbox: outbox.clone(),
         });
         let stop_taking = CancellationToken::new();
         let mut slots = JoinSet::new();
@@ -262,9 +265,9 @@ impl SourceWorker {
             buffer.close();
             while let Ok(item) = buffer.try_recv() {
                 released += 1;
-                let _ = shared
-                    .outcomes
-                    .send(SetState {
+                shared
+                    .outbox
+                    .push(SetState {
                         lease: item.claimed.lease,
                         change: StateChange::Release { run_in: None },
                     })
@@ -275,6 +278,7 @@ impl SourceWorker {
             tracing::info!(source = %src.name, released, "released the leases of claimed commands that had not started");
         }
         drop(shared);
+        outbox.close();
         let _ = completer.await;
         renew_stop.cancel();
         let _ = renewer.await;

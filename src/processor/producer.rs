@@ -7,8 +7,9 @@
 //! the buffer drains. A claim that returns rows is followed by another at once (a short
 //! claim under `SKIP LOCKED` contention does not mean the table is empty); an empty one
 //! waits for a wake-up (an in-process schedule, a PostgreSQL NOTIFY) or the polling
-//! interval. Buffered rows are leased like running ones and renewed alike; on shutdown
-//! they are released at once with their attempt given back.
+//! interval. Outcomes waiting in the completer's outbox are stamped by the same
+//! statement as the next claim. Buffered rows are leased like running ones and renewed
+//! alike; on shutdown they are released at once with their attempt given back.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,17 +21,21 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Buffered, RunOptions, Shared};
+use super::{Buffered, RunOptions, Shared, completer};
 use crate::command::LeaseToken;
 use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
 /// Claims running at once, at most.
-pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 2;
+pub(crate) static MAX_CLAIMS_IN_FLIGHT: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| tune("ICQ_TUNE_CLAIMS", 2));
+
+pub(crate) fn tune(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 /// Rows the buffer holds: enough for two claims ahead, and never fewer than the slots.
 pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32) -> usize {
-    (batch_size as usize * MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
+    (batch_size as usize * *MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
 }
 
 /// Why the producer stopped.
@@ -68,7 +73,7 @@ pub(crate) async fn run(
             break Stopped::Shutdown;
         }
         while want
-            && claims.len() < MAX_CLAIMS_IN_FLIGHT
+            && claims.len() < *MAX_CLAIMS_IN_FLIGHT
             && shared.buffered.load(Ordering::Acquire) + reserved + batch as usize <= capacity
         {
             reserved += batch as usize;
@@ -151,9 +156,31 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         token: LeaseToken::new(),
         types: shared.types.clone(),
     };
+    // Outcomes waiting to be stamped ride along: one round trip, one commit.
+    let stamps = if tune("ICQ_TUNE_COMBINE", 1) == 1 {
+        shared.outbox.take(completer::MAX_BATCH)
+    } else {
+        Vec::new()
+    };
     let sent = Instant::now();
     let expires = sent + params.lease;
-    let result = shared.source.backend.command_claim(&params).await;
+    let backend = &shared.source.backend;
+    let result = if stamps.is_empty() {
+        backend.command_claim(&params).await
+    } else {
+        match backend.command_set_state_and_claim(&stamps, &params).await {
+            Ok((stamped, rows)) => {
+                completer::count(&shared.source.name, &shared.source.stats, &stamps, stamped);
+                completer::settled(&shared.leases, &shared.outbox, &stamps);
+                Ok(rows)
+            }
+            Err(err) => {
+                // The completer retries them on its own.
+                shared.outbox.put(stamps);
+                Err(err)
+            }
+        }
+    };
     (
         result.map(|rows| rows.into_iter().map(|row| (row, expires)).collect()),
         limit,

@@ -265,6 +265,84 @@ impl MySqlDriver {
         format!("{what} ({})", self.table)
     }
 
+    /// The claim's three statements, inside the caller's transaction.
+    async fn claim_on(
+        &self,
+        conn: &mut MySqlConnection,
+        params: &ClaimParams,
+    ) -> Result<Vec<ClaimedRow>> {
+        let t = &self.t;
+        let ctx = || self.ctx("claiming due commands");
+        let types = params.types.as_deref().unwrap_or(&[]);
+        let mut select = sqlx::query_scalar(AssertSqlSafe(claim_select_sql(t, types.len())))
+            .bind(micros(params.processing_delay));
+        for type_name in types {
+            select = select.bind(type_name.clone());
+        }
+        let ids: Vec<String> = select
+            .bind(i64::from(params.limit))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let update = format!(
+            "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
+             `Attempts` = LEAST(`Attempts`, 2147483646) + 1 WHERE `Id` IN ({})",
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(update))
+            .bind(params.token.to_string())
+            .bind(micros(params.lease));
+        for id in &ids {
+            query = query.bind(id);
+        }
+        query.execute(&mut *conn).await.map_err(Error::db(ctx()))?;
+        let select = format!(
+            "SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({})",
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(select));
+        for id in &ids {
+            query = query.bind(id);
+        }
+        let rows = query.fetch_all(&mut *conn).await.map_err(Error::db(ctx()))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn set_state_on(&self, conn: &mut MySqlConnection, changes: &[SetState]) -> Result<u64> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        let json = leases_json(changes.iter().map(|c| {
+            let delay = c
+                .delay_seconds()
+                .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
+            (&c.lease, c.kind(), delay, c.error())
+        }));
+        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+            .bind(json)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[async_trait]
@@ -334,62 +412,24 @@ impl QueueOps for MySqlDriver {
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
-        let t = &self.t;
         let ctx = || self.ctx("claiming due commands");
-        let types = params.types.as_deref().unwrap_or(&[]);
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let mut select = sqlx::query_scalar(AssertSqlSafe(claim_select_sql(t, types.len())))
-            .bind(micros(params.processing_delay));
-        for type_name in types {
-            select = select.bind(type_name.clone());
-        }
-        let ids: Vec<String> = select
-            .bind(i64::from(params.limit))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(Error::db(ctx()))?;
-        if ids.is_empty() {
-            tx.rollback().await.map_err(Error::db(ctx()))?;
-            return Ok(Vec::new());
-        }
-        let update = format!(
-            "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
-             `Attempts` = LEAST(`Attempts`, 2147483646) + 1 WHERE `Id` IN ({})",
-            marks(ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(update))
-            .bind(params.token.to_string())
-            .bind(micros(params.lease));
-        for id in &ids {
-            query = query.bind(id);
-        }
-        query.execute(&mut *tx).await.map_err(Error::db(ctx()))?;
-        let select = format!(
-            "SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({})",
-            marks(ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(select));
-        for id in &ids {
-            query = query.bind(id);
-        }
-        let rows = query.fetch_all(&mut *tx).await.map_err(Error::db(ctx()))?;
+        let claimed = self.claim_on(&mut tx, params).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| match decode_row(row) {
-                Ok(row) => Some(ClaimedRow {
-                    lease: Lease {
-                        id: row.id.clone(),
-                        token: params.token,
-                    },
-                    row,
-                }),
-                Err(err) => {
-                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
-                    None
-                }
-            })
-            .collect())
+        Ok(claimed)
+    }
+
+    async fn command_set_state_and_claim(
+        &self,
+        changes: &[SetState],
+        params: &ClaimParams,
+    ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let ctx = || self.ctx("stamping outcomes and claiming due commands");
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let stamped = self.set_state_on(&mut tx, changes).await?;
+        let claimed = self.claim_on(&mut tx, params).await?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok((stamped, claimed))
     }
 
     async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
@@ -405,18 +445,12 @@ impl QueueOps for MySqlDriver {
     }
 
     async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
-        let json = leases_json(changes.iter().map(|c| {
-            let delay = c
-                .delay_seconds()
-                .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
-            (&c.lease, c.kind(), delay, c.error())
-        }));
-        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
-            .bind(json)
-            .execute(&self.pool)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
-        Ok(done.rows_affected())
+        self.set_state_on(&mut conn, changes).await
     }
 
     async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {

@@ -44,6 +44,8 @@ struct Sql {
     insert: Arc<str>,
     claim: Arc<str>,
     claim_types: Arc<str>,
+    stamp_claim: Arc<str>,
+    stamp_claim_types: Arc<str>,
     set_state: Arc<str>,
     extend: Arc<str>,
     sweep: Arc<str>,
@@ -51,24 +53,77 @@ struct Sql {
     copy: String,
 }
 
-/// The claim: the due prefix in `RunAt` order, skipping rows other claimers hold.
-/// `Attempts` saturates below `i32::MAX` so a hostile value cannot fail the statement.
-fn claim_sql(t: &str, type_filter: &str) -> String {
+/// The claim's selection: the due prefix in `RunAt` order, skipping rows other claimers
+/// hold (`$1` limit, `$3` processing delay; `type_filter` may add `$5` or another).
+fn due_sql(t: &str, type_filter: &str) -> String {
     format!(
-        r#"WITH due AS (
-               SELECT "Id" FROM {t}
-               WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                 AND "RunAt" <= now()
-                 AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-                 AND "CreatedAt" <= now() - make_interval(secs => $3){type_filter}
-               ORDER BY "RunAt"
-               LIMIT $1
-               FOR UPDATE SKIP LOCKED)
-           UPDATE {t} AS c
+        r#"SELECT "Id" FROM {t}
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+             AND "RunAt" <= now()
+             AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
+             AND "CreatedAt" <= now() - make_interval(secs => $3){type_filter}
+           ORDER BY "RunAt"
+           LIMIT $1
+           FOR UPDATE SKIP LOCKED"#
+    )
+}
+
+/// The claim's update of the selected rows (`$2` token, `$4` lease). `Attempts`
+/// saturates below `i32::MAX` so a hostile value cannot fail the statement.
+fn lease_sql(t: &str) -> String {
+    format!(
+        r#"UPDATE {t} AS c
            SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
                "Attempts" = LEAST(c."Attempts", 2147483646) + 1
            FROM due WHERE c."Id" = due."Id"
            RETURNING c.*"#
+    )
+}
+
+/// The claim on its own.
+fn claim_sql(t: &str, type_filter: &str) -> String {
+    format!(
+        "WITH due AS ({}) {}",
+        due_sql(t, type_filter),
+        lease_sql(t)
+    )
+}
+
+/// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, from
+/// the arrays `$first..$first+4` (id, token, kind, delay, error). Columns a kind does
+/// not change are written back unchanged, which keeps a release a HOT update.
+fn set_state_sql(t: &str, first: usize) -> String {
+    let [id, token, kind, delay, error] = [0, 1, 2, 3, 4].map(|i| first + i);
+    format!(
+        r#"UPDATE {t} AS c
+           SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN now() ELSE c."ProcessedAt" END,
+               "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN now() ELSE c."DeadLetteredAt" END,
+               "RunAt" = CASE WHEN s.delay IS NOT NULL
+                              THEN now() + make_interval(secs => s.delay)
+                              ELSE c."RunAt" END,
+               "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
+               "Attempts" = CASE WHEN s.kind = 3 THEN GREATEST(c."Attempts" - 1, 0)
+                                 ELSE c."Attempts" END,
+               "LockToken" = NULL, "LockedUntil" = NULL
+           FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[])
+                AS s(id, token, kind, delay, error)
+           WHERE c."Id" = s.id AND c."LockToken" = s.token"#
+    )
+}
+
+/// Stamps and claims in one statement: the stamped rows are leased, so the claim's
+/// snapshot never selects them. One row comes back even when nothing is claimed, so the
+/// stamped count always arrives.
+fn stamp_claim_sql(t: &str, type_filter: &str) -> String {
+    format!(
+        r#"WITH stamped AS ({} RETURNING 1),
+                due AS ({}),
+                claimed AS ({})
+           SELECT n.stamped AS "icq_stamped", claimed.*
+           FROM (SELECT count(*) AS stamped FROM stamped) AS n LEFT JOIN claimed ON true"#,
+        set_state_sql(t, 5),
+        due_sql(t, type_filter),
+        lease_sql(t)
     )
 }
 
@@ -77,26 +132,10 @@ impl Sql {
         Sql {
             insert: insert_sql(t).into(),
             claim: claim_sql(t, "").into(),
-            claim_types: claim_sql(t, "\n                 AND \"Type\" = ANY($5)").into(),
-            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
-            // Columns a kind does not change are written back unchanged, which keeps a
-            // release a HOT update.
-            set_state: format!(
-                r#"UPDATE {t} AS c
-                   SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN now() ELSE c."ProcessedAt" END,
-                       "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN now() ELSE c."DeadLetteredAt" END,
-                       "RunAt" = CASE WHEN s.delay IS NOT NULL
-                                      THEN now() + make_interval(secs => s.delay)
-                                      ELSE c."RunAt" END,
-                       "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
-                       "Attempts" = CASE WHEN s.kind = 3 THEN GREATEST(c."Attempts" - 1, 0)
-                                         ELSE c."Attempts" END,
-                       "LockToken" = NULL, "LockedUntil" = NULL
-                   FROM unnest($1::uuid[], $2::uuid[], $3::int2[], $4::float8[], $5::text[])
-                        AS s(id, token, kind, delay, error)
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
-            )
-            .into(),
+            claim_types: claim_sql(t, "\n             AND \"Type\" = ANY($5)").into(),
+            stamp_claim: stamp_claim_sql(t, "").into(),
+            stamp_claim_types: stamp_claim_sql(t, "\n             AND \"Type\" = ANY($10)").into(),
+            set_state: set_state_sql(t, 1).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = now() + make_interval(secs => $3)
                    FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
@@ -279,7 +318,79 @@ fn csv_field(out: &mut String, value: Option<&str>) {
     }
 }
 
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds a claim's `$1..$4`: limit, token, processing delay, lease.
+fn bind_claim<'q>(query: PgQuery<'q>, params: &ClaimParams) -> PgQuery<'q> {
+    query
+        .bind(i64::from(params.limit))
+        .bind(params.token.0)
+        .bind(params.processing_delay.as_secs_f64())
+        .bind(params.lease.as_secs_f64())
+}
+
+/// The five arrays of a set-state statement.
+struct StampArrays {
+    ids: Vec<Uuid>,
+    tokens: Vec<Uuid>,
+    kinds: Vec<i16>,
+    delays: Vec<Option<f64>>,
+    errors: Vec<Option<String>>,
+}
+
+impl StampArrays {
+    fn new(changes: &[SetState]) -> StampArrays {
+        let n = changes.len();
+        let mut arrays = StampArrays {
+            ids: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+            delays: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+        };
+        for change in changes {
+            let Some(id) = change.lease.id.as_uuid() else {
+                continue;
+            };
+            arrays.ids.push(id);
+            arrays.tokens.push(change.lease.token.0);
+            arrays.kinds.push(change.kind());
+            arrays.delays.push(change.delay_seconds());
+            arrays.errors.push(change.error());
+        }
+        arrays
+    }
+
+    fn bind(self, query: PgQuery<'_>) -> PgQuery<'_> {
+        query
+            .bind(self.ids)
+            .bind(self.tokens)
+            .bind(self.kinds)
+            .bind(self.delays)
+            .bind(self.errors)
+    }
+}
+
 impl PgDriver {
+    /// Decodes claimed rows; one without a readable id is logged and left to its lease.
+    fn claimed(&self, rows: &[PgRow], params: &ClaimParams) -> Vec<ClaimedRow> {
+        rows.iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Connects a pool to `url` for `table`.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let pool = PgPoolOptions::new()
@@ -422,11 +533,7 @@ impl QueueOps for PgDriver {
             Some(_) => &self.sql.claim_types,
             None => &self.sql.claim,
         };
-        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(i64::from(params.limit))
-            .bind(params.token.0)
-            .bind(params.processing_delay.as_secs_f64())
-            .bind(params.lease.as_secs_f64());
+        let mut query = bind_claim(sqlx::query(AssertSqlSafe(sql.clone())), params);
         if let Some(types) = &params.types {
             query = query.bind(types.to_vec());
         }
@@ -434,22 +541,37 @@ impl QueueOps for PgDriver {
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| match decode_row(row) {
-                Ok(row) => Some(ClaimedRow {
-                    lease: Lease {
-                        id: row.id.clone(),
-                        token: params.token,
-                    },
-                    row,
-                }),
-                Err(err) => {
-                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
-                    None
-                }
-            })
-            .collect())
+        Ok(self.claimed(&rows, params))
+    }
+
+    async fn command_set_state_and_claim(
+        &self,
+        changes: &[SetState],
+        params: &ClaimParams,
+    ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let sql = match params.types {
+            Some(_) => &self.sql.stamp_claim_types,
+            None => &self.sql.stamp_claim,
+        };
+        let query = bind_claim(sqlx::query(AssertSqlSafe(sql.clone())), params);
+        let mut query = StampArrays::new(changes).bind(query);
+        if let Some(types) = &params.types {
+            query = query.bind(types.to_vec());
+        }
+        let rows = query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("stamping outcomes and claiming due commands")))?;
+        let stamped = rows
+            .first()
+            .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())
+            .unwrap_or(0);
+        // With nothing claimed the one row has NULL columns.
+        let claimed: Vec<PgRow> = rows
+            .into_iter()
+            .filter(|row| matches!(row.try_get::<Option<Uuid>, _>("Id"), Ok(Some(_))))
+            .collect();
+        Ok((stamped.max(0) as u64, self.claimed(&claimed, params)))
     }
 
     async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
@@ -468,26 +590,9 @@ impl QueueOps for PgDriver {
     }
 
     async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
-        let n = changes.len();
-        let (mut ids, mut tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut kinds, mut delays, mut errors) =
-            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for change in changes {
-            let Some(id) = change.lease.id.as_uuid() else {
-                continue;
-            };
-            ids.push(id);
-            tokens.push(change.lease.token.0);
-            kinds.push(change.kind());
-            delays.push(change.delay_seconds());
-            errors.push(change.error());
-        }
-        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
-            .bind(ids)
-            .bind(tokens)
-            .bind(kinds)
-            .bind(delays)
-            .bind(errors)
+        let query = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()));
+        let done = StampArrays::new(changes)
+            .bind(query)
             .execute(&self.pool)
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;

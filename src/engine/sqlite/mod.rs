@@ -287,6 +287,62 @@ impl SqliteDriver {
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
     }
+
+    async fn claim_on(
+        &self,
+        conn: &mut SqliteConnection,
+        params: &ClaimParams,
+    ) -> Result<Vec<ClaimedRow>> {
+        let sql = match params.types {
+            Some(_) => &self.sql.claim_types,
+            None => &self.sql.claim,
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(params.token.to_string())
+            .bind(offset(params.lease.as_secs_f64()))
+            .bind(offset(-params.processing_delay.as_secs_f64()))
+            .bind(i64::from(params.limit));
+        if let Some(types) = &params.types {
+            query = query.bind(serde_json::to_string(&types[..]).unwrap_or_default());
+        }
+        let rows = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(self.ctx("claiming due commands")))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| match decode_row(row) {
+                Ok(row) => Some(ClaimedRow {
+                    lease: Lease {
+                        id: row.id.clone(),
+                        token: params.token,
+                    },
+                    row,
+                }),
+                Err(err) => {
+                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        let json = leases_json(
+            changes
+                .iter()
+                .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
+        );
+        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+            .bind(json)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[async_trait]
@@ -348,38 +404,25 @@ impl QueueOps for SqliteDriver {
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
-        let sql = match params.types {
-            Some(_) => &self.sql.claim_types,
-            None => &self.sql.claim,
-        };
-        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(params.token.to_string())
-            .bind(offset(params.lease.as_secs_f64()))
-            .bind(offset(-params.processing_delay.as_secs_f64()))
-            .bind(i64::from(params.limit));
-        if let Some(types) = &params.types {
-            query = query.bind(serde_json::to_string(&types[..]).unwrap_or_default());
-        }
-        let rows = query
-            .fetch_all(&self.pool)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| match decode_row(row) {
-                Ok(row) => Some(ClaimedRow {
-                    lease: Lease {
-                        id: row.id.clone(),
-                        token: params.token,
-                    },
-                    row,
-                }),
-                Err(err) => {
-                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
-                    None
-                }
-            })
-            .collect())
+        self.claim_on(&mut conn, params).await
+    }
+
+    async fn command_set_state_and_claim(
+        &self,
+        changes: &[SetState],
+        params: &ClaimParams,
+    ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let ctx = || self.ctx("stamping outcomes and claiming due commands");
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let stamped = self.set_state_on(&mut tx, changes).await?;
+        let claimed = self.claim_on(&mut tx, params).await?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok((stamped, claimed))
     }
 
     async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
@@ -395,17 +438,12 @@ impl QueueOps for SqliteDriver {
     }
 
     async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
-        let json = leases_json(
-            changes
-                .iter()
-                .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
-        );
-        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
-            .bind(json)
-            .execute(&self.pool)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
-        Ok(done.rows_affected())
+        self.set_state_on(&mut conn, changes).await
     }
 
     async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
