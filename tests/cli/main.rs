@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod basics;
 mod config;
+mod edges;
 mod migrate;
 mod production;
 mod quickstart;
