@@ -79,7 +79,10 @@ fn init_logging(format: LogFormat) {
         .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        // Escaped fields: handler stderr and response bodies cannot forge log lines.
+        LogFormat::Text => builder
+            .fmt_fields(crate::telemetry::escaping_fields())
+            .try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
 }
