@@ -217,7 +217,9 @@ fn mask_name_values(text: &str) -> String {
             let end = after
                 .find(|c: char| ends_token(c) || matches!(c, '&' | '#'))
                 .unwrap_or(after.len());
-            if end > 0 && &after[..end] != MASK {
+            // Empty, or masked already (a redacted URL inside a message): keep as is, so
+            // the punctuation after it survives.
+            if end > 0 && !after[..end].starts_with(MASK) {
                 out.push_str(MASK);
             } else {
                 out.push_str(&after[..end]);
@@ -374,6 +376,11 @@ mod tests {
         );
         assert_eq!(redact_text("a == b, key= , x=1"), "a == b, key= , x=1");
         assert_eq!(redact_text("no secrets here"), "no secrets here");
+        // Masked already: left alone, punctuation included.
+        assert_eq!(
+            redact_text("connecting to postgres://u:***@h/d?password=***: timed out"),
+            "connecting to postgres://u:***@h/d?password=***: timed out"
+        );
     }
 
     #[test]
