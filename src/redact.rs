@@ -157,9 +157,20 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Characters that end a token (a URL, a `name=value` value) inside free text.
-fn ends_token(c: char) -> bool {
-    c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>')
+/// Punctuation that, at the end of a masked stretch, is more likely the text's own (the
+/// closing quote around a URL, a comma or colon after it) than part of the secret: kept
+/// after the mask.
+fn trailing_punctuation(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\'' | '`' | ',' | '.' | ':' | ';' | ')' | ']' | '}' | '>'
+    )
+}
+
+/// `stretch` split into what is masked and the trailing punctuation kept after the mask.
+fn split_trailing(stretch: &str) -> (&str, &str) {
+    let kept = stretch.trim_end_matches(trailing_punctuation);
+    stretch.split_at(kept.len())
 }
 
 /// Masks secrets anywhere in `text`: the password of every `scheme://user:password@host`,
@@ -172,14 +183,14 @@ pub fn redact_text(text: &str) -> String {
 /// Masks the password of every `scheme://user:password@host` in `text`.
 ///
 /// Conservative on purpose: the user information is taken to run to the last `@` before
-/// the next blank or quote, so a password holding an unescaped `/` or `#` is still masked.
+/// the next blank, so a password holding an unescaped `/`, `#` or quote is still masked.
 fn mask_userinfo(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("://") {
         let (head, tail) = rest.split_at(start + 3);
         out.push_str(head);
-        let end = tail.find(ends_token).unwrap_or(tail.len());
+        let end = tail.find(char::is_whitespace).unwrap_or(tail.len());
         let region = &tail[..end];
         let userinfo = region.rfind('@').map(|at| (&region[..at], &region[at..]));
         match userinfo.and_then(|(info, host)| info.find(':').map(|colon| (info, colon, host))) {
@@ -198,7 +209,8 @@ fn mask_userinfo(text: &str) -> String {
 
 /// Masks the value of every `name=value` whose name is secret-looking. A name starts
 /// after a non-name character (`?`, `&`, `;`, a blank, ...); a value runs to the next `&`,
-/// `#`, blank or quote (masking too much rather than too little).
+/// `#` or blank (masking too much rather than too little), except for closing
+/// punctuation at its very end (see [`trailing_punctuation`]).
 fn mask_name_values(text: &str) -> String {
     let is_name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     let mut out = String::with_capacity(text.len());
@@ -215,15 +227,16 @@ fn mask_name_values(text: &str) -> String {
         out.push('=');
         if is_secret_name(name) && !after.starts_with('=') {
             let end = after
-                .find(|c: char| ends_token(c) || matches!(c, '&' | '#'))
+                .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#'))
                 .unwrap_or(after.len());
-            // Empty, or masked already (a redacted URL inside a message): keep as is, so
-            // the punctuation after it survives.
-            if end > 0 && !after[..end].starts_with(MASK) {
-                out.push_str(MASK);
+            let (value, punctuation) = split_trailing(&after[..end]);
+            // Empty, or masked already (a redacted URL inside a message): kept as is.
+            if value.is_empty() || value.starts_with(MASK) {
+                out.push_str(value);
             } else {
-                out.push_str(&after[..end]);
+                out.push_str(MASK);
             }
+            out.push_str(punctuation);
             rest = &after[end..];
         } else {
             rest = after;

@@ -9,6 +9,7 @@ mod config;
 mod edges;
 mod migrate;
 mod production;
+mod properties;
 mod quickstart;
 mod schema;
 mod work;
