@@ -207,7 +207,9 @@ pub fn spawn_pending_gauges(
 /// then `name=value` pairs), but every value, the message included, is passed through
 /// [`crate::redact::escape_for_log`], so a line break or terminal escape in a handler's
 /// stderr or a response body is written as `\n`, `\u{1b}`, ... and a log line can never
-/// be forged. Use with `tracing_subscriber::fmt().fmt_fields(escaping_fields())`.
+/// be forged; and through [`crate::redact::redact_text`] first, so a URL's password or
+/// `?token=` that slipped into a driver's message is masked. Use with
+/// `tracing_subscriber::fmt().fmt_fields(escaping_fields())`.
 pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Sync + 'static {
     tracing_subscriber::fmt::format::debug_fn(
         |writer: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn fmt::Debug| {
@@ -217,7 +219,8 @@ pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Syn
                 return Ok(());
             }
             let name = name.strip_prefix("r#").unwrap_or(name);
-            let text = crate::redact::escape_for_log(&format!("{value:?}"));
+            let text =
+                crate::redact::escape_for_log(&crate::redact::redact_text(&format!("{value:?}")));
             if name == "message" {
                 write!(writer, "{text}")
             } else {
@@ -342,9 +345,21 @@ mod tests {
             let span = tracing::info_span!("command", r#type = "t\nx", id = 7);
             let _entered = span.enter();
             tracing::warn!(error = %stderr, plain = "a\rb", terminal = false, "command failed\nreally");
+            tracing::warn!(
+                error = "cannot reach postgres://u:pw1@h/d?token=tk2",
+                "lost"
+            );
         });
         let logged = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(logged.lines().count(), 1, "{logged}");
+        assert_eq!(logged.lines().count(), 2, "{logged}");
+        assert!(
+            !logged.contains("pw1") && !logged.contains("tk2"),
+            "{logged}"
+        );
+        assert!(
+            logged.contains("postgres://u:***@h/d?token=***"),
+            "{logged}"
+        );
         assert!(logged.contains("command{type=\"t\\nx\" id=7}"), "{logged}");
         assert!(
             logged.contains(
