@@ -442,7 +442,7 @@ mod tests {
         let pidfile = dir.path().join("grandchild");
         let inner: Arc<dyn Handler> = Arc::new(sh(&wrapper(&pidfile), None));
         let handler = TimeoutLayer {
-            timeout: Duration::from_millis(300),
+            timeout: Duration::from_secs(1),
         }
         .layer(inner);
         let (result, grandchild) = tokio::join!(handler.handle(job()), pid_in(&pidfile));
@@ -450,7 +450,7 @@ mod tests {
             result
                 .unwrap_err()
                 .message
-                .starts_with("timed out after 0.3s")
+                .starts_with("timed out after 1.0s")
         );
         assert!(
             dies_within(grandchild, Duration::from_secs(1)).await,
@@ -463,17 +463,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild");
         let script = format!("echo started >&2; {}", wrapper(&pidfile));
-        let handler = sh(&script, Some(Duration::from_millis(400)));
+        let handler = sh(&script, Some(Duration::from_secs(1)));
         let started = Instant::now();
         let (result, grandchild) = tokio::join!(handler.handle(job()), pid_in(&pidfile));
         let err = result.unwrap_err();
         assert_eq!(
             err.message,
-            "timed out after 0.4s; process group killed: started"
+            "timed out after 1.0s; process group killed: started"
         );
         assert!(!err.terminal);
         assert!(
-            started.elapsed() < Duration::from_secs(3),
+            started.elapsed() < Duration::from_secs(4),
             "{:?}",
             started.elapsed()
         );
