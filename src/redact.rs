@@ -134,6 +134,13 @@ fn redact_query(query: &str) -> String {
 
 /// Decodes `%XX` escapes, lossily (`+` is kept: in user information it is literal).
 fn percent_decode(text: &str) -> String {
+    decode_escapes(text, false)
+}
+
+/// Decodes `%XX` escapes; with `printable_only`, only those of printable ASCII
+/// characters (the others stay as written), which is how a person may have typed the
+/// secret before the URL parser escaped its punctuation.
+fn decode_escapes(text: &str, printable_only: bool) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -144,7 +151,9 @@ fn percent_decode(text: &str) -> String {
             bytes.get(i + 1).copied().and_then(hex),
             bytes.get(i + 2).copied().and_then(hex),
         ) {
-            (b'%', Some(high), Some(low)) => {
+            (b'%', Some(high), Some(low))
+                if !printable_only || (0x20..0x7f).contains(&(high * 16 + low)) =>
+            {
                 out.push((high * 16 + low) as u8);
                 i += 3;
             }
@@ -256,6 +265,7 @@ fn secrets_of(url: &str) -> Vec<String> {
     if let Some(password) = parsed.password() {
         secrets.push(password.to_string());
         secrets.push(percent_decode(password));
+        secrets.push(decode_escapes(password, true));
     }
     if let Some(query) = parsed.query() {
         for pair in query.split('&') {
@@ -264,6 +274,7 @@ fn secrets_of(url: &str) -> Vec<String> {
             {
                 secrets.push(value.to_string());
                 secrets.push(percent_decode(value));
+                secrets.push(decode_escapes(value, true));
                 // As a form-encoded query decoder (sqlx's) reads it.
                 secrets.push(percent_decode(&value.replace('+', " ")));
             }
@@ -400,6 +411,8 @@ mod tests {
     fn redact_in_masks_the_urls_secrets_wherever_they_appear() {
         let url = "postgres://u:Pw%21@h/db?password=Q%20R&sslpassword=S";
         let text = "failed: Pw! / Pw%21 / Q R / Q%20R / S";
+        assert!(!redact_in("said x/%aa", "postgres://u:x%2F%aa@h/d").contains("x/%aa"));
+        assert!(!redact_in("said y%00]", "postgres://u:y%00%5D@h/d").contains("y%00"));
         let masked = redact_in(text, url);
         for secret in ["Pw!", "Pw%21", "Q R", "Q%20R", "/ S"] {
             assert!(!masked.contains(secret), "{secret} in {masked}");
