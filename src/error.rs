@@ -43,8 +43,9 @@ pub enum Error {
         engine: &'static str,
     },
 
-    /// The database could not be reached or returned an error.
-    #[error("{context}: {cause}")]
+    /// The database could not be reached or returned an error. The message is passed
+    /// through [`crate::redact::redact_text`]: a driver's message may echo a URL.
+    #[error("{}", crate::redact::redact_text(&format!("{context}: {cause}")))]
     Database {
         /// What icq was doing, e.g. `claiming commands from source orders`.
         context: String,
@@ -54,7 +55,7 @@ pub enum Error {
     },
 
     /// Applying migrations failed.
-    #[error("migration failed: {0}")]
+    #[error("migration failed: {}", crate::redact::redact_text(&.0.to_string()))]
     Migrate(sqlx::migrate::MigrateError),
 
     /// A file could not be read or written.

@@ -1,30 +1,341 @@
-//! Keeping secrets out of output: database URLs are shown with their password masked.
+//! Keeping secrets out of output, and keeping foreign text from forging log lines.
+//!
+//! - [`redact_url`] renders one URL (a database URL, an http handler's endpoint) with the
+//!   password of its user information and the value of every secret-looking query
+//!   parameter (`password`, `token`, `api_key`, ... see [`is_secret_name`]) replaced by
+//!   `***`.
+//! - [`redact_text`] does the same to every URL, and to every `name=value` pair with a
+//!   secret-looking name, found anywhere inside a longer text (a driver's error message,
+//!   a serde error echoing a value).
+//! - [`redact_in`] additionally masks every occurrence of one known URL's secrets inside a
+//!   text, wherever they appear.
+//! - [`escape_for_log`] makes text from a handler (stderr, a response body) safe to put on
+//!   one log line; [`clean_stored_text`] makes it safe to store in `LastError` and show on
+//!   a terminal while keeping its line breaks.
 
-/// Renders a database URL for messages and logs with any password replaced by `***`.
+use std::fmt::Write as _;
+
+/// What every masked secret is replaced with.
+pub const MASK: &str = "***";
+
+/// Query-parameter (and `name=value`) names whose values are secrets, compared
+/// case-insensitively with `-` read as `_`.
+const SECRET_NAMES: &[&str] = &[
+    "password",
+    "passwd",
+    "pass",
+    "pwd",
+    "sslpassword",
+    "token",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "api_token",
+    "apitoken",
+    "private_token",
+    "api_key",
+    "apikey",
+    "key",
+    "access_key",
+    "secret_key",
+    "client_secret",
+    "secret",
+    "sig",
+    "signature",
+    "auth",
+    "authorization",
+    "credential",
+    "credentials",
+    "session",
+    "sessionid",
+    "session_id",
+    "jwt",
+    "bearer",
+    "x_api_key",
+    "x_amz_signature",
+    "x_amz_security_token",
+    "x_amz_credential",
+];
+
+/// True when a query parameter (or `name=value` pair) called `name` carries a secret:
+/// one of the well-known names, or any name containing `password`, `passwd`, `secret`
+/// or `token`.
+pub fn is_secret_name(name: &str) -> bool {
+    let normalized: String = name
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '-' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    if normalized.is_empty() {
+        return false;
+    }
+    SECRET_NAMES.contains(&normalized.as_str())
+        || ["password", "passwd", "secret", "token"]
+            .iter()
+            .any(|part| normalized.contains(part))
+}
+
+/// Renders a URL for messages and logs with any password and every secret-looking query
+/// parameter value replaced by `***`.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some(MASK));
+            }
+            if let Some(query) = parsed.query().map(str::to_owned) {
+                parsed.set_query(Some(&redact_query(&query)));
+            }
+            // OAuth-style fragments (`#access_token=...`) carry secrets too.
+            if let Some(fragment) = parsed.fragment().map(str::to_owned) {
+                parsed.set_fragment(Some(&redact_query(&fragment)));
+            }
             parsed.to_string()
         }
-        Ok(parsed) => parsed.to_string(),
-        // Unparseable: keep only what follows the last `@`, which cannot hold a password.
-        Err(_) => match url.rsplit_once('@') {
-            Some((_, host)) => format!("***@{host}"),
-            None => url.to_string(),
-        },
+        // Unparseable: mask what looks like user information and secret parameters.
+        Err(_) => {
+            let masked = redact_text(url);
+            if masked.contains("://") {
+                masked
+            } else {
+                // No scheme separator: a bare `user:password@host` is possible.
+                match masked.rsplit_once('@') {
+                    Some((_, host)) => format!("{MASK}@{host}"),
+                    None => masked,
+                }
+            }
+        }
     }
 }
 
-/// Masks every occurrence of `url`'s password inside `text` (e.g. a driver's message).
-pub fn redact_in(text: &str, url: &str) -> String {
-    match url::Url::parse(url)
-        .ok()
-        .and_then(|u| u.password().map(str::to_owned))
-    {
-        Some(password) if !password.is_empty() => text.replace(&password, "***"),
-        _ => text.to_string(),
+/// The query string `query` (without `?`) with each secret-looking parameter's value
+/// replaced by `***`; every other byte is kept as written.
+fn redact_query(query: &str) -> String {
+    let mut out = String::with_capacity(query.len());
+    for (index, pair) in query.split('&').enumerate() {
+        if index > 0 {
+            out.push('&');
+        }
+        match pair.split_once('=') {
+            Some((name, _)) if is_secret_name(&percent_decode(name)) => {
+                out.push_str(name);
+                out.push('=');
+                out.push_str(MASK);
+            }
+            _ => out.push_str(pair),
+        }
     }
+    out
+}
+
+/// Decodes `%XX` escapes, lossily (`+` is kept: in user information it is literal).
+fn percent_decode(text: &str) -> String {
+    decode_escapes(text, false)
+}
+
+/// Decodes `%XX` escapes; with `printable_only`, only those of printable ASCII
+/// characters (the others stay as written), which is how a person may have typed the
+/// secret before the URL parser escaped its punctuation.
+fn decode_escapes(text: &str, printable_only: bool) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(high), Some(low))
+                if !printable_only || (0x20..0x7f).contains(&(high * 16 + low)) =>
+            {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Punctuation that, at the end of a masked stretch, is more likely the text's own (the
+/// closing quote around a URL, a comma or colon after it) than part of the secret: kept
+/// after the mask.
+fn trailing_punctuation(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\'' | '`' | ',' | '.' | ':' | ';' | ')' | ']' | '}' | '>'
+    )
+}
+
+/// `stretch` split into what is masked and the trailing punctuation kept after the mask.
+fn split_trailing(stretch: &str) -> (&str, &str) {
+    let kept = stretch.trim_end_matches(trailing_punctuation);
+    stretch.split_at(kept.len())
+}
+
+/// Masks secrets anywhere in `text`: the password of every `scheme://user:password@host`,
+/// and the value of every `name=value` pair whose name [`is_secret_name`] (query
+/// parameters, but also libpq-style `password=...` settings). Everything else is kept.
+pub fn redact_text(text: &str) -> String {
+    mask_name_values(&mask_userinfo(text))
+}
+
+/// Masks the password of every `scheme://user:password@host` in `text`.
+///
+/// Conservative on purpose: the user information is taken to run to the last `@` before
+/// the next blank, so a password holding an unescaped `/`, `#` or quote is still masked.
+fn mask_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("://") {
+        let (head, tail) = rest.split_at(start + 3);
+        out.push_str(head);
+        let end = tail.find(char::is_whitespace).unwrap_or(tail.len());
+        let region = &tail[..end];
+        let userinfo = region.rfind('@').map(|at| (&region[..at], &region[at..]));
+        match userinfo.and_then(|(info, host)| info.find(':').map(|colon| (info, colon, host))) {
+            Some((info, colon, host)) => {
+                out.push_str(&info[..=colon]);
+                out.push_str(MASK);
+                out.push_str(host);
+            }
+            None => out.push_str(region),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Masks the value of every `name=value` whose name is secret-looking. A name starts
+/// after a non-name character (`?`, `&`, `;`, a blank, ...); a value runs to the next `&`,
+/// `#` or blank (masking too much rather than too little), except for closing
+/// punctuation at its very end (see [`trailing_punctuation`]).
+fn mask_name_values(text: &str) -> String {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(eq) = rest.find('=') {
+        let (before, after) = (&rest[..eq], &rest[eq + 1..]);
+        let name_start = before
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| !is_name_char(c))
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let name = &before[name_start..];
+        out.push_str(before);
+        out.push('=');
+        if is_secret_name(name) && !after.starts_with('=') {
+            let end = after
+                .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#'))
+                .unwrap_or(after.len());
+            let (value, punctuation) = split_trailing(&after[..end]);
+            // Empty, or masked already (a redacted URL inside a message): kept as is.
+            if value.is_empty() || value.starts_with(MASK) {
+                out.push_str(value);
+            } else {
+                out.push_str(MASK);
+            }
+            out.push_str(punctuation);
+            rest = &after[end..];
+        } else {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The secrets a URL holds: its password and the values of its secret-looking query
+/// parameters, both as written and percent-decoded.
+fn secrets_of(url: &str) -> Vec<String> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Vec::new();
+    };
+    let mut secrets = Vec::new();
+    if let Some(password) = parsed.password() {
+        secrets.push(password.to_string());
+        secrets.push(percent_decode(password));
+        secrets.push(decode_escapes(password, true));
+    }
+    if let Some(query) = parsed.query() {
+        for pair in query.split('&') {
+            if let Some((name, value)) = pair.split_once('=')
+                && is_secret_name(&percent_decode(name))
+            {
+                secrets.push(value.to_string());
+                secrets.push(percent_decode(value));
+                secrets.push(decode_escapes(value, true));
+                // As a form-encoded query decoder (sqlx's) reads it.
+                secrets.push(percent_decode(&value.replace('+', " ")));
+            }
+        }
+    }
+    secrets.retain(|s| !s.is_empty() && s != MASK);
+    // Longest first, so a secret containing another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
+}
+
+/// Masks, inside `text` (e.g. a driver's message), every occurrence of the secrets that
+/// `url` holds (its password, its secret query values), then every URL and secret
+/// `name=value` pair as [`redact_text`] does.
+pub fn redact_in(text: &str, url: &str) -> String {
+    let mut masked = text.to_string();
+    for secret in secrets_of(url) {
+        masked = masked.replace(&secret, MASK);
+    }
+    redact_text(&masked)
+}
+
+/// Makes foreign text (a handler's stderr, a response body) safe for one log line:
+/// line breaks, tabs and every other control character (C0, DEL, C1), and the Unicode
+/// line/paragraph separators and bidirectional overrides, are written as escapes (`\n`,
+/// `\r`, `\t`, `\u{1b}`, ...), so the text can never start a forged log line or
+/// restyle a terminal. Everything else, backslashes included, is kept as is.
+pub fn escape_for_log(text: &str) -> String {
+    escape(text, false)
+}
+
+/// Makes foreign text safe to store in `LastError` and show on a terminal, keeping it
+/// readable: line breaks (`\n`) and tabs stay, a `\r\n` becomes `\n`, and every other
+/// control or bidirectional-override character is escaped as [`escape_for_log`] does.
+pub fn clean_stored_text(text: &str) -> String {
+    escape(&text.replace("\r\n", "\n"), true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> String {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' if keep_lines => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -39,5 +350,113 @@ mod tests {
         );
         assert_eq!(redact_url("sqlite:orders.db"), "sqlite:orders.db");
         assert!(!redact_in("auth failed for s3cret", "mysql://u:s3cret@h/d").contains("s3cret"));
+    }
+
+    #[test]
+    fn masks_secret_query_parameters_in_urls() {
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=X1&sslmode=require"),
+            "postgres://u@h/db?password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://u:A@h/db?PassWord=B&sslpassword=C&application_name=app"),
+            "postgres://u:***@h/db?PassWord=***&sslpassword=***&application_name=app"
+        );
+        assert_eq!(
+            redact_url("https://hooks.example/x?token=t0k&api-key=k&Access_Token=a&n=1"),
+            "https://hooks.example/x?token=***&api-key=***&Access_Token=***&n=1"
+        );
+        // A percent-encoded name is still recognised.
+        assert_eq!(
+            redact_url("https://h/x?pass%77ord=s"),
+            "https://h/x?pass%77ord=***"
+        );
+        // Not secrets: kept.
+        assert_eq!(
+            redact_url("mysql://root@h/d?ssl-mode=disabled&charset=utf8mb4"),
+            "mysql://root@h/d?ssl-mode=disabled&charset=utf8mb4"
+        );
+        assert_eq!(
+            redact_url("sqlite:app.db?mode=rwc&key=abc"),
+            "sqlite:app.db?mode=rwc&key=***"
+        );
+    }
+
+    #[test]
+    fn unparseable_urls_are_masked_too() {
+        let shown = redact_url("postgres://u:p@ss@[bad/db?password=X");
+        assert!(!shown.contains("p@ss") && !shown.contains("=X"), "{shown}");
+    }
+
+    #[test]
+    fn secrets_inside_free_text_are_masked() {
+        assert_eq!(
+            redact_text("cannot connect to \"postgres://u:pw@h/db?token=t&x=1\": refused"),
+            "cannot connect to \"postgres://u:***@h/db?token=***&x=1\": refused"
+        );
+        assert_eq!(
+            redact_text("host=h user=u password=hunter2 dbname=d"),
+            "host=h user=u password=*** dbname=d"
+        );
+        assert_eq!(redact_text("a == b, key= , x=1"), "a == b, key= , x=1");
+        assert_eq!(redact_text("no secrets here"), "no secrets here");
+        // Masked already: left alone, punctuation included.
+        assert_eq!(
+            redact_text("connecting to postgres://u:***@h/d?password=***: timed out"),
+            "connecting to postgres://u:***@h/d?password=***: timed out"
+        );
+    }
+
+    #[test]
+    fn redact_in_masks_the_urls_secrets_wherever_they_appear() {
+        let url = "postgres://u:Pw%21@h/db?password=Q%20R&sslpassword=S";
+        let text = "failed: Pw! / Pw%21 / Q R / Q%20R / S";
+        assert!(!redact_in("said x/%aa", "postgres://u:x%2F%aa@h/d").contains("x/%aa"));
+        assert!(!redact_in("said y%00]", "postgres://u:y%00%5D@h/d").contains("y%00"));
+        let masked = redact_in(text, url);
+        for secret in ["Pw!", "Pw%21", "Q R", "Q%20R", "/ S"] {
+            assert!(!masked.contains(secret), "{secret} in {masked}");
+        }
+    }
+
+    #[test]
+    fn secret_names() {
+        for name in [
+            "password",
+            "PASSWORD",
+            "passwd",
+            "pwd",
+            "token",
+            "access_token",
+            "api_key",
+            "apikey",
+            "API-KEY",
+            "key",
+            "secret",
+            "sslpassword",
+            "auth",
+            "db_password",
+            "clientSecret",
+            "X-Api-Key",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in ["sslmode", "user", "host", "mode", "charset", "keyspace", ""] {
+            assert!(!is_secret_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn log_escaping_neutralises_line_breaks_and_terminal_controls() {
+        assert_eq!(
+            escape_for_log("ok\nERROR forged line\r\x1b[31mred\u{202e}"),
+            "ok\\nERROR forged line\\r\\u{1b}[31mred\\u{202e}"
+        );
+        assert_eq!(escape_for_log("plain \\n text"), "plain \\n text");
+        assert_eq!(escape_for_log("tab\there"), "tab\\there");
+        assert_eq!(
+            clean_stored_text("line 1\r\nline 2\n\tindented\x1b[2J\x07"),
+            "line 1\nline 2\n\tindented\\u{1b}[2J\\u{7}"
+        );
     }
 }

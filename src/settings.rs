@@ -1,35 +1,69 @@
 //! Per-source processing settings (`sources[].settings` in `icq.yaml`), with the defaults
-//! from the product contract.
+//! from the product contract and the range each one must lie in.
+//!
+//! Every numeric setting is range-checked twice: while the file is read (so the error is
+//! positioned at the value, and a number too large for its type is reported as out of
+//! range for that key rather than as a type error), and by [`Settings::validate`], which
+//! the library calls for settings built in code. The ranges:
+//!
+//! | key | range | |
+//! |---|---|---|
+//! | `batch_size` | 1 ..= 10 000 | whole |
+//! | `max_attempts` | 1 ..= 1 000 000 | whole |
+//! | `lease_seconds` | 1 ..= 604 800 (7 days) | whole |
+//! | `retry_backoff_base_seconds` | 0 ..= 31 536 000 (365 days) | ≤ `max_retry_backoff_seconds` |
+//! | `max_retry_backoff_seconds` | 0 ..= 31 536 000 | |
+//! | `retention_days` | 1 ..= 36 500 (100 years) | whole |
+//! | `cleanup_interval_hours` | 0.001 ..= 8 760 (365 days) | |
+//! | `processing_delay_seconds` | 0 ..= 31 536 000 | whole |
+//! | `polling_interval_seconds` | 0.01 ..= 3 600 | |
+//! | `concurrency` | 1 ..= 10 000 | whole |
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::{self, Visitor};
 
 /// How one source is processed. Every field has the contract's default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, expecting = "a mapping of settings")]
 pub struct Settings {
     /// Most rows claimed in one statement.
+    #[serde(deserialize_with = "read::batch_size")]
     pub batch_size: u32,
     /// Attempts before a command is dead-lettered.
+    #[serde(deserialize_with = "read::max_attempts")]
     pub max_attempts: u32,
     /// How long a claim holds a row before another processor may take it.
+    #[serde(deserialize_with = "read::lease_seconds")]
     pub lease_seconds: u64,
     /// First retry delay; doubled on every further attempt.
+    #[serde(deserialize_with = "read::retry_backoff_base_seconds")]
     pub retry_backoff_base_seconds: f64,
     /// Upper bound on any retry delay.
+    #[serde(deserialize_with = "read::max_retry_backoff_seconds")]
     pub max_retry_backoff_seconds: f64,
     /// Completed rows older than this are deleted by the retention sweep.
+    #[serde(deserialize_with = "read::retention_days")]
     pub retention_days: u64,
     /// How often the retention sweep runs.
+    #[serde(deserialize_with = "read::cleanup_interval_hours")]
     pub cleanup_interval_hours: f64,
     /// Rows younger than this are not claimed.
+    #[serde(deserialize_with = "read::processing_delay_seconds")]
     pub processing_delay_seconds: u64,
     /// How often to poll when no wake-up arrives.
+    #[serde(deserialize_with = "read::polling_interval_seconds")]
     pub polling_interval_seconds: f64,
     /// Rows executed at once.
+    #[serde(deserialize_with = "read::concurrency")]
     pub concurrency: u32,
-    /// Claim only the types this worker has handlers for; others stay pending.
+    /// Claim only rows whose type this worker has a handler for; rows of other types stay
+    /// pending for a worker that has one. Off (the default): a row of an unknown type is
+    /// claimed and dead-lettered on its first attempt, which catches typos and forgotten
+    /// handlers. Turn it on when several workers with different handler sets share one
+    /// table.
     pub claim_only_handled_types: bool,
 }
 
@@ -51,37 +85,116 @@ impl Default for Settings {
     }
 }
 
+/// The allowed range of one numeric setting.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    key: &'static str,
+    min: f64,
+    max: f64,
+    /// Only whole numbers (the field is an integer).
+    whole: bool,
+}
+
+const fn limit(key: &'static str, min: f64, max: f64, whole: bool) -> Limit {
+    Limit {
+        key,
+        min,
+        max,
+        whole,
+    }
+}
+
+/// 365 days, in seconds: the longest backoff or delay.
+const YEAR_SECONDS: f64 = 31_536_000.0;
+
+const BATCH_SIZE: Limit = limit("batch_size", 1.0, 10_000.0, true);
+const MAX_ATTEMPTS: Limit = limit("max_attempts", 1.0, 1_000_000.0, true);
+const LEASE_SECONDS: Limit = limit("lease_seconds", 1.0, 604_800.0, true);
+const RETRY_BACKOFF_BASE_SECONDS: Limit =
+    limit("retry_backoff_base_seconds", 0.0, YEAR_SECONDS, false);
+const MAX_RETRY_BACKOFF_SECONDS: Limit =
+    limit("max_retry_backoff_seconds", 0.0, YEAR_SECONDS, false);
+const RETENTION_DAYS: Limit = limit("retention_days", 1.0, 36_500.0, true);
+const CLEANUP_INTERVAL_HOURS: Limit = limit("cleanup_interval_hours", 0.001, 8_760.0, false);
+const PROCESSING_DELAY_SECONDS: Limit = limit("processing_delay_seconds", 0.0, YEAR_SECONDS, true);
+const POLLING_INTERVAL_SECONDS: Limit = limit("polling_interval_seconds", 0.01, 3_600.0, false);
+const CONCURRENCY: Limit = limit("concurrency", 1.0, 10_000.0, true);
+
+/// A number for a message: plain, or in exponent form when plain would be unreadable.
+fn shown(value: f64) -> String {
+    let magnitude = value.abs();
+    if value.is_finite() && magnitude != 0.0 && !(1e-4..1e16).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        format!("{value}")
+    }
+}
+
+impl Limit {
+    /// What the setting must be, e.g. "a whole number from 1 to 10000".
+    fn describe(&self) -> String {
+        let kind = if self.whole {
+            "a whole number"
+        } else {
+            "a number"
+        };
+        format!("{kind} from {} to {}", shown(self.min), shown(self.max))
+    }
+
+    /// `Ok` when `value` (shown as `original`) is allowed; else the message for the key.
+    fn check(&self, value: f64, original: &str) -> Result<(), String> {
+        let in_range = value >= self.min && value <= self.max;
+        if in_range && (!self.whole || value.fract() == 0.0) {
+            return Ok(());
+        }
+        let why = if value.is_nan() {
+            " (got NaN)".to_string()
+        } else if in_range {
+            format!(" (got {original}, which is not a whole number)")
+        } else if value < 0.0 && self.min >= 0.0 {
+            format!(" (got {original}; it must not be negative)")
+        } else {
+            format!(" (got {original})")
+        };
+        Err(format!("`{}` must be {}{why}", self.key, self.describe()))
+    }
+}
+
 impl Settings {
-    /// Checks ranges that types alone cannot express; the message names the key.
+    /// Checks every setting against its range (see the [module docs](self)) and that the
+    /// backoff base does not exceed its cap. The message names the key in backticks first
+    /// (`` `lease_seconds` must be a whole number from 1 to 604800 (got 0) ``).
+    ///
+    /// Settings read from `icq.yaml` have passed it already; the processor calls it for
+    /// settings built in code.
     pub fn validate(&self) -> Result<(), String> {
-        let positive = [
-            ("batch_size", self.batch_size as f64),
-            ("max_attempts", self.max_attempts as f64),
-            ("lease_seconds", self.lease_seconds as f64),
-            ("concurrency", self.concurrency as f64),
-            ("polling_interval_seconds", self.polling_interval_seconds),
-            ("cleanup_interval_hours", self.cleanup_interval_hours),
+        let integers = [
+            (BATCH_SIZE, u64::from(self.batch_size)),
+            (MAX_ATTEMPTS, u64::from(self.max_attempts)),
+            (LEASE_SECONDS, self.lease_seconds),
+            (RETENTION_DAYS, self.retention_days),
+            (PROCESSING_DELAY_SECONDS, self.processing_delay_seconds),
+            (CONCURRENCY, u64::from(self.concurrency)),
         ];
-        for (key, value) in positive {
-            if value.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || !value.is_finite() {
-                return Err(format!("`{key}` must be greater than 0 (got {value})"));
-            }
+        for (limit, value) in integers {
+            // Exact for every allowed value; an out-of-range one stays out of range.
+            limit.check(value as f64, &value.to_string())?;
         }
-        for (key, value) in [
-            (
-                "retry_backoff_base_seconds",
-                self.retry_backoff_base_seconds,
-            ),
-            ("max_retry_backoff_seconds", self.max_retry_backoff_seconds),
-        ] {
-            if value < 0.0 || !value.is_finite() {
-                return Err(format!("`{key}` must be 0 or more (got {value})"));
-            }
+        let reals = [
+            (RETRY_BACKOFF_BASE_SECONDS, self.retry_backoff_base_seconds),
+            (MAX_RETRY_BACKOFF_SECONDS, self.max_retry_backoff_seconds),
+            (CLEANUP_INTERVAL_HOURS, self.cleanup_interval_hours),
+            (POLLING_INTERVAL_SECONDS, self.polling_interval_seconds),
+        ];
+        for (limit, value) in reals {
+            limit.check(value, &shown(value))?;
         }
-        if self.batch_size > 10_000 {
+        if self.retry_backoff_base_seconds > self.max_retry_backoff_seconds {
             return Err(format!(
-                "`batch_size` must be at most 10000 (got {})",
-                self.batch_size
+                "`retry_backoff_base_seconds` ({}) must not exceed `max_retry_backoff_seconds` \
+                 ({}): the first retry delay cannot be longer than the cap on every delay",
+                shown(self.retry_backoff_base_seconds),
+                shown(self.max_retry_backoff_seconds)
             ));
         }
         Ok(())
@@ -92,18 +205,256 @@ impl Settings {
         Duration::from_secs(self.lease_seconds)
     }
 
-    /// The polling interval as a duration.
+    /// The polling interval as a duration (clamped to its range, so never zero and never
+    /// a panic, even for settings that were not validated).
     pub fn polling_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.polling_interval_seconds)
+        clamped_seconds(self.polling_interval_seconds, POLLING_INTERVAL_SECONDS)
     }
 
-    /// The retention sweep interval as a duration.
+    /// The retention sweep interval as a duration (clamped to its range).
     pub fn cleanup_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.cleanup_interval_hours * 3600.0)
+        let hours = self.cleanup_interval_hours;
+        let limit = CLEANUP_INTERVAL_HOURS;
+        let hours = if hours.is_nan() {
+            limit.min
+        } else {
+            hours.clamp(limit.min, limit.max)
+        };
+        Duration::from_secs_f64(hours * 3600.0)
     }
 
-    /// How old a completed row must be before the sweep deletes it.
+    /// How old a completed row must be before the sweep deletes it (clamped to its range,
+    /// so it never wraps).
     pub fn retention(&self) -> Duration {
-        Duration::from_secs(self.retention_days * 86_400)
+        let days = self
+            .retention_days
+            .clamp(RETENTION_DAYS.min as u64, RETENTION_DAYS.max as u64);
+        Duration::from_secs(days * 86_400)
+    }
+}
+
+/// `seconds` as a duration, clamped to `limit` (NaN reads as the minimum).
+fn clamped_seconds(seconds: f64, limit: Limit) -> Duration {
+    let seconds = if seconds.is_nan() {
+        limit.min
+    } else {
+        seconds.clamp(limit.min, limit.max)
+    };
+    Duration::from_secs_f64(seconds)
+}
+
+/// Reads one number for a key and checks it against the key's range as it is read, so
+/// that serde_yaml positions the error at the value.
+struct Number(Limit);
+
+impl Number {
+    fn accept<E: de::Error>(&self, value: f64, original: &str) -> Result<f64, E> {
+        self.0.check(value, original).map_err(E::custom)?;
+        Ok(value)
+    }
+}
+
+impl<'de> Visitor<'de> for Number {
+    type Value = f64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.describe())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+        self.accept(v as f64, &v.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+        self.accept(v as f64, &v.to_string())
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<f64, E> {
+        self.accept(v as f64, &v.to_string())
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<f64, E> {
+        self.accept(v as f64, &v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+        self.accept(v, &shown(v))
+    }
+}
+
+/// The `deserialize_with` functions, one per numeric setting.
+mod read {
+    use super::*;
+
+    fn number<'de, D: de::Deserializer<'de>>(d: D, limit: Limit) -> Result<f64, D::Error> {
+        d.deserialize_any(Number(limit))
+    }
+
+    macro_rules! readers {
+        ($($name:ident: $ty:ty = $limit:ident;)*) => {
+            $(pub(super) fn $name<'de, D: de::Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                // In range (and whole, for integers), so the conversion is exact.
+                number(d, $limit).map(|value| value as $ty)
+            })*
+        };
+    }
+
+    readers! {
+        batch_size: u32 = BATCH_SIZE;
+        max_attempts: u32 = MAX_ATTEMPTS;
+        lease_seconds: u64 = LEASE_SECONDS;
+        retry_backoff_base_seconds: f64 = RETRY_BACKOFF_BASE_SECONDS;
+        max_retry_backoff_seconds: f64 = MAX_RETRY_BACKOFF_SECONDS;
+        retention_days: u64 = RETENTION_DAYS;
+        cleanup_interval_hours: f64 = CLEANUP_INTERVAL_HOURS;
+        processing_delay_seconds: u64 = PROCESSING_DELAY_SECONDS;
+        polling_interval_seconds: f64 = POLLING_INTERVAL_SECONDS;
+        concurrency: u32 = CONCURRENCY;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_yaml(text: &str) -> Result<Settings, String> {
+        serde_yaml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Settings::default().validate(), Ok(()));
+        assert_eq!(from_yaml("{}").unwrap(), Settings::default());
+        assert!(!Settings::default().claim_only_handled_types);
+    }
+
+    #[test]
+    fn every_key_is_range_checked_with_its_name_and_range() {
+        for (text, expected) in [
+            (
+                "batch_size: 0",
+                "`batch_size` must be a whole number from 1 to 10000 (got 0)",
+            ),
+            (
+                "batch_size: 99999999999999999999",
+                "`batch_size` must be a whole number from 1 to 10000 (got 99999999999999999999)",
+            ),
+            (
+                "polling_interval_seconds: 1e300",
+                "`polling_interval_seconds` must be a number from 0.01 to 3600 (got 1e300)",
+            ),
+            (
+                "polling_interval_seconds: 1e-300",
+                "`polling_interval_seconds` must be a number from 0.01 to 3600 (got 1e-300)",
+            ),
+            (
+                "cleanup_interval_hours: .inf",
+                "`cleanup_interval_hours` must be a number from 0.001 to 8760 (got inf)",
+            ),
+            (
+                "retry_backoff_base_seconds: .nan",
+                "`retry_backoff_base_seconds` must be a number from 0 to 31536000 (got NaN)",
+            ),
+            (
+                "lease_seconds: 1e12",
+                "`lease_seconds` must be a whole number from 1 to 604800 (got 1000000000000)",
+            ),
+            (
+                "retention_days: 213503982334602",
+                "`retention_days` must be a whole number from 1 to 36500 (got 213503982334602)",
+            ),
+            (
+                "processing_delay_seconds: -1",
+                "`processing_delay_seconds` must be a whole number from 0 to 31536000 (got -1; \
+                 it must not be negative)",
+            ),
+            (
+                "concurrency: 2.5",
+                "`concurrency` must be a whole number from 1 to 10000 (got 2.5, which is not a \
+                 whole number)",
+            ),
+            (
+                "max_attempts: 1000001",
+                "`max_attempts` must be a whole number from 1 to 1000000 (got 1000001)",
+            ),
+        ] {
+            let err = from_yaml(text).unwrap_err();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn whole_floats_and_bounds_are_accepted() {
+        let s = from_yaml(
+            "batch_size: 10000\nconcurrency: 1.0\nlease_seconds: 604800\npolling_interval_seconds: 0.01\n\
+             retention_days: 36500\ncleanup_interval_hours: 0.001\nmax_retry_backoff_seconds: 0\n\
+             retry_backoff_base_seconds: 0\nclaim_only_handled_types: true\n",
+        )
+        .unwrap();
+        assert_eq!((s.batch_size, s.concurrency), (10_000, 1));
+        assert!(s.claim_only_handled_types);
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn base_above_cap_is_refused() {
+        let s = Settings {
+            retry_backoff_base_seconds: 700.0,
+            ..Settings::default()
+        };
+        let err = s.validate().unwrap_err();
+        assert!(
+            err.starts_with(
+                "`retry_backoff_base_seconds` (700) must not exceed `max_retry_backoff_seconds` (600)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn validate_catches_settings_built_in_code() {
+        let bad = [
+            Settings {
+                lease_seconds: 0,
+                ..Settings::default()
+            },
+            Settings {
+                retention_days: 213_503_982_334_602,
+                ..Settings::default()
+            },
+            Settings {
+                polling_interval_seconds: f64::NAN,
+                ..Settings::default()
+            },
+            Settings {
+                max_retry_backoff_seconds: 1e300,
+                ..Settings::default()
+            },
+            Settings {
+                batch_size: u32::MAX,
+                ..Settings::default()
+            },
+        ];
+        for settings in bad {
+            assert!(settings.validate().is_err(), "{settings:?}");
+        }
+    }
+
+    #[test]
+    fn durations_never_panic_or_wrap_even_unvalidated() {
+        let wild = Settings {
+            polling_interval_seconds: 1e300,
+            cleanup_interval_hours: f64::NAN,
+            retention_days: u64::MAX,
+            ..Settings::default()
+        };
+        assert_eq!(wild.polling_interval(), Duration::from_secs(3600));
+        assert_eq!(wild.cleanup_interval(), Duration::from_secs_f64(3.6));
+        assert_eq!(wild.retention(), Duration::from_secs(36_500 * 86_400));
+        let tiny = Settings {
+            polling_interval_seconds: 1e-300,
+            ..Settings::default()
+        };
+        assert_eq!(tiny.polling_interval(), Duration::from_millis(10));
     }
 }

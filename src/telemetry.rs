@@ -1,18 +1,34 @@
-//! Prometheus metrics for `icq work --metrics-addr`: installs the exporter (its own HTTP
-//! listener serving the text format on any path, conventionally `/metrics`) and keeps
-//! the per-source pending gauges fresh.
+//! Metrics and logs for `icq work`.
+//!
+//! **Metrics** (`--metrics-addr`): a Prometheus recorder whose text rendering is served by a
+//! small HTTP/1.1 listener answering `GET /metrics` (and `HEAD`) only: any other path is a
+//! 404, any other method on `/metrics` a 405. The per-source pending gauges are refreshed
+//! by [`spawn_pending_gauges`].
 //!
 //! Series (all prefixed `icq_internal_commands_`): `claimed_total`, `succeeded_total`,
 //! `failed_total` (attempts that will be retried), `dead_lettered_total`,
 //! `stale_stamps_total` (outcomes dropped because the lease had moved on) — each labelled
 //! by `source`; `execution_seconds` (histogram by `source`, `type`, `outcome`); and
 //! `pending` (gauge by `source`, `state` = `due` | `running`).
+//!
+//! **Logs**: [`escaping_fields`] formats the fields of text log lines with every control
+//! character escaped, so text a handler controls (its stderr, a response body) cannot
+//! forge a log line.
 
+use std::convert::Infallible;
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::field::MakeExt;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::Writer;
 
 use crate::engine::Backend;
 use crate::error::{Error, Result};
@@ -22,17 +38,53 @@ const BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-/// Starts serving Prometheus metrics on `addr`. Call once per process, inside the runtime.
-pub fn serve(addr: SocketAddr) -> Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// The only path the metrics listener serves.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The Prometheus text exposition format's content type.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// How long a client may take to send a request's head before the connection is dropped.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the recorder's upkeep (histogram bucket maintenance) runs.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the Prometheus recorder as the global metrics recorder and starts serving it on
+/// `addr` (`GET /metrics`). Call once per process, inside the runtime. Returns the address
+/// bound (useful with port 0).
+pub fn serve(addr: SocketAddr) -> Result<SocketAddr> {
+    let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("icq_internal_commands_execution_seconds".into()),
             BUCKETS,
         )
         .map_err(|e| Error::Usage(format!("metrics buckets: {e}")))?
-        .install()
-        .map_err(|e| Error::Usage(format!("cannot serve metrics on {addr}: {e}")))?;
+        .build_recorder();
+    let handle = recorder.handle();
+    let cannot = |e: std::io::Error| Error::Usage(format!("cannot serve metrics on {addr}: {e}"));
+    let listener = std::net::TcpListener::bind(addr).map_err(cannot)?;
+    listener.set_nonblocking(true).map_err(cannot)?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(cannot)?;
+    let bound = listener.local_addr().map_err(cannot)?;
+    metrics::set_global_recorder(recorder).map_err(|e| {
+        Error::Usage(format!(
+            "cannot serve metrics on {addr}: a metrics recorder is already installed ({e})"
+        ))
+    })?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(UPKEEP_EVERY).await;
+            upkeep.run_upkeep();
+        }
+    });
+    spawn_metrics_server(listener, handle);
+    describe();
+    Ok(bound)
+}
+
+fn describe() {
     metrics::describe_counter!("icq_internal_commands_claimed_total", "Rows claimed");
     metrics::describe_counter!("icq_internal_commands_succeeded_total", "Rows completed");
     metrics::describe_counter!(
@@ -56,7 +108,74 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
         "icq_internal_commands_pending",
         "Pending rows by state (due, running)"
     );
-    Ok(())
+}
+
+/// Serves `handle`'s rendering on `listener` until the task is aborted: `GET`/`HEAD
+/// /metrics` only (404 for any other path, 405 for any other method on `/metrics`).
+pub fn spawn_metrics_server(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+) -> tokio::task::JoinHandle<()> {
+    let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || handle.render());
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::debug!(error = %err, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let render = render.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<_>| {
+                    let render = render.clone();
+                    async move { Ok::<_, Infallible>(respond(&request, || render())) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
+/// The answer to one request: the metrics for `GET`/`HEAD /metrics`, 404 or 405 otherwise.
+fn respond<B>(request: &Request<B>, render: impl FnOnce() -> String) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, text: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    };
+    if request.uri().path() != METRICS_PATH {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found: icq serves metrics at GET /metrics only\n",
+        );
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let mut response = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed: use GET /metrics\n",
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    let mut response = Response::new(Full::new(Bytes::from(render())));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_FORMAT));
+    response
 }
 
 /// Refreshes the `pending` gauges of each source every `every` until the task is aborted.
@@ -82,4 +201,172 @@ pub fn spawn_pending_gauges(
             tokio::time::sleep(every).await;
         }
     })
+}
+
+/// The field formatter for text logs: like tracing-subscriber's default (`message` first,
+/// then `name=value` pairs), but every value, the message included, is passed through
+/// [`crate::redact::escape_for_log`], so a line break or terminal escape in a handler's
+/// stderr or a response body is written as `\n`, `\u{1b}`, ... and a log line can never
+/// be forged; and through [`crate::redact::redact_text`] first, so a URL's password or
+/// `?token=` that slipped into a driver's message is masked. Use with
+/// `tracing_subscriber::fmt().fmt_fields(escaping_fields())`.
+pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Sync + 'static {
+    tracing_subscriber::fmt::format::debug_fn(
+        |writer: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn fmt::Debug| {
+            let name = field.name();
+            if name.starts_with("log.") {
+                // tracing-log's metadata fields: already in the line's prefix.
+                return Ok(());
+            }
+            let name = name.strip_prefix("r#").unwrap_or(name);
+            let text =
+                crate::redact::escape_for_log(&crate::redact::redact_text(&format!("{value:?}")));
+            if name == "message" {
+                write!(writer, "{text}")
+            } else {
+                write!(writer, "{name}={text}")
+            }
+        },
+    )
+    .delimited(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Starts a private (not global) recorder's listener; returns its address.
+    async fn start() -> (SocketAddr, PrometheusHandle) {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!("icq_internal_commands_claimed_total", "source" => "s").increment(3);
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        spawn_metrics_server(listener, handle.clone());
+        (addr, handle)
+    }
+
+    /// Sends `request` as is and returns the whole response.
+    async fn raw(addr: SocketAddr, request: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        String::from_utf8_lossy(&response).into_owned()
+    }
+
+    #[tokio::test]
+    async fn metrics_listener_serves_get_metrics_only() {
+        let (addr, _handle) = start().await;
+        let client = reqwest::Client::new();
+        let url = |path: &str| format!("http://{addr}{path}");
+
+        let ok = client.get(url("/metrics")).send().await.unwrap();
+        assert_eq!(ok.status(), 200);
+        assert_eq!(ok.headers()["content-type"], TEXT_FORMAT);
+        let body = ok.text().await.unwrap();
+        assert!(
+            body.contains("icq_internal_commands_claimed_total{source=\"s\"} 3"),
+            "{body}"
+        );
+        // A query string does not change the path.
+        let ok = client.get(url("/metrics?x=1")).send().await.unwrap();
+        assert_eq!(ok.status(), 200);
+        let head = client.head(url("/metrics")).send().await.unwrap();
+        assert_eq!(head.status(), 200);
+
+        for path in [
+            "/",
+            "/metrics/",
+            "/metricsx",
+            "/api/metrics",
+            "/favicon.ico",
+        ] {
+            let response = client.get(url(path)).send().await.unwrap();
+            assert_eq!(response.status(), 404, "{path}");
+            let body = response.text().await.unwrap();
+            assert!(!body.contains("icq_internal_commands"), "{path}: {body}");
+        }
+        for method in ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let response = client
+                .request(method.clone(), url("/metrics"))
+                .body("x")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 405, "{method}");
+            assert_eq!(response.headers()["allow"], "GET, HEAD");
+            assert!(!response.text().await.unwrap().contains("icq_internal"));
+        }
+        // A made-up method and a request that is not HTTP at all.
+        let response = raw(
+            addr,
+            "BREW /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(response.starts_with("HTTP/1.1 405"), "{response}");
+        let response = raw(addr, "hello\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+        assert!(!response.contains("icq_internal"), "{response}");
+    }
+
+    /// A writer collecting everything logged.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_logs_escape_control_characters_in_every_field() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .fmt_fields(escaping_fields())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let stderr = "disk full\n2030-01-01T00:00:00Z ERROR forged: admin logged in\x1b[2K";
+            let span = tracing::info_span!("command", r#type = "t\nx", id = 7);
+            let _entered = span.enter();
+            tracing::warn!(error = %stderr, plain = "a\rb", terminal = false, "command failed\nreally");
+            tracing::warn!(
+                error = "cannot reach postgres://u:pw1@h/d?token=tk2",
+                "lost"
+            );
+        });
+        let logged = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(logged.lines().count(), 2, "{logged}");
+        assert!(
+            !logged.contains("pw1") && !logged.contains("tk2"),
+            "{logged}"
+        );
+        assert!(
+            logged.contains("postgres://u:***@h/d?token=***"),
+            "{logged}"
+        );
+        assert!(logged.contains("command{type=\"t\\nx\" id=7}"), "{logged}");
+        assert!(
+            logged.contains(
+                "command failed\\nreally error=disk full\\n2030-01-01T00:00:00Z ERROR forged: \
+                 admin logged in\\u{1b}[2K plain=\"a\\rb\" terminal=false"
+            ),
+            "{logged}"
+        );
+    }
 }

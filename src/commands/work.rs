@@ -16,8 +16,14 @@ pub struct WorkArgs {
     pub until_idle: bool,
 
     /// How long in-flight commands may run after SIGINT/SIGTERM before their leases are
-    /// released for another replica.
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    /// released for another replica (0 to 86400).
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        value_parser = parse_grace_seconds,
+        allow_negative_numbers = true
+    )]
     pub grace_seconds: f64,
 
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
@@ -27,6 +33,31 @@ pub struct WorkArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// The longest `--grace-seconds`: one day.
+pub const MAX_GRACE_SECONDS: f64 = 86_400.0;
+
+/// `--grace-seconds`: a finite number of seconds from 0 to [`MAX_GRACE_SECONDS`].
+pub fn parse_grace_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds (e.g. 30 or 2.5)"))?;
+    if !seconds.is_finite() {
+        return Err(format!(
+            "must be a finite number of seconds from 0 to {MAX_GRACE_SECONDS} (got {text})"
+        ));
+    }
+    if seconds < 0.0 {
+        return Err(format!("must not be negative (got {text})"));
+    }
+    if seconds > MAX_GRACE_SECONDS {
+        return Err(format!(
+            "must be at most {MAX_GRACE_SECONDS} seconds, one day (got {text})"
+        ));
+    }
+    Ok(seconds)
 }
 
 /// How `icq work` writes its logs.
@@ -48,7 +79,10 @@ fn init_logging(format: LogFormat) {
         .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        // Escaped fields: handler stderr and response bodies cannot forge log lines.
+        LogFormat::Text => builder
+            .fmt_fields(crate::telemetry::escaping_fields())
+            .try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
 }
@@ -143,4 +177,28 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
         source.queue.backend().close().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_seconds_must_be_finite_and_in_range() {
+        assert_eq!(parse_grace_seconds("0"), Ok(0.0));
+        assert_eq!(parse_grace_seconds("2.5"), Ok(2.5));
+        assert_eq!(parse_grace_seconds("86400"), Ok(86_400.0));
+        for (text, wanted) in [
+            ("inf", "finite"),
+            ("NaN", "finite"),
+            ("1e20", "at most 86400"),
+            ("86400.5", "at most 86400"),
+            ("-1", "must not be negative"),
+            ("-0.001", "must not be negative"),
+            ("soon", "not a number"),
+        ] {
+            let err = parse_grace_seconds(text).unwrap_err();
+            assert!(err.contains(wanted), "{text}: {err}");
+        }
+    }
 }

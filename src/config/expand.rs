@@ -273,4 +273,82 @@ mod tests {
         assert_eq!(map.original_column(2, 4), 4);
         assert_eq!(map.original_column(9, 4), 4);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text rich in references: `$`, `{`, `}`, `:-`, names, line breaks and comments.
+        fn reference_soup() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("$"),
+                Just("$$"),
+                Just("${"),
+                Just("}"),
+                Just(":-"),
+                Just("HOST"),
+                Just("EMPTY"),
+                Just("MULTI"),
+                Just("NOPE"),
+                Just("1X"),
+                Just("_"),
+                Just("#"),
+                Just(" "),
+                Just("\n"),
+                Just("\r\n"),
+                Just("é"),
+                Just("🦀"),
+                Just("a: "),
+            ];
+            prop::collection::vec(piece, 0..40).prop_map(|pieces| pieces.concat())
+        }
+
+        fn check(text: &str) -> Result<(), TestCaseError> {
+            let lines = text.split_inclusive('\n').count();
+            match expand(text, &env) {
+                Ok((out, map)) => {
+                    prop_assert_eq!(out.split_inclusive('\n').count(), lines, "lines kept");
+                    if !text.contains('$') {
+                        prop_assert_eq!(&out, text);
+                    }
+                    for (index, line) in out.split('\n').enumerate() {
+                        for column in 0..line.chars().count() + 3 {
+                            let original = map.original_column(index + 1, column);
+                            prop_assert!(original >= 1 || column == 0);
+                        }
+                    }
+                }
+                Err(err) => {
+                    prop_assert!((1..=lines.max(1)).contains(&err.line), "{:?}", err);
+                    let line = text.split('\n').nth(err.line - 1).unwrap_or("");
+                    prop_assert!(
+                        err.column >= 1 && err.column <= line.chars().count(),
+                        "{:?}",
+                        err
+                    );
+                    prop_assert_eq!(
+                        line.chars().nth(err.column - 1),
+                        Some('$'),
+                        "points at the `$`"
+                    );
+                    prop_assert!(!err.message.is_empty());
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn expansion_never_panics_keeps_lines_and_points_at_the_dollar(text in any::<String>()) {
+                check(&text)?;
+            }
+
+            #[test]
+            fn expansion_of_reference_soup(text in reference_soup()) {
+                check(&text)?;
+            }
+        }
+    }
 }

@@ -224,7 +224,50 @@ fn out_of_range_settings_name_the_key() {
     ));
     assert_eq!(
         message,
-        "5:20: sources[0].settings.concurrency: `concurrency` must be greater than 0 (got 0)"
+        "5:20: sources[0].settings.concurrency: `concurrency` must be a whole number from 1 to \
+         10000 (got 0)"
+    );
+    // Too large for the field's type: still out of range for that key, not a type error.
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings:\n      batch_size: 99999999999999999999\n"
+    ));
+    assert_eq!(
+        message,
+        "5:19: sources[0].settings.batch_size: `batch_size` must be a whole number from 1 to \
+         10000 (got 99999999999999999999)"
+    );
+    // Cross-field: positioned at the first key named.
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings:\n      max_retry_backoff_seconds: 5\n      retry_backoff_base_seconds: 10\n"
+    ));
+    assert!(
+        message.starts_with(
+            "6:35: sources[0].settings.retry_backoff_base_seconds: `retry_backoff_base_seconds` \
+             (10) must not exceed `max_retry_backoff_seconds` (5)"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn claim_only_handled_types_is_a_per_source_boolean() {
+    let config = parse_text(&format!(
+        "{ONE_SOURCE}    settings:\n      claim_only_handled_types: true\n  - name: b\n    url: sqlite:b.db\n"
+    ))
+    .unwrap();
+    assert!(config.sources[0].settings.claim_only_handled_types);
+    assert!(
+        !config.sources[1].settings.claim_only_handled_types,
+        "off by default"
+    );
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings:\n      claim_only_handled_types: yes please\n"
+    ));
+    assert!(
+        message.starts_with(
+            "5:33: sources[0].settings.claim_only_handled_types: invalid type: string \"yes please\", expected a boolean"
+        ),
+        "{message}"
     );
 }
 

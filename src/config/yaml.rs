@@ -133,33 +133,11 @@ impl<'a> Document<'a> {
     }
 }
 
-/// Masks the password of every `scheme://user:password@host` in `text` as `***`.
-///
-/// Conservative on purpose: the user information is taken to run to the last `@` before
-/// the next blank or quote, so a password holding an unescaped `/` or `#` is still masked.
+/// Masks the password of every `scheme://user:password@host` in `text` as `***`, and the
+/// value of every secret-looking `name=value` (a URL's `?password=`, `&token=`, ...): see
+/// [`crate::redact::redact_text`].
 pub(crate) fn mask_passwords(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("://") {
-        let (head, tail) = rest.split_at(start + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`'))
-            .unwrap_or(tail.len());
-        let region = &tail[..end];
-        let userinfo = region.rfind('@').map(|at| (&region[..at], &region[at..]));
-        match userinfo.and_then(|(info, host)| info.find(':').map(|colon| (info, colon, host))) {
-            Some((info, colon, host)) => {
-                out.push_str(&info[..=colon]);
-                out.push_str("***");
-                out.push_str(host);
-            }
-            None => out.push_str(region),
-        }
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
+    crate::redact::redact_text(text)
 }
 
 /// The message [`Document::position`] fails with once it reaches its node.
@@ -207,6 +185,8 @@ impl<'de> Visitor<'de> for Find<'_> {
         visit_bool(bool),
         visit_i64(i64),
         visit_u64(u64),
+        visit_i128(i128),
+        visit_u128(u128),
         visit_f64(f64),
         visit_str(&str)
     );
@@ -290,6 +270,8 @@ impl<'de> Visitor<'de> for Check<'_> {
         visit_bool(bool),
         visit_i64(i64),
         visit_u64(u64),
+        visit_i128(i128),
+        visit_u128(u128),
         visit_f64(f64),
         visit_str(&str)
     );
@@ -373,6 +355,14 @@ impl<'de> Visitor<'de> for Key<'_> {
         self.record(v.to_string())
     }
 
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<(), E> {
+        self.record(v.to_string())
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<(), E> {
+        self.record(v.to_string())
+    }
+
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
         self.record(v.to_string())
     }
@@ -403,6 +393,10 @@ mod tests {
             "postgres://u@h/d and sqlite:x"
         );
         assert_eq!(mask_passwords("a://x:1 b://u:v@w"), "a://x:1 b://u:***@w");
+        assert_eq!(
+            mask_passwords("string \"postgres://u@h/d?password=X&sslmode=disable\""),
+            "string \"postgres://u@h/d?password=***&sslmode=disable\""
+        );
     }
 
     #[test]

@@ -3,8 +3,15 @@
 //! Protocol: the payload JSON on stdin; `ICQ_COMMAND_ID`, `ICQ_COMMAND_TYPE`,
 //! `ICQ_ATTEMPT` (1-based), `ICQ_SOURCE`, `ICQ_USER_ID`, `ICQ_ROLES` (JSON array),
 //! `ICQ_TENANT_ID` and `ICQ_CORRELATION_ID` in the environment. Exit status 0 is success;
-//! anything else fails the attempt with the status and the tail of stderr. The program
-//! runs in its own process group, and past the timeout the whole group is killed.
+//! anything else fails the attempt with the status and the tail of stderr.
+//!
+//! The program runs as the leader of its own process group, and nothing of that group
+//! outlives the attempt: the group is killed with SIGKILL past the timeout (then the
+//! program is reaped before the failure is reported), when the execution is cancelled (its
+//! future dropped, e.g. by the processor after the shutdown grace), and once the program
+//! has exited (background processes it left behind). The outcome is the program's exit
+//! status: once it exits its pipes are read for at most [`EXIT_DRAIN`] more, so a
+//! background process holding stdout or stderr open cannot turn a success into a timeout.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -15,6 +22,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
+use tokio::time::Instant;
 
 use super::{Handler, HandlerError, HandlerResult, Job};
 
@@ -76,25 +84,91 @@ impl ExecHandler {
     }
 }
 
-/// Reads a stream to its end, keeping only the last `keep` bytes.
-async fn read_tail(mut stream: impl AsyncRead + Unpin, keep: usize) -> Vec<u8> {
-    let mut tail = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > keep * 2 {
-                    tail.drain(..tail.len() - keep);
-                }
-            }
+/// How long the pipes are still read once the program has exited: long enough to collect
+/// what it wrote just before exiting, short enough that a background process that
+/// inherited them (and is killed with the group right after) cannot hold the outcome.
+pub const EXIT_DRAIN: Duration = Duration::from_millis(150);
+
+/// The last `keep` bytes written to a stream.
+struct Tail {
+    bytes: Vec<u8>,
+    keep: usize,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Tail {
+        Tail {
+            bytes: Vec::new(),
+            keep,
         }
     }
-    if tail.len() > keep {
-        tail.drain(..tail.len() - keep);
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        if self.bytes.len() > self.keep * 2 {
+            self.bytes.drain(..self.bytes.len() - self.keep);
+        }
     }
-    tail
+
+    /// The tail as text fit for `LastError`: lossy UTF-8, trimmed, line breaks kept and
+    /// every other control character escaped.
+    fn text(mut self) -> String {
+        if self.bytes.len() > self.keep {
+            self.bytes.drain(..self.bytes.len() - self.keep);
+        }
+        crate::redact::clean_stored_text(String::from_utf8_lossy(&self.bytes).trim())
+    }
+}
+
+/// Reads one chunk from `stream`; `0` at the end (or on an error). Never completes for a
+/// stream already closed (`None`).
+async fn read_chunk(stream: &mut Option<impl AsyncRead + Unpin>, buf: &mut [u8]) -> usize {
+    match stream {
+        Some(stream) => stream.read(buf).await.unwrap_or(0),
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes at `at`, or never for `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The program's process group, killed with SIGKILL when this guard is dropped: an
+/// execution whose future is dropped (the processor aborting it after the shutdown grace,
+/// a timeout layer giving up) leaves no member of the group running, grandchildren
+/// included. Processes that leave the group themselves (`setsid`, `setpgid`) escape it.
+struct GroupGuard {
+    group: Option<Pid>,
+}
+
+impl GroupGuard {
+    /// The group of `child`, which was started as the leader of a group of its own.
+    fn of(child: &tokio::process::Child) -> GroupGuard {
+        GroupGuard {
+            group: child
+                .id()
+                .and_then(|pid| i32::try_from(pid).ok())
+                .filter(|&pid| pid > 1)
+                .map(Pid::from_raw),
+        }
+    }
+
+    /// Sends SIGKILL to every member of the group (a group already gone is no error).
+    fn kill(&self) {
+        if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 fn describe_status(status: std::process::ExitStatus) -> String {
@@ -103,6 +177,15 @@ fn describe_status(status: std::process::ExitStatus) -> String {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),
         _ => status.to_string(),
+    }
+}
+
+/// `what`, or `what: stderr` when the program wrote to stderr.
+fn with_stderr(what: String, stderr: &str) -> String {
+    if stderr.is_empty() {
+        what
+    } else {
+        format!("{what}: {stderr}")
     }
 }
 
@@ -116,6 +199,7 @@ impl Handler for ExecHandler {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // The leader of a new process group, so the whole group can be killed.
             .process_group(0)
             .kill_on_drop(true)
             .env("ICQ_COMMAND_ID", job.id.to_string())
@@ -132,10 +216,13 @@ impl Handler for ExecHandler {
                 "ICQ_CORRELATION_ID",
                 ctx.correlation_id.as_deref().unwrap_or(""),
             );
+        let started = Instant::now();
         let mut child = command
             .spawn()
             .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
-        let pid = child.id();
+        // Declared after `child`, so dropped before it: the group is killed while its
+        // leader is still unreaped and the group id cannot have been reused.
+        let group = GroupGuard::of(&child);
         let payload = job.payload.to_string();
         let stdin = child.stdin.take();
         let feed = async move {
@@ -145,49 +232,80 @@ impl Handler for ExecHandler {
                 let _ = stdin.shutdown().await;
             }
         };
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let drain_stdout = async move {
-            if let Some(out) = stdout {
-                read_tail(out, STDERR_TAIL_BYTES).await;
+        tokio::pin!(feed);
+        let mut fed = false;
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let (mut out_buf, mut err_buf) = ([0u8; 8192], [0u8; 8192]);
+        let mut tail = Tail::new(STDERR_TAIL_BYTES);
+        let deadline = self.timeout.map(|limit| started + limit);
+        let mut status = None;
+        let mut drained_by = None;
+        let mut timed_out = false;
+        // Until the program exits and its pipes are read to their end; once it has
+        // exited, at most EXIT_DRAIN more: the exit status is the outcome, whatever a
+        // background process holding the pipes does.
+        while status.is_none() || stdout.is_some() || stderr.is_some() {
+            tokio::select! {
+                result = child.wait(), if status.is_none() => {
+                    status = Some(result);
+                    drained_by = Some(Instant::now() + EXIT_DRAIN);
+                }
+                n = read_chunk(&mut stderr, &mut err_buf), if stderr.is_some() => {
+                    if n == 0 {
+                        stderr = None;
+                    } else {
+                        tail.push(&err_buf[..n]);
+                    }
+                }
+                n = read_chunk(&mut stdout, &mut out_buf), if stdout.is_some() => {
+                    if n == 0 {
+                        stdout = None;
+                    }
+                }
+                () = &mut feed, if !fed => fed = true,
+                () = sleep_until(drained_by), if drained_by.is_some() => break,
+                () = sleep_until(deadline), if status.is_none() && deadline.is_some() => {
+                    timed_out = true;
+                    break;
+                }
             }
-        };
-        let stderr_tail = async move {
-            match stderr {
-                Some(err) => read_tail(err, STDERR_TAIL_BYTES).await,
-                None => Vec::new(),
-            }
-        };
-        let run = async {
-            let (_, _, tail, status) = tokio::join!(feed, drain_stdout, stderr_tail, child.wait());
-            (tail, status)
-        };
-        let outcome = match self.timeout {
-            Some(limit) => tokio::time::timeout(limit, run).await.ok(),
-            None => Some(run.await),
-        };
-        let Some((tail, status)) = outcome else {
-            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
+        }
+        // Nothing of the attempt outlives it: background processes the program left in
+        // its group are killed too.
+        group.kill();
+        drop((stdout, stderr));
+        if timed_out {
+            // The leader is dead or about to be: reap it before reporting.
             let _ = child.wait().await;
             let limit = self.timeout.unwrap_or_default().as_secs_f64();
-            return Err(HandlerError::retry(format!(
-                "timed out after {limit:.1}s; process group killed"
+            return Err(HandlerError::retry(with_stderr(
+                format!("timed out after {limit:.1}s; process group killed"),
+                &tail.text(),
             )));
+        }
+        let status = match status {
+            Some(Ok(status)) => status,
+            Some(Err(e)) => {
+                return Err(HandlerError::retry(format!(
+                    "waiting for {}: {e}",
+                    self.argv[0]
+                )));
+            }
+            None => {
+                return Err(HandlerError::retry(format!(
+                    "waiting for {}: no exit status",
+                    self.argv[0]
+                )));
+            }
         };
-        let status = status
-            .map_err(|e| HandlerError::retry(format!("waiting for {}: {e}", self.argv[0])))?;
         if status.success() {
             return Ok(());
         }
-        let stderr = String::from_utf8_lossy(&tail);
-        let stderr = stderr.trim();
-        Err(HandlerError::retry(if stderr.is_empty() {
-            describe_status(status)
-        } else {
-            format!("{}: {stderr}", describe_status(status))
-        }))
+        Err(HandlerError::retry(with_stderr(
+            describe_status(status),
+            &tail.text(),
+        )))
     }
 }
 
@@ -246,5 +364,183 @@ mod tests {
             "program `no-such-program-icq` not found on PATH"
         );
         assert!(ExecHandler::new(vec![], None).is_err());
+    }
+
+    fn sh(script: &str, timeout: Option<Duration>) -> ExecHandler {
+        ExecHandler::new(vec!["sh".into(), "-c".into(), script.into()], timeout).unwrap()
+    }
+
+    /// True while `pid` names a live process (a zombie, killed but not yet reaped by its
+    /// new parent, counts as dead: it runs nothing).
+    fn alive(pid: i32) -> bool {
+        if nix::sys::signal::kill(Pid::from_raw(pid), None).is_err() {
+            return false;
+        }
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| !matches!(state, 'Z' | 'X')),
+            Err(_) => false,
+        }
+    }
+
+    /// Waits up to `limit` for `pid` to be dead.
+    async fn dies_within(pid: i32, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if !alive(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        !alive(pid)
+    }
+
+    /// The pid a script wrote to `file`, once it is there.
+    async fn pid_in(file: &Path) -> i32 {
+        for _ in 0..500 {
+            if let Ok(text) = std::fs::read_to_string(file)
+                && let Ok(pid) = text.trim().parse()
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} never got a pid", file.display());
+    }
+
+    /// A shell wrapper whose background grandchild writes its pid to `file`, then waits.
+    fn wrapper(file: &Path) -> String {
+        format!("sleep 30 & echo $! > '{}'; wait", file.display())
+    }
+
+    #[tokio::test]
+    async fn exec_cancelled_execution_kills_the_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild");
+        let handler = Arc::new(sh(&wrapper(&pidfile), None));
+        let task = tokio::spawn({
+            let handler = handler.clone();
+            async move { handler.handle(job()).await }
+        });
+        let grandchild = pid_in(&pidfile).await;
+        assert!(alive(grandchild));
+        // What the processor does to an execution still running after the grace period.
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert!(
+            dies_within(grandchild, Duration::from_secs(1)).await,
+            "grandchild {grandchild} survived its cancelled execution"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_dropped_by_a_timeout_layer_kills_the_process_group() {
+        use crate::handler::{Layer, TimeoutLayer};
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild");
+        let inner: Arc<dyn Handler> = Arc::new(sh(&wrapper(&pidfile), None));
+        let handler = TimeoutLayer {
+            timeout: Duration::from_secs(1),
+        }
+        .layer(inner);
+        let (result, grandchild) = tokio::join!(handler.handle(job()), pid_in(&pidfile));
+        assert!(
+            result
+                .unwrap_err()
+                .message
+                .starts_with("timed out after 1.0s")
+        );
+        assert!(
+            dies_within(grandchild, Duration::from_secs(1)).await,
+            "grandchild {grandchild} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_timeout_kills_the_whole_group_and_reaps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild");
+        let script = format!("echo started >&2; {}", wrapper(&pidfile));
+        let handler = sh(&script, Some(Duration::from_secs(1)));
+        let started = Instant::now();
+        let (result, grandchild) = tokio::join!(handler.handle(job()), pid_in(&pidfile));
+        let err = result.unwrap_err();
+        assert_eq!(
+            err.message,
+            "timed out after 1.0s; process group killed: started"
+        );
+        assert!(!err.terminal);
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        // Already dead when the failure is reported, not merely signalled.
+        assert!(
+            dies_within(grandchild, Duration::from_secs(1)).await,
+            "the wrapper's child {grandchild} outlived the timeout"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_exit_status_is_the_outcome_when_a_background_child_holds_the_pipes() {
+        // The background subshell inherits stdout and stderr and keeps them open for 5 s.
+        let handler = sh("(sleep 5) & exit 0", Some(Duration::from_secs(2)));
+        let started = Instant::now();
+        assert_eq!(handler.handle(job()).await, Ok(()));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?} for pipes a background process held",
+            started.elapsed()
+        );
+
+        // A failure is a failure, with what was written before the exit.
+        let handler = sh(
+            "echo 'disk full' >&2; (sleep 5) & exit 3",
+            Some(Duration::from_secs(2)),
+        );
+        let started = Instant::now();
+        assert_eq!(
+            handler.handle(job()).await.unwrap_err().message,
+            "exit status 3: disk full"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn exec_background_processes_left_behind_are_killed_after_the_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("background");
+        let script = format!("sleep 30 & echo $! > '{}'; exit 0", pidfile.display());
+        let handler = sh(&script, None);
+        assert_eq!(handler.handle(job()).await, Ok(()));
+        let background = pid_in(&pidfile).await;
+        assert!(
+            dies_within(background, Duration::from_secs(1)).await,
+            "background process {background} outlived the attempt"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_output_written_just_before_exit_is_kept() {
+        let handler = sh(
+            "head -c 100000 /dev/zero; printf 'last words' >&2; exit 1",
+            None,
+        );
+        assert_eq!(
+            handler.handle(job()).await.unwrap_err().message,
+            "exit status 1: last words"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_stderr_keeps_lines_but_not_terminal_controls() {
+        let handler = sh("printf 'one\\ntwo\\r\\n\\033[2Jthree' >&2; exit 2", None);
+        assert_eq!(
+            handler.handle(job()).await.unwrap_err().message,
+            "exit status 2: one\ntwo\n\\u{1b}[2Jthree"
+        );
     }
 }

@@ -5,7 +5,17 @@
 //! `X-Icq-User-Id`, `X-Icq-Roles` (JSON array), `X-Icq-Tenant-Id` and
 //! `X-Icq-Correlation-Id`. A 2xx status is success; any other status, a transport error
 //! or the timeout fails the attempt, with the status and a bounded excerpt of the body in
-//! `LastError`. Redirects are followed only within the same host.
+//! `LastError`.
+//!
+//! Redirects are never followed: a 3xx fails the attempt (`HTTP 302 redirect to ... not
+//! followed: icq POSTs only to the configured URL`). Following one would either turn the
+//! POST into a bodiless GET (301/302/303) and report a command delivered that never was,
+//! or send the payload and the configured headers (often credentials) to wherever the
+//! endpoint points (307/308). Configure the final URL instead.
+//!
+//! No URL is shown with its secrets: the configured URL, a redirect's `Location` and any
+//! transport error message go through [`crate::redact`] (password and `?token=`-like
+//! query values masked).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,11 +29,23 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 pub const BODY_EXCERPT_BYTES: usize = 512;
 
 /// POSTs each command to one endpoint.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
     headers: HeaderMap,
+}
+
+/// `Debug` shows the URL redacted and header names only (their values often carry
+/// tokens).
+impl std::fmt::Debug for HttpHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.keys().map(HeaderName::as_str).collect();
+        f.debug_struct("HttpHandler")
+            .field("url", &redacted(&self.url))
+            .field("headers", &names)
+            .finish()
+    }
 }
 
 impl HttpHandler {
@@ -37,7 +59,12 @@ impl HttpHandler {
         let url = reqwest::Url::parse(url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| crate::Error::Usage(format!("`{url}` is not an http(s) URL")))?;
+            .ok_or_else(|| {
+                crate::Error::Usage(format!(
+                    "`{}` is not an http(s) URL",
+                    crate::redact::redact_url(url)
+                ))
+            })?;
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             let name = HeaderName::from_bytes(name.as_bytes())
@@ -47,19 +74,8 @@ impl HttpHandler {
             })?;
             map.insert(name, value);
         }
-        let same_host = reqwest::redirect::Policy::custom(|attempt| {
-            let first = attempt
-                .previous()
-                .first()
-                .and_then(|u| u.host_str().map(str::to_owned));
-            if attempt.previous().len() > 5 || attempt.url().host_str() != first.as_deref() {
-                attempt.stop()
-            } else {
-                attempt.follow()
-            }
-        });
         let client = reqwest::Client::builder()
-            .redirect(same_host)
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout.unwrap_or(Duration::from_secs(30)))
             .user_agent(concat!("icq/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -77,14 +93,16 @@ fn value(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_bytes(text.as_bytes()).ok()
 }
 
+/// Up to [`BODY_EXCERPT_BYTES`] of a body, as text fit for `LastError`: lossy UTF-8,
+/// trimmed, line breaks kept and other control characters escaped.
 fn excerpt(body: &[u8]) -> String {
     let cut = &body[..body.len().min(BODY_EXCERPT_BYTES)];
     let text = String::from_utf8_lossy(cut);
-    let text = text.trim();
+    let text = crate::redact::clean_stored_text(text.trim());
     if body.len() > BODY_EXCERPT_BYTES {
         format!("{text}…")
     } else {
-        text.to_owned()
+        text
     }
 }
 
@@ -123,30 +141,43 @@ impl Handler for HttpHandler {
                 } else {
                     "failed"
                 };
+                // reqwest's message names the URL as given, `?token=` and all: drop it
+                // and name the redacted one instead.
+                let err = err.without_url();
                 let mut message = format!("POST {} {what}: {err}", redacted(&self.url));
                 let mut source = std::error::Error::source(&err);
                 while let Some(cause) = source {
                     message.push_str(&format!(": {cause}"));
                     source = cause.source();
                 }
-                HandlerError::retry(message)
+                HandlerError::retry(crate::redact::redact_text(&message))
             })?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
         }
-        let location = response
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|l| l.to_str().ok())
-            .map(str::to_owned);
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+            let target = match location {
+                Some(location) => match self.url.join(&location) {
+                    Ok(absolute) => format!(" to {}", redacted(&absolute)),
+                    Err(_) => format!(
+                        " to {}",
+                        crate::redact::escape_for_log(&crate::redact::redact_text(&location))
+                    ),
+                },
+                None => " (no Location header)".to_string(),
+            };
+            return Err(HandlerError::retry(format!(
+                "HTTP {} redirect{target} not followed: icq POSTs only to the configured URL",
+                status.as_u16()
+            )));
+        }
         let body = response.bytes().await.unwrap_or_default();
         let mut message = format!("HTTP {status}");
-        if let Some(location) = location.filter(|_| status.is_redirection()) {
-            message.push_str(&format!(
-                " (redirect to {location} not followed: another host)"
-            ));
-        }
         let body = excerpt(&body);
         if !body.is_empty() {
             message.push_str(": ");
@@ -158,4 +189,224 @@ impl Handler for HttpHandler {
 
 fn redacted(url: &reqwest::Url) -> String {
     crate::redact::redact_url(url.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{CommandId, Context};
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn job() -> Job {
+        Job {
+            id: CommandId::new(),
+            type_name: "t".into(),
+            payload: serde_json::json!({"k": "v"}),
+            attempt: 1,
+            source: Arc::from("s"),
+            context: Context::default(),
+        }
+    }
+
+    /// A one-response-fits-all HTTP server on 127.0.0.1: answers every request with
+    /// `status` and `headers`, and records each request's head.
+    struct Server {
+        addr: SocketAddr,
+        requests: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Server {
+        async fn start(status: &'static str, headers: Vec<String>, body: &'static str) -> Server {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let requests = Arc::new(Mutex::new(Vec::new()));
+            let seen = requests.clone();
+            tokio::spawn(async move {
+                while let Ok((mut stream, _)) = listener.accept().await {
+                    let seen = seen.clone();
+                    let headers = headers.clone();
+                    tokio::spawn(async move {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            match stream.read(&mut byte).await {
+                                Ok(1) => head.push(byte[0]),
+                                _ => return,
+                            }
+                        }
+                        let head = String::from_utf8_lossy(&head).into_owned();
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                let (name, value) = l.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        let mut payload = vec![0u8; length];
+                        let _ = stream.read_exact(&mut payload).await;
+                        seen.lock().unwrap().push(head);
+                        let mut response = format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n",
+                            body.len()
+                        );
+                        for header in headers {
+                            response.push_str(&header);
+                            response.push_str("\r\n");
+                        }
+                        response.push_str("\r\n");
+                        response.push_str(body);
+                        let _ = stream.write_all(response.as_bytes()).await;
+                        let _ = stream.shutdown().await;
+                    });
+                }
+            });
+            Server { addr, requests }
+        }
+
+        fn url(&self, path: &str) -> String {
+            format!("http://{}{path}", self.addr)
+        }
+
+        fn count(&self) -> usize {
+            self.requests.lock().unwrap().len()
+        }
+    }
+
+    fn handler(url: &str, headers: &[(&str, &str)]) -> HttpHandler {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        HttpHandler::new(url, &headers, Some(Duration::from_secs(5))).unwrap()
+    }
+
+    #[tokio::test]
+    async fn http_redirects_are_never_followed_and_fail_the_attempt() {
+        // Where a redirect points: must never receive anything.
+        let elsewhere = Server::start("200 OK", vec![], "").await;
+        for (status, code) in [
+            ("301 Moved Permanently", 301),
+            ("302 Found", 302),
+            ("303 See Other", 303),
+            ("307 Temporary Redirect", 307),
+            ("308 Permanent Redirect", 308),
+        ] {
+            let target = elsewhere.url("/stolen?token=t0p-s3cret&n=1");
+            let server = Server::start(status, vec![format!("location: {target}")], "moved").await;
+            let handler = handler(&server.url("/hooks"), &[("X-Api-Key", "k3y")]);
+            let err = handler.handle(job()).await.unwrap_err();
+            assert_eq!(
+                err.message,
+                format!(
+                    "HTTP {code} redirect to http://{}/stolen?token=***&n=1 not followed: icq \
+                     POSTs only to the configured URL",
+                    elsewhere.addr
+                )
+            );
+            assert!(!err.terminal, "retried: the endpoint may be fixed");
+            assert_eq!(server.count(), 1, "{code}: one POST, to the configured URL");
+        }
+        // Same origin, relative location: not followed either.
+        let server = Server::start(
+            "307 Temporary Redirect",
+            vec!["location: /v2/hooks".into()],
+            "",
+        )
+        .await;
+        let err = handler(&server.url("/hooks"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.message,
+            format!(
+                "HTTP 307 redirect to {} not followed: icq POSTs only to the configured URL",
+                server.url("/v2/hooks")
+            )
+        );
+        assert_eq!(server.count(), 1);
+        // A redirect without a Location.
+        let server = Server::start("302 Found", vec![], "").await;
+        let err = handler(&server.url("/"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert!(
+            err.message
+                .starts_with("HTTP 302 redirect (no Location header) not followed"),
+            "{}",
+            err.message
+        );
+
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            elsewhere.count(),
+            0,
+            "the redirect target received a request"
+        );
+    }
+
+    #[tokio::test]
+    async fn http_success_and_failure_bodies() {
+        let ok = Server::start("204 No Content", vec![], "").await;
+        assert_eq!(handler(&ok.url("/h"), &[]).handle(job()).await, Ok(()));
+        let head = ok.requests.lock().unwrap()[0].clone();
+        assert!(head.starts_with("POST /h HTTP/1.1"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("x-icq-command-type: t"),
+            "{head}"
+        );
+
+        let down = Server::start(
+            "500 Internal Server Error",
+            vec![],
+            "database down\r\nretry later\x1b[2J",
+        )
+        .await;
+        assert_eq!(
+            handler(&down.url("/h"), &[])
+                .handle(job())
+                .await
+                .unwrap_err()
+                .message,
+            "HTTP 500 Internal Server Error: database down\nretry later\\u{1b}[2J"
+        );
+    }
+
+    #[tokio::test]
+    async fn http_url_secrets_never_reach_last_error_or_debug() {
+        // Nothing listens on this port (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url =
+            format!("http://user:pa55word@127.0.0.1:{port}/hooks?token=t0p-s3cret&api_key=k3y&n=1");
+        let handler = handler(&url, &[("Authorization", "Bearer b3arer")]);
+        let err = handler.handle(job()).await.unwrap_err();
+        for secret in ["pa55word", "t0p-s3cret", "k3y"] {
+            assert!(!err.message.contains(secret), "{secret} in {}", err.message);
+        }
+        assert!(
+            err.message.starts_with(&format!(
+                "POST http://user:***@127.0.0.1:{port}/hooks?token=***&api_key=***&n=1 failed: "
+            )),
+            "{}",
+            err.message
+        );
+        let debug = format!("{handler:?}");
+        for secret in ["pa55word", "t0p-s3cret", "k3y", "b3arer"] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        let err = HttpHandler::new("ftp://u:pw@h/x?token=abc", &BTreeMap::new(), None).unwrap_err();
+        assert!(
+            !err.to_string().contains("abc") && !err.to_string().contains(":pw@"),
+            "{err}"
+        );
+    }
 }

@@ -142,7 +142,8 @@ fn unknown_settings_key() {
         "FILE:6:7: sources[0].settings: unknown field `batchsize`, expected one of \
          `batch_size`, `max_attempts`, `lease_seconds`, `retry_backoff_base_seconds`, \
          `max_retry_backoff_seconds`, `retention_days`, `cleanup_interval_hours`, \
-         `processing_delay_seconds`, `polling_interval_seconds`, `concurrency`"
+         `processing_delay_seconds`, `polling_interval_seconds`, `concurrency`, \
+         `claim_only_handled_types`"
     );
 }
 
@@ -160,7 +161,7 @@ fn bad_type() {
     assert_eq!(
         fixture_error("bad_type.yaml"),
         "FILE:5:21: sources[0].settings.max_attempts: invalid type: string \"five\", \
-         expected u32"
+         expected a whole number from 1 to 1000000"
     );
 }
 
