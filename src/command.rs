@@ -160,6 +160,19 @@ pub enum RunAt {
     After(Duration),
 }
 
+/// The longest delay a command may be scheduled with (100 years): every engine stores it.
+pub const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+fn earliest_instant() -> DateTime<Utc> {
+    DateTime::<Utc>::UNIX_EPOCH
+}
+
+fn latest_instant() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("9999-12-31T23:59:59Z")
+        .map(|at| at.with_timezone(&Utc))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// A command about to be scheduled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCommand {
@@ -219,8 +232,22 @@ impl NewCommand {
         if self.type_name.len() > 255 {
             return Err(Error::Usage(format!(
                 "command type `{}…` is longer than 255 characters",
-                &self.type_name[..40]
+                self.type_name.chars().take(40).collect::<String>()
             )));
+        }
+        match self.run_at {
+            RunAt::After(delay) if delay > MAX_DELAY => {
+                return Err(Error::Usage(format!(
+                    "a delay of {}s is too long: commands can be scheduled at most 100 years ahead",
+                    delay.as_secs()
+                )));
+            }
+            RunAt::At(at) if !(earliest_instant()..=latest_instant()).contains(&at) => {
+                return Err(Error::Usage(format!(
+                    "{at} is out of range: RunAt must be between 1970-01-01 and 9999-12-31 (UTC)"
+                )));
+            }
+            _ => {}
         }
         Ok(())
     }
