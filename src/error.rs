@@ -77,6 +77,11 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+
+    /// `icq bench` could not finish a measurement (its worker failed, a command did not
+    /// complete, or the run was interrupted).
+    #[error("{0}")]
+    Bench(String),
 }
 
 impl From<sqlx::migrate::MigrateError> for Error {

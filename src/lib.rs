@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod bench;
 pub mod command;
 pub mod commands;
 pub mod config;

@@ -24,6 +24,7 @@ use crate::admin::{
     DeadLetterReport, PendingReport, Progress, PurgeCount, PurgeReport, ReplayReport,
     RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
+use crate::bench::BenchReport;
 use crate::commands::Format;
 use crate::engine::admin::FinishedKind;
 use crate::error::{Error, Result};
@@ -367,6 +368,34 @@ impl Render for ScheduledMany {
             plural(self.ids.len() as u64, "command", "commands"),
             self.source
         )
+    }
+}
+
+impl Render for BenchReport {
+    fn human(&self, style: &Style) -> String {
+        let figure = |x: f64, places: usize| format!("{x:.places$}");
+        let rows: [(&str, String); 11] = [
+            ("engine", self.engine.to_string()),
+            ("jobs", self.jobs.to_string()),
+            ("enqueue_single_per_s", figure(self.enqueue_single_per_s, 0)),
+            ("enqueue_bulk_per_s", figure(self.enqueue_bulk_per_s, 0)),
+            ("drain_per_s", figure(self.drain_per_s, 0)),
+            ("latency_p50_ms", figure(self.latency_p50_ms, 2)),
+            ("latency_p99_ms", figure(self.latency_p99_ms, 2)),
+            ("claim_ms_empty", figure(self.claim_ms_empty, 3)),
+            ("claim_ms_1m_retained", figure(self.claim_ms_1m_retained, 3)),
+            ("rss_mb", figure(self.rss_mb, 1)),
+            ("retained", self.retained.to_string()),
+        ];
+        let mut table = style.table(&["Measure", "Value"]);
+        for (name, value) in rows {
+            table.add_row([
+                Cell::new(name),
+                Cell::new(value).set_alignment(CellAlignment::Right),
+            ]);
+        }
+        keep_whole(&mut table, &[0, 1]);
+        table.to_string()
     }
 }
 

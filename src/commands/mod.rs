@@ -1,6 +1,7 @@
 //! The command line: clap definitions and dispatch. Each subcommand lives in its own file
 //! as a thin layer: parse arguments, call the library, render the result.
 
+pub mod bench;
 pub mod completions;
 pub mod dead_letters;
 pub mod migrate;
@@ -92,6 +93,9 @@ pub enum Command {
     /// Schedule one command, or many from a JSON Lines file.
     Schedule(schedule::ScheduleArgs),
 
+    /// Measure enqueue, drain, idle latency and claim times on a scratch table.
+    Bench(bench::BenchArgs),
+
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
 }
@@ -108,6 +112,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Purge(args) => purge::run(args, &cli.global).await,
         Command::Replay(args) => replay::run(args, &cli.global).await,
         Command::Schedule(args) => schedule::run(args, &cli.global).await,
+        Command::Bench(args) => bench::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
     }
 }

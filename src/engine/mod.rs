@@ -204,6 +204,15 @@ pub trait QueueOps: Send + Sync + 'static {
 
     /// Closes the connection pool.
     async fn close(&self);
+
+    /// Inserts `rows` completed rows (`ProcessedAt` = now, type `bench.retained`) in a
+    /// few set-based statements, for `icq bench`'s claim measurement with a large
+    /// retained history. Not part of the queue path.
+    async fn bench_fill_completed(&self, rows: u64) -> Result<()>;
+
+    /// Drops the table and everything its migration created with it (the down script of
+    /// [`crate::schema::render`]), if it exists: `icq bench` removes its scratch table.
+    async fn table_drop(&self) -> Result<()>;
 }
 
 /// Everything one source's driver offers: queue operations plus operator queries.

@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod basics;
+mod bench;
 mod config;
 mod edges;
 mod migrate;

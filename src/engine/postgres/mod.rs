@@ -690,4 +690,31 @@ impl QueueOps for PgDriver {
         }
         self.pool.close().await;
     }
+
+    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+        let sql = format!(
+            r#"INSERT INTO {} ("Type", "Payload", "CreatedAt", "RunAt", "Attempts", "ProcessedAt")
+               SELECT 'bench.retained', '{{}}'::jsonb, now(), now(), 1, now()
+               FROM generate_series(1::bigint, $1::bigint)"#,
+            self.t
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("inserting completed rows for the benchmark"),
+            ))?;
+        Ok(())
+    }
+
+    async fn table_drop(&self) -> Result<()> {
+        // The down script drops the notify trigger and function with the table.
+        let ddl = crate::schema::render(Engine::Postgres, &self.table).down;
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("dropping the table")))?;
+        Ok(())
+    }
 }

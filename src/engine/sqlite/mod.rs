@@ -490,6 +490,35 @@ impl QueueOps for SqliteDriver {
     async fn close(&self) {
         self.pool.close().await;
     }
+
+    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let sql = format!(
+            r#"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+               INSERT INTO {} ("Type", "Payload", "CreatedAt", "RunAt", "Attempts", "ProcessedAt")
+               SELECT 'bench.retained', '{{}}', {NOW}, {NOW}, 1, {NOW} FROM n"#,
+            self.t
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("inserting completed rows for the benchmark"),
+            ))?;
+        Ok(())
+    }
+
+    async fn table_drop(&self) -> Result<()> {
+        let ddl = crate::schema::render(Engine::Sqlite, &self.table).down;
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("dropping the table")))?;
+        Ok(())
+    }
 }
 
 /// A multi-row insert of `rows` rows.

@@ -1,0 +1,719 @@
+//! `icq bench`: measures icq on one database, at icq's default settings, on a scratch
+//! table it creates and always drops again.
+//!
+//! The run, in order:
+//!
+//! 1. **enqueue, one transaction per command**: `jobs / 10` commands (at least 100), each
+//!    through [`Queue::schedule`];
+//! 2. **enqueue in bulk**: `jobs` commands in one [`Queue::schedule_many`] (`COPY` on
+//!    PostgreSQL, multi-row inserts in one transaction elsewhere);
+//! 3. **drain**: every command enqueued so far, run with the `noop` handler by a child
+//!    `icq work --until-idle` process, timed from spawn to exit, then counted to check that
+//!    every one completed; the child's peak RSS is the worker's memory figure;
+//! 4. **idle latency**: an in-process [`Processor`] waits on the empty table while another
+//!    connection inserts [`LATENCY_SAMPLES`] commands one at a time, ~20 ms apart; each
+//!    sample is the time from the insert's commit to the handler's start (on PostgreSQL
+//!    the table's NOTIFY trigger wakes the processor; elsewhere it finds rows by polling,
+//!    so the figure is about half the polling interval);
+//! 5. **claim**: the median time of the claim statement with nothing due, on the empty
+//!    table (timed first of all, on the freshly created table, so no deleted-row residue
+//!    flatters the comparison) and at the end with exactly `retained` completed rows in it
+//!    (the earlier phases' rows are deleted, then the rows are inserted set-based).
+//!
+//! The scratch table (`icq_bench_<8 hex digits>`) is created from [`crate::schema::render`]
+//! and dropped at the end, also when a phase fails or the run is interrupted; nothing else
+//! in the database is touched.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::Progress;
+use crate::command::{LeaseToken, NewCommand};
+use crate::config::DatabaseUrl;
+use crate::engine::admin::{
+    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount, StateCountParams,
+};
+use crate::engine::{self, Backend, ClaimParams, ConnectOptions};
+use crate::error::{Error, Result};
+use crate::handler::{FnHandler, Job, Registry};
+use crate::ident::{Engine, TableName};
+use crate::processor::{Processor, RunOptions};
+use crate::queue::Queue;
+use crate::settings::Settings;
+
+/// The command type the drain runs with the `noop` handler.
+pub const NOOP_TYPE: &str = "bench.noop";
+
+/// The command type of the latency samples.
+pub const LATENCY_TYPE: &str = "bench.latency";
+
+/// How many commands the latency phase inserts.
+pub const LATENCY_SAMPLES: usize = 200;
+
+/// The gap between two latency inserts.
+const LATENCY_GAP: Duration = Duration::from_millis(20);
+
+/// Claim statements timed per claim measurement (after [`CLAIM_WARMUP`] untimed ones).
+const CLAIM_SAMPLES: usize = 50;
+
+/// Untimed claims before each claim measurement (connections and plans warm).
+const CLAIM_WARMUP: usize = 3;
+
+/// Retained rows inserted per call of the engine's fill statement.
+const FILL_CHUNK: u64 = 50_000;
+
+/// Rows deleted per batch when the claim phase empties the table.
+const DELETE_BATCH: u32 = 10_000;
+
+/// Tries at dropping the scratch table before giving up.
+const DROP_ATTEMPTS: u32 = 3;
+
+/// The environment variable that hands the database URL to the drain worker, so the
+/// password is never written into its configuration file.
+const URL_VARIABLE: &str = "ICQ_BENCH_DATABASE_URL";
+
+/// What to benchmark and how much.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The database (engine from the scheme).
+    pub url: DatabaseUrl,
+    /// Commands enqueued in bulk and drained.
+    pub jobs: u64,
+    /// The drain worker's `concurrency`; `None` keeps the settings default.
+    pub concurrency: Option<u32>,
+    /// Completed rows in the table for the second claim measurement.
+    pub retained: u64,
+    /// The `icq` binary the drain runs as `icq work --until-idle`.
+    pub worker: PathBuf,
+}
+
+impl BenchOptions {
+    /// The default run (20,000 jobs, default concurrency, 1,000,000 retained rows) on
+    /// `url`, draining with the `icq` binary at `worker`.
+    pub fn new(url: DatabaseUrl, worker: PathBuf) -> BenchOptions {
+        BenchOptions {
+            url,
+            jobs: 20_000,
+            concurrency: None,
+            retained: 1_000_000,
+            worker,
+        }
+    }
+
+    /// Commands the first phase enqueues one transaction each: a tenth of `jobs`, at
+    /// least 100.
+    pub fn singles(&self) -> u64 {
+        (self.jobs / 10).max(100)
+    }
+}
+
+/// The figures of one run (`icq bench --format json` prints exactly this object).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// The engine measured.
+    pub engine: Engine,
+    /// Commands enqueued in bulk (the drain ran these plus the singles).
+    pub jobs: u64,
+    /// Commands per second, one transaction per command.
+    pub enqueue_single_per_s: f64,
+    /// Commands per second through the bulk path.
+    pub enqueue_bulk_per_s: f64,
+    /// Commands per second drained by `icq work --until-idle` with the `noop` handler,
+    /// from process spawn to exit.
+    pub drain_per_s: f64,
+    /// Median commit → handler start, for commands inserted by another connection while
+    /// the processor is idle, in milliseconds.
+    pub latency_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub latency_p99_ms: f64,
+    /// Median claim statement time with nothing due, on the empty table, in milliseconds.
+    pub claim_ms_empty: f64,
+    /// Median claim statement time with nothing due and `retained` completed rows.
+    pub claim_ms_1m_retained: f64,
+    /// Peak resident memory of the drain worker process, in MiB.
+    pub rss_mb: f64,
+    /// Completed rows in the table for `claim_ms_1m_retained`.
+    pub retained: u64,
+}
+
+/// Runs the benchmark. `progress` shows each phase; cancelling `interrupt` (Ctrl-C)
+/// stops the run, and the scratch table is dropped before this returns, whatever happened.
+pub async fn run(
+    options: &BenchOptions,
+    progress: &dyn Progress,
+    interrupt: CancellationToken,
+) -> Result<BenchReport> {
+    if options.jobs == 0 {
+        return Err(Error::Usage("--jobs must be at least 1".into()));
+    }
+    if options.concurrency == Some(0) {
+        return Err(Error::Usage("--concurrency must be at least 1".into()));
+    }
+    let engine = options.url.engine()?;
+    let table = scratch_table()?;
+    let connect_options = ConnectOptions::default();
+    let connect = engine::connect(options.url.expose(), &table, &connect_options);
+    let backend = tokio::select! {
+        backend = connect => backend?,
+        () = interrupt.cancelled() => return Err(interrupted(None)),
+    };
+    if backend.table_exists().await? {
+        backend.close().await;
+        return Err(Error::Bench(format!(
+            "the scratch table {table} already exists; run icq bench again (it picks a new name)"
+        )));
+    }
+    let created = backend
+        .schema_apply(&crate::schema::render(engine, &table).up)
+        .await;
+    let outcome = match created {
+        Ok(()) => {
+            let bench = Bench {
+                options,
+                engine,
+                table: &table,
+                backend: backend.clone(),
+                progress,
+            };
+            tokio::select! {
+                report = bench.measure() => report,
+                () = interrupt.cancelled() => Err(interrupted(Some(&table))),
+            }
+        }
+        Err(err) => Err(err),
+    };
+    progress.finish();
+    let dropped = drop_table(&*backend, &options.url, &table).await;
+    backend.close().await;
+    match (outcome, dropped) {
+        (outcome, Ok(())) => outcome,
+        (Ok(_), Err(err)) => Err(drop_failed(&table, err, None)),
+        (Err(first), Err(err)) => Err(drop_failed(&table, err, Some(first))),
+    }
+}
+
+/// Drops the scratch table; on failure tries again twice, a second apart, each time on a
+/// fresh connection: a failure mid-run (a restarted server) can leave the pool holding
+/// only dead connections.
+async fn drop_table(backend: &dyn Backend, url: &DatabaseUrl, table: &TableName) -> Result<()> {
+    let mut outcome = backend.table_drop().await;
+    for _ in 1..DROP_ATTEMPTS {
+        if outcome.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let options = ConnectOptions {
+            max_connections: 1,
+            ..ConnectOptions::default()
+        };
+        outcome = match engine::connect(url.expose(), table, &options).await {
+            Ok(fresh) => {
+                let dropped = fresh.table_drop().await;
+                fresh.close().await;
+                dropped
+            }
+            Err(err) => Err(err),
+        };
+    }
+    outcome
+}
+
+/// A fresh scratch table name: `icq_bench_` and 8 random hex digits.
+fn scratch_table() -> Result<TableName> {
+    TableName::parse(&format!("icq_bench_{:08x}", rand::random::<u32>()))
+}
+
+fn interrupted(table: Option<&TableName>) -> Error {
+    Error::Bench(match table {
+        Some(table) => format!("interrupted; the scratch table {table} was dropped"),
+        None => "interrupted before anything was written".into(),
+    })
+}
+
+/// The error when the scratch table could not be dropped: it names the table so it can
+/// be dropped by hand, after the earlier failure, if any.
+fn drop_failed(table: &TableName, err: Error, earlier: Option<Error>) -> Error {
+    let earlier = earlier.map_or_else(String::new, |e| format!("{e}; then "));
+    Error::Bench(format!(
+        "{earlier}dropping the scratch table {table} failed, so it is still there (drop it \
+         by hand): {err}"
+    ))
+}
+
+/// One run's shared state.
+struct Bench<'a> {
+    options: &'a BenchOptions,
+    engine: Engine,
+    table: &'a TableName,
+    backend: Arc<dyn Backend>,
+    progress: &'a dyn Progress,
+}
+
+impl Bench<'_> {
+    async fn measure(&self) -> Result<BenchReport> {
+        let queue = Queue::from_backend("bench", self.backend.clone());
+        let singles = self.options.singles();
+        let jobs = self.options.jobs;
+
+        // On the pristine table: no deleted-row residue (dead tuples, purge lag) in it yet.
+        let claim_ms_empty = self.time_claims("claim, empty table").await?;
+
+        let commands = noop_commands(singles);
+        self.progress
+            .begin("enqueue, one transaction each", singles);
+        let started = Instant::now();
+        for command in &commands {
+            queue.schedule(command).await?;
+            self.progress.advance(1);
+        }
+        let enqueue_single_per_s = per_second(singles, started.elapsed());
+
+        let commands = noop_commands(jobs);
+        self.progress.begin("enqueue in bulk", jobs);
+        let started = Instant::now();
+        queue.schedule_many(&commands).await?;
+        let enqueue_bulk_per_s = per_second(jobs, started.elapsed());
+        self.progress.advance(jobs);
+        drop(commands);
+
+        let drained = self.drain(singles + jobs).await?;
+        let (latency_p50_ms, latency_p99_ms) = self.latency(&queue).await?;
+        let claim_ms_1m_retained = self.retained_claims().await?;
+
+        Ok(BenchReport {
+            engine: self.engine,
+            jobs,
+            enqueue_single_per_s: round(enqueue_single_per_s, 1),
+            enqueue_bulk_per_s: round(enqueue_bulk_per_s, 1),
+            drain_per_s: round(per_second(singles + jobs, drained.elapsed), 1),
+            latency_p50_ms: round(latency_p50_ms, 3),
+            latency_p99_ms: round(latency_p99_ms, 3),
+            claim_ms_empty: round(claim_ms_empty, 3),
+            claim_ms_1m_retained: round(claim_ms_1m_retained, 3),
+            rss_mb: round(drained.peak_rss_mb, 1),
+            retained: self.options.retained,
+        })
+    }
+
+    /// Phase 3: `icq work --until-idle` drains the `total` commands in a child process.
+    async fn drain(&self, total: u64) -> Result<Drained> {
+        let config = WorkerConfig::write(self.table, self.options.concurrency)?;
+        let mut worker = tokio::process::Command::new(&self.options.worker);
+        worker
+            .arg("work")
+            .arg("--until-idle")
+            .arg("--config")
+            .arg(config.path())
+            .env(URL_VARIABLE, self.options.url.expose().replace('\'', "''"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        self.progress
+            .begin("drain with `icq work --until-idle`", total);
+        let started = Instant::now();
+        let child = worker.spawn().map_err(Error::io(format!(
+            "starting the drain worker {}",
+            self.options.worker.display()
+        )))?;
+        let mut exited = std::pin::pin!(child.wait_with_output());
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut shown = 0;
+        let output = loop {
+            tokio::select! {
+                output = &mut exited => break output,
+                _ = tick.tick() => {
+                    // Progress only: a failed count is simply not shown.
+                    if let Ok(left) = self.backend.activity().await {
+                        let done = total.saturating_sub(left.due + left.running);
+                        if done > shown {
+                            self.progress.advance(done - shown);
+                            shown = done;
+                        }
+                    }
+                }
+            }
+        };
+        let elapsed = started.elapsed();
+        let output = output.map_err(Error::io("waiting for the drain worker"))?;
+        if !output.status.success() {
+            return Err(Error::Bench(format!(
+                "the drain worker (`icq work --until-idle`) failed ({}){}",
+                output.status,
+                tail(&output.stderr)
+            )));
+        }
+        self.progress.advance(total.saturating_sub(shown));
+        let counts = self.counts().await?;
+        let pending = counts.due + counts.scheduled + counts.running;
+        if counts.completed != total || pending > 0 || counts.dead > 0 {
+            return Err(Error::Bench(format!(
+                "the drain worker exited, but {} of {total} commands completed ({} \
+                 dead-lettered, {pending} still pending){}",
+                counts.completed,
+                counts.dead,
+                tail(&output.stderr)
+            )));
+        }
+        Ok(Drained {
+            elapsed,
+            peak_rss_mb: children_peak_rss_mb()?,
+        })
+    }
+
+    /// Phase 4: commit → handler start for commands inserted by another connection while
+    /// an in-process processor (default settings) is idle. Returns (p50, p99) in ms.
+    async fn latency(&self, queue: &Queue) -> Result<(f64, f64)> {
+        let settings = Settings::default();
+        let (started_tx, mut started) = mpsc::unbounded_channel::<(usize, Instant)>();
+        let mut registry = Registry::new();
+        registry.insert(
+            LATENCY_TYPE,
+            Arc::new(FnHandler(move |job: Job| {
+                let at = Instant::now();
+                if let Some(i) = job.payload.get("i").and_then(serde_json::Value::as_u64) {
+                    let _ = started_tx.send((i as usize, at));
+                }
+                async { Ok(()) }
+            })),
+        )?;
+        let mut processor = Processor::new(registry);
+        processor.add_source(queue.source_handle(settings.clone()));
+        let stop = CancellationToken::new();
+        let _stop_on_drop = stop.clone().drop_guard();
+        let running = tokio::spawn({
+            let stop = stop.clone();
+            async move { processor.run(RunOptions::default(), stop).await }
+        });
+
+        // Another pool, so no insert wakes the processor in-process.
+        let other = engine::connect(
+            self.options.url.expose(),
+            self.table,
+            &ConnectOptions {
+                max_connections: 1,
+                ..ConnectOptions::default()
+            },
+        )
+        .await?;
+        let sampled = self.sample_latency(&*other, &mut started, &settings).await;
+        other.close().await;
+        stop.cancel();
+        let ran = running
+            .await
+            .map_err(|err| Error::Bench(format!("the latency processor crashed: {err}")))?;
+        let mut latencies = sampled?;
+        ran?;
+        latencies.sort_by(f64::total_cmp);
+        Ok((percentile(&latencies, 0.50), percentile(&latencies, 0.99)))
+    }
+
+    async fn sample_latency(
+        &self,
+        other: &dyn Backend,
+        started: &mut mpsc::UnboundedReceiver<(usize, Instant)>,
+        settings: &Settings,
+    ) -> Result<Vec<f64>> {
+        let patience = settings.polling_interval() * 2 + Duration::from_secs(30);
+        // A first command, untimed: the processor is claiming (and listening) once it ran.
+        other
+            .command_insert(&latency_command(LATENCY_SAMPLES))
+            .await?;
+        wait_started(started, 1, patience, "the warm-up command").await?;
+
+        self.progress
+            .begin("idle latency, schedule → start", LATENCY_SAMPLES as u64);
+        let mut committed = Vec::with_capacity(LATENCY_SAMPLES);
+        let mut next = tokio::time::Instant::now();
+        for i in 0..LATENCY_SAMPLES {
+            tokio::time::sleep_until(next).await;
+            other.command_insert(&latency_command(i)).await?;
+            committed.push(Instant::now());
+            self.progress.advance(1);
+            next += LATENCY_GAP;
+        }
+        let starts =
+            wait_started(started, LATENCY_SAMPLES, patience, "the latency commands").await?;
+        Ok(committed
+            .iter()
+            .zip(&starts)
+            .map(|(commit, start)| millis(start.saturating_duration_since(*commit)))
+            .collect())
+    }
+
+    /// Phase 5: the claim's median time with nothing due and exactly `retained` completed
+    /// rows (the earlier phases' rows are deleted first), in ms.
+    async fn retained_claims(&self) -> Result<f64> {
+        let cutoff = self.backend.clock_now().await?;
+        let params = FinishedDeleteBatchParams {
+            filter: FinishedFilter {
+                kind: FinishedKind::Completed,
+                before: cutoff,
+            },
+            limit: DELETE_BATCH,
+        };
+        while self.backend.finished_delete_batch(&params).await? > 0 {}
+        let left = self.counts().await?;
+        let total = left.due + left.scheduled + left.running + left.dead + left.completed;
+        if total > 0 {
+            return Err(Error::Bench(format!(
+                "the scratch table should be empty before the retained rows go in, but {total} \
+                 rows are left"
+            )));
+        }
+
+        let retained = self.options.retained;
+        self.progress
+            .begin("insert retained completed rows", retained);
+        let mut left = retained;
+        while left > 0 {
+            let n = left.min(FILL_CHUNK);
+            self.backend.bench_fill_completed(n).await?;
+            self.progress.advance(n);
+            left -= n;
+        }
+        self.time_claims("claim, retained rows").await
+    }
+
+    async fn time_claims(&self, label: &str) -> Result<f64> {
+        let settings = Settings::default();
+        self.progress
+            .begin(label, (CLAIM_WARMUP + CLAIM_SAMPLES) as u64);
+        let mut times = Vec::with_capacity(CLAIM_SAMPLES);
+        for i in 0..CLAIM_WARMUP + CLAIM_SAMPLES {
+            let params = ClaimParams {
+                limit: settings.batch_size,
+                lease: settings.lease(),
+                processing_delay: Duration::from_secs(settings.processing_delay_seconds),
+                token: LeaseToken::new(),
+                types: None,
+            };
+            let started = Instant::now();
+            let claimed = self.backend.command_claim(&params).await?;
+            let elapsed = started.elapsed();
+            if !claimed.is_empty() {
+                return Err(Error::Bench(format!(
+                    "the claim measurement expects nothing due, but a claim took {} rows",
+                    claimed.len()
+                )));
+            }
+            if i >= CLAIM_WARMUP {
+                times.push(millis(elapsed));
+            }
+            self.progress.advance(1);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(percentile(&times, 0.50))
+    }
+
+    async fn counts(&self) -> Result<StateCount> {
+        Ok(self
+            .backend
+            .state_count(&StateCountParams::default())
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or_default())
+    }
+}
+
+/// What the drain phase measured.
+struct Drained {
+    elapsed: Duration,
+    peak_rss_mb: f64,
+}
+
+/// `n` no-op commands.
+fn noop_commands(n: u64) -> Vec<NewCommand> {
+    (0..n)
+        .map(|i| NewCommand::new(NOOP_TYPE, serde_json::json!({ "n": i })))
+        .collect()
+}
+
+/// Latency sample `i` (`LATENCY_SAMPLES` is the untimed warm-up).
+fn latency_command(i: usize) -> NewCommand {
+    NewCommand::new(LATENCY_TYPE, serde_json::json!({ "i": i }))
+}
+
+/// Waits until `count` handlers reported their start (each sample at most `patience`
+/// after the previous one); returns the start instants by sample index.
+async fn wait_started(
+    started: &mut mpsc::UnboundedReceiver<(usize, Instant)>,
+    count: usize,
+    patience: Duration,
+    what: &str,
+) -> Result<Vec<Instant>> {
+    let mut starts: Vec<Option<Instant>> = vec![None; count];
+    let mut seen = 0;
+    while seen < count {
+        let next = tokio::time::timeout(patience, started.recv()).await;
+        let Ok(Some((i, at))) = next else {
+            return Err(Error::Bench(format!(
+                "{what}: only {seen} of {count} started within {}s; is the processor \
+                 running?",
+                patience.as_secs()
+            )));
+        };
+        // The warm-up sample (index `count` or beyond) fills the single slot it waits for.
+        let slot = if count == 1 { 0 } else { i };
+        if let Some(entry) = starts.get_mut(slot)
+            && entry.is_none()
+        {
+            *entry = Some(at);
+            seen += 1;
+        }
+    }
+    Ok(starts.into_iter().flatten().collect())
+}
+
+/// The configuration file of the drain worker, removed when dropped.
+struct WorkerConfig {
+    path: PathBuf,
+}
+
+impl WorkerConfig {
+    /// Writes a private (0600) icq.yaml with one source on `table` (its URL read from
+    /// [`URL_VARIABLE`]) and the `noop` handler for [`NOOP_TYPE`].
+    fn write(table: &TableName, concurrency: Option<u32>) -> Result<WorkerConfig> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let settings = concurrency.map_or_else(String::new, |c| {
+            format!("    settings: {{ concurrency: {c} }}\n")
+        });
+        let text = format!(
+            "# Written by `icq bench` for its drain worker; removed when the benchmark ends.\n\
+             sources:\n\
+             \x20 - name: bench\n\
+             \x20   url: '${{{URL_VARIABLE}}}'\n\
+             \x20   table: {table}\n\
+             {settings}\
+             handlers:\n\
+             \x20 {NOOP_TYPE}: {{ noop: true }}\n"
+        );
+        let path = std::env::temp_dir().join(format!("{}.yaml", table.name()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(Error::io(format!("creating {}", path.display())))?;
+        let config = WorkerConfig { path };
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.flush())
+            .map_err(Error::io(format!("writing {}", config.path.display())))?;
+        Ok(config)
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkerConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The peak RSS of the largest child process waited for so far, in MiB.
+fn children_peak_rss_mb() -> Result<f64> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|errno| {
+        Error::io("reading the drain worker's peak memory")(std::io::Error::from(errno))
+    })?;
+    // Linux reports kibibytes, macOS bytes.
+    let bytes_per_unit = if cfg!(target_os = "macos") {
+        1.0
+    } else {
+        1024.0
+    };
+    Ok(usage.max_rss() as f64 * bytes_per_unit / (1024.0 * 1024.0))
+}
+
+/// The last lines of a child's stderr, as a suffix for an error message.
+fn tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let last = &lines[lines.len().saturating_sub(10)..];
+    format!(":\n{}", last.join("\n"))
+}
+
+fn per_second(n: u64, elapsed: Duration) -> f64 {
+    n as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The nearest-rank percentile `p` (0..=1) of sorted `values`; 0 when empty.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let values: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(percentile(&values, 0.50), 100.0);
+        assert_eq!(percentile(&values, 0.99), 198.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn singles_are_a_tenth_of_the_jobs_and_at_least_100() {
+        let mut options =
+            BenchOptions::new(DatabaseUrl::new("sqlite::memory:".into()), "icq".into());
+        assert_eq!(options.singles(), 2000);
+        options.jobs = 200;
+        assert_eq!(options.singles(), 100);
+    }
+
+    #[test]
+    fn scratch_tables_are_valid_and_distinct() {
+        let a = scratch_table().unwrap();
+        let b = scratch_table().unwrap();
+        assert!(a.name().starts_with("icq_bench_") && a.name().len() == 18);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_worker_config_parses_and_names_the_table() {
+        let table = scratch_table().unwrap();
+        let config = WorkerConfig::write(&table, Some(3)).unwrap();
+        let text = std::fs::read_to_string(config.path()).unwrap();
+        let url = "postgres://u:it''s@h/db".to_owned();
+        let env = |name: &str| (name == URL_VARIABLE).then(|| url.clone());
+        let parsed = crate::config::parse(&text, config.path(), &env).unwrap();
+        assert_eq!(parsed.sources[0].table, table);
+        assert_eq!(parsed.sources[0].url.expose(), "postgres://u:it's@h/db");
+        assert_eq!(parsed.sources[0].settings.concurrency, 3);
+        assert!(parsed.handlers.contains_key(NOOP_TYPE));
+        let path = config.path().to_path_buf();
+        drop(config);
+        assert!(!path.exists());
+    }
+}
