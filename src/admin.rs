@@ -779,7 +779,11 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
             source: source.name.clone(),
         }));
     }
-    let order: HashMap<CommandId, usize> = ids.iter().enumerate().map(|(i, id)| (id.clone(), i)).collect();
+    let order: HashMap<CommandId, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), i))
+        .collect();
     replayed.sort_by_key(|r| order.get(&r.from).copied().unwrap_or(usize::MAX));
     Ok(ReplayReport {
         replayed,

@@ -60,7 +60,10 @@ impl Leases {
     pub(crate) fn forget<'a>(&self, leases: impl Iterator<Item = &'a Lease>) {
         let mut held = self.lock();
         for lease in leases {
-            if held.get(&lease.id).is_some_and(|h| h.lease.token == lease.token) {
+            if held
+                .get(&lease.id)
+                .is_some_and(|h| h.lease.token == lease.token)
+            {
                 held.remove(&lease.id);
             }
         }

@@ -27,10 +27,14 @@ use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
 /// Claims running at once, at most.
-pub(crate) static MAX_CLAIMS_IN_FLIGHT: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| tune("ICQ_TUNE_CLAIMS", 2));
+pub(crate) static MAX_CLAIMS_IN_FLIGHT: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| tune("ICQ_TUNE_CLAIMS", 2));
 
 pub(crate) fn tune(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Rows the buffer holds: enough for two claims ahead, and never fewer than the slots.
@@ -191,11 +195,7 @@ fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
     for (claimed, expires) in rows {
         let cancel = shared.leases.hold(&claimed.lease, expires);
         shared.buffered.fetch_add(1, Ordering::AcqRel);
-        if shared
-            .buffer_tx
-            .send(Buffered { claimed, cancel })
-            .is_err()
-        {
+        if shared.buffer_tx.send(Buffered { claimed, cancel }).is_err() {
             shared.buffered.fetch_sub(1, Ordering::AcqRel);
         }
     }

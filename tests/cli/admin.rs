@@ -1034,7 +1034,10 @@ async fn ids_are_matched_as_stored_and_empty_ids_are_usage_errors() {
         &["replay", DEAD_OLD, "not-an-id"],
     ] {
         let err = fails(&db, args, 3);
-        assert!(err.contains("not found") || err.contains("no command"), "{args:?}: {err}");
+        assert!(
+            err.contains("not found") || err.contains("no command"),
+            "{args:?}: {err}"
+        );
     }
     let err = fails(&db, &["dead-letters", "show", " "], 2);
     assert!(err.contains("must not be empty"), "{err}");

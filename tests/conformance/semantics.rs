@@ -652,8 +652,15 @@ pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
         "the new claim still holds the row"
     );
     assert_eq!(r.last_error, None, "A's outcome was dropped");
-    assert_eq!(r.attempts, 1, "A's release did not give back the new claim's attempt");
-    assert_eq!(queue_a.stats().snapshot().stale, 1, "A counted one stale outcome");
+    assert_eq!(
+        r.attempts, 1,
+        "A's release did not give back the new claim's attempt"
+    );
+    assert_eq!(
+        queue_a.stats().snapshot().stale,
+        1,
+        "A counted one stale outcome"
+    );
 }
 
 pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static str) {
@@ -764,7 +771,10 @@ pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::from_secs(86_400), limit: 100 })
+            .completed_delete_batch(&icq::engine::SweepParams {
+                older_than: Duration::from_secs(86_400),
+                limit: 100
+            })
             .await
             .unwrap(),
         Some(0)
@@ -772,7 +782,10 @@ pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::ZERO, limit: 2 })
+            .completed_delete_batch(&icq::engine::SweepParams {
+                older_than: Duration::ZERO,
+                limit: 2
+            })
             .await
             .unwrap(),
         Some(2),
@@ -781,7 +794,10 @@ pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
     assert_eq!(
         queue
             .backend()
-            .completed_delete_batch(&icq::engine::SweepParams { older_than: Duration::ZERO, limit: 100 })
+            .completed_delete_batch(&icq::engine::SweepParams {
+                older_than: Duration::ZERO,
+                limit: 100
+            })
             .await
             .unwrap(),
         Some(3)

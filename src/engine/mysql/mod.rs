@@ -53,7 +53,8 @@ struct Sql {
 }
 
 /// One row of an insert: nine parameters.
-const INSERT_ROW: &str = "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?)";
+const INSERT_ROW: &str =
+    "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?)";
 
 /// Rows per multi-row insert.
 const INSERT_ROWS_PER_STATEMENT: usize = 1000;
@@ -139,7 +140,13 @@ fn claim_select_sql(t: &str, types: usize) -> String {
 fn leases_json<'a>(rows: impl Iterator<Item = (&'a Lease, i16, i64, Option<String>)>) -> String {
     let rows: Vec<serde_json::Value> = rows
         .map(|(lease, kind, delay, error)| {
-            serde_json::json!([lease.id.as_str(), lease.token.to_string(), kind, delay, error])
+            serde_json::json!([
+                lease.id.as_str(),
+                lease.token.to_string(),
+                kind,
+                delay,
+                error
+            ])
         })
         .collect();
     serde_json::Value::Array(rows).to_string()
@@ -307,7 +314,10 @@ impl MySqlDriver {
         for id in &ids {
             query = query.bind(id);
         }
-        let rows = query.fetch_all(&mut *conn).await.map_err(Error::db(ctx()))?;
+        let rows = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
         Ok(rows
             .iter()
             .filter_map(|row| match decode_row(row) {
@@ -382,8 +392,13 @@ impl QueueOps for MySqlDriver {
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_rows(&mut conn, &self.sql.insert, &self.table, std::slice::from_ref(command))
-            .await?;
+        insert_rows(
+            &mut conn,
+            &self.sql.insert,
+            &self.table,
+            std::slice::from_ref(command),
+        )
+        .await?;
         Ok(command.id.clone())
     }
 

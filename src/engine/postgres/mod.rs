@@ -82,11 +82,7 @@ fn lease_sql(t: &str) -> String {
 
 /// The claim on its own.
 fn claim_sql(t: &str, type_filter: &str) -> String {
-    format!(
-        "WITH due AS ({}) {}",
-        due_sql(t, type_filter),
-        lease_sql(t)
-    )
+    format!("WITH due AS ({}) {}", due_sql(t, type_filter), lease_sql(t))
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, from
@@ -259,8 +255,8 @@ fn time(row: &PgRow, column: &str) -> std::result::Result<Option<DateTime<Utc>>,
     }
     match raw.format() {
         PgValueFormat::Binary => {
-            let micros = <i64 as sqlx::Decode<sqlx::Postgres>>::decode(raw)
-                .map_err(|e| e.to_string())?;
+            let micros =
+                <i64 as sqlx::Decode<sqlx::Postgres>>::decode(raw).map_err(|e| e.to_string())?;
             match micros {
                 i64::MAX => Err("`infinity` is not an instant icq can use".into()),
                 i64::MIN => Err("`-infinity` is not an instant icq can use".into()),
@@ -558,10 +554,9 @@ impl QueueOps for PgDriver {
         if let Some(types) = &params.types {
             query = query.bind(types.to_vec());
         }
-        let rows = query
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("stamping outcomes and claiming due commands")))?;
+        let rows = query.fetch_all(&self.pool).await.map_err(Error::db(
+            self.ctx("stamping outcomes and claiming due commands"),
+        ))?;
         let stamped = rows
             .first()
             .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())

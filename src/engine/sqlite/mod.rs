@@ -59,7 +59,8 @@ fn insert_sql(t: &str) -> String {
 }
 
 /// One row of an insert: nine parameters.
-const INSERT_ROW: &str = "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?)";
+const INSERT_ROW: &str =
+    "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?)";
 
 /// Rows per multi-row insert (9 parameters each, well under SQLite's limit).
 const INSERT_ROWS_PER_STATEMENT: usize = 500;
@@ -246,10 +247,18 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
 
 /// The JSON array of `[id, token, kind, delay, error]` the set-state and extend
 /// statements read with `json_each`.
-fn leases_json<'a>(rows: impl Iterator<Item = (&'a Lease, i16, Option<String>, Option<String>)>) -> String {
+fn leases_json<'a>(
+    rows: impl Iterator<Item = (&'a Lease, i16, Option<String>, Option<String>)>,
+) -> String {
     let rows: Vec<serde_json::Value> = rows
         .map(|(lease, kind, delay, error)| {
-            serde_json::json!([lease.id.as_str(), lease.token.to_string(), kind, delay, error])
+            serde_json::json!([
+                lease.id.as_str(),
+                lease.token.to_string(),
+                kind,
+                delay,
+                error
+            ])
         })
         .collect();
     serde_json::Value::Array(rows).to_string()
@@ -381,8 +390,13 @@ impl QueueOps for SqliteDriver {
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_rows(&mut conn, &self.sql.insert, &self.table, std::slice::from_ref(command))
-            .await?;
+        insert_rows(
+            &mut conn,
+            &self.sql.insert,
+            &self.table,
+            std::slice::from_ref(command),
+        )
+        .await?;
         Ok(command.id.clone())
     }
 
