@@ -323,13 +323,24 @@ impl Bench<'_> {
             "starting the drain worker {}",
             self.options.worker.display()
         )))?;
+        let pid = child.id();
+        let mut peak_kib = 0u64;
         let mut exited = std::pin::pin!(child.wait_with_output());
+        let mut memory = tokio::time::interval(Duration::from_millis(20));
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shown = 0;
         let output = loop {
             tokio::select! {
                 output = &mut exited => break output,
+                _ = memory.tick() => {
+                    // The kernel's own high-water mark, read while the worker lives.
+                    // (`getrusage` of children would count the parent's pages a
+                    // vfork-style spawn shares with the child.)
+                    if let Some(kib) = pid.and_then(peak_rss_kib) {
+                        peak_kib = peak_kib.max(kib);
+                    }
+                }
                 _ = tick.tick() => {
                     // Progress only: a failed count is simply not shown.
                     if let Ok(left) = self.backend.activity().await {
@@ -365,7 +376,7 @@ impl Bench<'_> {
         }
         Ok(Drained {
             elapsed,
-            peak_rss_mb: children_peak_rss_mb()?,
+            peak_rss_mb: peak_kib as f64 / 1024.0,
         })
     }
 
@@ -622,19 +633,14 @@ impl Drop for WorkerConfig {
     }
 }
 
-/// The peak RSS of the largest child process waited for so far, in MiB.
-fn children_peak_rss_mb() -> Result<f64> {
-    use nix::sys::resource::{UsageWho, getrusage};
-    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).map_err(|errno| {
-        Error::io("reading the drain worker's peak memory")(std::io::Error::from(errno))
-    })?;
-    // Linux reports kibibytes, macOS bytes.
-    let bytes_per_unit = if cfg!(target_os = "macos") {
-        1.0
-    } else {
-        1024.0
-    };
-    Ok(usage.max_rss() as f64 * bytes_per_unit / (1024.0 * 1024.0))
+/// A live process's peak resident set (`VmHWM` in `/proc/PID/status`), in KiB; `None`
+/// where there is no such file (not Linux, or the process is gone).
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// The last lines of a child's stderr, as a suffix for an error message.

@@ -180,7 +180,11 @@ impl SourceWorker {
     async fn run(self) -> Result<()> {
         let src = &self.source;
         let settings = &src.settings;
-        waker::listen(src).await;
+        // Subscribing opens a connection of its own; claiming need not wait for it.
+        let listening = tokio::spawn({
+            let src = src.clone();
+            async move { waker::listen(&src).await }
+        });
 
         let leases = Arc::new(lease::Leases::default());
         let capacity = producer::buffer_capacity(settings.batch_size, settings.concurrency);
@@ -284,6 +288,7 @@ impl SourceWorker {
         let _ = renewer.await;
         sweep_stop.cancel();
         let _ = sweeper.await;
+        listening.abort();
         stopped.map(|_| ())
     }
 }

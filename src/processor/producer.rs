@@ -27,19 +27,11 @@ use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
 /// Claims running at once, at most.
-pub(crate) static MAX_CLAIMS_IN_FLIGHT: std::sync::LazyLock<usize> =
-    std::sync::LazyLock::new(|| tune("ICQ_TUNE_CLAIMS", 2));
-
-pub(crate) fn tune(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 2;
 
 /// Rows the buffer holds: enough for two claims ahead, and never fewer than the slots.
 pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32) -> usize {
-    (batch_size as usize * *MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
+    (batch_size as usize * MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
 }
 
 /// Why the producer stopped.
@@ -77,7 +69,7 @@ pub(crate) async fn run(
             break Stopped::Shutdown;
         }
         while want
-            && claims.len() < *MAX_CLAIMS_IN_FLIGHT
+            && claims.len() < MAX_CLAIMS_IN_FLIGHT
             && shared.buffered.load(Ordering::Acquire) + reserved + batch as usize <= capacity
         {
             reserved += batch as usize;
@@ -161,11 +153,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         types: shared.types.clone(),
     };
     // Outcomes waiting to be stamped ride along: one round trip, one commit.
-    let stamps = if tune("ICQ_TUNE_COMBINE", 1) == 1 {
-        shared.outbox.take(completer::MAX_BATCH)
-    } else {
-        Vec::new()
-    };
+    let stamps = shared.outbox.take(completer::MAX_BATCH);
     let sent = Instant::now();
     let expires = sent + params.lease;
     let backend = &shared.source.backend;

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow,
+};
+use std::str::FromStr;
 use sqlx::{AssertSqlSafe, Row, ValueRef};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -30,6 +33,11 @@ use crate::redact::redact_url;
 /// A PostgreSQL source: its pool, table and prepared SQL text.
 pub struct PgDriver {
     pub(crate) pool: PgPool,
+    /// The processor's own connections: claims, stamps, lease renewals and sweeps commit
+    /// with `synchronous_commit = off`. Losing the last instants of them in a database
+    /// crash only makes a command run again (at-least-once), never loses one; schedules
+    /// and operator changes go through `pool` and commit durably.
+    work: PgPool,
     pub(crate) table: TableName,
     /// The quoted, possibly schema-qualified table name.
     pub(crate) t: String,
@@ -398,9 +406,18 @@ impl PgDriver {
             .connect(url)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+        let work_options = PgConnectOptions::from_str(url)
+            .map_err(Error::db(format!("parsing {}", redact_url(url))))?
+            .options([("synchronous_commit", "off")]);
+        let work = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
+            .connect_lazy_with(work_options);
         let t = table.quoted(Engine::Postgres);
         Ok(PgDriver {
             pool,
+            work,
             table: table.clone(),
             sql: Sql::new(&t),
             t,
@@ -534,7 +551,7 @@ impl QueueOps for PgDriver {
             query = query.bind(types.to_vec());
         }
         let rows = query
-            .fetch_all(&self.pool)
+            .fetch_all(&self.work)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
         Ok(self.claimed(&rows, params))
@@ -554,7 +571,7 @@ impl QueueOps for PgDriver {
         if let Some(types) = &params.types {
             query = query.bind(types.to_vec());
         }
-        let rows = query.fetch_all(&self.pool).await.map_err(Error::db(
+        let rows = query.fetch_all(&self.work).await.map_err(Error::db(
             self.ctx("stamping outcomes and claiming due commands"),
         ))?;
         let stamped = rows
@@ -588,7 +605,7 @@ impl QueueOps for PgDriver {
         let query = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()));
         let done = StampArrays::new(changes)
             .bind(query)
-            .execute(&self.pool)
+            .execute(&self.work)
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
         Ok(done.rows_affected())
@@ -600,7 +617,7 @@ impl QueueOps for PgDriver {
             .bind(ids)
             .bind(tokens)
             .bind(lease.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.work)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
         rows.iter()
@@ -616,7 +633,7 @@ impl QueueOps for PgDriver {
 
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
         let ctx = || self.ctx("deleting old completed commands");
-        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut tx = self.work.begin().await.map_err(Error::db(ctx()))?;
         // One replica sweeps at a time: the others skip the round instead of deleting the
         // same rows side by side.
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
@@ -640,7 +657,7 @@ impl QueueOps for PgDriver {
 
     async fn activity(&self) -> Result<Activity> {
         let row = sqlx::query(AssertSqlSafe(self.sql.activity.clone()))
-            .fetch_one(&self.pool)
+            .fetch_one(&self.work)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         super::decode_activity(&row)
@@ -683,6 +700,7 @@ impl QueueOps for PgDriver {
         {
             task.abort();
         }
+        self.work.close().await;
         self.pool.close().await;
     }
 
