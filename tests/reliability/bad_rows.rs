@@ -37,7 +37,7 @@ const GOOD: usize = 20;
 
 /// How long the good rows may take, at most, to be done: generous, a healthy run takes
 /// well under a second.
-const GOOD_LIMIT: Duration = Duration::from_secs(10);
+const GOOD_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long the hostile row may take to settle.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
@@ -49,8 +49,9 @@ enum Expect {
     Completed,
     /// Dead-lettered without running; `LastError` contains every fragment (any case).
     Dead(Vec<&'static str>),
-    /// Completed (after running once) or dead-lettered with a `LastError`.
-    Settles,
+    /// Completed (after running once) or dead-lettered with a `LastError` containing
+    /// every fragment (any case).
+    Settles(Vec<&'static str>),
     /// Not due: never run, still pending (and counted as scheduled), claimed at most once.
     NotRun,
     /// Inserted dead: stays dead, untouched, its `LastError` starting with this text.
@@ -441,7 +442,7 @@ async fn check(db: &TestDb, hostile: &Hostile, concurrency: u32, tag: &str) {
                 "{what}: a dead-lettered hostile row must not run: {describe}"
             );
         }
-        Expect::Settles => {
+        Expect::Settles(fragments) => {
             assert_ne!(state, 0, "{what}: the hostile row must settle: {describe}");
             if state == 1 {
                 assert_eq!(hostile_runs.len(), 1, "{what}: completed once: {describe}");
@@ -450,6 +451,13 @@ async fn check(db: &TestDb, hostile: &Hostile, concurrency: u32, tag: &str) {
                     error.as_deref().is_some_and(|e| !e.trim().is_empty()),
                     "{what}: dead-lettered with a reason: {describe}"
                 );
+                let text = error.clone().unwrap_or_default().to_lowercase();
+                for fragment in fragments {
+                    assert!(
+                        text.contains(&fragment.to_lowercase()),
+                        "{what}: LastError must name the problem ({fragment:?}): {describe}"
+                    );
+                }
                 assert!(hostile_runs.len() <= 1, "{what}: {describe}");
             }
         }
@@ -669,6 +677,8 @@ bad_row_tests! {
     type_with_sql_metacharacters_is_dead_lettered_and_table_intact: [postgres, sqlite, mysql];
     megabyte_last_error_with_control_characters_is_listed: [postgres, sqlite, mysql];
     huge_handler_error_does_not_fail_the_stamp_for_others: [postgres, sqlite, mysql];
+    work_until_idle_returns_despite_a_garbage_created_at_row: [sqlite];
+    work_until_idle_returns_despite_a_blob_id_row: [sqlite];
 }
 
 const UPPER: &str = "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE";
@@ -718,7 +728,7 @@ async fn blob_id_is_dead_lettered_alone(engine: &'static str) {
             db,
             None,
             vec![("Id", "X'DEADBEEF'".into())],
-            Expect::Settles,
+            Expect::Settles(vec!["Id"]),
         )
     })
     .await;
@@ -742,7 +752,7 @@ async fn negative_attempts_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("Attempts", "-5".into())],
-            Expect::Settles,
+            Expect::Settles(vec![]),
         )
     })
     .await;
@@ -754,7 +764,7 @@ async fn text_attempts_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("Attempts", "'many'".into())],
-            Expect::Settles,
+            Expect::Settles(vec![]),
         )
     })
     .await;
@@ -799,7 +809,7 @@ async fn payload_nested_200_levels_is_dead_lettered_alone(engine: &'static str) 
             db,
             Some(HOSTILE_ID),
             vec![("Payload", lit(db, &nested(200)))],
-            Expect::Dead(vec!["Payload"]),
+            Expect::Settles(vec!["Payload"]),
         )
         .refusable_on(&["mysql"])
     })
@@ -840,7 +850,7 @@ async fn garbage_text_run_at_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("RunAt", "'tomorrow'".into())],
-            Expect::Dead(vec!["RunAt"]),
+            Expect::Settles(vec!["RunAt"]),
         )
     })
     .await;
@@ -852,7 +862,7 @@ async fn garbage_created_at_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("CreatedAt", "'garbage'".into())],
-            Expect::Dead(vec!["CreatedAt"]),
+            Expect::Settles(vec!["CreatedAt"]),
         )
     })
     .await;
@@ -864,7 +874,7 @@ async fn roles_not_json_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("Roles", lit(db, "not json"))],
-            Expect::Settles,
+            Expect::Settles(vec![]),
         )
     })
     .await;
@@ -876,7 +886,7 @@ async fn roles_json_object_settles(engine: &'static str) {
             db,
             Some(HOSTILE_ID),
             vec![("Roles", lit(db, r#"{"a":1}"#))],
-            Expect::Settles,
+            Expect::Settles(vec![]),
         )
     })
     .await;
@@ -991,4 +1001,55 @@ async fn huge_handler_error_does_not_fail_the_stamp_for_others(engine: &'static 
         .lease(4)
     })
     .await;
+}
+
+/// `icq work --until-idle` (the binary, as CI scripts run it) over 20 good rows and one
+/// hostile row: it must return, exit 0, within 30 s, with the good rows completed.
+async fn until_idle_returns(engine: &'static str, tag: &str, hostile: Vec<(&'static str, String)>) {
+    let db = TestDb::with_table(engine, tag).await;
+    let good_ids = insert_good(&db, None).await;
+    let mut columns = vec![("Type", lit(&db, "good")), ("Payload", lit(&db, "{}"))];
+    columns.extend(hostile);
+    db.execute(&insert_sql(&db, &columns)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::common::write_config(
+        dir.path(),
+        "idle",
+        &db.url,
+        "{ polling_interval_seconds: 0.1, lease_seconds: 2 }",
+        "  good: { noop: true }\n",
+    );
+    let log = dir.path().join("work.log");
+    let started = Instant::now();
+    let mut worker = crate::common::Worker::start(&config, &["--until-idle"], &log);
+    let status = worker.wait_for_exit(Duration::from_secs(30)).await;
+    let tail = worker.log_tail(6);
+    drop(worker);
+    let done = crate::common::completed(&db).await;
+    assert!(
+        done >= good_ids.len() as i64,
+        "{engine}/{tag}: the good rows completed ({done})"
+    );
+    assert!(
+        status.is_some(),
+        "{engine}/{tag}: `icq work --until-idle` did not return within 30 s (killed); its log ends:\n{tail}"
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{engine}/{tag}: `icq work --until-idle` exited {status:?} after {:?}\n{tail}",
+        started.elapsed()
+    );
+}
+
+async fn work_until_idle_returns_despite_a_garbage_created_at_row(engine: &'static str) {
+    until_idle_returns(
+        engine,
+        "idlecreated",
+        vec![("CreatedAt", "'garbage'".into())],
+    )
+    .await;
+}
+
+async fn work_until_idle_returns_despite_a_blob_id_row(engine: &'static str) {
+    until_idle_returns(engine, "idleblob", vec![("Id", "X'DEADBEEF'".into())]).await;
 }
