@@ -102,7 +102,7 @@ async fn crash_loop(engine: &'static str, commands: usize, kills: usize, limit: 
                 &dir.path().join(format!("w{k}")),
                 &format!("w{k}"),
                 &db.url,
-                &format!("{{ lease_seconds: {LEASE_SECONDS}, polling_interval_seconds: 0.25 }}"),
+                &format!("{{ lease_seconds: {LEASE_SECONDS}, polling_interval_seconds: 0.25, concurrency: 4 }}"),
                 &handlers,
             )
         })
