@@ -231,7 +231,11 @@ async fn crash_loop(engine: &'static str, commands: usize, kills: usize, limit: 
             explained += 1;
         }
     }
-    let unknown_ids = hits.iter().filter(|h| !ids.contains(&h.id)).count();
+    let known: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let unknown_ids = hits
+        .iter()
+        .filter(|h| !known.contains(h.id.as_str()))
+        .count();
     eprintln!(
         "crash loop {engine}: commands {commands}, workers {WORKERS}, kills {}, drained in {drained_in:.1?}, \
          requests {}, lost {} (not completed {not_completed}, never delivered {}), duplicates {duplicates} \
