@@ -261,6 +261,28 @@ async fn crash_loop(engine: &'static str, commands: usize, kills: usize, limit: 
             .collect::<Vec<_>>()
             .join("\n")
     };
+    // Every warning and error the workers logged.
+    let warnings = || {
+        (0..WORKERS)
+            .map(|k| {
+                let text = std::fs::read_to_string(log(k)).unwrap_or_default();
+                let lines: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                    .collect();
+                format!(
+                    "--- w{k}.log: {} warnings/errors, the last ones:\n{}",
+                    lines.len(),
+                    lines[lines.len().saturating_sub(25)..]
+                        .iter()
+                        .map(|l| l.chars().take(400).collect::<String>())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     assert_eq!(
         not_completed,
         0,
@@ -292,8 +314,9 @@ async fn crash_loop(engine: &'static str, commands: usize, kills: usize, limit: 
     );
     assert!(
         unexplained.is_empty(),
-        "{engine}: {} duplicate deliveries not explained by a kill:\n{}",
+        "{engine}: {} duplicate deliveries not explained by a kill:\n{}\nworker warnings:\n{}",
         unexplained.len(),
-        unexplained[..unexplained.len().min(20)].join("\n")
+        unexplained[..unexplained.len().min(20)].join("\n"),
+        warnings()
     );
 }
