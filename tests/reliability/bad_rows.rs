@@ -1,0 +1,1055 @@
+//! Bad rows: rows another program writes into the commands table with plain SQL.
+//!
+//! Every test writes 20 good rows (`Type = 'good'`, a handler that records each
+//! execution) and ONE hostile row, runs an in-process [`Processor`] (default settings but
+//! a 0.1 s poll; once with the default concurrency and once with 50), and checks:
+//!
+//! - every good row ran exactly once and completed, within a few seconds (the hostile row
+//!   held them up by one claim at most);
+//! - the hostile row settled as the test expects (completed once, or dead-lettered with a
+//!   `LastError` naming the problem, or left alone when it is not due), and no outcome was
+//!   dropped as stale;
+//! - the processor neither panicked nor failed;
+//! - afterwards `icq pending`, `icq dead-letters list`, `icq dead-letters show <id>` and
+//!   `icq requeue <id> --yes` work on it through the binary (table and JSON), never
+//!   exiting 101; a requeued hostile row settles again under a second processor run.
+//!
+//! The hostile row is found by SQL as "the row that is not one of the good ids", so even
+//! a row whose id icq cannot read is checked.
+//!
+//! Where the engine's column types cannot hold the hostile value (MariaDB's `CHAR(36)` id,
+//! `VARCHAR(255)` type, `TEXT` error, JSON depth), the test asserts that the INSERT was
+//! refused and stops there.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use icq::engine::ConnectOptions;
+use icq::handler::FnHandler;
+use icq::{HandlerError, Job, Processor, Queue, Registry, RunOptions, Settings, TableName};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{icq_cli, icq_cli_env, insert_sql, lit, now_sql, table, texts, try_execute};
+use crate::support::TestDb;
+
+/// Good rows around each hostile one.
+const GOOD: usize = 20;
+
+/// How long the good rows may take, at most, to be done: generous, a healthy run takes
+/// well under a second.
+const GOOD_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long the hostile row may take to settle.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// What the hostile row must end as.
+#[derive(Debug, Clone)]
+enum Expect {
+    /// The handler ran it exactly once and it is completed.
+    Completed,
+    /// Dead-lettered without running; `LastError` contains every fragment (any case).
+    Dead(Vec<&'static str>),
+    /// Completed (after running once) or dead-lettered with a `LastError` containing
+    /// every fragment (any case).
+    Settles(Vec<&'static str>),
+    /// Not due: never run, still pending (and counted as scheduled), claimed at most once.
+    NotRun,
+    /// Inserted dead: stays dead, untouched, its `LastError` starting with this text.
+    StaysDead(&'static str),
+}
+
+/// One hostile row.
+struct Hostile {
+    /// Column name and SQL expression pairs of the INSERT.
+    columns: Vec<(&'static str, String)>,
+    /// The id as stored, when the CLI can name it.
+    id: Option<String>,
+    expect: Expect,
+    /// Engines whose column types may refuse the value.
+    refusable_on: &'static [&'static str],
+    /// `lease_seconds`, and how long to keep watching after the row settled (to catch a
+    /// row that is run again every lease period).
+    lease_seconds: u64,
+    watch: Duration,
+    /// The id of the first good row, when the test needs a particular one.
+    first_good_id: Option<String>,
+    /// The type is longer than a table line (lines are then not bounded: the type column
+    /// is never wrapped).
+    long_type: bool,
+}
+
+impl Hostile {
+    /// A row of type `good` with an empty object payload, plus `columns` (which override).
+    fn new(
+        db: &TestDb,
+        id: Option<&str>,
+        columns: Vec<(&'static str, String)>,
+        expect: Expect,
+    ) -> Hostile {
+        let mut all: Vec<(&'static str, String)> = Vec::new();
+        if let Some(id) = id {
+            all.push(("Id", lit(db, id)));
+        }
+        all.push(("Type", lit(db, "good")));
+        all.push(("Payload", lit(db, "{}")));
+        for (name, value) in columns {
+            all.retain(|(n, _)| *n != name);
+            all.push((name, value));
+        }
+        Hostile {
+            columns: all,
+            id: id.map(str::to_owned),
+            expect,
+            refusable_on: &[],
+            lease_seconds: 300,
+            watch: Duration::ZERO,
+            first_good_id: None,
+            long_type: false,
+        }
+    }
+
+    fn long_type(mut self) -> Hostile {
+        self.long_type = true;
+        self
+    }
+
+    fn refusable_on(mut self, engines: &'static [&'static str]) -> Hostile {
+        self.refusable_on = engines;
+        self
+    }
+
+    fn lease(mut self, seconds: u64) -> Hostile {
+        self.lease_seconds = seconds;
+        self
+    }
+
+    /// Short lease, watched for three lease periods after settling.
+    fn watched(mut self) -> Hostile {
+        self.lease_seconds = 2;
+        self.watch = Duration::from_secs(7);
+        self
+    }
+}
+
+/// The two processor shapes every row is tried under: default concurrency, and 50.
+const CONCURRENCIES: [u32; 2] = [8, 50];
+
+/// Runs `build`'s hostile row on a fresh database per concurrency.
+async fn attack(engine: &'static str, tag: &str, build: impl Fn(&TestDb) -> Hostile) {
+    for concurrency in CONCURRENCIES {
+        let db = TestDb::with_table(engine, tag).await;
+        let hostile = build(&db);
+        check(&db, &hostile, concurrency, tag).await;
+    }
+}
+
+/// State of the hostile row by SQL: 0 pending, 1 completed, 2 dead.
+async fn hostile_state(db: &TestDb, not_good: &str) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT CASE WHEN {p} IS NOT NULL THEN 1 WHEN {d} IS NOT NULL THEN 2 ELSE 0 END{cast} FROM {t} WHERE {not_good}",
+        cast = if db.engine == "postgres" { "::bigint" } else { "" },
+        p = db.q("ProcessedAt"),
+        d = db.q("DeadLetteredAt"),
+        t = table(db)
+    ))
+    .await
+}
+
+async fn hostile_error(db: &TestDb, not_good: &str) -> Option<String> {
+    texts(
+        db,
+        &format!(
+            "SELECT {} FROM {} WHERE {not_good}",
+            db.q("LastError"),
+            table(db)
+        ),
+    )
+    .await
+    .into_iter()
+    .next()
+    .flatten()
+}
+
+/// What one processor run saw.
+struct Run {
+    /// (id, when) per execution of a `good`-typed row.
+    runs: Vec<(String, Instant)>,
+    started: Instant,
+    good_done: Option<Instant>,
+    settled: bool,
+    stats: icq::processor::StatsSnapshot,
+    /// Why the run did not end cleanly (a panic, an error, a shutdown that hung).
+    stop_problem: Option<String>,
+}
+
+/// Runs one processor on `db` until the good rows are done and the hostile row settled
+/// (or the limits pass), keeps it running for `watch`, then stops it and checks it
+/// returned cleanly.
+async fn process(
+    db: &TestDb,
+    settings: Settings,
+    good_ids: &[String],
+    not_good: &str,
+    wait_for_settle: bool,
+    watch: Duration,
+) -> Run {
+    let runs: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let sink = runs.clone();
+    let mut registry = Registry::new();
+    registry
+        .insert(
+            "good",
+            Arc::new(FnHandler(move |job: Job| {
+                let sink = sink.clone();
+                async move {
+                    sink.lock()
+                        .unwrap()
+                        .push((job.id.to_string(), Instant::now()));
+                    Ok(())
+                }
+            })),
+        )
+        .unwrap();
+    registry
+        .insert(
+            "loud.failure",
+            Arc::new(FnHandler(|_job: Job| async move {
+                Err(HandlerError::terminal(format!(
+                    "a very long failure: {}",
+                    "x".repeat(200_000)
+                )))
+            })),
+        )
+        .unwrap();
+    let queue = Queue::connect(
+        "bad",
+        &db.url,
+        &TableName::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .expect("connect queue");
+    let mut processor = Processor::new(registry);
+    processor.add_source(queue.source_handle(settings));
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            processor
+                .run(
+                    RunOptions {
+                        until_idle: false,
+                        shutdown_grace: Duration::from_secs(5),
+                    },
+                    stop,
+                )
+                .await
+        }
+    });
+    let good_list = good_ids
+        .iter()
+        .map(|id| lit(db, id))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let good_done_sql = format!(
+        "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL AND {} IN ({good_list})",
+        table(db),
+        db.q("ProcessedAt"),
+        db.q("Id")
+    );
+    let mut good_done = None;
+    let mut settled = false;
+    let limit = GOOD_LIMIT.max(SETTLE_LIMIT);
+    while started.elapsed() < limit && !task.is_finished() {
+        if good_done.is_none() && db.scalar_i64(&good_done_sql).await == good_ids.len() as i64 {
+            good_done = Some(Instant::now());
+        }
+        if !settled && hostile_state(db, not_good).await != 0 {
+            settled = true;
+        }
+        let good_enough = good_done.is_some() || started.elapsed() > GOOD_LIMIT;
+        if good_enough && (settled || !wait_for_settle) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if !wait_for_settle && !task.is_finished() {
+        // Rows that must not run: give the processor a few polls to get it wrong.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if !watch.is_zero() && !task.is_finished() {
+        tokio::time::sleep(watch).await;
+    }
+    stop.cancel();
+    let stopping = Instant::now();
+    let stop_problem = match tokio::time::timeout(Duration::from_secs(30), task).await {
+        Err(_) => Some(format!(
+            "the processor did not stop within {:?} of shutdown",
+            stopping.elapsed()
+        )),
+        Ok(Err(join)) => Some(format!("the processor panicked: {join}")),
+        Ok(Ok(Err(err))) => Some(format!("the processor failed: {err:#}")),
+        Ok(Ok(Ok(()))) => None,
+    };
+    let stats = queue.stats().snapshot();
+    queue.backend().close().await;
+    let runs = runs.lock().unwrap().clone();
+    Run {
+        runs,
+        started,
+        good_done,
+        settled,
+        stats,
+        stop_problem,
+    }
+}
+
+/// Inserts the good rows with known lowercase UUID ids.
+async fn insert_good(db: &TestDb, first: Option<&str>) -> Vec<String> {
+    let mut ids: Vec<String> = (0..GOOD)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    if let Some(first) = first {
+        ids[0] = first.to_owned();
+    }
+    let rows: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| format!("({}, 'good', '{{\"n\": {i}}}')", lit(db, id)))
+        .collect();
+    db.execute(&format!(
+        "INSERT INTO {} ({}, {}, {}) VALUES {}",
+        table(db),
+        db.q("Id"),
+        db.q("Type"),
+        db.q("Payload"),
+        rows.join(", ")
+    ))
+    .await;
+    ids
+}
+
+async fn check(db: &TestDb, hostile: &Hostile, concurrency: u32, tag: &str) {
+    let engine = db.engine;
+    let what = format!("{engine}/{tag}/concurrency {concurrency}");
+    let good_ids = insert_good(db, hostile.first_good_id.as_deref()).await;
+    let sql = insert_sql(db, &hostile.columns);
+    if let Err(err) = try_execute(db, &sql).await {
+        assert!(
+            hostile.refusable_on.contains(&engine),
+            "{what}: the hostile INSERT was refused: {err}\n{}",
+            &sql[..sql.len().min(400)]
+        );
+        eprintln!("{what}: {engine} refused the hostile row, as its column types require: {err}");
+        return;
+    }
+    let t = table(db);
+    let total = db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await;
+    assert_eq!(total, GOOD as i64 + 1, "{what}: 21 rows written");
+    let not_good = format!(
+        "{} NOT IN ({})",
+        db.q("Id"),
+        good_ids
+            .iter()
+            .map(|id| lit(db, id))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let settings = Settings {
+        polling_interval_seconds: 0.1,
+        concurrency,
+        lease_seconds: hostile.lease_seconds,
+        ..Settings::default()
+    };
+    let wait_for_settle = !matches!(hostile.expect, Expect::NotRun | Expect::StaysDead(_));
+    let run = process(
+        db,
+        settings.clone(),
+        &good_ids,
+        &not_good,
+        wait_for_settle,
+        hostile.watch,
+    )
+    .await;
+
+    // The good rows: each exactly once, all completed, promptly.
+    let good: std::collections::HashSet<&String> = good_ids.iter().collect();
+    for id in &good_ids {
+        let n = run.runs.iter().filter(|(r, _)| r == id).count();
+        assert_eq!(
+            n, 1,
+            "{what}: good row {id} ran {n} times, want exactly once"
+        );
+    }
+    let good_done = run.good_done.unwrap_or_else(|| {
+        panic!(
+            "{what}: the good rows were not all completed within {GOOD_LIMIT:?} ({} of {GOOD} ran); stats {:?}",
+            run.runs.iter().filter(|(r, _)| good.contains(r)).count(),
+            run.stats
+        )
+    });
+    let took = good_done - run.started;
+    assert!(
+        took <= GOOD_LIMIT,
+        "{what}: the good rows took {took:?}, held up by the hostile row"
+    );
+    eprintln!("{what}: 20 good rows done in {took:?}");
+
+    if let Some(problem) = &run.stop_problem {
+        panic!("{what}: {problem}; stats {:?}", run.stats);
+    }
+
+    // The hostile row.
+    let hostile_runs: Vec<&(String, Instant)> =
+        run.runs.iter().filter(|(r, _)| !good.contains(r)).collect();
+    let state = hostile_state(db, &not_good).await;
+    let error = hostile_error(db, &not_good).await;
+    let shown_error = error
+        .as_deref()
+        .map(|e| e.chars().take(300).collect::<String>());
+    let describe = format!(
+        "state {state} (0 pending, 1 completed, 2 dead), LastError {shown_error:?}, ran {} times, stats {:?}",
+        hostile_runs.len(),
+        run.stats
+    );
+    match &hostile.expect {
+        Expect::Completed => {
+            assert_eq!(
+                state, 1,
+                "{what}: the hostile row must complete: {describe}"
+            );
+            assert_eq!(
+                hostile_runs.len(),
+                1,
+                "{what}: the hostile row must run exactly once and stay completed: {describe}"
+            );
+        }
+        Expect::Dead(fragments) => {
+            assert_eq!(
+                state, 2,
+                "{what}: the hostile row must be dead-lettered: {describe}"
+            );
+            let text = error.clone().unwrap_or_default().to_lowercase();
+            for fragment in fragments {
+                assert!(
+                    text.contains(&fragment.to_lowercase()),
+                    "{what}: LastError must name the problem ({fragment:?}): {describe}"
+                );
+            }
+            assert!(
+                hostile_runs.is_empty(),
+                "{what}: a dead-lettered hostile row must not run: {describe}"
+            );
+        }
+        Expect::Settles(fragments) => {
+            assert_ne!(state, 0, "{what}: the hostile row must settle: {describe}");
+            if state == 1 {
+                assert_eq!(hostile_runs.len(), 1, "{what}: completed once: {describe}");
+            } else {
+                assert!(
+                    error.as_deref().is_some_and(|e| !e.trim().is_empty()),
+                    "{what}: dead-lettered with a reason: {describe}"
+                );
+                let text = error.clone().unwrap_or_default().to_lowercase();
+                for fragment in fragments {
+                    assert!(
+                        text.contains(&fragment.to_lowercase()),
+                        "{what}: LastError must name the problem ({fragment:?}): {describe}"
+                    );
+                }
+                assert!(hostile_runs.len() <= 1, "{what}: {describe}");
+            }
+        }
+        Expect::NotRun => {
+            assert_eq!(
+                state, 0,
+                "{what}: the row is not due and must stay pending: {describe}"
+            );
+            assert!(
+                hostile_runs.is_empty(),
+                "{what}: a row due in 2100 must not run now: {describe}"
+            );
+            assert!(
+                run.stats.claimed <= GOOD as u64 + 1,
+                "{what}: the row due in 2100 was claimed {} times: a claim loop: {describe}",
+                run.stats.claimed.saturating_sub(GOOD as u64)
+            );
+        }
+        Expect::StaysDead(prefix) => {
+            assert_eq!(state, 2, "{what}: a dead row stays dead: {describe}");
+            assert!(
+                error.as_deref().is_some_and(|e| e.starts_with(prefix)),
+                "{what}: its LastError is untouched: {describe}"
+            );
+            assert!(hostile_runs.is_empty(), "{what}: {describe}");
+        }
+    }
+    assert_eq!(
+        run.stats.stale, 0,
+        "{what}: no outcome may be dropped as stale in a lone processor: {describe}"
+    );
+    if wait_for_settle {
+        assert!(run.settled, "{what}: {describe}");
+    }
+
+    operator_commands(db, hostile, state, &not_good, &settings, &good_ids, &what).await;
+}
+
+/// The operator commands on the hostile row, through the binary.
+async fn operator_commands(
+    db: &TestDb,
+    hostile: &Hostile,
+    state: i64,
+    not_good: &str,
+    settings: &Settings,
+    good_ids: &[String],
+    what: &str,
+) {
+    let url = &db.url;
+    icq_cli(url, &["pending"]).assert_success();
+    let pending = icq_cli(url, &["pending", "--format", "json"]);
+    pending.assert_success();
+    let counts = &pending.json()[0];
+    if matches!(hostile.expect, Expect::NotRun) {
+        assert_eq!(
+            counts["scheduled"], 1,
+            "{what}: `pending` counts the row as scheduled: {counts}"
+        );
+    }
+    let dead_rows = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL",
+            table(db),
+            db.q("DeadLetteredAt")
+        ))
+        .await;
+    assert_eq!(
+        counts["dead"], dead_rows,
+        "{what}: `pending` counts every dead row: {counts}"
+    );
+
+    let list = icq_cli(url, &["dead-letters", "list"]);
+    list.assert_success();
+    let list_json = icq_cli(url, &["dead-letters", "list", "--format", "json"]);
+    list_json.assert_success();
+    let listed = list_json.json();
+    let listed = listed.as_array().expect("an array");
+    assert_eq!(
+        listed.len() as i64,
+        dead_rows,
+        "{what}: `dead-letters list` shows every dead row: {listed:?}"
+    );
+    if state == 2
+        && let Some(id) = &hostile.id
+    {
+        assert!(
+            listed.iter().any(|r| r["id"].as_str() == Some(id.as_str())),
+            "{what}: `dead-letters list` shows the hostile row {id} as stored: {listed:?}"
+        );
+        assert!(
+            list.stdout.contains(id.as_str()),
+            "{what}: the table shows the id {id}:\n{}",
+            list.stdout
+        );
+    }
+    table_fits(&list.stdout, what, (!hostile.long_type).then_some(240));
+    if matches!(hostile.expect, Expect::StaysDead(_)) {
+        // On a 100-column terminal the table fits in 100 columns.
+        let narrow = icq_cli_env(url, &["dead-letters", "list"], &[("COLUMNS", "100")]);
+        narrow.assert_success();
+        table_fits(&narrow.stdout, &format!("{what} (COLUMNS=100)"), Some(100));
+    }
+
+    let Some(id) = &hostile.id else {
+        return;
+    };
+    icq_cli(url, &["dead-letters", "show", id]).assert_success();
+    let shown = icq_cli(url, &["dead-letters", "show", id, "--format", "json"]);
+    shown.assert_success();
+    assert_eq!(
+        shown.json()["id"].as_str(),
+        Some(id.as_str()),
+        "{what}: `show` names the row by its id as stored"
+    );
+
+    let requeue = icq_cli(url, &["requeue", id, "--yes"]);
+    requeue.assert_no_panic();
+    if state == 1 {
+        assert_ne!(
+            requeue.code,
+            Some(0),
+            "{what}: requeueing a completed row must be refused: {requeue:?}"
+        );
+        return;
+    }
+    requeue.assert_success();
+    let after = hostile_state(db, not_good).await;
+    assert_eq!(after, 0, "{what}: requeued rows are pending");
+    if state == 2 {
+        assert!(
+            hostile_error(db, not_good).await.is_some(),
+            "{what}: requeue keeps LastError"
+        );
+    }
+    // Once requeued the row is due now: a second run must settle it again.
+    let again = process(
+        db,
+        settings.clone(),
+        good_ids,
+        not_good,
+        true,
+        Duration::ZERO,
+    )
+    .await;
+    if let Some(problem) = &again.stop_problem {
+        panic!("{what}: after the requeue: {problem}");
+    }
+    assert!(
+        again.settled,
+        "{what}: the requeued hostile row settles again: stats {:?}",
+        again.stats
+    );
+}
+
+/// Table output must stay a table: bounded lines, no raw control characters that would
+/// move a terminal's cursor or recolour it.
+fn table_fits(out: &str, what: &str, max_line: Option<usize>) {
+    assert!(
+        out.len() < 64 * 1024,
+        "{what}: `dead-letters list` printed {} bytes",
+        out.len()
+    );
+    for line in out.lines() {
+        assert!(
+            max_line.is_none_or(|max| line.chars().count() <= max),
+            "{what}: a table line of {} characters: {:?}",
+            line.chars().count(),
+            line.chars().take(300).collect::<String>()
+        );
+        let raw: Vec<char> = line.chars().filter(|c| c.is_control()).collect();
+        assert!(
+            raw.is_empty(),
+            "{what}: raw control characters {raw:?} in table output: {:?}",
+            line.chars().take(300).collect::<String>()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// the hostile rows
+
+macro_rules! bad_row_tests {
+    ($($name:ident: [$($engine:ident),+];)*) => {
+        $(
+            mod $name {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $engine() {
+                        super::$name(stringify!($engine)).await
+                    }
+                )+
+            }
+        )*
+    };
+}
+
+bad_row_tests! {
+    non_uuid_id_is_processed_alone: [sqlite, mysql];
+    uppercase_uuid_id_completes_once_and_stays_completed: [sqlite, mysql];
+    braced_uuid_id_completes_once_and_stays_completed: [sqlite, mysql];
+    case_variant_ids_are_distinct_rows: [sqlite, mysql];
+    blob_id_is_dead_lettered_alone: [sqlite];
+    max_int_attempts_is_dead_lettered_without_failing_the_claim: [postgres, sqlite, mysql];
+    negative_attempts_settles: [postgres, sqlite, mysql];
+    text_attempts_settles: [sqlite];
+    minus_infinity_run_at_is_dead_lettered_without_panic: [postgres];
+    dead_row_with_infinite_run_at_is_listed_shown_and_requeued: [postgres];
+    payload_nested_200_levels_is_dead_lettered_alone: [postgres, sqlite, mysql];
+    integer_run_at_in_the_past_runs: [sqlite];
+    integer_run_at_in_2100_is_not_run_now: [sqlite];
+    garbage_text_run_at_settles: [sqlite];
+    garbage_created_at_settles: [sqlite];
+    roles_not_json_settles: [postgres, sqlite, mysql];
+    roles_json_object_settles: [postgres, sqlite, mysql];
+    type_300_characters_is_dead_lettered_no_handler: [postgres, sqlite, mysql];
+    empty_type_is_dead_lettered_no_handler: [postgres, sqlite, mysql];
+    type_with_sql_metacharacters_is_dead_lettered_and_table_intact: [postgres, sqlite, mysql];
+    megabyte_last_error_with_control_characters_is_listed: [postgres, sqlite, mysql];
+    huge_handler_error_does_not_fail_the_stamp_for_others: [postgres, sqlite, mysql];
+    work_until_idle_returns_despite_a_garbage_created_at_row: [sqlite];
+    work_until_idle_returns_despite_a_blob_id_row: [sqlite];
+}
+
+const UPPER: &str = "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE";
+const BRACED: &str = "{aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee}";
+/// A fixed UUID for hostile rows whose id is not the point.
+const HOSTILE_ID: &str = "0badc0de-0000-4000-8000-000000000001";
+
+async fn non_uuid_id_is_processed_alone(engine: &'static str) {
+    attack(engine, "job_1", |db| {
+        Hostile::new(db, Some("job-1"), vec![], Expect::Completed).watched()
+    })
+    .await;
+}
+
+async fn uppercase_uuid_id_completes_once_and_stays_completed(engine: &'static str) {
+    attack(engine, "upper", |db| {
+        Hostile::new(db, Some(UPPER), vec![], Expect::Completed).watched()
+    })
+    .await;
+}
+
+async fn braced_uuid_id_completes_once_and_stays_completed(engine: &'static str) {
+    // 38 characters: MariaDB's CHAR(36) id cannot hold it.
+    attack(engine, "braced", |db| {
+        Hostile::new(db, Some(BRACED), vec![], Expect::Completed)
+            .watched()
+            .refusable_on(&["mysql"])
+    })
+    .await;
+}
+
+/// Two rows whose ids differ only in case are two commands: each runs once, and neither
+/// one's stamp lands on the other.
+async fn case_variant_ids_are_distinct_rows(engine: &'static str) {
+    attack(engine, "casevar", |db| {
+        // The first good row is the lowercase twin of the hostile row's uppercase id.
+        let mut hostile = Hostile::new(db, Some(UPPER), vec![], Expect::Completed).watched();
+        hostile.first_good_id = Some(UPPER.to_lowercase());
+        hostile
+    })
+    .await;
+}
+
+async fn blob_id_is_dead_lettered_alone(engine: &'static str) {
+    attack(engine, "blobid", |db| {
+        Hostile::new(
+            db,
+            None,
+            vec![("Id", "X'DEADBEEF'".into())],
+            Expect::Settles(vec!["Id"]),
+        )
+    })
+    .await;
+}
+
+async fn max_int_attempts_is_dead_lettered_without_failing_the_claim(engine: &'static str) {
+    attack(engine, "maxattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "2147483647".into())],
+            Expect::Dead(vec!["gave up after"]),
+        )
+    })
+    .await;
+}
+
+async fn negative_attempts_settles(engine: &'static str) {
+    attack(engine, "negattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "-5".into())],
+            Expect::Settles(vec![]),
+        )
+    })
+    .await;
+}
+
+async fn text_attempts_settles(engine: &'static str) {
+    attack(engine, "textattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "'many'".into())],
+            Expect::Settles(vec![]),
+        )
+    })
+    .await;
+}
+
+async fn minus_infinity_run_at_is_dead_lettered_without_panic(engine: &'static str) {
+    attack(engine, "neginf", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "'-infinity'".into())],
+            Expect::Dead(vec!["infinity"]),
+        )
+    })
+    .await;
+}
+
+async fn dead_row_with_infinite_run_at_is_listed_shown_and_requeued(engine: &'static str) {
+    attack(engine, "infdead", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![
+                ("RunAt", "'infinity'".into()),
+                ("DeadLetteredAt", now_sql(db).into()),
+                ("Attempts", "5".into()),
+                ("LastError", lit(db, "old failure from another program")),
+            ],
+            Expect::StaysDead("old failure"),
+        )
+    })
+    .await;
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+async fn payload_nested_200_levels_is_dead_lettered_alone(engine: &'static str) {
+    attack(engine, "nested", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Payload", lit(db, &nested(200)))],
+            Expect::Settles(vec!["Payload"]),
+        )
+        .refusable_on(&["mysql"])
+    })
+    .await;
+}
+
+async fn integer_run_at_in_the_past_runs(engine: &'static str) {
+    attack(engine, "intpast", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "1700000000".into())],
+            Expect::Completed,
+        )
+    })
+    .await;
+}
+
+async fn integer_run_at_in_2100_is_not_run_now(engine: &'static str) {
+    attack(engine, "int2100", |db| {
+        let mut hostile = Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "4102444800".into())],
+            Expect::NotRun,
+        );
+        // A short lease, so a claim loop would show within the run.
+        hostile.lease_seconds = 2;
+        hostile.watch = Duration::from_secs(5);
+        hostile
+    })
+    .await;
+}
+
+async fn garbage_text_run_at_settles(engine: &'static str) {
+    attack(engine, "textrunat", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "'tomorrow'".into())],
+            Expect::Settles(vec!["RunAt"]),
+        )
+    })
+    .await;
+}
+
+async fn garbage_created_at_settles(engine: &'static str) {
+    attack(engine, "textcreated", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("CreatedAt", "'garbage'".into())],
+            Expect::Settles(vec!["CreatedAt"]),
+        )
+    })
+    .await;
+}
+
+async fn roles_not_json_settles(engine: &'static str) {
+    attack(engine, "rolestext", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Roles", lit(db, "not json"))],
+            Expect::Settles(vec![]),
+        )
+    })
+    .await;
+}
+
+async fn roles_json_object_settles(engine: &'static str) {
+    attack(engine, "rolesobj", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Roles", lit(db, r#"{"a":1}"#))],
+            Expect::Settles(vec![]),
+        )
+    })
+    .await;
+}
+
+async fn type_300_characters_is_dead_lettered_no_handler(engine: &'static str) {
+    attack(engine, "type300", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Type", lit(db, &"t".repeat(300)))],
+            Expect::Dead(vec!["no handler"]),
+        )
+        .refusable_on(&["mysql"])
+        .long_type()
+    })
+    .await;
+}
+
+async fn empty_type_is_dead_lettered_no_handler(engine: &'static str) {
+    attack(engine, "typeempty", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Type", lit(db, ""))],
+            Expect::Dead(vec!["no handler"]),
+        )
+    })
+    .await;
+}
+
+async fn type_with_sql_metacharacters_is_dead_lettered_and_table_intact(engine: &'static str) {
+    for concurrency in CONCURRENCIES {
+        let db = TestDb::with_table(engine, "typesql").await;
+        let evil = format!("x'; DROP TABLE {}; -- \" ` \\ %", table(&db));
+        let hostile = Hostile::new(
+            &db,
+            Some(HOSTILE_ID),
+            vec![("Type", lit(&db, &evil))],
+            Expect::Dead(vec!["no handler"]),
+        );
+        check(&db, &hostile, concurrency, "typesql").await;
+        let rows = db
+            .scalar_i64(&format!("SELECT COUNT(*) FROM {}", table(&db)))
+            .await;
+        assert_eq!(rows, GOOD as i64 + 1, "the table is intact");
+        let stored = texts(
+            &db,
+            &format!(
+                "SELECT {} FROM {} WHERE {} = {}",
+                db.q("Type"),
+                table(&db),
+                db.q("Id"),
+                lit(&db, HOSTILE_ID)
+            ),
+        )
+        .await;
+        assert_eq!(
+            stored,
+            vec![Some(evil.clone())],
+            "the type is stored verbatim"
+        );
+    }
+}
+
+/// A megabyte of control characters and newlines (MariaDB's TEXT holds 64 KB: there, the
+/// largest value the column takes).
+fn hostile_error_text(bytes: usize) -> String {
+    let mut text = String::from(
+        "boom \u{1b}[2J\u{1b}[31mred\u{7} \r overwritten\ttab \u{8}\u{b}\u{c} end of first line\n",
+    );
+    let mut n = 0;
+    while text.len() < bytes {
+        text.push_str(&format!("line {n} \u{1b}[0m\r\t\u{7f}\u{1}\u{1f} more\n"));
+        n += 1;
+    }
+    text.truncate(bytes);
+    text
+}
+
+async fn megabyte_last_error_with_control_characters_is_listed(engine: &'static str) {
+    attack(engine, "mberror", |db| {
+        let bytes = if db.engine == "mysql" {
+            60_000
+        } else {
+            1 << 20
+        };
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![
+                ("DeadLetteredAt", now_sql(db).into()),
+                ("Attempts", "5".into()),
+                ("LastError", lit(db, &hostile_error_text(bytes))),
+            ],
+            Expect::StaysDead("boom "),
+        )
+    })
+    .await;
+}
+
+/// A handler whose failure message is 200 KB (more than MariaDB's `TEXT` holds): the
+/// row's stamp must not fail the batch it shares with the good rows' stamps.
+async fn huge_handler_error_does_not_fail_the_stamp_for_others(engine: &'static str) {
+    attack(engine, "loud", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Type", lit(db, "loud.failure"))],
+            Expect::Dead(vec!["a very long failure"]),
+        )
+        .lease(4)
+    })
+    .await;
+}
+
+/// `icq work --until-idle` (the binary, as CI scripts run it) over 20 good rows and one
+/// hostile row: it must return, exit 0, within 30 s, with the good rows completed.
+async fn until_idle_returns(engine: &'static str, tag: &str, hostile: Vec<(&'static str, String)>) {
+    let db = TestDb::with_table(engine, tag).await;
+    let good_ids = insert_good(&db, None).await;
+    let mut columns = vec![("Type", lit(&db, "good")), ("Payload", lit(&db, "{}"))];
+    columns.extend(hostile);
+    db.execute(&insert_sql(&db, &columns)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::common::write_config(
+        dir.path(),
+        "idle",
+        &db.url,
+        "{ polling_interval_seconds: 0.1, lease_seconds: 2 }",
+        "  good: { noop: true }\n",
+    );
+    let log = dir.path().join("work.log");
+    let started = Instant::now();
+    let mut worker = crate::common::Worker::start(&config, &["--until-idle"], &log);
+    let status = worker.wait_for_exit(Duration::from_secs(30)).await;
+    let tail = worker.log_tail(6);
+    drop(worker);
+    let done = crate::common::completed(&db).await;
+    assert!(
+        done >= good_ids.len() as i64,
+        "{engine}/{tag}: the good rows completed ({done})"
+    );
+    assert!(
+        status.is_some(),
+        "{engine}/{tag}: `icq work --until-idle` did not return within 30 s (killed); its log ends:\n{tail}"
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{engine}/{tag}: `icq work --until-idle` exited {status:?} after {:?}\n{tail}",
+        started.elapsed()
+    );
+}
+
+async fn work_until_idle_returns_despite_a_garbage_created_at_row(engine: &'static str) {
+    until_idle_returns(
+        engine,
+        "idlecreated",
+        vec![("CreatedAt", "'garbage'".into())],
+    )
+    .await;
+}
+
+async fn work_until_idle_returns_despite_a_blob_id_row(engine: &'static str) {
+    until_idle_returns(engine, "idleblob", vec![("Id", "X'DEADBEEF'".into())]).await;
+}
