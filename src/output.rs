@@ -28,9 +28,16 @@ use crate::bench::BenchReport;
 use crate::commands::Format;
 use crate::engine::admin::FinishedKind;
 use crate::error::{Error, Result};
+use crate::redact::escape_for_log;
 
 /// Longest `LastError` text shown in a list (the rest is cut with `…`).
 const ERROR_WIDTH: usize = 60;
+
+/// Longest type name shown in a list (types are up to 255 characters).
+const TYPE_WIDTH: usize = 48;
+
+/// Longest field value `show` prints in its table.
+const SHOWN_WIDTH: usize = 4096;
 
 /// How tables are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,15 +139,36 @@ fn opt(text: Option<&str>) -> String {
     text.map_or_else(|| "-".to_owned(), str::to_owned)
 }
 
-/// The first line of `text`, cut to `width` characters with `…`.
+/// The first line of `text`, control characters escaped, cut to `width` characters
+/// with `…`. Other programs write these columns: a raw escape sequence would move the
+/// operator's cursor or recolour the terminal.
 pub fn truncate(text: &str, width: usize) -> String {
-    let first = text.lines().next().unwrap_or("");
-    let cut = first.chars().count() > width || text.lines().nth(1).is_some();
-    if !cut {
-        return first.to_owned();
+    let first = text.split('\n').next().unwrap_or("");
+    let more_lines = first.len() < text.len();
+    let first = escape_for_log(first.trim_end_matches('\r'));
+    if first.chars().count() <= width && !more_lines {
+        return first;
     }
     let kept: String = first.chars().take(width.saturating_sub(1)).collect();
     format!("{}…", kept.trim_end())
+}
+
+/// `text` for a multi-line cell: line breaks kept, every other control character
+/// escaped, at most `max_chars` characters (the JSON form has the rest).
+fn printable(text: &str, max_chars: usize) -> String {
+    let mut out: String = text
+        .split('\n')
+        .map(|line| escape_for_log(line.trim_end_matches('\r')))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if out.chars().count() > max_chars {
+        let total = text.len();
+        out = out.chars().take(max_chars).collect();
+        out.push_str(&format!(
+            "… ({total} bytes in all; --format json shows everything)"
+        ));
+    }
+    out
 }
 
 fn number(n: u64) -> Cell {
@@ -177,7 +205,10 @@ impl Render for PendingReport {
                 cells.push(Cell::new(&row.source));
             }
             if self.by_type {
-                cells.push(Cell::new(row.counts.type_name.as_deref().unwrap_or("")));
+                cells.push(Cell::new(truncate(
+                    row.counts.type_name.as_deref().unwrap_or(""),
+                    TYPE_WIDTH,
+                )));
             }
             let c = &row.counts;
             cells.extend([c.due, c.scheduled, c.running, c.dead, c.completed].map(number));
@@ -206,8 +237,8 @@ impl Render for DeadLetterReport {
                 cells.push(Cell::new(&row.source));
             }
             cells.extend([
-                Cell::new(&s.id),
-                Cell::new(&s.type_name),
+                Cell::new(escape_for_log(s.id.as_str())),
+                Cell::new(truncate(&s.type_name, TYPE_WIDTH)),
                 Cell::new(s.attempts).set_alignment(CellAlignment::Right),
                 Cell::new(time(s.dead_lettered_at)),
                 Cell::new(
@@ -264,7 +295,10 @@ impl Render for ShownCommand {
         ];
         let mut table = style.table(&["Field", "Value"]);
         for (name, value) in fields {
-            table.add_row([style.header(name), Cell::new(value)]);
+            table.add_row([
+                style.header(name),
+                Cell::new(printable(&value, SHOWN_WIDTH)),
+            ]);
         }
         table.to_string()
     }
@@ -346,7 +380,10 @@ impl Render for ReplayReport {
             if sourced {
                 cells.push(Cell::new(&r.source));
             }
-            cells.extend([Cell::new(&r.from), Cell::new(&r.id)]);
+            cells.extend([
+                Cell::new(escape_for_log(r.from.as_str())),
+                Cell::new(escape_for_log(r.id.as_str())),
+            ]);
             table.add_row(cells);
         }
         let first = usize::from(sourced);

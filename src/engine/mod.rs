@@ -113,15 +113,33 @@ impl SetState {
     }
 
     /// The `LastError` text this stamp writes, NUL bytes removed (no engine stores them
-    /// in text), if it writes one.
+    /// in text) and cut to [`MAX_LAST_ERROR_BYTES`], if it writes one.
     pub(crate) fn error(&self) -> Option<String> {
         match &self.change {
             StateChange::Retry { error, .. } | StateChange::Dead { error } => {
-                Some(error.replace('\0', ""))
+                Some(bounded(&error.replace('\0', ""), MAX_LAST_ERROR_BYTES))
             }
             _ => None,
         }
     }
+}
+
+/// The most `LastError` text a stamp writes. MariaDB's `TEXT` holds 65,535 bytes, and a
+/// value that does not fit fails the whole set-state statement, so every row stamped with
+/// it; a handler's 200 KB failure message is cut here instead.
+pub const MAX_LAST_ERROR_BYTES: usize = 16 * 1024;
+
+/// `text` cut to at most `max` bytes on a character boundary, saying how much was cut.
+pub(crate) fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let note = format!(" … [cut: {} bytes in all]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end])
 }
 
 /// One batch of the retention sweep.
@@ -291,4 +309,19 @@ where
 /// `?, ?, …` with `n` markers (SQLite and MySQL placeholders for an `IN (…)` list).
 pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounded;
+
+    #[test]
+    fn bounded_keeps_short_text_and_cuts_long_text_on_a_char_boundary() {
+        assert_eq!(bounded("short", 100), "short");
+        let long = "é".repeat(10_000);
+        let cut = bounded(&long, 1001);
+        assert!(cut.len() <= 1001, "{}", cut.len());
+        assert!(cut.starts_with("éé"));
+        assert!(cut.ends_with("[cut: 20000 bytes in all]"), "{cut}");
+    }
 }

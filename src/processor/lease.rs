@@ -143,6 +143,12 @@ pub(crate) async fn renew_loop(
     let margin = (lease / 10).min(Duration::from_secs(2));
     let tick = every.min(Duration::from_millis(500));
     let mut next = Instant::now() + every;
+    let check_lapsing = || {
+        let cancelled = leases.cancel_lapsing(margin);
+        if cancelled > 0 {
+            tracing::warn!(source = %source, cancelled, "leases could not be extended in time; their executions were stopped so no other worker runs them alongside");
+        }
+    };
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -153,7 +159,18 @@ pub(crate) async fn renew_loop(
             let asked = leases.snapshot();
             for chunk in asked.chunks(EXTEND_CHUNK) {
                 let started = Instant::now();
-                match backend.lease_extend_many(chunk, lease).await {
+                // A slow or hung statement must not stop the lapse check: an execution
+                // whose lease runs out while we wait is cancelled all the same.
+                let extend = backend.lease_extend_many(chunk, lease);
+                tokio::pin!(extend);
+                let outcome = loop {
+                    tokio::select! {
+                        outcome = &mut extend => break outcome,
+                        _ = tokio::time::sleep(tick) => check_lapsing(),
+                        _ = stop.cancelled() => return,
+                    }
+                };
+                match outcome {
                     Ok(kept) => {
                         if kept.len() < chunk.len() {
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
@@ -168,9 +185,6 @@ pub(crate) async fn renew_loop(
                 }
             }
         }
-        let cancelled = leases.cancel_lapsing(margin);
-        if cancelled > 0 {
-            tracing::warn!(source = %source, cancelled, "leases could not be extended in time; their executions were stopped so no other worker runs them alongside");
-        }
+        check_lapsing();
     }
 }

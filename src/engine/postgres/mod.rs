@@ -10,11 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{
-    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow,
-};
-use std::str::FromStr;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row, ValueRef};
+use std::str::FromStr;
 use tokio::sync::Notify;
 use uuid::Uuid;
 

@@ -83,8 +83,8 @@ impl AdminOps for SqliteDriver {
         };
         let sql = format!(
             r#"SELECT {select}
-                   COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" <= {NOW}), 0) AS due,
-                   COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" > {NOW}), 0) AS scheduled,
+                   COALESCE(SUM({PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':')), 0) AS due,
+                   COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" > {NOW} AND "RunAt" < ':'), 0) AS scheduled,
                    COALESCE(SUM({PENDING} AND COALESCE("LockedUntil" > {NOW}, 0)), 0) AS running,
                    COALESCE(SUM({DEAD}), 0) AS dead,
                    COALESCE(SUM("ProcessedAt" IS NOT NULL), 0) AS completed

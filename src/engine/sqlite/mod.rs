@@ -49,6 +49,8 @@ struct Sql {
     extend: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
+    unusable_ids_exist: Arc<str>,
+    unusable_ids_dead: Arc<str>,
 }
 
 fn insert_sql(t: &str) -> String {
@@ -66,22 +68,52 @@ const INSERT_ROW: &str =
 const INSERT_ROWS_PER_STATEMENT: usize = 500;
 
 /// The claim: one `UPDATE … RETURNING`. `Attempts` saturates below `i32::MAX`.
+///
+/// SQLite compares text as text, so a `RunAt` or `CreatedAt` another program wrote as
+/// `'tomorrow'` sorts after every real timestamp and would never be due: rows whose
+/// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) are claimed as well, a
+/// few at a time from the same index, and the executor dead-letters them with the
+/// column named. Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
 fn claim_sql(t: &str, type_filter: &str) -> String {
     format!(
         r#"UPDATE {t}
            SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
                "Attempts" = MIN("Attempts", 2147483646) + 1
            WHERE "Id" IN (
-               SELECT "Id" FROM {t}
-               WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                 AND "RunAt" <= {NOW}
-                 AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})
-                 AND "CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3){type_filter}
-               ORDER BY "RunAt"
-               LIMIT ?4)
+               SELECT "Id" FROM (
+                   SELECT "Id" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                     AND "RunAt" <= {NOW}
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})
+                     AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
+                          OR "CreatedAt" >= ':'){type_filter}
+                     AND typeof("Id") = 'text'
+                   ORDER BY "RunAt"
+                   LIMIT ?4)
+               UNION ALL
+               SELECT "Id" FROM (
+                   SELECT "Id" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                     AND "RunAt" >= ':'
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW}){type_filter}
+                     AND typeof("Id") = 'text'
+                   LIMIT 10))
            RETURNING *"#
     )
 }
+
+/// Whether a row's `Id` is not text (a BLOB another program wrote): such a row can be
+/// neither leased nor stamped by id. Text sorts before BLOBs, so this is a seek on the
+/// primary key.
+const UNUSABLE_IDS_EXIST: &str = r#"SELECT EXISTS (SELECT 1 FROM {t} WHERE "Id" >= X''
+    AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL)"#;
+
+/// Dead-letters the pending rows [`UNUSABLE_IDS_EXIST`] finds, saying why.
+const UNUSABLE_IDS_DEAD: &str = r#"UPDATE {t}
+    SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL,
+        "LastError" = 'icq cannot use this row: its Id is a ' || typeof("Id") || ' (X''' ||
+                      hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
+    WHERE "Id" >= X'' AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 /// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
 const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
@@ -135,9 +167,14 @@ impl Sql {
                        COALESCE(SUM(CASE WHEN "LockedUntil" > {NOW} THEN 1 ELSE 0 END), 0) AS running
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= {NOW} OR "LockedUntil" > {NOW})"#
+                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "LockedUntil" > {NOW})"#
             )
             .into(),
+            unusable_ids_exist: UNUSABLE_IDS_EXIST.replace("{t}", t).into(),
+            unusable_ids_dead: UNUSABLE_IDS_DEAD
+                .replace("{t}", t)
+                .replace("{NOW}", NOW)
+                .into(),
         }
     }
 }
@@ -226,11 +263,24 @@ fn required_time(d: &mut Decoder, row: &SqliteRow, column: &str) -> DateTime<Utc
     }
 }
 
+/// The row's `Id` as stored; a BLOB another program wrote is shown as `X'…'` and is a
+/// defect (the claim skips such rows and dead-letters them by their key).
+fn stored_id(d: &mut Decoder, row: &SqliteRow) -> std::result::Result<CommandId, sqlx::Error> {
+    text_id(row).or_else(|err| match row.try_get::<Vec<u8>, _>("Id") {
+        Ok(bytes) => {
+            let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
+            d.defect("Id", "a BLOB, not text");
+            Ok(CommandId::stored(format!("X'{hex}'")))
+        }
+        Err(_) => Err(err),
+    })
+}
+
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column; only an unreadable
 /// `Id` fails it (the row could not be stamped anyway).
 pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
     let mut d = Decoder::default();
-    let mut out = CommandRow::placeholder(text_id(row)?);
+    let mut out = CommandRow::placeholder(stored_id(&mut d, row)?);
     let payload = d.get::<_, String>(row, "Payload");
     out.payload = d.json_text("Payload", payload);
     text_columns(&mut d, row, &mut out);
@@ -295,6 +345,27 @@ impl SqliteDriver {
 
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
+    }
+
+    /// Dead-letters pending rows whose `Id` is not text. A read first, so that the usual
+    /// case (there are none) takes no write lock; outside the claim's transaction, which
+    /// must not upgrade a read to a write.
+    async fn dead_letter_unusable_ids(&self) -> Result<()> {
+        let ctx = || self.ctx("looking for rows whose Id is not text");
+        let found: bool = sqlx::query_scalar(AssertSqlSafe(self.sql.unusable_ids_exist.clone()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(ctx()))?;
+        if found {
+            let done = sqlx::query(AssertSqlSafe(self.sql.unusable_ids_dead.clone()))
+                .execute(&self.pool)
+                .await
+                .map_err(Error::db(ctx()))?;
+            if done.rows_affected() > 0 {
+                tracing::warn!(table = %self.table, rows = done.rows_affected(), "dead-lettered rows whose Id is not text");
+            }
+        }
+        Ok(())
     }
 
     async fn claim_on(
@@ -418,6 +489,7 @@ impl QueueOps for SqliteDriver {
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
+        self.dead_letter_unusable_ids().await?;
         let mut conn = self
             .pool
             .acquire()
@@ -431,6 +503,7 @@ impl QueueOps for SqliteDriver {
         changes: &[SetState],
         params: &ClaimParams,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
+        self.dead_letter_unusable_ids().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
