@@ -124,7 +124,22 @@ pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
 
 /// Writes a note for people to stderr (never part of a command's result).
 pub fn note(text: &str) {
-    eprintln!("{text}");
+    // A closed stderr (`icq … 2>&1 | head -0`) is not worth a panic: the note is lost.
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// Writes `text` to stdout as it is; a closed pipe is not an error.
+pub fn raw(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::io("writing to stdout")(err))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn time(at: DateTime<Utc>) -> String {

@@ -91,5 +91,6 @@ async fn drain(db: &FreshDb, jobs: usize, timeout: Duration) -> Result<Drain> {
         seconds,
         unfinished: unfinished as u64,
         handled: Some(HANDLED.load(Ordering::Relaxed)),
+        claimed_twice: None,
     })
 }

@@ -77,7 +77,9 @@ impl IcqBin {
 
 const TABLE: &str = "\"InternalCommands\"";
 
-pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
+/// Drains the backlog with `replicas` concurrent `icq work --until-idle` processes on one
+/// table (1 for the usual row), timed from the first spawn to the last exit.
+pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts, replicas: usize) -> Result<Drain> {
     let tmp = tempfile::Builder::new().prefix("icq-bench-").tempdir()?;
     let ddl = migration(bin, engine, tmp.path()).await?;
     match engine {
@@ -101,17 +103,18 @@ pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
                 }
                 db::settle_postgres(&pool, &[TABLE]).await?;
                 pool.close().await;
-                let seconds = work(bin, &db.url(), tmp.path(), opts).await?;
+                let seconds = work(bin, &db.url(), tmp.path(), opts, replicas).await?;
                 let mut conn = sqlx::PgConnection::connect(&db.url()).await?;
-                let (done, left): (i64, i64) = sqlx::query_as(
+                let (done, left, twice): (i64, i64, i64) = sqlx::query_as(
                     r#"SELECT count(*) FILTER (WHERE "ProcessedAt" IS NOT NULL),
-                              count(*) FILTER (WHERE "ProcessedAt" IS NULL)
+                              count(*) FILTER (WHERE "ProcessedAt" IS NULL),
+                              count(*) FILTER (WHERE "Attempts" > 1)
                        FROM "InternalCommands""#,
                 )
                 .fetch_one(&mut conn)
                 .await?;
                 conn.close().await?;
-                verified(seconds, done, left, opts.jobs)
+                verified(seconds, done, left, twice, opts.jobs)
             }
             .await;
             db.drop_db(opts.keep_databases).await?;
@@ -135,10 +138,11 @@ pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
             )
             .await?;
             conn.close().await?;
-            let seconds = work(bin, &url, tmp.path(), opts).await?;
+            let seconds = work(bin, &url, tmp.path(), opts, replicas).await?;
             let mut conn = SqliteConnection::connect(&url).await?;
-            let (done, left): (i64, i64) = sqlx::query_as(
-                r#"SELECT count("ProcessedAt"), count(*) - count("ProcessedAt") FROM "InternalCommands""#,
+            let (done, left, twice): (i64, i64, i64) = sqlx::query_as(
+                r#"SELECT count("ProcessedAt"), count(*) - count("ProcessedAt"),
+                          count(*) FILTER (WHERE "Attempts" > 1) FROM "InternalCommands""#,
             )
             .fetch_one(&mut conn)
             .await?;
@@ -147,7 +151,7 @@ pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
                 let kept = tmp.keep();
                 eprintln!("  (kept {})", kept.display());
             }
-            verified(seconds, done, left, opts.jobs)
+            verified(seconds, done, left, twice, opts.jobs)
         }
         Engine::Mysql => {
             let db = FreshDb::mysql(&opts.mysql_server).await?;
@@ -158,16 +162,17 @@ pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
                     .await?;
                 sqlx::raw_sql("ANALYZE TABLE `InternalCommands`").execute(&mut conn).await?;
                 conn.close().await?;
-                let seconds = work(bin, &db.url(), tmp.path(), opts).await?;
+                let seconds = work(bin, &db.url(), tmp.path(), opts, replicas).await?;
                 let mut conn = MySqlConnection::connect(&db.url()).await?;
-                let (done, left): (i64, i64) = sqlx::query_as(
+                let (done, left, twice): (i64, i64, i64) = sqlx::query_as(
                     "SELECT CAST(count(`ProcessedAt`) AS SIGNED), \
-                            CAST(count(*) - count(`ProcessedAt`) AS SIGNED) FROM `InternalCommands`",
+                            CAST(count(*) - count(`ProcessedAt`) AS SIGNED), \
+                            CAST(COALESCE(SUM(`Attempts` > 1), 0) AS SIGNED) FROM `InternalCommands`",
                 )
                 .fetch_one(&mut conn)
                 .await?;
                 conn.close().await?;
-                verified(seconds, done, left, opts.jobs)
+                verified(seconds, done, left, twice, opts.jobs)
             }
             .await;
             db.drop_db(opts.keep_databases).await?;
@@ -176,7 +181,10 @@ pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts) -> Result<Drain> {
     }
 }
 
-fn verified(seconds: f64, done: i64, left: i64, jobs: usize) -> Result<Drain> {
+/// `twice`: rows whose `Attempts` is above 1, i.e. claimed more than once. With no crash
+/// and no failure that is the upper bound of double executions (a row released unstarted
+/// gives its attempt back).
+fn verified(seconds: f64, done: i64, left: i64, twice: i64, jobs: usize) -> Result<Drain> {
     anyhow::ensure!(
         (done + left) as usize == jobs,
         "the table holds {} rows after the drain, expected {jobs}",
@@ -186,6 +194,7 @@ fn verified(seconds: f64, done: i64, left: i64, jobs: usize) -> Result<Drain> {
         seconds,
         unfinished: left as u64,
         handled: None,
+        claimed_twice: Some(twice as u64),
     })
 }
 
@@ -238,9 +247,9 @@ where
     Ok(())
 }
 
-/// Writes icq.yaml (default settings: no `settings:` block) and times
-/// `icq work --until-idle --config icq.yaml` as a process.
-async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts) -> Result<f64> {
+/// Writes icq.yaml (default settings: no `settings:` block) and times `replicas`
+/// concurrent `icq work --until-idle --config icq.yaml` processes, first spawn to last exit.
+async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts, replicas: usize) -> Result<f64> {
     let config = dir.join("icq.yaml");
     std::fs::write(
         &config,
@@ -248,46 +257,53 @@ async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts) -> Result<f64> {
             "sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    noop: true\n"
         ),
     )?;
-    let stdout = std::fs::File::create(dir.join("work.stdout"))?;
-    let stderr = std::fs::File::create(dir.join("work.stderr"))?;
-    let mut cmd = tokio::process::Command::new(&bin.path);
-    cmd.arg("work")
-        .arg("--until-idle")
-        .arg("--config")
-        .arg(&config)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .env_remove("DATABASE_URL")
-        .env_remove("ICQ_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
-        .kill_on_drop(true);
     let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {} work", bin.path.display()))?;
-    let status = match tokio::time::timeout(opts.timeout(), child.wait()).await {
-        Ok(status) => status?,
-        Err(_) => {
-            child.kill().await.ok();
+    let mut children = Vec::new();
+    for n in 0..replicas.max(1) {
+        let stderr_path = dir.join(format!("work{n}.stderr"));
+        let stdout = std::fs::File::create(dir.join(format!("work{n}.stdout")))?;
+        let stderr = std::fs::File::create(&stderr_path)?;
+        let mut cmd = tokio::process::Command::new(&bin.path);
+        cmd.arg("work")
+            .arg("--until-idle")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(dir)
+            .env("NO_COLOR", "1")
+            .env_remove("DATABASE_URL")
+            .env_remove("ICQ_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} work", bin.path.display()))?;
+        children.push((child, stderr_path));
+    }
+    for (mut child, stderr_path) in children {
+        let left = opts.timeout().saturating_sub(start.elapsed());
+        let status = match tokio::time::timeout(left, child.wait()).await {
+            Ok(status) => status?,
+            Err(_) => {
+                child.kill().await.ok();
+                bail!(
+                    "{} work --until-idle did not exit within {:?}{}",
+                    bin.label,
+                    opts.timeout(),
+                    tail(&stderr_path)
+                );
+            }
+        };
+        if !status.success() {
             bail!(
-                "{} work --until-idle did not exit within {:?}{}",
+                "{} work --until-idle failed ({status}){}",
                 bin.label,
-                opts.timeout(),
-                tail(&dir.join("work.stderr"))
+                tail(&stderr_path)
             );
         }
-    };
-    let seconds = start.elapsed().as_secs_f64();
-    if !status.success() {
-        bail!(
-            "{} work --until-idle failed ({status}){}",
-            bin.label,
-            tail(&dir.join("work.stderr"))
-        );
     }
-    Ok(seconds)
+    Ok(start.elapsed().as_secs_f64())
 }
 
 fn tail(path: &Path) -> String {

@@ -58,6 +58,10 @@ pub struct Opts {
     /// Give up on a drain after this many seconds (the run then fails).
     #[arg(long, default_value_t = 900)]
     pub timeout_secs: u64,
+    /// Also drain with this many `icq work` replicas on one table (0 or 1: don't); the
+    /// row is labelled `icq x<N>` and counts rows claimed more than once.
+    #[arg(long, default_value_t = 4)]
+    pub icq_replicas: usize,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,
@@ -93,6 +97,8 @@ pub struct Drain {
     pub unfinished: u64,
     /// Handler invocations counted in-process (not available for the icq binary).
     pub handled: Option<u64>,
+    /// icq only: rows claimed more than once (`Attempts > 1`).
+    pub claimed_twice: Option<u64>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -107,6 +113,7 @@ struct Row {
     vs_graphile_worker: Option<f64>,
     unfinished: u64,
     handled: Option<u64>,
+    claimed_twice: Option<u64>,
 }
 
 const PLAIN: &str = "plain-sqlx";
@@ -180,7 +187,7 @@ async fn main() -> Result<()> {
         for engine in &engines {
             for bin in &bins {
                 eprintln!("-- {} ({})", bin.label, engine.name());
-                let drain = icq::run(bin, *engine, &opts)
+                let drain = icq::run(bin, *engine, &opts, 1)
                     .await
                     .map_err(|e| e.context(format!("{} on {} failed", bin.label, engine.name())))?;
                 rows.push(row(
@@ -190,6 +197,15 @@ async fn main() -> Result<()> {
                     opts.jobs,
                     &drain,
                 ));
+            }
+            if opts.icq_replicas > 1 && opts.peers.contains(&Peer::Icq) {
+                let bin = &bins[0];
+                let label = format!("icq x{}", opts.icq_replicas);
+                eprintln!("-- {label} ({})", engine.name());
+                let drain = icq::run(bin, *engine, &opts, opts.icq_replicas)
+                    .await
+                    .map_err(|e| e.context(format!("{label} on {} failed", engine.name())))?;
+                rows.push(row(&label, engine.name(), &bin.version, opts.jobs, &drain));
             }
         }
         ratios(&mut rows);
@@ -235,6 +251,7 @@ async fn main() -> Result<()> {
                 "rounds": rounds,
                 "median": median,
                 "icq_vs_baseline": new_vs_old(&median),
+                "icq_replicas_vs_one": replicas_vs_one(&median),
                 "problems": problems,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -250,6 +267,9 @@ async fn main() -> Result<()> {
             }
             for (engine, ratio) in new_vs_old(&median) {
                 println!("icq vs icq-baseline on {engine}: {ratio:.2}x");
+            }
+            for (engine, ratio) in replicas_vs_one(&median) {
+                println!("icq x{} vs one icq on {engine}: {ratio:.2}x", opts.icq_replicas);
             }
         }
     }
@@ -274,6 +294,7 @@ fn row(queue: &str, engine: &str, version: &str, jobs: usize, d: &Drain) -> Row 
         vs_graphile_worker: None,
         unfinished: d.unfinished,
         handled: d.handled,
+        claimed_twice: d.claimed_twice,
     }
 }
 
@@ -325,6 +346,18 @@ fn medians(rounds: &[Vec<Row>]) -> Vec<Row> {
     out
 }
 
+/// Per engine, the rate of `icq xN` over one `icq`.
+fn replicas_vs_one(rows: &[Row]) -> Vec<(String, f64)> {
+    rows.iter()
+        .filter(|r| r.queue.starts_with("icq x"))
+        .filter_map(|many| {
+            rows.iter()
+                .find(|one| one.queue == "icq" && one.engine == many.engine)
+                .map(|one| (many.engine.clone(), many.jobs_per_s / one.jobs_per_s))
+        })
+        .collect()
+}
+
 fn new_vs_old(rows: &[Row]) -> Vec<(String, f64)> {
     rows.iter()
         .filter(|r| r.queue == "icq")
@@ -347,6 +380,7 @@ fn print_table(rows: &[Row]) {
         "vs plain-sqlx",
         "vs graphile_worker",
         "unfinished",
+        "claimed twice",
     ];
     let ratio = |r: Option<f64>| r.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into());
     let cells: Vec<Vec<String>> = rows
@@ -362,6 +396,7 @@ fn print_table(rows: &[Row]) {
                 ratio(r.vs_plain_sqlx),
                 ratio(r.vs_graphile_worker),
                 r.unfinished.to_string(),
+                r.claimed_twice.map_or_else(|| "-".into(), |n| n.to_string()),
             ]
         })
         .collect();

@@ -111,6 +111,7 @@ async fn drain(db: &FreshDb, jobs: usize, timeout: Duration) -> Result<Drain> {
         seconds,
         unfinished: unfinished as u64,
         handled: Some(handled.load(Ordering::Relaxed)),
+        claimed_twice: None,
     })
 }
 

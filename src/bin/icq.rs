@@ -11,12 +11,12 @@ fn main() {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
+            icq::output::note(&format!("error: cannot start the async runtime: {err}"));
             std::process::exit(1);
         }
     };
     if let Err(err) = runtime.block_on(icq::commands::run(cli)) {
-        eprintln!("error: {err:#}");
+        icq::output::note(&format!("error: {err:#}"));
         std::process::exit(icq::commands::exit_code(&err));
     }
 }

@@ -13,6 +13,7 @@ use super::{Format, GlobalArgs};
 use crate::error::Error;
 use crate::ident::{Engine, TableName};
 use crate::migrate::{self, AddOptions, MigrationKind, Versioning};
+use crate::output;
 use crate::redact::redact_url;
 
 /// Migration subcommands.
@@ -132,29 +133,33 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 
     if args.stdout {
         let several = plan.files.len() > 1;
+        let mut text = String::new();
         for file in &plan.files {
             if several {
                 let name = file.path.file_name().unwrap_or_default();
-                println!("-- ==> {}", name.to_string_lossy());
+                text.push_str(&format!("-- ==> {}\n", name.to_string_lossy()));
             }
-            print!("{}", file.sql);
+            text.push_str(&file.sql);
         }
+        output::raw(&text)?;
         return Ok(());
     }
 
     for earlier in plan.same_table() {
-        eprintln!(
+        output::note(&format!(
             "warning: {} already creates {}; running both will fail",
             earlier.display(),
             plan.table
-        );
+        ));
     }
     let written = plan.write()?;
     match global.format {
         Format::Table => {
+            let mut text = String::new();
             for path in &written {
-                println!("{}", path.display());
+                text.push_str(&format!("{}\n", path.display()));
             }
+            output::raw(&text)?;
         }
         Format::Json => {
             let doc = serde_json::json!({
@@ -163,7 +168,7 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
                 "kind": plan.kind,
                 "files": written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             });
-            println!("{doc}");
+            output::raw(&format!("{doc}\n"))?;
         }
     }
     Ok(())
@@ -179,14 +184,21 @@ async fn apply(args: RunArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         .with_context(|| format!("migrating {shown} from {}", args.dir.display()))?;
     match global.format {
         Format::Table => {
+            let mut text = String::new();
             for applied in &report.applied {
-                println!("applied {}/{}", applied.version, applied.description);
+                text.push_str(&format!(
+                    "applied {}/{}\n",
+                    applied.version, applied.description
+                ));
             }
             if report.applied.is_empty() {
                 let n = report.already_applied;
                 let noun = if n == 1 { "migration" } else { "migrations" };
-                println!("{shown} is up to date ({n} {noun} already applied)");
+                text.push_str(&format!(
+                    "{shown} is up to date ({n} {noun} already applied)\n"
+                ));
             }
+            output::raw(&text)?;
         }
         Format::Json => {
             let doc = serde_json::json!({
@@ -194,7 +206,7 @@ async fn apply(args: RunArgs, global: &GlobalArgs) -> anyhow::Result<()> {
                 "applied": report.applied,
                 "already_applied": report.already_applied,
             });
-            println!("{doc}");
+            output::raw(&format!("{doc}\n"))?;
         }
     }
     Ok(())

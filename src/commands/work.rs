@@ -77,7 +77,10 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // tracing-subscriber reports a failed write with `eprintln!`, which panics when
+        // stderr is closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
+        .log_internal_errors(false);
     let _ = match format {
         // Escaped fields: handler stderr and response bodies cannot forge log lines.
         LogFormat::Text => builder

@@ -500,3 +500,76 @@ async fn handler_stderr_cannot_forge_log_lines() {
         1
     );
 }
+
+/// `icq … 2>&1 | head -0`: stdout and stderr closed before icq writes. Every command
+/// still does its work and exits as it would (no `failed printing to stderr` panic).
+#[test]
+fn closed_stdout_and_stderr_exit_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+    let migrations = migrations_dir(dir.path(), "sqlite");
+    let config = config_for(dir.path(), &url);
+    let (config, migrations) = (config.to_str().unwrap(), migrations.to_str().unwrap());
+    let runs: Vec<Vec<&str>> = vec![
+        vec![
+            "migrate",
+            "run",
+            "--dir",
+            migrations,
+            "--database-url",
+            &url,
+        ],
+        vec![
+            "migrate",
+            "run",
+            "--dir",
+            migrations,
+            "--database-url",
+            &url,
+        ],
+        vec!["migrate", "add", "--engine", "sqlite", "--stdout"],
+        vec![
+            "schedule",
+            "--type",
+            "t",
+            "--payload",
+            "{}",
+            "--config",
+            config,
+        ],
+        vec!["pending", "--config", config],
+        vec!["work", "--until-idle", "--config", config],
+        vec!["dead-letters", "list", "--config", config],
+        vec!["purge", "--completed", "--yes", "--config", config],
+        // An error goes to the closed stderr too: the exit code still says what happened.
+        vec!["show-me-the-money"],
+    ];
+    for args in &runs {
+        let mut child = icq()
+            .current_dir(dir.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        let expected = if args[0] == "show-me-the-money" { 2 } else { 0 };
+        assert_eq!(
+            status.code(),
+            Some(expected),
+            "`icq {}` with closed stdout and stderr",
+            args.join(" ")
+        );
+    }
+    let out = icq()
+        .args(["pending", "--format", "json", "--config", config])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(counts[0]["completed"], 0, "purged: {counts}");
+    assert_eq!(counts[0]["due"], 0, "the scheduled command ran: {counts}");
+}
