@@ -20,11 +20,12 @@ pub enum DeadLettersCommand {
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
     /// Only dead letters of this command type.
-    #[arg(long = "type", value_name = "TYPE")]
+    #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
     pub type_name: Option<String>,
 
     /// Show at most this many (across all sources).
-    #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT)]
+    #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
 }
 

@@ -117,6 +117,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A value that must not be empty or blank: `--type ''`, `--roles a,,b`.
+fn parse_non_empty(raw: &str) -> Result<String, String> {
+    if raw.trim().is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(raw.to_owned())
+    }
+}
+
 /// The exit code for an error that reached the binary: the library error's own code when
 /// there is one in the chain, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> i32 {

@@ -19,7 +19,8 @@ pub struct ScheduleArgs {
     #[arg(
         long = "type",
         value_name = "TYPE",
-        required_unless_present = "from_file"
+        required_unless_present = "from_file",
+        value_parser = super::parse_non_empty
     )]
     pub type_name: Option<String>,
 
@@ -45,7 +46,7 @@ pub struct ScheduleArgs {
     pub user_id: Option<String>,
 
     /// The captured roles, comma-separated.
-    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    #[arg(long, value_name = "A,B", value_delimiter = ',', value_parser = super::parse_non_empty)]
     pub roles: Vec<String>,
 
     /// The captured tenant.

@@ -573,3 +573,64 @@ fn closed_stdout_and_stderr_exit_quietly() {
     assert_eq!(counts[0]["completed"], 0, "purged: {counts}");
     assert_eq!(counts[0]["due"], 0, "the scheduled command ran: {counts}");
 }
+
+/// Values that would store or ask for nothing are usage errors (exit 2) before any
+/// database is opened: an empty type, an empty role name, `--limit 0`.
+#[test]
+fn empty_types_empty_roles_and_limit_zero_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+    let runs: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["schedule", "--type", "", "--payload", "{}"], "--type"),
+        (
+            vec!["schedule", "--type", "  ", "--payload", "{}"],
+            "--type",
+        ),
+        (
+            vec!["schedule", "--type", "t", "--payload", "{}", "--roles", ""],
+            "--roles",
+        ),
+        (
+            vec![
+                "schedule",
+                "--type",
+                "t",
+                "--payload",
+                "{}",
+                "--roles",
+                "a,,b",
+            ],
+            "--roles",
+        ),
+        (vec!["dead-letters", "list", "--type", ""], "--type"),
+        (vec!["dead-letters", "list", "--limit", "0"], "--limit"),
+        (
+            vec!["requeue", "--all-dead", "--type", "", "--yes"],
+            "--type",
+        ),
+    ];
+    for (args, flag) in runs {
+        let out = icq()
+            .current_dir(dir.path())
+            .args(&args)
+            .args(["--database-url", &url])
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "`icq {}`: {stderr}",
+            args.join(" ")
+        );
+        assert!(
+            stderr.contains(flag),
+            "`icq {}` names {flag}: {stderr}",
+            args.join(" ")
+        );
+    }
+    assert!(
+        !dir.path().join("q.db").exists(),
+        "no database was opened for a usage error"
+    );
+}
