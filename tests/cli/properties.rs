@@ -1,13 +1,16 @@
 //! Property tests (proptest): arbitrary input never panics, and every refusal is a clear
-//! error. 256 cases per property (`PROPTEST_CASES` overrides), 9 properties here, so
-//! 2,304 cases per run; `${VAR}` expansion has two more in `src/config/expand.rs` (512
-//! cases), 2,816 in all.
+//! error. 256 cases per property (`PROPTEST_CASES` overrides), 13 properties here, so
+//! 3,328 cases per run; `${VAR}` expansion has two more in `src/config/expand.rs` (512
+//! cases), 3,840 in all.
 //!
 //! - the configuration parser, on arbitrary text and on YAML-shaped text built from the
 //!   file's own vocabulary;
 //! - settings ranges: any YAML scalar for any numeric key is accepted within the key's
 //!   range or refused with a message naming the key;
 //! - durations (`--older-than`, `--in`) and instants (`--at`);
+//! - command ids: any text is an id kept exactly (trimmed) or a clear usage error; a UUID in
+//!   any case, with or without braces, is still recognised as one;
+//! - payloads: any `--payload` text is JSON or a usage error, nesting included;
 //! - redaction: a URL's secrets never survive [`icq::redact::redact_url`] or
 //!   [`icq::redact::redact_text`]; log escaping leaves no control character.
 
@@ -310,5 +313,56 @@ proptest! {
             "{:?}",
             stored
         );
+    }
+
+    #[test]
+    fn any_text_is_an_id_kept_as_written_or_a_usage_error(text in any::<String>()) {
+        match text.parse::<icq::CommandId>() {
+            Ok(id) => {
+                prop_assert_eq!(id.as_str(), text.trim());
+                prop_assert!(!id.as_str().is_empty());
+            }
+            Err(err) => {
+                prop_assert!(matches!(err, Error::Usage(_)), "{:?}", err);
+                prop_assert!(err.to_string().contains("id"), "{}", err);
+            }
+        }
+    }
+
+    #[test]
+    fn uuid_ids_in_any_case_and_braces_are_kept_and_recognised(
+        bytes in any::<[u8; 16]>(),
+        upper in any::<bool>(),
+        braces in any::<bool>(),
+    ) {
+        let uuid = uuid::Uuid::from_bytes(bytes);
+        let mut text = uuid.hyphenated().to_string();
+        if upper {
+            text = text.to_uppercase();
+        }
+        if braces {
+            text = format!("{{{text}}}");
+        }
+        let id: icq::CommandId = text.parse().unwrap();
+        prop_assert_eq!(id.as_str(), text.as_str());
+        prop_assert_eq!(id.as_uuid(), Some(uuid));
+    }
+
+    #[test]
+    fn any_payload_text_is_json_or_a_usage_error(text in "[^@].*") {
+        match icq::admin::read_payload(&text) {
+            Ok(value) => prop_assert_eq!(value, serde_json::from_str::<serde_json::Value>(&text).unwrap()),
+            Err(err) => {
+                prop_assert!(matches!(err, Error::Usage(_)), "{:?}", err);
+                prop_assert!(err.to_string().contains("not JSON"), "{}", err);
+            }
+        }
+    }
+
+    #[test]
+    fn deeply_nested_payloads_are_refused_not_a_stack_overflow(depth in 1usize..20_000) {
+        let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let parsed = icq::admin::read_payload(&text);
+        prop_assert_eq!(parsed.is_ok(), depth <= 127, "depth {}: {:?}", depth, parsed.err());
     }
 }
