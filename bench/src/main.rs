@@ -269,7 +269,10 @@ async fn main() -> Result<()> {
                 println!("icq vs icq-baseline on {engine}: {ratio:.2}x");
             }
             for (engine, ratio) in replicas_vs_one(&median) {
-                println!("icq x{} vs one icq on {engine}: {ratio:.2}x", opts.icq_replicas);
+                println!(
+                    "icq x{} vs one icq on {engine}: {ratio:.2}x",
+                    opts.icq_replicas
+                );
             }
         }
     }
@@ -396,7 +399,8 @@ fn print_table(rows: &[Row]) {
                 ratio(r.vs_plain_sqlx),
                 ratio(r.vs_graphile_worker),
                 r.unfinished.to_string(),
-                r.claimed_twice.map_or_else(|| "-".into(), |n| n.to_string()),
+                r.claimed_twice
+                    .map_or_else(|| "-".into(), |n| n.to_string()),
             ]
         })
         .collect();
