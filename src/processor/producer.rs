@@ -76,7 +76,7 @@ pub(crate) async fn run(
             claims.push(claim(&shared, batch));
         }
         if !want && claims.is_empty() && options.until_idle && shared.leases.len() == 0 {
-            match shared.source.backend.activity().await {
+            match idle_activity(&shared).await {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
                     break Stopped::Idle;
                 }
@@ -187,4 +187,30 @@ fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
             shared.buffered.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// What `--until-idle` waits for: due and running rows, only of the types this worker
+/// claims when `claim_only_handled_types` is on (the others wait for the worker that has
+/// their handler, and must not keep this one running).
+async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
+    let Some(types) = &shared.types else {
+        return shared.source.backend.activity().await;
+    };
+    let counts = shared
+        .source
+        .backend
+        .state_count(&crate::engine::admin::StateCountParams { by_type: true })
+        .await?;
+    let mut activity = crate::engine::Activity::default();
+    for count in counts {
+        if count
+            .type_name
+            .as_deref()
+            .is_some_and(|t| types.iter().any(|mine| mine == t))
+        {
+            activity.due += count.due;
+            activity.running += count.running;
+        }
+    }
+    Ok(activity)
 }

@@ -634,3 +634,81 @@ fn empty_types_empty_roles_and_limit_zero_are_usage_errors() {
         "no database was opened for a usage error"
     );
 }
+
+/// `icq work` with no handlers refuses to start (it would dead-letter everything due),
+/// and with `claim_only_handled_types` a worker leaves other workers' types pending.
+#[test]
+fn no_handlers_refused_and_unhandled_types_stay_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+    let migrations = migrations_dir(dir.path(), "sqlite");
+    let run = |args: &[&str]| {
+        let out = icq().current_dir(dir.path()).args(args).output().unwrap();
+        (out.status.code(), text(&out))
+    };
+    let (code, (_, stderr)) = run(&[
+        "migrate",
+        "run",
+        "--dir",
+        migrations.to_str().unwrap(),
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for ty in ["mine", "theirs"] {
+        let (code, (_, stderr)) = run(&[
+            "schedule",
+            "--type",
+            ty,
+            "--payload",
+            "{}",
+            "--database-url",
+            &url,
+        ]);
+        assert_eq!(code, Some(0), "{stderr}");
+    }
+
+    let (code, (_, stderr)) = run(&["work", "--until-idle", "--database-url", &url]);
+    assert_ne!(
+        code,
+        Some(0),
+        "a worker without handlers must not start: {stderr}"
+    );
+    assert!(stderr.contains("no handlers"), "{stderr}");
+
+    let config = write(
+        dir.path(),
+        "mine.yaml",
+        &format!(
+            "sources:\n  - name: s\n    url: \"{url}\"\n    settings: {{ claim_only_handled_types: true, polling_interval_seconds: 0.1 }}\n\
+             handlers:\n  mine:\n    noop: true\n"
+        ),
+    );
+    let (code, (_, stderr)) = run(&["work", "--until-idle", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, (stdout, stderr)) = run(&[
+        "pending",
+        "--by-type",
+        "--format",
+        "json",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let of = |ty: &str| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["type"] == ty)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {ty}: {rows}"))
+    };
+    assert_eq!(of("mine")["completed"], 1, "{rows}");
+    assert_eq!(
+        of("theirs")["due"],
+        1,
+        "left for the worker that has it: {rows}"
+    );
+    assert_eq!(of("theirs")["dead"], 0, "{rows}");
+}
