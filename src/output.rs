@@ -110,16 +110,7 @@ pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(Error::io("writing to stdout")(err))
-        }
-        _ => Ok(()),
-    }
+    raw(&text)
 }
 
 /// Writes a note for people to stderr (never part of a command's result).

@@ -142,6 +142,30 @@ pub(crate) fn bounded(text: &str, max: usize) -> String {
     format!("{}{note}", &text[..end])
 }
 
+/// Pairs decoded claimed rows with the claim's lease token. A row whose id could not be
+/// read (`Err`) cannot be stamped: it is logged and left to its lease.
+pub(crate) fn leased_rows(
+    table: &TableName,
+    token: LeaseToken,
+    decoded: impl Iterator<Item = std::result::Result<CommandRow, sqlx::Error>>,
+) -> Vec<ClaimedRow> {
+    decoded
+        .filter_map(|row| match row {
+            Ok(row) => Some(ClaimedRow {
+                lease: Lease {
+                    id: row.id.clone(),
+                    token,
+                },
+                row,
+            }),
+            Err(err) => {
+                tracing::error!(table = %table, error = %err, "a claimed row has no readable id; its lease will expire");
+                None
+            }
+        })
+        .collect()
+}
+
 /// One batch of the retention sweep.
 #[derive(Debug, Clone, Copy)]
 pub struct SweepParams {

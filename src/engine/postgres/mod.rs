@@ -376,21 +376,7 @@ impl StampArrays {
 impl PgDriver {
     /// Decodes claimed rows; one without a readable id is logged and left to its lease.
     fn claimed(&self, rows: &[PgRow], params: &ClaimParams) -> Vec<ClaimedRow> {
-        rows.iter()
-            .filter_map(|row| match decode_row(row) {
-                Ok(row) => Some(ClaimedRow {
-                    lease: Lease {
-                        id: row.id.clone(),
-                        token: params.token,
-                    },
-                    row,
-                }),
-                Err(err) => {
-                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
-                    None
-                }
-            })
-            .collect()
+        super::leased_rows(&self.table, params.token, rows.iter().map(decode_row))
     }
 
     /// Connects a pool to `url` for `table`.

@@ -389,22 +389,11 @@ impl SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| match decode_row(row) {
-                Ok(row) => Some(ClaimedRow {
-                    lease: Lease {
-                        id: row.id.clone(),
-                        token: params.token,
-                    },
-                    row,
-                }),
-                Err(err) => {
-                    tracing::error!(table = %self.table, error = %err, "a claimed row has no readable id; its lease will expire");
-                    None
-                }
-            })
-            .collect())
+        Ok(super::leased_rows(
+            &self.table,
+            params.token,
+            rows.iter().map(decode_row),
+        ))
     }
 
     async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
