@@ -134,6 +134,15 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
         .map_or(1, crate::Error::exit_code)
 }
 
+/// The `kind` of the JSON error document for an error that reached the binary: the
+/// library error's [`crate::Error::kind`] when there is one in the chain, `runtime`
+/// otherwise.
+pub fn error_kind(err: &anyhow::Error) -> &'static str {
+    err.chain()
+        .find_map(|cause| cause.downcast_ref::<crate::Error>())
+        .map_or("runtime", crate::Error::kind)
+}
+
 impl GlobalArgs {
     /// The source request these options describe.
     pub fn source_request(&self) -> crate::sources::SourceRequest {

@@ -8,6 +8,7 @@ mod basics;
 mod bench;
 mod config;
 mod edges;
+mod errors;
 mod migrate;
 mod production;
 mod properties;
