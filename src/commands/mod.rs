@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod completions;
+pub mod config;
 pub mod dead_letters;
 pub mod migrate;
 pub mod pending;
@@ -98,6 +99,10 @@ pub enum Command {
 
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
+
+    /// Check the configuration file without connecting to a database (for CI).
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
 }
 
 /// Runs a parsed command line.
@@ -114,6 +119,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule(args) => schedule::run(args, &cli.global).await,
         Command::Bench(args) => bench::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
+        Command::Config(cmd) => config::run(cmd, &cli.global),
     }
 }
 

@@ -7,6 +7,7 @@ mod admin;
 mod basics;
 mod bench;
 mod config;
+mod config_check;
 mod edges;
 mod errors;
 mod migrate;
