@@ -10,6 +10,7 @@ mod config;
 mod config_check;
 mod edges;
 mod errors;
+mod fail_on_dead;
 mod migrate;
 mod production;
 mod properties;
