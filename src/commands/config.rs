@@ -11,6 +11,7 @@ use crate::output::{self, Render, Style};
 pub enum ConfigCommand {
     /// Validate the file (keys, values, settings, handlers and their programs) without
     /// connecting to any database; prints its sources and handlers.
+    #[command(after_help = super::man::CONFIG)]
     Check,
 }
 
