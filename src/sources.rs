@@ -2,11 +2,13 @@
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
 //! default creates its own on first use).
 //!
-//! Before a server's pool is opened, [`probe`] checks within [`PROBE_TIMEOUT`] that its
-//! port accepts TCP connections: a refused port says `connection refused (host:port)` at
-//! once, where the pool would retry for its whole acquire timeout and then report only
-//! that it timed out. A URL that fails to connect and looks like it holds an unescaped
-//! `@` (or `/`) in its password gets a hint to percent-encode it.
+//! Opening a server's pool is watched: when it has not connected within
+//! [`PROBE_AFTER`], [`probe`] checks (within [`PROBE_TIMEOUT`]) that the host resolves and
+//! its port accepts TCP connections. A refused port then says `connection refused
+//! (host:port)` at once, where the pool alone would retry for its whole acquire timeout
+//! and report only that it timed out; a healthy server costs nothing extra. A URL that
+//! fails to connect and looks like it holds an unescaped `@` (or `/`) in its password gets
+//! a hint to percent-encode it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -71,12 +73,7 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         ..ConnectOptions::default()
     };
     let url = source.url.expose();
-    probe(url)
-        .await
-        .map_err(|reason| connect_error(&source.name, url, reason))?;
-    let backend = crate::engine::connect(url, &source.table, &options)
-        .await
-        .map_err(|err| with_password_hint(&source.name, url, err))?;
+    let backend = connect_watched(&source.name, url, &source.table, &options).await?;
     let queue = Queue::from_backend(&source.name, backend);
     queue.ensure_table(source.embedded).await?;
     Ok(OpenSource {
@@ -88,6 +85,37 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
 
 /// How long [`probe`] waits for the server's host to resolve and its port to answer.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the pool may take to connect before [`probe`] is asked why (a local server
+/// answers in a few milliseconds; a pool facing a refused port retries until its acquire
+/// timeout).
+pub const PROBE_AFTER: Duration = Duration::from_millis(250);
+
+/// Opens the driver for `url`; when that takes longer than [`PROBE_AFTER`], probes the
+/// server meanwhile and fails at once with the probe's reason if it is unreachable.
+async fn connect_watched(
+    source: &str,
+    url: &str,
+    table: &crate::TableName,
+    options: &ConnectOptions,
+) -> Result<std::sync::Arc<dyn crate::engine::Backend>> {
+    let connecting = crate::engine::connect(url, table, options);
+    tokio::pin!(connecting);
+    let explain = |err| with_password_hint(source, url, err);
+    tokio::select! {
+        result = &mut connecting => return result.map_err(explain),
+        () = tokio::time::sleep(PROBE_AFTER) => {}
+    }
+    tokio::select! {
+        result = &mut connecting => return result.map_err(explain),
+        probed = probe(url) => {
+            if let Err(reason) = probed {
+                return Err(connect_error(source, url, reason));
+            }
+        }
+    }
+    connecting.await.map_err(explain)
+}
 
 /// Checks that the server a database URL names accepts TCP connections, within
 /// [`PROBE_TIMEOUT`]; the error is the reason, e.g. `connection refused (127.0.0.1:1)`.
