@@ -52,8 +52,12 @@ fn parse_failure(err: clap::Error, json: bool) -> ! {
     if !json || is_request {
         err.exit();
     }
-    let message = if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-        "a subcommand is required; see `icq --help`".to_owned()
+    let missing_subcommand = matches!(
+        err.kind(),
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand
+    );
+    let message = if missing_subcommand {
+        "a subcommand is required; see `icq --help` for the list".to_owned()
     } else {
         clap_message(&err.render().to_string())
     };

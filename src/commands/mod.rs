@@ -163,12 +163,17 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
 }
 
 /// The `kind` of the JSON error document for an error that reached the binary: the
-/// library error's [`crate::Error::kind`] when there is one in the chain, `runtime`
-/// otherwise.
+/// library error's [`crate::Error::kind`] when there is one in the chain, `io` for a bare
+/// I/O error, `runtime` otherwise.
 pub fn error_kind(err: &anyhow::Error) -> &'static str {
-    err.chain()
-        .find_map(|cause| cause.downcast_ref::<crate::Error>())
-        .map_or("runtime", crate::Error::kind)
+    let library = err
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<crate::Error>());
+    match library {
+        Some(library) => library.kind(),
+        None if err.chain().any(|cause| cause.is::<std::io::Error>()) => "io",
+        None => "runtime",
+    }
 }
 
 impl GlobalArgs {

@@ -54,6 +54,11 @@ fn clap_usage_errors_are_json_under_format_json() {
             "{error}"
         );
     }
+    let error = error_document(&icq(&["--format", "json"]));
+    assert_eq!(
+        error["message"],
+        "a subcommand is required; see `icq --help` for the list"
+    );
     let error = error_document(&icq(&["--format", "json", "work", "--until-idel"]));
     let message = error["message"].as_str().unwrap();
     assert!(message.contains("'--until-idel'"), "{message}");
