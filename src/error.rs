@@ -80,9 +80,9 @@ pub enum Error {
     },
 
     /// A connection to a database server could not be made: refused, the host does not
-    /// resolve, no answer in time (found by a quick probe before the pool is opened, so
-    /// the real cause is reported at once instead of a pool timeout), or the URL looks
-    /// mistyped (see `hint`).
+    /// resolve, no answer in time (found by [`crate::sources::probe`] while a slow pool
+    /// connect is still retrying, so the real cause is reported at once instead of a pool
+    /// timeout), or the URL looks mistyped (see `hint`).
     #[error("{}", crate::redact::redact_text(&format!("{context}: {reason}{hint}")))]
     Connect {
         /// What icq was doing, with the redacted URL.
