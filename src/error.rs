@@ -44,8 +44,9 @@ pub enum Error {
     },
 
     /// The database could not be reached or returned an error. The message is passed
-    /// through [`crate::redact::redact_text`]: a driver's message may echo a URL.
-    #[error("{}", crate::redact::redact_text(&format!("{context}: {cause}")))]
+    /// through [`crate::redact::redact_text`]: a driver's message may echo a URL. The
+    /// PostgreSQL driver's ` at line N` (a line of the server's C source) is left out.
+    #[error("{}", crate::redact::redact_text(&format!("{context}: {}", describe_cause(cause))))]
     Database {
         /// What icq was doing, e.g. `claiming commands from source orders`.
         context: String,
@@ -55,7 +56,7 @@ pub enum Error {
     },
 
     /// Applying migrations failed.
-    #[error("migration failed: {}", crate::redact::redact_text(&.0.to_string()))]
+    #[error("migration failed: {}", crate::redact::redact_text(without_line_suffix(&.0.to_string())))]
     Migrate(sqlx::migrate::MigrateError),
 
     /// A file could not be read or written.
@@ -76,6 +77,41 @@ pub enum Error {
         table: String,
         /// What was wrong.
         message: String,
+    },
+
+    /// A connection to a database server could not be made: refused, the host does not
+    /// resolve, no answer in time (found by [`crate::sources::probe`] while a slow pool
+    /// connect is still retrying, so the real cause is reported at once instead of a pool
+    /// timeout), or the URL looks mistyped (see `hint`).
+    #[error("{}", crate::redact::redact_text(&format!("{context}: {reason}{hint}")))]
+    Connect {
+        /// What icq was doing, with the redacted URL.
+        context: String,
+        /// What happened, e.g. `connection refused (127.0.0.1:1)`.
+        reason: String,
+        /// Empty, or `; hint: ...` (e.g. to percent-encode an `@` in the password).
+        hint: String,
+    },
+
+    /// A configuration file parsed but some of what it names cannot work (an exec
+    /// program that is missing or not executable, ...): every problem, one per line
+    /// (exit code 2).
+    #[error("{}", located_list(path, problems))]
+    ConfigCheck {
+        /// The file that was checked.
+        path: PathBuf,
+        /// One message per problem, each `line:col: key: what` where known.
+        problems: Vec<String>,
+    },
+
+    /// `icq work --until-idle --fail-on-dead`: the run dead-lettered commands (exit code 1).
+    #[error(
+        "{count} {} dead-lettered during this run; see them with `icq dead-letters list`",
+        if *count == 1 { "command was" } else { "commands were" }
+    )]
+    DeadLettered {
+        /// How many commands this run's processor dead-lettered.
+        count: u64,
     },
 
     /// `icq bench` could not finish a measurement (its worker failed, a command did not
@@ -99,13 +135,59 @@ fn located(path: &std::path::Path, message: &str) -> String {
     }
 }
 
+/// Every problem of a configuration check, each on its own line prefixed by the file.
+fn located_list(path: &std::path::Path, problems: &[String]) -> String {
+    let lines: Vec<String> = problems.iter().map(|p| located(path, p)).collect();
+    format!(
+        "{} problem{} found:\n{}",
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" },
+        lines.join("\n")
+    )
+}
+
+/// A driver error as text, without the PostgreSQL driver's trailing ` at line N`.
+fn describe_cause(cause: &sqlx::Error) -> String {
+    without_line_suffix(&cause.to_string()).to_owned()
+}
+
+/// `text` without a trailing ` at line N`: sqlx appends the line of the PostgreSQL
+/// server's C source that raised the error, which means nothing to an operator.
+pub fn without_line_suffix(text: &str) -> &str {
+    match text.rsplit_once(" at line ") {
+        Some((head, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => head,
+        _ => text,
+    }
+}
+
 impl Error {
     /// The exit code the `icq` binary uses for this error: 2 usage, 3 not found, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Usage(_) | Error::Config { .. } => 2,
+            Error::Usage(_) | Error::Config { .. } | Error::ConfigCheck { .. } => 2,
             Error::NotFound(_) => 3,
             _ => 1,
+        }
+    }
+
+    /// A stable, machine-readable name for what kind of error this is: the `kind` of the
+    /// `--format json` error document (`usage`, `config`, `not_found`, `connection`,
+    /// `database`, `table_missing`, `migration`, `io`, `malformed_row`, `dead_lettered`,
+    /// `bench`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Usage(_) => "usage",
+            Error::Config { .. } | Error::ConfigCheck { .. } => "config",
+            Error::NotFound(_) => "not_found",
+            Error::Connect { .. } => "connection",
+            Error::Database { .. } if self.is_connection_error() => "connection",
+            Error::Database { .. } => "database",
+            Error::TableMissing { .. } => "table_missing",
+            Error::Migrate(_) => "migration",
+            Error::Io { .. } => "io",
+            Error::MalformedRow { .. } => "malformed_row",
+            Error::DeadLettered { .. } => "dead_lettered",
+            Error::Bench(_) => "bench",
         }
     }
 
@@ -123,17 +205,95 @@ impl Error {
 
     /// True when the error means the database connection failed (as opposed to a bad query).
     pub fn is_connection_error(&self) -> bool {
-        matches!(
-            self,
-            Error::Database {
-                cause: sqlx::Error::Io(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::Protocol(_)
-                    | sqlx::Error::WorkerCrashed,
-                ..
-            }
-        )
+        matches!(self, Error::Connect { .. })
+            || matches!(
+                self,
+                Error::Database {
+                    cause: sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::Tls(_)
+                        | sqlx::Error::Protocol(_)
+                        | sqlx::Error::WorkerCrashed,
+                    ..
+                }
+            )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_postgres_line_suffix_is_dropped() {
+        assert_eq!(
+            without_line_suffix("relation \"x\" does not exist at line 1234"),
+            "relation \"x\" does not exist"
+        );
+        assert_eq!(
+            without_line_suffix("stopped at line five"),
+            "stopped at line five"
+        );
+        assert_eq!(without_line_suffix("plain"), "plain");
+    }
+
+    #[test]
+    fn kinds_and_exit_codes_agree() {
+        let cases = [
+            (Error::Usage("x".into()), "usage", 2),
+            (Error::NotFound("x".into()), "not_found", 3),
+            (
+                Error::ConfigCheck {
+                    path: "icq.yaml".into(),
+                    problems: vec!["1:1: x".into()],
+                },
+                "config",
+                2,
+            ),
+            (Error::DeadLettered { count: 2 }, "dead_lettered", 1),
+            (
+                Error::Connect {
+                    context: "c".into(),
+                    reason: "r".into(),
+                    hint: String::new(),
+                },
+                "connection",
+                1,
+            ),
+            (
+                Error::Database {
+                    context: "c".into(),
+                    cause: sqlx::Error::PoolTimedOut,
+                },
+                "connection",
+                1,
+            ),
+            (
+                Error::Database {
+                    context: "c".into(),
+                    cause: sqlx::Error::RowNotFound,
+                },
+                "database",
+                1,
+            ),
+        ];
+        for (err, kind, code) in cases {
+            assert_eq!((err.kind(), err.exit_code()), (kind, code), "{err}");
+        }
+    }
+
+    #[test]
+    fn dead_letter_counts_read_naturally() {
+        assert!(
+            Error::DeadLettered { count: 1 }
+                .to_string()
+                .starts_with("1 command was dead-lettered")
+        );
+        assert!(
+            Error::DeadLettered { count: 3 }
+                .to_string()
+                .starts_with("3 commands were dead-lettered")
+        );
     }
 }

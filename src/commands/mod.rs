@@ -3,7 +3,9 @@
 
 pub mod bench;
 pub mod completions;
+pub mod config;
 pub mod dead_letters;
+pub mod man;
 pub mod migrate;
 pub mod pending;
 pub mod progress;
@@ -20,7 +22,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// A durable job queue that lives inside your application's own database.
 #[derive(Debug, Parser)]
-#[command(name = "icq", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "icq",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = man::EXIT_CODES
+)]
 pub struct Cli {
     /// Options shared by every subcommand.
     #[command(flatten)]
@@ -69,35 +78,52 @@ pub enum Command {
     Migrate(migrate::MigrateCommand),
 
     /// A guided tour on the embedded SQLite default: schedule samples, work, inspect.
+    #[command(after_help = man::QUICKSTART)]
     Quickstart(quickstart::QuickstartArgs),
 
     /// Run the processor for every configured source in the foreground.
+    #[command(after_help = man::WORK)]
     Work(work::WorkArgs),
 
     /// Count commands per state: due, scheduled, running, dead, completed.
+    #[command(after_help = man::PENDING)]
     Pending(pending::PendingArgs),
 
     /// List dead letters, or show one command in full.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = man::DEAD_LETTERS)]
     DeadLetters(dead_letters::DeadLettersCommand),
 
     /// Put commands back to pending now (attempts reset, last error kept).
+    #[command(after_help = man::REQUEUE)]
     Requeue(requeue::RequeueArgs),
 
     /// Delete completed commands and/or dead letters, in batches.
+    #[command(after_help = man::PURGE)]
     Purge(purge::PurgeArgs),
 
     /// Schedule a new copy of completed or dead commands; prints the new ids.
+    #[command(after_help = man::REPLAY)]
     Replay(replay::ReplayArgs),
 
     /// Schedule one command, or many from a JSON Lines file.
+    #[command(after_help = man::SCHEDULE)]
     Schedule(schedule::ScheduleArgs),
 
     /// Measure enqueue, drain, idle latency and claim times on a scratch table.
+    #[command(after_help = man::BENCH)]
     Bench(bench::BenchArgs),
 
     /// Print a shell completion script.
+    #[command(after_help = man::COMPLETIONS)]
     Completions(completions::CompletionsArgs),
+
+    /// Check the configuration file without connecting to a database (for CI).
+    #[command(subcommand, after_help = man::CONFIG)]
+    Config(config::ConfigCommand),
+
+    /// Print the icq(1) man page, or write every page into a directory.
+    #[command(hide = true, after_help = man::MAN)]
+    Man(man::ManArgs),
 }
 
 /// Runs a parsed command line.
@@ -114,6 +140,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule(args) => schedule::run(args, &cli.global).await,
         Command::Bench(args) => bench::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
+        Command::Config(cmd) => config::run(cmd, &cli.global),
+        Command::Man(args) => man::run(args),
     }
 }
 
@@ -132,6 +160,20 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
     err.chain()
         .find_map(|cause| cause.downcast_ref::<crate::Error>())
         .map_or(1, crate::Error::exit_code)
+}
+
+/// The `kind` of the JSON error document for an error that reached the binary: the
+/// library error's [`crate::Error::kind`] when there is one in the chain, `io` for a bare
+/// I/O error, `runtime` otherwise.
+pub fn error_kind(err: &anyhow::Error) -> &'static str {
+    let library = err
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<crate::Error>());
+    match library {
+        Some(library) => library.kind(),
+        None if err.chain().any(|cause| cause.is::<std::io::Error>()) => "io",
+        None => "runtime",
+    }
 }
 
 impl GlobalArgs {

@@ -15,6 +15,10 @@ pub struct WorkArgs {
     #[arg(long)]
     pub until_idle: bool,
 
+    /// With --until-idle: exit 1 if this run dead-lettered any command, saying how many.
+    #[arg(long, requires = "until_idle")]
+    pub fail_on_dead: bool,
+
     /// How long in-flight commands may run after SIGINT/SIGTERM before their leases are
     /// released for another replica (0 to 86400).
     #[arg(
@@ -174,10 +178,18 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
         gauges.abort();
     }
     outcome?;
+    let mut dead_lettered = 0;
     for source in &sources {
         let stats = source.queue.stats().snapshot();
+        dead_lettered += stats.dead_lettered;
         tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
         source.queue.backend().close().await;
+    }
+    if args.fail_on_dead && dead_lettered > 0 {
+        return Err(crate::Error::DeadLettered {
+            count: dead_lettered,
+        }
+        .into());
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ fn process_var(name: &str) -> Option<String> {
 
 impl Environment<'static> {
     /// The real process environment and the platform's user directories.
-    fn process() -> Self {
+    pub(crate) fn process() -> Self {
         let dirs = directories::ProjectDirs::from("", "", "icq");
         Environment {
             var: &process_var,
@@ -104,6 +104,34 @@ pub(crate) fn load_in(request: &ConfigRequest, env: &Environment<'_>) -> Result<
         sources: vec![source],
         handlers: BTreeMap::new(),
     })
+}
+
+/// The configuration *file* the request points at (the first four steps of [`load`]'s
+/// lookup), parsed, with `--database-url` applied, and its text. Having no file is a usage
+/// error naming where icq looked: nothing falls back to a URL or the embedded default, and
+/// nothing is created.
+pub(crate) fn load_file_in(
+    request: &ConfigRequest,
+    env: &Environment<'_>,
+) -> Result<(Config, String)> {
+    let Some((path, text)) = find_file(request, env)? else {
+        let mut looked = vec![env.local_config.display().to_string()];
+        looked.extend(
+            env.user_config_dir
+                .as_ref()
+                .map(|dir| dir.join("icq.yaml").display().to_string()),
+        );
+        return Err(Error::Usage(format!(
+            "no configuration file found (looked for --config, $ICQ_CONFIG, {}); name one with \
+             --config PATH",
+            looked.join(", ")
+        )));
+    };
+    let mut config = parse(&text, &path, env.var)?;
+    if let Some(url) = &request.database_url {
+        override_url(&mut config, url, request.source.as_deref())?;
+    }
+    Ok((config, text))
 }
 
 /// The configuration file to use and its text, in lookup order.

@@ -31,6 +31,7 @@ mod check;
 mod expand;
 mod lookup;
 mod raw;
+mod verify;
 mod yaml;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use lookup::{embedded_default, load};
+pub use verify::{CheckReport, CheckedHandler, CheckedSource, check_file, check_text};
 
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};

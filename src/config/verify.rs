@@ -1,0 +1,342 @@
+//! `icq config check`: everything about a configuration file that can be known without
+//! connecting to a database, for CI.
+//!
+//! [`check_file`] finds the file the way every command does (but never falls back to a
+//! URL or the embedded default), parses it with the same loader, so its errors are the
+//! loader's (file, line, column, key), then checks what parsing cannot: that every `exec`
+//! program exists, is a file and is executable. All such problems are reported together,
+//! as one [`Error::ConfigCheck`] (exit code 2). What would work but is risky (a handler
+//! without a timeout, or with one longer than a source's lease; no handlers at all) is
+//! returned as warnings in the [`CheckReport`].
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::lookup::{self, Environment};
+use super::yaml::{Document, Seg};
+use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand, parse};
+use crate::error::{Error, Result};
+use crate::redact::redact_url;
+
+/// What a configuration file that passed the check holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckReport {
+    /// The file that was checked, as it was named.
+    pub path: String,
+    /// Its sources, in file order.
+    pub sources: Vec<CheckedSource>,
+    /// Its handlers, by command type.
+    pub handlers: Vec<CheckedHandler>,
+    /// What works but is probably not meant (never a failure).
+    pub warnings: Vec<String>,
+}
+
+/// One source of a checked file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckedSource {
+    /// The source's name.
+    pub name: String,
+    /// Its engine (`postgres`, `sqlite`, `mysql`).
+    pub engine: String,
+    /// Its commands table.
+    pub table: String,
+}
+
+/// One handler of a checked file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckedHandler {
+    /// The command type it handles.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// `exec`, `http` or `noop`.
+    pub kind: &'static str,
+    /// The program (`exec`) or the URL with any secret masked (`http`); `None` for `noop`.
+    pub target: Option<String>,
+    /// Its `timeout_seconds`, if it has one.
+    pub timeout_seconds: Option<f64>,
+}
+
+/// Checks the configuration file `request` points at (`--config`, `$ICQ_CONFIG`,
+/// `./icq.yaml`, then the user config dir), without connecting to any database.
+///
+/// A missing file is a usage error; a file that does not parse fails with the loader's
+/// [`Error::Config`]; exec programs that cannot be started fail together with one
+/// [`Error::ConfigCheck`].
+pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
+    let env = Environment::process();
+    let (config, text) = lookup::load_file_in(request, &env)?;
+    verify(&config, &text, env.var)
+}
+
+/// Parses `text` (see [`parse`]) and checks it like [`check_file`]; `env` reads variables
+/// for `${VAR}` expansion and `PATH` for bare program names.
+pub fn check_text(
+    text: &str,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<CheckReport> {
+    let config = parse(text, path, env)?;
+    verify(&config, text, env)
+}
+
+/// Checks a configuration [`parse`] produced from `text`: the problems parsing cannot see
+/// fail it, the risks become warnings.
+fn verify(
+    config: &Config,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<CheckReport> {
+    let path = config
+        .path
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("icq.yaml"));
+    let problems = program_problems(config, text, env);
+    if !problems.is_empty() {
+        return Err(Error::ConfigCheck { path, problems });
+    }
+    let mut sources = Vec::with_capacity(config.sources.len());
+    for source in &config.sources {
+        sources.push(CheckedSource {
+            name: source.name.clone(),
+            engine: source.engine()?.name().to_owned(),
+            table: source.table.to_string(),
+        });
+    }
+    Ok(CheckReport {
+        path: path.display().to_string(),
+        sources,
+        handlers: config
+            .handlers
+            .iter()
+            .map(|(name, handler)| describe(name, handler))
+            .collect(),
+        warnings: warnings(config),
+    })
+}
+
+/// Every exec handler whose program cannot be started, positioned at its `exec` entry.
+fn program_problems(
+    config: &Config,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    // `parse` succeeded on this text, so expanding it again succeeds too; positions are
+    // only left out if it somehow does not.
+    let expanded = expand::expand(text, env).ok();
+    let doc = expanded
+        .as_ref()
+        .map(|(text, columns)| Document::new(text, columns));
+    let path_var = env("PATH");
+    let mut problems = Vec::new();
+    for (name, handler) in &config.handlers {
+        let HandlerKind::Exec { argv } = &handler.kind else {
+            continue;
+        };
+        let Some(program) = argv.first() else {
+            continue;
+        };
+        if let Some(problem) = program_problem(program, path_var.as_deref()) {
+            let message = format!("handler `{name}`: {problem}");
+            let at = [
+                Seg::Key("handlers"),
+                Seg::Key(name),
+                Seg::Key("exec"),
+                Seg::Index(0),
+            ];
+            problems.push(match &doc {
+                Some(doc) => doc.error_at(&at, &message),
+                None => message,
+            });
+        }
+    }
+    problems
+}
+
+/// Why `program` (an exec handler's `argv[0]`) cannot be started, or `None` when it can.
+/// A name without `/` is searched on `path_var` (`$PATH`); a path is taken relative to
+/// the current directory, as `icq work` does.
+pub(crate) fn program_problem(program: &str, path_var: Option<&str>) -> Option<String> {
+    if program.contains('/') {
+        return file_problem(Path::new(program));
+    }
+    let mut not_executable = None;
+    for dir in std::env::split_paths(path_var.unwrap_or_default()) {
+        let candidate = dir.join(program);
+        match std::fs::metadata(&candidate) {
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => return None,
+            Ok(meta) if meta.is_file() => {
+                not_executable.get_or_insert(candidate);
+            }
+            _ => {}
+        }
+    }
+    Some(match not_executable {
+        Some(found) => format!(
+            "program `{program}` is on PATH only as {}, which is not executable (chmod +x it)",
+            found.display()
+        ),
+        None => format!("program `{program}` not found on PATH"),
+    })
+}
+
+/// Why the file at `path` cannot be run as a program, or `None` when it can.
+fn file_problem(path: &Path) -> Option<String> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(format!(
+            "program {shown} does not exist{}",
+            relative_note(path)
+        )),
+        Err(err) => Some(format!("cannot inspect program {shown}: {err}")),
+        Ok(meta) if meta.is_dir() => Some(format!("{shown} is a directory, not a program")),
+        Ok(meta) if !meta.is_file() => Some(format!("{shown} is not a regular file")),
+        Ok(meta) if meta.permissions().mode() & 0o111 == 0 => {
+            Some(format!("{shown} is not executable (chmod +x {shown})"))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// For a relative path: where it was looked for.
+fn relative_note(path: &Path) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => format!(
+            " (relative paths are taken from the directory icq runs in, here {})",
+            cwd.display()
+        ),
+        _ => String::new(),
+    }
+}
+
+/// A handler as the report shows it.
+fn describe(name: &str, handler: &HandlerConfig) -> CheckedHandler {
+    let (kind, target) = match &handler.kind {
+        HandlerKind::Exec { argv } => ("exec", argv.first().cloned()),
+        HandlerKind::Http { url, .. } => ("http", Some(redact_url(url))),
+        HandlerKind::Noop => ("noop", None),
+    };
+    CheckedHandler {
+        type_name: name.to_owned(),
+        kind,
+        target,
+        timeout_seconds: handler.timeout.map(|t| t.as_secs_f64()),
+    }
+}
+
+/// What works but is probably not meant: no handlers (`icq work` refuses to start), a
+/// handler without a timeout, or with one longer than a source's lease.
+fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if config.handlers.is_empty() {
+        out.push(
+            "no handlers: `icq work` refuses to start without any (the operator commands work)"
+                .to_owned(),
+        );
+    }
+    for (name, handler) in &config.handlers {
+        if matches!(handler.kind, HandlerKind::Noop) {
+            continue;
+        }
+        let Some(timeout) = handler.timeout else {
+            out.push(format!(
+                "handler `{name}` has no timeout_seconds: a hung handler holds its command \
+                 until the worker stops"
+            ));
+            continue;
+        };
+        for source in &config.sources {
+            if timeout > source.settings.lease() {
+                out.push(format!(
+                    "handler `{name}`: timeout_seconds ({}) is longer than source `{}`'s \
+                     lease_seconds ({}): if a worker dies, its command waits a whole lease \
+                     before another worker retries it",
+                    timeout.as_secs_f64(),
+                    source.name,
+                    source.settings.lease_seconds
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "PATH").then(|| "/usr/bin:/bin".to_owned())
+    }
+
+    fn check(text: &str) -> Result<CheckReport> {
+        check_text(text, Path::new("icq.yaml"), &env)
+    }
+
+    const SOURCE: &str = "sources:\n  - name: main\n    url: sqlite:app.db\n";
+
+    #[test]
+    fn a_good_file_is_summarised() {
+        let report = check(&format!(
+            "{SOURCE}handlers:\n  a.run:\n    exec: [sh, -c, 'true']\n    timeout_seconds: 5\n  \
+             b.post:\n    http: {{ url: 'http://u:pw@127.0.0.1:1/x' }}\n    timeout_seconds: 5\n  \
+             c.nothing:\n    noop: true\n"
+        ))
+        .unwrap();
+        assert_eq!(report.sources[0].engine, "sqlite");
+        let kinds: Vec<_> = report.handlers.iter().map(|h| h.kind).collect();
+        assert_eq!(kinds, ["exec", "http", "noop"]);
+        assert_eq!(
+            report.handlers[1].target.as_deref(),
+            Some("http://u:***@127.0.0.1:1/x")
+        );
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    }
+
+    #[test]
+    fn every_missing_program_is_reported_at_its_line() {
+        let err = check(&format!(
+            "{SOURCE}handlers:\n  a.run:\n    exec: [./no/such/program]\n  \
+             b.run:\n    exec: [no-such-program-anywhere]\n"
+        ))
+        .unwrap_err();
+        let Error::ConfigCheck { problems, .. } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("6:12: "), "{}", problems[0]);
+        assert!(problems[0].contains("does not exist"), "{}", problems[0]);
+        assert!(problems[1].contains("not found on PATH"), "{}", problems[1]);
+        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.kind(), "config");
+    }
+
+    #[test]
+    fn directories_and_plain_files_are_not_programs() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("handler.sh");
+        std::fs::write(&file, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let dir_problem = program_problem(&dir.path().display().to_string(), None).unwrap();
+        assert!(dir_problem.contains("is a directory"), "{dir_problem}");
+        let file_problem = program_problem(&file.display().to_string(), None).unwrap();
+        assert!(file_problem.contains("not executable"), "{file_problem}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(program_problem(&file.display().to_string(), None), None);
+    }
+
+    #[test]
+    fn risky_handlers_are_warnings() {
+        let report = check(&format!(
+            "{SOURCE}    settings: {{ lease_seconds: 10 }}\nhandlers:\n  a.run:\n    exec: [sh]\n  \
+             b.run:\n    exec: [sh]\n    timeout_seconds: 60\n"
+        ))
+        .unwrap();
+        assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
+        assert!(report.warnings[0].contains("no timeout_seconds"));
+        assert!(report.warnings[1].contains("longer than source `main`'s"));
+        let none = check(SOURCE).unwrap();
+        assert!(none.warnings[0].starts_with("no handlers"));
+    }
+}
