@@ -207,8 +207,7 @@ pub struct ShownCommand {
     /// Every column.
     #[serde(flatten)]
     pub row: CommandRow,
-    /// The row's state at the database's `now` (shown in tables; not part of the JSON).
-    #[serde(skip)]
+    /// The row's state at the database's `now`.
     pub state: State,
 }
 
@@ -540,7 +539,8 @@ pub struct PurgeCount {
     pub count: u64,
 }
 
-/// The result of [`purge`] (or of a dry run): `{"deleted": N}` or `{"would_delete": N}`.
+/// The result of [`purge`] (or of a dry run): `{"deleted": N}` or `{"would_delete": N}`,
+/// with the split by state: `"completed"` and `"dead_letters"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurgeReport {
     /// True when nothing was deleted and the counts say what would be.
@@ -564,13 +564,22 @@ impl Serialize for PurgeReport {
         serializer: S,
     ) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(1))?;
+        let mut map = serializer.serialize_map(Some(3))?;
         let key = if self.dry_run {
             "would_delete"
         } else {
             "deleted"
         };
+        let of = |kind| {
+            self.counts
+                .iter()
+                .filter(|c| c.kind == kind)
+                .map(|c| c.count)
+                .sum::<u64>()
+        };
         map.serialize_entry(key, &self.total())?;
+        map.serialize_entry("completed", &of(FinishedKind::Completed))?;
+        map.serialize_entry("dead_letters", &of(FinishedKind::DeadLetters))?;
         map.end()
     }
 }

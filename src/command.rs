@@ -377,6 +377,19 @@ pub enum State {
     Dead,
 }
 
+impl State {
+    /// The state's name, as JSON and `icq list --state` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Due => "due",
+            State::Scheduled => "scheduled",
+            State::Running => "running",
+            State::Completed => "completed",
+            State::Dead => "dead",
+        }
+    }
+}
+
 /// Formats an instant the way icq stores it in SQLite and prints it: RFC 3339, UTC,
 /// millisecond precision, `Z` suffix. Lexical order equals time order.
 pub fn format_timestamp(at: DateTime<Utc>) -> String {

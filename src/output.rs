@@ -10,13 +10,15 @@
 //! - **Prompts and progress** go to stderr and only on a terminal: a destructive command
 //!   off a terminal needs `--yes` instead, and progress bars are simply not drawn.
 
+mod grid;
+
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use clap::Args;
 use comfy_table::{
-    Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, modifiers,
-    presets,
+    Attribute, Cell, CellAlignment, Color, ContentArrangement, Table, modifiers, presets,
 };
 use serde::Serialize;
 
@@ -30,35 +32,57 @@ use crate::engine::admin::FinishedKind;
 use crate::error::{Error, Result};
 use crate::redact::escape_for_log;
 
-/// Longest `LastError` text shown in a list (the rest is cut with `…`).
-const ERROR_WIDTH: usize = 60;
-
-/// Longest type name shown in a list (types are up to 255 characters).
-const TYPE_WIDTH: usize = 48;
-
 /// Longest field value `show` prints in its table.
 const SHOWN_WIDTH: usize = 4096;
+
+pub use grid::{Column, FALLBACK_WIDTH, Grid};
+
+/// Set when `--format table` was given explicitly: tables even off a terminal.
+static TABLE_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Records that `--format table` was given on the command line (or in `$ICQ_FORMAT`):
+/// a pipe then gets the table too, not tab-separated lines.
+pub fn request_tables(requested: bool) {
+    TABLE_REQUESTED.store(requested, Ordering::Relaxed);
+}
 
 /// How tables are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Style {
     /// Colour headers (stdout is a terminal and `$NO_COLOR` is unset).
     pub color: bool,
-    /// Fit tables to this many columns (`$COLUMNS`); `None` lets comfy-table ask the
-    /// terminal, or leaves tables unbounded off a terminal.
+    /// Fit tables to this many columns (`$COLUMNS`); `None` asks the terminal, and falls
+    /// back to [`FALLBACK_WIDTH`] when it does not know.
     pub width: Option<u16>,
+    /// Print tab-separated lines instead of tables: stdout is not a terminal and
+    /// `--format table` was not given explicitly.
+    pub tsv: bool,
 }
 
 impl Style {
     /// The style for stdout in this environment.
     pub fn detect() -> Style {
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let terminal = std::io::stdout().is_terminal();
         Style {
-            color: !no_color && std::io::stdout().is_terminal(),
+            color: !no_color && terminal,
             width: std::env::var("COLUMNS")
                 .ok()
-                .and_then(|c| c.trim().parse().ok()),
+                .and_then(|c| c.trim().parse().ok())
+                .filter(|w| *w > 0),
+            tsv: !terminal && !TABLE_REQUESTED.load(Ordering::Relaxed),
         }
+    }
+
+    /// The width tables are fitted to: `$COLUMNS`, the terminal's, or
+    /// [`FALLBACK_WIDTH`] when neither is known (or the terminal reports 0).
+    pub fn columns(&self) -> usize {
+        let width = self
+            .width
+            .or_else(|| Table::new().width())
+            .filter(|w| *w > 0)
+            .unwrap_or(FALLBACK_WIDTH);
+        usize::from(width)
     }
 
     /// A table with icq's look: condensed UTF-8 borders, fitted to the width.
@@ -68,9 +92,7 @@ impl Style {
             .load_preset(presets::UTF8_FULL_CONDENSED)
             .apply_modifier(modifiers::UTF8_ROUND_CORNERS)
             .set_content_arrangement(ContentArrangement::Dynamic);
-        if let Some(width) = self.width {
-            table.set_width(width);
-        }
+        table.set_width(self.columns() as u16);
         table.set_header(headers.iter().map(|h| self.header(h)));
         table
     }
@@ -85,19 +107,21 @@ impl Style {
     }
 }
 
-/// Keeps the named columns (ids, timestamps) on one line however narrow the table gets.
-fn keep_whole(table: &mut Table, columns: &[usize]) {
-    for index in columns {
-        if let Some(column) = table.column_mut(*index) {
-            column.set_constraint(ColumnConstraint::ContentWidth);
-        }
-    }
-}
-
 /// A result the CLI prints: its JSON form is its `Serialize` form.
 pub trait Render: Serialize {
     /// The form for people.
     fn human(&self, style: &Style) -> String;
+
+    /// The result as rows and columns, when it is a listing: drawn as a fitted table on
+    /// a terminal and as tab-separated lines in a pipe. `None` for a sentence.
+    fn grid(&self) -> Option<Grid> {
+        None
+    }
+}
+
+/// A listing's human form: its grid as a table fitted to the width.
+fn listing(grid: Grid, style: &Style) -> String {
+    grid.table(style, style.columns())
 }
 
 /// Writes `report` to stdout in `format`. A closed pipe (`icq … | head`) is not an error.
@@ -105,7 +129,13 @@ pub fn emit<R: Render + ?Sized>(format: Format, report: &R) -> Result<()> {
     let mut text = match format {
         Format::Json => serde_json::to_string_pretty(report)
             .map_err(|e| Error::io("rendering the result as JSON")(std::io::Error::other(e)))?,
-        Format::Table => report.human(&Style::detect()),
+        Format::Table => {
+            let style = Style::detect();
+            match report.grid() {
+                Some(grid) if style.tsv => grid.tsv(),
+                _ => report.human(&style),
+            }
+        }
     };
     if !text.ends_with('\n') {
         text.push('\n');
@@ -195,32 +225,37 @@ impl Render for PendingReport {
         if self.rows.is_empty() {
             return "No commands.".into();
         }
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
         let sourced = self.source_count > 1;
-        let mut headers = Vec::new();
+        let mut columns = Vec::new();
         if sourced {
-            headers.push("Source");
+            columns.push(Column::whole("Source"));
         }
         if self.by_type {
-            headers.push("Type");
+            columns.push(Column::shrinkable("Type", 6, 0));
         }
-        headers.extend(["Due", "Scheduled", "Running", "Dead", "Completed"]);
-        let mut table = style.table(&headers);
+        for header in ["Due", "Scheduled", "Running", "Dead", "Completed"] {
+            columns.push(Column::whole(header).right());
+        }
+        let mut grid = Grid::new(columns);
         for row in &self.rows {
             let mut cells = Vec::new();
             if sourced {
-                cells.push(Cell::new(&row.source));
+                cells.push(row.source.clone());
             }
             if self.by_type {
-                cells.push(Cell::new(truncate(
-                    row.counts.type_name.as_deref().unwrap_or(""),
-                    TYPE_WIDTH,
-                )));
+                cells.push(row.counts.type_name.clone().unwrap_or_default());
             }
             let c = &row.counts;
-            cells.extend([c.due, c.scheduled, c.running, c.dead, c.completed].map(number));
-            table.add_row(cells);
+            cells.extend(
+                [c.due, c.scheduled, c.running, c.dead, c.completed].map(|n| n.to_string()),
+            );
+            grid.push(cells);
         }
-        table.to_string()
+        Some(grid)
     }
 }
 
@@ -229,41 +264,48 @@ impl Render for DeadLetterReport {
         if self.rows.is_empty() {
             return "No dead letters.".into();
         }
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
         let sourced = self.source_count > 1;
-        let mut headers = Vec::new();
+        let mut columns = Vec::new();
         if sourced {
-            headers.push("Source");
+            columns.push(Column::whole("Source"));
         }
-        headers.extend(["Id", "Type", "Attempts", "Dead lettered at", "Last error"]);
-        let mut table = style.table(&headers);
+        columns.extend([
+            Column::whole("Id"),
+            Column::shrinkable("Type", 6, 1),
+            Column::whole("Attempts").right().droppable(0),
+            Column::whole("Dead lettered at").droppable(1),
+            Column::shrinkable("Last error", 10, 0),
+        ]);
+        let mut grid = Grid::new(columns);
         for row in &self.rows {
             let s = &row.summary;
             let mut cells = Vec::new();
             if sourced {
-                cells.push(Cell::new(&row.source));
+                cells.push(row.source.clone());
             }
             cells.extend([
-                Cell::new(escape_for_log(s.id.as_str())),
-                Cell::new(truncate(&s.type_name, TYPE_WIDTH)),
-                Cell::new(s.attempts).set_alignment(CellAlignment::Right),
-                Cell::new(time(s.dead_lettered_at)),
-                Cell::new(
-                    s.last_error
-                        .as_deref()
-                        .map_or_else(|| "-".to_owned(), |e| truncate(e, ERROR_WIDTH)),
-                ),
+                s.id.as_str().to_owned(),
+                s.type_name.clone(),
+                s.attempts.to_string(),
+                time(s.dead_lettered_at),
+                s.last_error.clone().unwrap_or_else(|| "-".to_owned()),
             ]);
-            table.add_row(cells);
+            grid.push(cells);
         }
-        // Only the error wraps: ids, types and times stay whole.
-        let first = usize::from(sourced);
-        keep_whole(&mut table, &[0, first, first + 1, first + 3]);
-        table.to_string()
+        Some(grid)
     }
 }
 
 impl Render for ShownCommand {
     fn human(&self, style: &Style) -> String {
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
         let r = &self.row;
         let payload =
             serde_json::to_string_pretty(&r.payload).unwrap_or_else(|_| r.payload.to_string());
@@ -272,14 +314,10 @@ impl Render for ShownCommand {
         } else {
             r.roles.join(", ")
         };
-        let state = serde_json::to_value(self.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
         let fields: [(&str, String); 17] = [
             ("Source", self.source.clone()),
             ("Id", r.id.to_string()),
-            ("State", state),
+            ("State", self.state.as_str().to_owned()),
             ("Type", r.type_name.clone()),
             ("Attempts", r.attempts.to_string()),
             ("Created at", time(r.created_at)),
@@ -299,14 +337,15 @@ impl Render for ShownCommand {
             ("Last error", opt(r.last_error.as_deref())),
             ("Payload", payload),
         ];
-        let mut table = style.table(&["Field", "Value"]);
+        let mut grid = Grid::new(vec![
+            Column::whole("Field"),
+            Column::shrinkable("Value", 20, 0).multiline(),
+        ])
+        .with_row_headers();
         for (name, value) in fields {
-            table.add_row([
-                style.header(name),
-                Cell::new(printable(&value, SHOWN_WIDTH)),
-            ]);
+            grid.push(vec![name.to_owned(), printable(&value, SHOWN_WIDTH)]);
         }
-        table.to_string()
+        Some(grid)
     }
 }
 
@@ -374,27 +413,26 @@ impl Render for PurgeReport {
 
 impl Render for ReplayReport {
     fn human(&self, style: &Style) -> String {
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
         let sourced = self.source_count > 1;
-        let mut headers = Vec::new();
+        let mut columns = Vec::new();
         if sourced {
-            headers.push("Source");
+            columns.push(Column::whole("Source"));
         }
-        headers.extend(["Replayed", "New id"]);
-        let mut table = style.table(&headers);
+        columns.extend([Column::whole("Replayed"), Column::whole("New id")]);
+        let mut grid = Grid::new(columns);
         for r in &self.replayed {
             let mut cells = Vec::new();
             if sourced {
-                cells.push(Cell::new(&r.source));
+                cells.push(r.source.clone());
             }
-            cells.extend([
-                Cell::new(escape_for_log(r.from.as_str())),
-                Cell::new(escape_for_log(r.id.as_str())),
-            ]);
-            table.add_row(cells);
+            cells.extend([r.from.as_str().to_owned(), r.id.as_str().to_owned()]);
+            grid.push(cells);
         }
-        let first = usize::from(sourced);
-        keep_whole(&mut table, &[first, first + 1]);
-        table.to_string()
+        Some(grid)
     }
 }
 
@@ -416,6 +454,10 @@ impl Render for ScheduledMany {
 
 impl Render for BenchReport {
     fn human(&self, style: &Style) -> String {
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
         let figure = |x: f64, places: usize| format!("{x:.places$}");
         let rows: [(&str, String); 11] = [
             ("engine", self.engine.to_string()),
@@ -430,15 +472,14 @@ impl Render for BenchReport {
             ("rss_mb", figure(self.rss_mb, 1)),
             ("retained", self.retained.to_string()),
         ];
-        let mut table = style.table(&["Measure", "Value"]);
+        let mut grid = Grid::new(vec![
+            Column::whole("Measure"),
+            Column::whole("Value").right(),
+        ]);
         for (name, value) in rows {
-            table.add_row([
-                Cell::new(name),
-                Cell::new(value).set_alignment(CellAlignment::Right),
-            ]);
+            grid.push(vec![name.to_owned(), value]);
         }
-        keep_whole(&mut table, &[0, 1]);
-        table.to_string()
+        Some(grid)
     }
 }
 

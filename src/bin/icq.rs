@@ -9,13 +9,12 @@
 
 use std::ffi::OsString;
 
-use clap::Parser;
 use clap::error::ErrorKind;
 use icq::commands::{Cli, Format};
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let cli = match Cli::try_parse_from(&args) {
+    let cli = match Cli::try_parse_args(&args) {
         Ok(cli) => cli,
         Err(err) => parse_failure(err, json_requested(&args)),
     };

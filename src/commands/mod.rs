@@ -56,9 +56,15 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
 
-    /// Output format: human-readable tables, or one JSON document for scripts.
+    /// Output format: tables for people (tab-separated lines with a header when stdout is
+    /// not a terminal, unless `--format table` is given), or one JSON document for scripts.
     #[arg(long, global = true, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+
+    /// Whether `--format` was given explicitly (set by [`Cli::try_parse_args`]): tables
+    /// are drawn in a pipe only when asked for, otherwise a pipe gets tab-separated lines.
+    #[arg(skip)]
+    pub format_given: bool,
 }
 
 /// How results are written to stdout.
@@ -126,8 +132,34 @@ pub enum Command {
     Man(man::ManArgs),
 }
 
+impl Cli {
+    /// Parses a command line like [`Parser::try_parse_from`], remembering whether
+    /// `--format` was given explicitly (`--format table` in a pipe still draws tables).
+    pub fn try_parse_args(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().try_get_matches_from(args)?;
+        let mut cli =
+            Cli::from_arg_matches(&matches).map_err(|err| err.format(&mut Cli::command()))?;
+        cli.global.format_given = format_given(&matches);
+        Ok(cli)
+    }
+}
+
+/// Whether `--format` came from the command line, at any subcommand level.
+fn format_given(matches: &clap::ArgMatches) -> bool {
+    let mut level = Some(matches);
+    while let Some(m) = level {
+        if m.value_source("format") == Some(clap::parser::ValueSource::CommandLine) {
+            return true;
+        }
+        level = m.subcommand().map(|(_, sub)| sub);
+    }
+    false
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    crate::output::request_tables(cli.global.format_given && cli.global.format == Format::Table);
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,

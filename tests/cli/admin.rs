@@ -344,8 +344,10 @@ async fn pending_output() {
             &db,
             &[
                 &["pending"],
+                &["pending", "--format", "table"],
                 &["pending", "--format", "json"],
                 &["pending", "--by-type"],
+                &["pending", "--by-type", "--format", "table"],
                 &["pending", "--by-type", "--format", "json"]
             ]
         )
@@ -361,6 +363,7 @@ async fn dead_letters_list_output() {
             &db,
             &[
                 &["dead-letters", "list"],
+                &["dead-letters", "list", "--format", "table"],
                 &["dead-letters", "list", "--format", "json"],
                 &[
                     "dead-letters",
@@ -384,6 +387,7 @@ async fn dead_letters_show_output() {
             &db,
             &[
                 &["dead-letters", "show", DEAD_OLD],
+                &["dead-letters", "show", DEAD_OLD, "--format", "table"],
                 &["dead-letters", "show", DEAD_OLD, "--format", "json"]
             ]
         )
@@ -461,6 +465,7 @@ async fn replay_output() {
             &db,
             &[
                 &["replay", DONE_OLD, DEAD_OLD],
+                &["replay", DONE_NEW, "--format", "table"],
                 &["replay", DEAD_NEW, "--format", "json"]
             ]
         )
@@ -667,6 +672,7 @@ async fn dead_letter_listing(engine: &'static str) {
             "locked_until": null,
             "processed_at": null,
             "dead_lettered_at": "2026-01-02T00:00:00Z",
+            "state": "dead",
             "last_error": LONG_ERROR,
             "user_id": "user-7",
             "roles": ["orders.write", "support"],
@@ -786,20 +792,20 @@ async fn purge_effects(engine: &'static str) {
             &db,
             &["purge", "--completed", "--dead-letters", "--dry-run"]
         ),
-        json!({"would_delete": 4})
+        json!({"would_delete": 4, "completed": 2, "dead_letters": 2})
     );
     assert_eq!(
         json_of(
             &db,
             &["purge", "--completed", "--older-than", "7d", "--dry-run"]
         ),
-        json!({"would_delete": 1})
+        json!({"would_delete": 1, "completed": 1, "dead_letters": 0})
     );
     assert_eq!(total(&db).await, 7, "a dry run deletes nothing");
 
     assert_eq!(
         json_of(&db, &["purge", "--completed", "--older-than", "7d", "-y"]),
-        json!({"deleted": 1})
+        json!({"deleted": 1, "completed": 1, "dead_letters": 0})
     );
     assert_eq!(count(&db, &format!("{{Id}} = '{DONE_OLD}'")).await, 0);
     assert_eq!(
@@ -813,12 +819,12 @@ async fn purge_effects(engine: &'static str) {
             &db,
             &["purge", "--dead-letters", "--older-than", "1h", "-y"]
         ),
-        json!({"deleted": 2})
+        json!({"deleted": 2, "completed": 0, "dead_letters": 2})
     );
     assert_eq!(count(&db, "{DeadLetteredAt} IS NOT NULL").await, 0);
     assert_eq!(
         json_of(&db, &["purge", "--completed", "-y"]),
-        json!({"deleted": 1})
+        json!({"deleted": 1, "completed": 1, "dead_letters": 0})
     );
     assert_eq!(count(&db, "{ProcessedAt} IS NOT NULL").await, 0);
     assert_eq!(total(&db).await, 3, "pending rows are never purged");
@@ -1282,4 +1288,142 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
     println!("requeue --all-dead of 100,000 dead rows: {requeue_time:.2?}");
     println!("purge --completed --older-than 7d of 1,000,000 rows: {purge_time:.2?}");
     admin::close(&sources).await;
+}
+
+/// Runs `icq --database-url URL args…` with `$COLUMNS` set to `columns` (or unset).
+fn with_columns(db: &TestDb, columns: Option<&str>, args: &[&str]) -> Run {
+    let home = isolated_home();
+    let mut cmd = assert_cmd::Command::cargo_bin("icq").unwrap();
+    cmd.arg("--database-url")
+        .arg(&db.url)
+        .args(args)
+        .current_dir(&home)
+        .env("HOME", &home)
+        .env("NO_COLOR", "1")
+        .env_remove("COLUMNS")
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG");
+    if let Some(columns) = columns {
+        cmd.env("COLUMNS", columns);
+    }
+    let out = cmd.output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+fn widest_line(text: &str) -> usize {
+    text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+}
+
+/// Defect: at 80 columns `dead-letters list` was 87 wide with a one-character error
+/// column, and `$COLUMNS` was ignored. Tables fit `$COLUMNS`, cut the error with `…`
+/// and never wrap a row onto more lines.
+#[tokio::test]
+async fn tables_fit_the_terminal_width() {
+    let db = seeded("sqlite", "fit_width").await;
+    for columns in ["80", "100", "120"] {
+        let run = with_columns(
+            &db,
+            Some(columns),
+            &["dead-letters", "list", "--format", "table"],
+        );
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let width: usize = columns.parse().unwrap();
+        assert!(
+            widest_line(&run.stdout) <= width,
+            "wider than {width}:\n{}",
+            run.stdout
+        );
+        // Top border, header, rule, two rows, bottom border: no wrapped lines.
+        assert_eq!(run.stdout.lines().count(), 6, "{}", run.stdout);
+        assert!(
+            run.stdout.contains(DEAD_OLD),
+            "ids stay whole:\n{}",
+            run.stdout
+        );
+        assert!(run.stdout.contains('…'), "{}", run.stdout);
+    }
+    for args in [
+        &["pending", "--by-type", "--format", "table"][..],
+        &["dead-letters", "show", DEAD_OLD, "--format", "table"],
+    ] {
+        let run = with_columns(&db, Some("80"), args);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert!(widest_line(&run.stdout) <= 80, "{args:?}:\n{}", run.stdout);
+    }
+    // Narrower than ids, a type and an error can be: the table leaves out the droppable
+    // columns and stays one line per row rather than wrapping.
+    let narrow = with_columns(
+        &db,
+        Some("40"),
+        &["dead-letters", "list", "--format", "table"],
+    );
+    assert_eq!(narrow.stdout.lines().count(), 6, "{}", narrow.stdout);
+    assert!(!narrow.stdout.contains("Attempts"), "{}", narrow.stdout);
+}
+
+/// Defect: with a reported width of 0 every column collapsed to one character. An
+/// unknown width (unset or 0 `$COLUMNS`, a terminal that reports 0 columns) means 100.
+#[tokio::test]
+async fn tables_fall_back_to_100_columns_when_the_width_is_unknown() {
+    let db = seeded("sqlite", "fit_fallback").await;
+    for columns in [None, Some("0")] {
+        let run = with_columns(&db, columns, &["dead-letters", "list", "--format", "table"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert_eq!(
+            widest_line(&run.stdout),
+            100,
+            "{columns:?}:\n{}",
+            run.stdout
+        );
+        assert_eq!(run.stdout.lines().count(), 6, "{}", run.stdout);
+    }
+    // A real terminal that reports 0 columns (`script` gives icq a pseudo-terminal).
+    let bin = assert_cmd::cargo::cargo_bin("icq");
+    let line = format!(
+        "stty cols 0 rows 0; {} --database-url '{}' dead-letters list",
+        bin.display(),
+        db.url
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("COLUMNS")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run script(1)");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains('╭'), "a terminal gets a table:\n{text}");
+    assert_eq!(widest_line(&text), 100, "{text}");
+}
+
+/// Off a terminal, listings are tab-separated lines with a header (like `gh`), whole
+/// values with tabs and line breaks escaped; `--format table` still draws the table.
+#[tokio::test]
+async fn listings_in_a_pipe_are_tab_separated() {
+    let db = seeded("sqlite", "tsv").await;
+    let run = with_columns(&db, None, &["dead-letters", "list"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines[0], "Id\tType\tAttempts\tDead lettered at\tLast error");
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    assert!(
+        lines.iter().all(|l| l.split('\t').count() == 5),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains(DEAD_OLD));
+    let pending = with_columns(&db, None, &["pending"]);
+    assert!(
+        pending
+            .stdout
+            .starts_with("Due\tScheduled\tRunning\tDead\tCompleted\n"),
+        "{}",
+        pending.stdout
+    );
+    let table = with_columns(&db, None, &["pending", "--format", "table"]);
+    assert!(table.stdout.contains('╭'), "{}", table.stdout);
 }
