@@ -20,6 +20,12 @@
 //! - **Bulk scheduling validates first.** Every line of a `--from-file` is parsed and
 //!   checked before the first insert.
 
+mod cancel;
+mod list;
+
+pub use cancel::{CancelPlan, CancelReport, CancelTarget, cancel, plan_cancel};
+pub use list::{ListReport, ListRequest, ListedCommand, list};
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,8 +23,8 @@ use comfy_table::{
 use serde::Serialize;
 
 use crate::admin::{
-    DeadLetterReport, PendingReport, Progress, PurgeCount, PurgeReport, ReplayReport,
-    RequeueReport, Scheduled, ScheduledMany, ShownCommand,
+    CancelReport, DeadLetterReport, ListReport, PendingReport, Progress, PurgeCount, PurgeReport,
+    ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::bench::BenchReport;
 use crate::commands::Format;
@@ -346,6 +346,69 @@ impl Render for ShownCommand {
             grid.push(vec![name.to_owned(), printable(&value, SHOWN_WIDTH)]);
         }
         Some(grid)
+    }
+}
+
+impl Render for ListReport {
+    fn human(&self, style: &Style) -> String {
+        let state = serde_json::to_value(self.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if self.commands.is_empty() {
+            return format!("No {state} commands in source {}.", self.source);
+        }
+        let mut text = listing(self.grid().unwrap_or_default(), style);
+        text.push_str(&format!(
+            "\nShowing {} of {} {state} commands in source {}.",
+            self.commands.len(),
+            self.total.max(self.commands.len() as u64),
+            self.source
+        ));
+        if let Some(next) = &self.next_after {
+            text.push_str(&format!(
+                " Next page: icq list --state {state} --after {}",
+                escape_for_log(next.as_str())
+            ));
+        }
+        text
+    }
+
+    fn grid(&self) -> Option<Grid> {
+        let when = match self.state {
+            crate::engine::admin::ListState::Dead => "Dead lettered at",
+            crate::engine::admin::ListState::Completed => "Processed at",
+            _ => "Run at",
+        };
+        let mut grid = Grid::new(vec![
+            Column::whole("Id"),
+            Column::shrinkable("Type", 6, 1),
+            Column::whole("State").droppable(1),
+            Column::whole("Attempts").right().droppable(0),
+            Column::whole(when).droppable(2),
+            Column::shrinkable("Last error", 10, 0),
+        ]);
+        for c in &self.commands {
+            grid.push(vec![
+                c.id.as_str().to_owned(),
+                c.type_name.clone(),
+                c.state.as_str().to_owned(),
+                c.attempts.to_string(),
+                c.key_time(self.state).map_or_else(|| "-".to_owned(), time),
+                c.last_error.clone().unwrap_or_else(|| "-".to_owned()),
+            ]);
+        }
+        Some(grid)
+    }
+}
+
+impl Render for CancelReport {
+    fn human(&self, _style: &Style) -> String {
+        format!(
+            "Cancelled {}: they are dead letters now (LastError \"{}\").",
+            plural(self.cancelled, "command", "commands"),
+            crate::engine::admin::CANCELLED
+        )
     }
 }
 

@@ -108,6 +108,49 @@ Exit codes:
   2  usage or configuration error
   3  show: no command has that id";
 
+/// `icq list --help`.
+pub const LIST: &str = "\
+Examples:
+  icq list                                    # pending commands, next to run first
+  icq list --state dead --type orders.send_receipt
+  icq list --state completed --limit 100 --after 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
+  icq list --state scheduled --before 2026-12-24T00:00:00Z --format json
+
+Pages: each page ends with the id to pass as --after for the next one (JSON: next_after).
+
+Exit codes:
+  0  listed
+  1  database error
+  2  usage or configuration error (several sources without --source)
+  3  the --after id does not exist";
+
+/// `icq show --help`.
+pub const SHOW: &str = "\
+Examples:
+  icq show 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
+  icq show 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d --format json
+
+Exit codes:
+  0  shown
+  1  database error
+  2  usage or configuration error
+  3  no command has that id";
+
+/// `icq cancel --help`.
+pub const CANCEL: &str = "\
+Examples:
+  icq cancel 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
+  icq cancel --type reports.nightly --yes
+
+A cancelled command becomes a dead letter with LastError \"cancelled by operator\": it
+stays visible (icq dead-letters list), can be requeued, and is purged like any dead letter.
+
+Exit codes:
+  0  cancelled
+  1  database error
+  2  usage error (a running, completed or dead command; --yes missing off a terminal)
+  3  an id does not exist";
+
 /// `icq requeue --help`.
 pub const REQUEUE: &str = "\
 Examples:

@@ -2,9 +2,11 @@
 //! as a thin layer: parse arguments, call the library, render the result.
 
 pub mod bench;
+pub mod cancel;
 pub mod completions;
 pub mod config;
 pub mod dead_letters;
+pub mod list;
 pub mod man;
 pub mod migrate;
 pub mod pending;
@@ -14,6 +16,7 @@ pub mod quickstart;
 pub mod replay;
 pub mod requeue;
 pub mod schedule;
+pub mod show;
 pub mod work;
 
 use std::path::PathBuf;
@@ -95,6 +98,19 @@ pub enum Command {
     #[command(after_help = man::PENDING)]
     Pending(pending::PendingArgs),
 
+    /// List one page of commands in a state (pending, due, scheduled, running, dead,
+    /// completed), with the id that starts the next page.
+    #[command(after_help = man::LIST)]
+    List(list::ListArgs),
+
+    /// Show one command in full, in any state.
+    #[command(after_help = man::SHOW)]
+    Show(show::ShowArgs),
+
+    /// Take pending commands out of the queue without running them.
+    #[command(after_help = man::CANCEL)]
+    Cancel(cancel::CancelArgs),
+
     /// List dead letters, or show one command in full.
     #[command(subcommand, after_help = man::DEAD_LETTERS)]
     DeadLetters(dead_letters::DeadLettersCommand),
@@ -166,6 +182,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quickstart(args) => quickstart::run(args, &cli.global).await,
         Command::Pending(args) => pending::run(args, &cli.global).await,
         Command::DeadLetters(cmd) => dead_letters::run(cmd, &cli.global).await,
+        Command::List(args) => list::run(args, &cli.global).await,
+        Command::Show(args) => show::run(args, &cli.global).await,
+        Command::Cancel(args) => cancel::run(args, &cli.global).await,
         Command::Requeue(args) => requeue::run(args, &cli.global).await,
         Command::Purge(args) => purge::run(args, &cli.global).await,
         Command::Replay(args) => replay::run(args, &cli.global).await,

@@ -143,6 +143,67 @@ pub struct FinishedDeleteBatchParams {
     pub limit: u32,
 }
 
+/// `LastError` of a command an operator cancelled.
+pub const CANCELLED: &str = "cancelled by operator";
+
+/// Which rows [`AdminOps::command_list`] returns, and in which order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListState {
+    /// Every pending row (due, scheduled and running), in `RunAt` order.
+    Pending,
+    /// Pending, no live lease, `RunAt <= now`, in `RunAt` order.
+    Due,
+    /// Pending, no live lease, `RunAt > now`, in `RunAt` order.
+    Scheduled,
+    /// Pending with a live lease, in `RunAt` order.
+    Running,
+    /// Dead letters, newest (`DeadLetteredAt`) first.
+    Dead,
+    /// Completed rows, newest (`ProcessedAt`) first.
+    Completed,
+}
+
+impl ListState {
+    /// Newest first (finished rows) rather than in queue order.
+    pub fn newest_first(self) -> bool {
+        matches!(self, ListState::Dead | ListState::Completed)
+    }
+
+    /// The column a listing is ordered by: `RunAt`, `DeadLetteredAt` or `ProcessedAt`.
+    pub fn key_column(self) -> &'static str {
+        match self {
+            ListState::Dead => "DeadLetteredAt",
+            ListState::Completed => "ProcessedAt",
+            _ => "RunAt",
+        }
+    }
+}
+
+/// One page of [`AdminOps::command_list`]: keyset pagination, so every page costs the
+/// same however deep it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandListParams {
+    /// The rows and their order.
+    pub state: ListState,
+    /// Only this command type.
+    pub type_name: Option<String>,
+    /// At most this many rows.
+    pub limit: u32,
+    /// Continue after this row (which must exist): the page starts with the row that
+    /// follows it in the listing's order.
+    pub after: Option<CommandId>,
+    /// Only rows whose ordering time is earlier than this.
+    pub before: Option<DateTime<Utc>>,
+}
+
+/// The rows of [`AdminOps::command_cancel_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandCancelManyParams {
+    /// Distinct ids.
+    pub ids: Vec<CommandId>,
+}
+
 /// Operator queries over one source's table.
 #[async_trait]
 pub trait AdminOps: Send + Sync + 'static {
@@ -166,6 +227,13 @@ pub trait AdminOps: Send + Sync + 'static {
     /// transaction. A row is requeueable when it is not completed and holds no live lease.
     /// When any id is missing or not requeueable nothing changes and 0 is returned.
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64>;
+
+    /// One page of rows in a state, in the state's order (see [`ListState`]).
+    async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>>;
+
+    /// Dead-letters every listed row that is pending and holds no live lease, with
+    /// `LastError` = [`CANCELLED`]; other rows are left alone. Returns how many changed.
+    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64>;
 
     /// How many dead letters match `filter`.
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64>;

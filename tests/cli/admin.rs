@@ -998,6 +998,206 @@ on_every_engine!(
     schedule_effects
 );
 
+fn ids_of(listing: &Value) -> Vec<String> {
+    listing["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn list_effects(engine: &'static str) {
+    let db = seeded(engine, "list").await;
+    let pending = json_of(&db, &["list"]);
+    assert_eq!(pending["state"], "pending");
+    assert_eq!(pending["total"], 3);
+    assert_eq!(pending["next_after"], Value::Null);
+    let mut ids = ids_of(&pending);
+    ids.sort();
+    assert_eq!(ids, [DUE, SCHEDULED, RUNNING]);
+    assert_eq!(
+        pending["commands"].as_array().unwrap().last().unwrap()["id"],
+        SCHEDULED,
+        "queue order: the far future last"
+    );
+    for (state, id) in [("due", DUE), ("scheduled", SCHEDULED), ("running", RUNNING)] {
+        let page = json_of(&db, &["list", "--state", state]);
+        assert_eq!(ids_of(&page), [id], "{state}");
+        assert_eq!(page["commands"][0]["state"], state);
+        assert_eq!(page["total"], 1, "{state}");
+    }
+
+    // Keyset pages, newest first for dead letters.
+    assert_eq!(
+        ids_of(&json_of(&db, &["list", "--state", "dead"])),
+        [DEAD_NEW, DEAD_OLD]
+    );
+    let first = json_of(&db, &["list", "--state", "dead", "--limit", "1"]);
+    assert_eq!(ids_of(&first), [DEAD_NEW]);
+    assert_eq!(first["next_after"], DEAD_NEW);
+    assert_eq!(first["total"], 2);
+    let second = json_of(
+        &db,
+        &[
+            "list", "--state", "dead", "--limit", "1", "--after", DEAD_NEW,
+        ],
+    );
+    assert_eq!(ids_of(&second), [DEAD_OLD]);
+    assert_eq!(second["next_after"], Value::Null);
+    let typed = json_of(
+        &db,
+        &["list", "--state", "dead", "--type", "webhooks.deliver"],
+    );
+    assert_eq!(ids_of(&typed), [DEAD_OLD]);
+    assert_eq!(typed["total"], 1);
+    let old = json_of(
+        &db,
+        &[
+            "list",
+            "--state",
+            "completed",
+            "--before",
+            "2026-06-01T00:00:00Z",
+        ],
+    );
+    assert_eq!(ids_of(&old), [DONE_OLD]);
+
+    let text = ok(
+        &db,
+        &[
+            "list", "--state", "dead", "--limit", "1", "--format", "table",
+        ],
+    );
+    assert!(
+        text.contains(&format!("Showing 1 of 2 dead commands in source default. Next page: icq list --state dead --after {DEAD_NEW}")),
+        "{text}"
+    );
+    let err = fails(&db, &["list", "--after", UNKNOWN], 3);
+    assert!(err.contains(UNKNOWN), "{err}");
+    fails(&db, &["list", "--limit", "0"], 2);
+    fails(&db, &["list", "--before", "yesterday"], 2);
+}
+
+async fn show_effects(engine: &'static str) {
+    let db = seeded(engine, "show").await;
+    for (id, state) in [
+        (DUE, "due"),
+        (RUNNING, "running"),
+        (DONE_OLD, "completed"),
+        (DEAD_OLD, "dead"),
+    ] {
+        let shown = json_of(&db, &["show", id]);
+        assert_eq!(shown["id"], id);
+        assert_eq!(shown["state"], state, "{id}");
+    }
+    fails(&db, &["show", UNKNOWN], 3);
+}
+
+async fn cancel_effects(engine: &'static str) {
+    let db = seeded(engine, "cancel").await;
+    for (id, why) in [
+        (RUNNING, "running"),
+        (DEAD_OLD, "already a dead letter"),
+        (DONE_OLD, "completed"),
+    ] {
+        let err = fails(&db, &["cancel", id, DUE, "-y"], 2);
+        assert!(err.contains(why), "{id}: {err}");
+    }
+    fails(&db, &["cancel", UNKNOWN, "-y"], 3);
+    let off_terminal = fails(&db, &["cancel", DUE], 2);
+    assert!(off_terminal.contains("--yes"), "{off_terminal}");
+    assert_eq!(
+        count(&db, "{DeadLetteredAt} IS NOT NULL").await,
+        2,
+        "nothing changed yet"
+    );
+
+    assert_eq!(
+        json_of(&db, &["cancel", DUE, SCHEDULED, DUE, "-y"]),
+        json!({"cancelled": 2})
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} IN ('{DUE}', '{SCHEDULED}') AND {{DeadLetteredAt}} IS NOT NULL AND {{LastError}} = 'cancelled by operator' AND {{ProcessedAt}} IS NULL")
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{RUNNING}' AND {{DeadLetteredAt}} IS NULL")
+        )
+        .await,
+        1
+    );
+
+    for _ in 0..3 {
+        ok(
+            &db,
+            &["schedule", "--type", "reports.nightly", "--payload", "{}"],
+        );
+    }
+    ok(
+        &db,
+        &[
+            "schedule",
+            "--type",
+            "reports.nightly",
+            "--payload",
+            "{}",
+            "--in",
+            "1d",
+        ],
+    );
+    assert_eq!(
+        json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
+        json!({"cancelled": 4})
+    );
+    assert_eq!(
+        count(
+            &db,
+            "{Type} = 'reports.nightly' AND {DeadLetteredAt} IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
+        json!({"cancelled": 0})
+    );
+    // A cancelled command is a dead letter like any other: it can be requeued.
+    assert_eq!(
+        json_of(&db, &["requeue", DUE, "-y"]),
+        json!({"requeued": 1})
+    );
+}
+
+on_every_engine!(list_effects, show_effects, cancel_effects);
+
+/// A row another program wrote with a `RunAt` that is not a time is listed as due and
+/// can be cancelled by its id, whatever case or format the id has.
+#[tokio::test]
+async fn a_foreign_row_can_be_listed_and_cancelled() {
+    let db = TestDb::with_table("sqlite", "foreign_cancel").await;
+    db.execute(
+        r#"INSERT INTO "InternalCommands" ("Id", "Type", "Payload", "RunAt")
+           VALUES ('Order-42/ABC', 'legacy.job', '{}', 'tomorrow')"#,
+    )
+    .await;
+    let due = json_of(&db, &["list", "--state", "due"]);
+    assert_eq!(ids_of(&due), ["Order-42/ABC"]);
+    assert_eq!(
+        json_of(&db, &["cancel", "Order-42/ABC", "-y"]),
+        json!({"cancelled": 1})
+    );
+    let shown = json_of(&db, &["show", "Order-42/ABC"]);
+    assert_eq!(shown["state"], "dead");
+    assert_eq!(shown["last_error"], "cancelled by operator");
+}
+
 // ---------------------------------------------------------------------------------------
 // bad input
 

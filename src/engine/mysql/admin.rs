@@ -14,6 +14,7 @@ use super::{COLUMNS, MySqlDriver, NOW, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
+use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
@@ -60,8 +61,96 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
     }
 }
 
+/// The condition that selects a listing's rows.
+fn list_condition(state: ListState) -> String {
+    let unleased = unleased();
+    match state {
+        ListState::Pending => PENDING.to_owned(),
+        ListState::Due => format!("{PENDING} AND {unleased} AND `RunAt` <= {NOW}"),
+        ListState::Scheduled => format!("{PENDING} AND {unleased} AND `RunAt` > {NOW}"),
+        ListState::Running => format!("{PENDING} AND `LockedUntil` > {NOW}"),
+        ListState::Dead => DEAD.to_owned(),
+        ListState::Completed => "`ProcessedAt` IS NOT NULL".to_owned(),
+    }
+}
+
+/// A listing page (see the PostgreSQL driver). Placeholders are positional: type,
+/// before, then the `after` id three times, then the limit.
+fn list_sql(t: &str, params: &CommandListParams) -> String {
+    let key = format!("`{}`", params.state.key_column());
+    let (dir, cmp) = if params.state.newest_first() {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    let mut conditions = vec![list_condition(params.state)];
+    if params.type_name.is_some() {
+        conditions.push("`Type` = ?".into());
+    }
+    if params.before.is_some() {
+        conditions.push(format!("{key} < ?"));
+    }
+    if params.after.is_some() {
+        let k = format!("(SELECT {key} FROM {t} WHERE `Id` = ?)");
+        conditions.push(format!(
+            "{key} {cmp}= {k} AND ({key} {cmp} {k} OR `Id` {cmp} ?)"
+        ));
+    }
+    format!(
+        "SELECT {COLUMNS} FROM {t} WHERE {} ORDER BY {key} {dir}, `Id` {dir} LIMIT ?",
+        conditions.join(" AND ")
+    )
+}
+
 #[async_trait]
 impl AdminOps for MySqlDriver {
+    async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
+        let sql = list_sql(&self.t, params);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(type_name) = &params.type_name {
+            query = query.bind(type_name);
+        }
+        if let Some(before) = params.before {
+            query = query.bind(before);
+        }
+        if let Some(after) = &params.after {
+            let id = after.to_string();
+            query = query.bind(id.clone()).bind(id.clone()).bind(id);
+        }
+        let rows = query
+            .bind(i64::from(params.limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("listing commands")))?;
+        rows.iter()
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .collect()
+    }
+
+    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+        let t = &self.t;
+        let unleased = unleased();
+        let mut done = 0;
+        for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
+            let sql = format!(
+                "UPDATE {t} SET `DeadLetteredAt` = {NOW}, `LastError` = ?, \
+                 `LockToken` = NULL, `LockedUntil` = NULL \
+                 WHERE `Id` IN ({}) AND {PENDING} AND {unleased}",
+                marks(chunk.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(CANCELLED);
+            for id in chunk {
+                query = query.bind(id.to_string());
+            }
+            done += query
+                .execute(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("cancelling commands")))?
+                .rows_affected();
+        }
+        Ok(done)
+    }
+
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
         let now: chrono::NaiveDateTime = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW}")))
             .fetch_one(&self.pool)

@@ -14,6 +14,7 @@ use super::{PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
+use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
@@ -46,6 +47,54 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
             r#""DeadLetteredAt""#,
         ),
     }
+}
+
+/// The condition that selects a listing's rows.
+fn list_condition(state: ListState) -> String {
+    match state {
+        ListState::Pending => PENDING.to_owned(),
+        ListState::Due => format!(r#"{PENDING} AND {UNLEASED} AND "RunAt" <= now()"#),
+        ListState::Scheduled => format!(r#"{PENDING} AND {UNLEASED} AND "RunAt" > now()"#),
+        ListState::Running => format!(r#"{PENDING} AND "LockedUntil" > now()"#),
+        ListState::Dead => DEAD.to_owned(),
+        ListState::Completed => r#""ProcessedAt" IS NOT NULL"#.to_owned(),
+    }
+}
+
+/// A listing page: the state's rows, filtered, after the `after` row in the state's
+/// order. The keyset is `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
+fn list_sql(t: &str, params: &CommandListParams) -> String {
+    let key = format!(r#""{}""#, params.state.key_column());
+    let (dir, cmp) = if params.state.newest_first() {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    // Placeholders are numbered in the order the driver binds them: limit, then each
+    // filter that is present.
+    let mut next = 1;
+    let mut mark = || {
+        next += 1;
+        format!("${next}")
+    };
+    let mut conditions = vec![list_condition(params.state)];
+    if params.type_name.is_some() {
+        conditions.push(format!(r#""Type" = {}"#, mark()));
+    }
+    if params.before.is_some() {
+        conditions.push(format!("{key} < {}", mark()));
+    }
+    if params.after.is_some() {
+        let id = mark();
+        let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
+        conditions.push(format!(
+            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
+        ));
+    }
+    format!(
+        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT $1"#,
+        conditions.join(" AND ")
+    )
 }
 
 impl PgDriver {
@@ -131,6 +180,49 @@ impl AdminOps for PgDriver {
         rows.iter()
             .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
             .collect()
+    }
+
+    async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
+        let after = params.after.as_ref().map(|id| id.as_uuid());
+        if after == Some(None) {
+            // Not a UUID: no such row here, so nothing follows it.
+            return Ok(Vec::new());
+        }
+        let sql = list_sql(&self.t, params);
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
+        if let Some(type_name) = &params.type_name {
+            query = query.bind(type_name);
+        }
+        if let Some(before) = params.before {
+            query = query.bind(before);
+        }
+        if let Some(after) = after.flatten() {
+            query = query.bind(after);
+        }
+        let rows = query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("listing commands")))?;
+        rows.iter()
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .collect()
+    }
+
+    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+        let t = &self.t;
+        let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
+        let sql = format!(
+            r#"UPDATE {t} SET "DeadLetteredAt" = now(), "LastError" = $2,
+                              "LockToken" = NULL, "LockedUntil" = NULL
+               WHERE "Id" = ANY($1) AND {PENDING} AND {UNLEASED}"#
+        );
+        Ok(sqlx::query(AssertSqlSafe(sql))
+            .bind(ids)
+            .bind(CANCELLED)
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("cancelling commands")))?
+            .rows_affected())
     }
 
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {

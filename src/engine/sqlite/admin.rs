@@ -13,6 +13,7 @@ use sqlx::AssertSqlSafe;
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
 use crate::engine::admin::decode_state_count;
+use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
     DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
@@ -59,8 +60,104 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
     }
 }
 
+/// The condition that selects a listing's rows. A `RunAt` that is not a time (text
+/// after the digits, `'tomorrow'`) counts as due, as the claim and the counts take it.
+fn list_condition(state: ListState) -> String {
+    let unleased = unleased();
+    match state {
+        ListState::Pending => PENDING.to_owned(),
+        ListState::Due => {
+            format!(r#"{PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':')"#)
+        }
+        ListState::Scheduled => {
+            format!(r#"{PENDING} AND {unleased} AND "RunAt" > {NOW} AND "RunAt" < ':'"#)
+        }
+        ListState::Running => format!(r#"{PENDING} AND "LockedUntil" > {NOW}"#),
+        ListState::Dead => DEAD.to_owned(),
+        ListState::Completed => r#""ProcessedAt" IS NOT NULL"#.to_owned(),
+    }
+}
+
+/// A listing page (see the PostgreSQL driver): `?1` limit, then each present filter.
+fn list_sql(t: &str, params: &CommandListParams) -> String {
+    let key = format!(r#""{}""#, params.state.key_column());
+    let (dir, cmp) = if params.state.newest_first() {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    let mut next = 1;
+    let mut mark = || {
+        next += 1;
+        format!("?{next}")
+    };
+    let mut conditions = vec![list_condition(params.state)];
+    if params.type_name.is_some() {
+        conditions.push(format!(r#""Type" = {}"#, mark()));
+    }
+    if params.before.is_some() {
+        conditions.push(format!("{key} < {}", mark()));
+    }
+    if params.after.is_some() {
+        let id = mark();
+        let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
+        conditions.push(format!(
+            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
+        ));
+    }
+    format!(
+        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT ?1"#,
+        conditions.join(" AND ")
+    )
+}
+
 #[async_trait]
 impl AdminOps for SqliteDriver {
+    async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
+        let sql = list_sql(&self.t, params);
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
+        if let Some(type_name) = &params.type_name {
+            query = query.bind(type_name);
+        }
+        if let Some(before) = params.before {
+            query = query.bind(format_timestamp(before));
+        }
+        if let Some(after) = &params.after {
+            query = query.bind(after.to_string());
+        }
+        let rows = query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("listing commands")))?;
+        rows.iter()
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .collect()
+    }
+
+    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+        let t = &self.t;
+        let unleased = unleased();
+        let mut done = 0;
+        for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
+            let marks = marks(chunk.len());
+            let sql = format!(
+                r#"UPDATE {t} SET "DeadLetteredAt" = {NOW}, "LastError" = ?,
+                                  "LockToken" = NULL, "LockedUntil" = NULL
+                   WHERE "Id" IN ({marks}) AND {PENDING} AND {unleased}"#
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(CANCELLED);
+            for id in chunk {
+                query = query.bind(id.to_string());
+            }
+            done += query
+                .execute(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("cancelling commands")))?
+                .rows_affected();
+        }
+        Ok(done)
+    }
+
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
         let now: String = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW}")))
             .fetch_one(&self.pool)

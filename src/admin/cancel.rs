@@ -1,0 +1,222 @@
+//! `icq cancel`: take pending commands out of the queue without running them. A
+//! cancelled command is a dead letter with `LastError = "cancelled by operator"`, so it
+//! stays visible, can be requeued, and is purged like any dead letter. A running
+//! command is refused: its handler is already executing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::{Progress, distinct, locate, not_found};
+use crate::command::{CommandId, State};
+use crate::engine::Backend;
+use crate::engine::admin::{
+    CommandCancelManyParams, CommandListParams, ListState, StateCountParams,
+};
+use crate::error::{Error, Result};
+use crate::sources::OpenSource;
+
+/// Rows cancelled per statement when cancelling a whole type.
+const CANCEL_BATCH: u32 = 500;
+
+/// What to cancel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelTarget {
+    /// These pending rows.
+    Ids(Vec<CommandId>),
+    /// Every pending, not running command of this type.
+    Type(String),
+}
+
+enum Work {
+    Ids(Vec<CommandId>),
+    Type(String),
+}
+
+struct Part {
+    source: String,
+    backend: Arc<dyn Backend>,
+    work: Work,
+    count: u64,
+}
+
+/// A validated cancel, ready to confirm and apply.
+pub struct CancelPlan {
+    parts: Vec<Part>,
+}
+
+impl CancelPlan {
+    /// How many rows the plan cancels (for a type, as counted when planning).
+    pub fn total(&self) -> u64 {
+        self.parts.iter().map(|p| p.count).sum()
+    }
+
+    /// The sources with something to cancel.
+    pub fn sources(&self) -> Vec<&str> {
+        self.parts
+            .iter()
+            .filter(|p| p.count > 0)
+            .map(|p| p.source.as_str())
+            .collect()
+    }
+}
+
+/// The result of [`cancel`]: `{"cancelled": N}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CancelReport {
+    /// Rows taken out of the queue.
+    pub cancelled: u64,
+}
+
+/// Checks a cancel without changing anything: every id must exist ([`Error::NotFound`])
+/// and be pending without a live lease ([`Error::Usage`] otherwise, naming each).
+pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Result<CancelPlan> {
+    match target {
+        CancelTarget::Ids(ids) => plan_ids(sources, &distinct(ids)).await,
+        CancelTarget::Type(type_name) => {
+            let mut parts = Vec::with_capacity(sources.len());
+            for source in sources {
+                let backend = source.queue.backend().clone();
+                let counts = backend
+                    .state_count(&StateCountParams { by_type: true })
+                    .await?;
+                let count = counts
+                    .iter()
+                    .filter(|c| c.type_name.as_deref() == Some(type_name))
+                    .map(|c| c.due + c.scheduled)
+                    .sum();
+                parts.push(Part {
+                    source: source.name.clone(),
+                    backend,
+                    work: Work::Type(type_name.clone()),
+                    count,
+                });
+            }
+            Ok(CancelPlan { parts })
+        }
+    }
+}
+
+async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPlan> {
+    if ids.is_empty() {
+        return Err(Error::Usage(
+            "name the commands to cancel (ids), or pass --type TYPE".into(),
+        ));
+    }
+    let located = locate(sources, ids).await?;
+    if let Some(missing) = located.missing(ids) {
+        return Err(not_found(&missing, sources, "nothing was cancelled"));
+    }
+    let mut refusals = Vec::new();
+    let mut per_source: HashMap<usize, Vec<CommandId>> = HashMap::new();
+    for (index, row) in &located.rows {
+        let now = sources[*index].queue.backend().clock_now().await?;
+        match row.state(now) {
+            State::Completed => refusals.push(format!(
+                "command {} is completed; there is nothing left to cancel",
+                row.id
+            )),
+            State::Dead => refusals.push(format!(
+                "command {} is already a dead letter; delete it with `icq purge --dead-letters` \
+                 or run it again with `icq requeue {}`",
+                row.id, row.id
+            )),
+            State::Running => refusals.push(format!(
+                "command {} is running (leased until {}); its handler is executing, so it \
+                 cannot be cancelled; it ends completed, retried or dead",
+                row.id,
+                row.locked_until
+                    .map_or_else(|| "now".to_owned(), crate::command::format_timestamp)
+            )),
+            State::Due | State::Scheduled => {
+                per_source.entry(*index).or_default().push(row.id.clone());
+            }
+        }
+    }
+    if !refusals.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}; nothing was cancelled",
+            refusals.join("; ")
+        )));
+    }
+    let parts = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(index, source)| {
+            let ids = per_source.remove(&index)?;
+            Some(Part {
+                source: source.name.clone(),
+                backend: source.queue.backend().clone(),
+                count: ids.len() as u64,
+                work: Work::Ids(ids),
+            })
+        })
+        .collect();
+    Ok(CancelPlan { parts })
+}
+
+/// Applies a cancel plan. Explicit ids are cancelled in one guarded statement per
+/// source; a row a processor claimed since the plan was made is left running and the
+/// result says so. A type is cancelled in batches of [`CANCEL_BATCH`], never more rows
+/// than were counted when planning (new commands of that type keep coming).
+pub async fn cancel(plan: &CancelPlan, progress: &dyn Progress) -> Result<CancelReport> {
+    let mut cancelled = 0;
+    progress.begin("cancelling", plan.total());
+    for part in &plan.parts {
+        match &part.work {
+            Work::Ids(ids) => {
+                let done = part
+                    .backend
+                    .command_cancel_many(&CommandCancelManyParams { ids: ids.clone() })
+                    .await?;
+                cancelled += done;
+                progress.advance(done);
+                if done < ids.len() as u64 {
+                    progress.finish();
+                    return Err(Error::Usage(format!(
+                        "source `{}`: {} of the {} commands started running or changed state \
+                         while being cancelled and were left alone ({cancelled} cancelled in \
+                         all); check them with `icq show ID`",
+                        part.source,
+                        ids.len() as u64 - done,
+                        ids.len()
+                    )));
+                }
+            }
+            Work::Type(type_name) => {
+                let mut left = part.count;
+                for state in [ListState::Due, ListState::Scheduled] {
+                    while left > 0 {
+                        let page = part
+                            .backend
+                            .command_list(&CommandListParams {
+                                state,
+                                type_name: Some(type_name.clone()),
+                                limit: CANCEL_BATCH.min(u32::try_from(left).unwrap_or(u32::MAX)),
+                                after: None,
+                                before: None,
+                            })
+                            .await?;
+                        if page.is_empty() {
+                            break;
+                        }
+                        let ids = page.into_iter().map(|row| row.id).collect();
+                        let done = part
+                            .backend
+                            .command_cancel_many(&CommandCancelManyParams { ids })
+                            .await?;
+                        if done == 0 {
+                            break;
+                        }
+                        cancelled += done;
+                        left = left.saturating_sub(done);
+                        progress.advance(done);
+                    }
+                }
+            }
+        }
+    }
+    progress.finish();
+    Ok(CancelReport { cancelled })
+}

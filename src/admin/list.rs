@@ -1,0 +1,181 @@
+//! `icq list`: one page of commands in a state, with keyset pagination (`--after ID`)
+//! so the thousandth page costs what the first does.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::{not_found, one_source};
+use crate::command::{CommandId, CommandRow, State};
+use crate::engine::admin::{CommandListParams, ListState, StateCount, StateCountParams};
+use crate::error::Result;
+use crate::sources::OpenSource;
+
+/// What `icq list` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// The rows and their order.
+    pub state: ListState,
+    /// Only this command type.
+    pub type_name: Option<String>,
+    /// At most this many rows.
+    pub limit: u32,
+    /// The page after this command (the last id of the previous page).
+    pub after: Option<CommandId>,
+    /// Only rows whose ordering time is earlier than this.
+    pub before: Option<DateTime<Utc>>,
+}
+
+/// One listed command: everything but the payload and the captured context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListedCommand {
+    /// `Id`.
+    pub id: CommandId,
+    /// `Type`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// The state at the database's clock.
+    pub state: State,
+    /// `Attempts`.
+    pub attempts: i32,
+    /// `CreatedAt`.
+    pub created_at: DateTime<Utc>,
+    /// `RunAt`.
+    pub run_at: DateTime<Utc>,
+    /// `LockedUntil`.
+    pub locked_until: Option<DateTime<Utc>>,
+    /// `ProcessedAt`.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// `DeadLetteredAt`.
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    /// `LastError`, with what icq could not read in the row when it has defects.
+    pub last_error: Option<String>,
+}
+
+impl ListedCommand {
+    fn new(row: CommandRow, now: DateTime<Utc>) -> ListedCommand {
+        let state = row.state(now);
+        let last_error = match row.defect_summary() {
+            None => row.last_error,
+            Some(defects) => Some(match row.last_error {
+                Some(error) => format!("{error} ({defects})"),
+                None => defects,
+            }),
+        };
+        ListedCommand {
+            id: row.id,
+            type_name: row.type_name,
+            state,
+            attempts: row.attempts,
+            created_at: row.created_at,
+            run_at: row.run_at,
+            locked_until: row.locked_until,
+            processed_at: row.processed_at,
+            dead_lettered_at: row.dead_lettered_at,
+            last_error,
+        }
+    }
+
+    /// The time the listing is ordered by.
+    pub fn key_time(&self, state: ListState) -> Option<DateTime<Utc>> {
+        match state {
+            ListState::Dead => self.dead_lettered_at,
+            ListState::Completed => self.processed_at,
+            _ => Some(self.run_at),
+        }
+    }
+}
+
+/// One page of `icq list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListReport {
+    /// The source listed.
+    pub source: String,
+    /// The state listed.
+    pub state: ListState,
+    /// How many rows are in that state (of that type) in all.
+    pub total: u64,
+    /// The page.
+    pub commands: Vec<ListedCommand>,
+    /// The id to pass as `--after` for the next page; `null` on the last page.
+    pub next_after: Option<CommandId>,
+}
+
+/// Reads one page. Lists one source: `--after` names a row of that source.
+pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
+    let source = match sources {
+        [one] => one,
+        _ => one_source(sources).map_err(|_| {
+            crate::Error::Usage(format!(
+                "{} sources are configured ({}); list one at a time with --source NAME",
+                sources.len(),
+                sources
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?,
+    };
+    let backend = source.queue.backend();
+    if let Some(after) = &request.after
+        && backend
+            .command_get_many(std::slice::from_ref(after))
+            .await?
+            .is_empty()
+    {
+        return Err(not_found(
+            std::slice::from_ref(after),
+            sources,
+            "there is no page after it",
+        ));
+    }
+    // One more row than asked tells whether a next page exists.
+    let params = CommandListParams {
+        state: request.state,
+        type_name: request.type_name.clone(),
+        limit: request.limit.saturating_add(1),
+        after: request.after.clone(),
+        before: request.before,
+    };
+    let mut rows = backend.command_list(&params).await?;
+    let more = rows.len() > request.limit as usize;
+    rows.truncate(request.limit as usize);
+    let now = backend.clock_now().await?;
+    let commands: Vec<ListedCommand> = rows
+        .into_iter()
+        .map(|row| ListedCommand::new(row, now))
+        .collect();
+    let counts = backend
+        .state_count(&StateCountParams {
+            by_type: request.type_name.is_some(),
+        })
+        .await?;
+    let total = counts
+        .iter()
+        .filter(|c| c.type_name.is_none() || c.type_name == request.type_name)
+        .map(|c| in_state(c, request.state))
+        .sum();
+    Ok(ListReport {
+        source: source.name.clone(),
+        state: request.state,
+        total,
+        next_after: if more {
+            commands.last().map(|c| c.id.clone())
+        } else {
+            None
+        },
+        commands,
+    })
+}
+
+/// The count of one listing state.
+fn in_state(counts: &StateCount, state: ListState) -> u64 {
+    match state {
+        ListState::Pending => counts.due + counts.scheduled + counts.running,
+        ListState::Due => counts.due,
+        ListState::Scheduled => counts.scheduled,
+        ListState::Running => counts.running,
+        ListState::Dead => counts.dead,
+        ListState::Completed => counts.completed,
+    }
+}

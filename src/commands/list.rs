@@ -1,0 +1,87 @@
+//! `icq list [--state S] [--type T] [--limit N] [--after ID | --before TIME]`: one page of
+//! commands in a state, in the state's order, with the id that starts the next page.
+
+use chrono::{DateTime, Utc};
+use clap::{Args, ValueEnum};
+
+use super::GlobalArgs;
+use crate::command::CommandId;
+use crate::engine::admin::ListState;
+use crate::{admin, output};
+
+/// The states `icq list --state` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// Due, scheduled and running, in run-at order.
+    Pending,
+    /// Pending, not running, run-at reached, in run-at order.
+    Due,
+    /// Pending with a run-at in the future, in run-at order.
+    Scheduled,
+    /// Leased by a processor now, in run-at order.
+    Running,
+    /// Dead letters, newest first.
+    Dead,
+    /// Completed, newest first.
+    Completed,
+}
+
+impl From<StateArg> for ListState {
+    fn from(state: StateArg) -> ListState {
+        match state {
+            StateArg::Pending => ListState::Pending,
+            StateArg::Due => ListState::Due,
+            StateArg::Scheduled => ListState::Scheduled,
+            StateArg::Running => ListState::Running,
+            StateArg::Dead => ListState::Dead,
+            StateArg::Completed => ListState::Completed,
+        }
+    }
+}
+
+/// Arguments of `icq list`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Which commands, and their order.
+    #[arg(long, value_enum, default_value_t = StateArg::Pending)]
+    pub state: StateArg,
+
+    /// Only commands of this type.
+    #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
+    pub type_name: Option<String>,
+
+    /// Show at most this many.
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub limit: u32,
+
+    /// The next page: the commands after this id (the last one of the previous page).
+    #[arg(long, value_name = "ID")]
+    pub after: Option<CommandId>,
+
+    /// Only commands whose listing time (run at; dead lettered at; processed at) is
+    /// earlier than this RFC 3339 instant, e.g. 2026-12-01T00:00:00Z.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub before: Option<DateTime<Utc>>,
+}
+
+fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+    admin::parse_instant(raw).map_err(|e| e.to_string())
+}
+
+/// Runs `icq list`.
+pub async fn run(args: ListArgs, global: &GlobalArgs) -> anyhow::Result<()> {
+    let sources = super::open_sources(global).await?;
+    let request = admin::ListRequest {
+        state: args.state.into(),
+        type_name: args.type_name,
+        limit: args.limit,
+        after: args.after,
+        before: args.before,
+    };
+    let result = admin::list(&sources, &request)
+        .await
+        .and_then(|report| output::emit(global.format, &report));
+    admin::close(&sources).await;
+    Ok(result?)
+}
