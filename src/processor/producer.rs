@@ -26,10 +26,13 @@ use crate::command::LeaseToken;
 use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
-/// Claims running at once, at most.
-pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 2;
+/// Claims running at once, at most. Measured on PostgreSQL (50,000 no-op commands,
+/// defaults, alternating runs): 2 in flight drained 10,100–11,600/s, 4 drained
+/// 14,100–15,600/s; each claim also carries the waiting stamps, so more claims in flight
+/// means more database backends working on the backlog at once.
+pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 4;
 
-/// Rows the buffer holds: enough for two claims ahead, and never fewer than the slots.
+/// Rows the buffer holds: enough for every claim in flight, never fewer than the slots.
 pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32) -> usize {
     (batch_size as usize * MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
 }
