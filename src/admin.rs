@@ -983,6 +983,11 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     if rest.is_empty() {
         return Err(bad());
     }
+    if rest.starts_with('-') {
+        return Err(Error::Usage(format!(
+            "`{text}` must not be negative: write how long, like 30s, 5m or 7d"
+        )));
+    }
     let mut total: u64 = 0;
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;

@@ -21,7 +21,8 @@ pub struct RequeueArgs {
     pub all_dead: bool,
 
     /// With --all-dead: only dead letters of this command type.
-    #[arg(long = "type", value_name = "TYPE", requires = "all_dead", value_parser = super::parse_non_empty)]
+    #[arg(long = "type", value_name = "TYPE", requires = "all_dead", conflicts_with = "ids",
+          value_parser = super::parse_non_empty)]
     pub type_name: Option<String>,
 
     /// Confirmation.

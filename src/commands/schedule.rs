@@ -38,7 +38,8 @@ pub struct ScheduleArgs {
     pub at: Option<DateTime<Utc>>,
 
     /// Due after this delay instead of now, e.g. 30s, 5m, 12h, 7d.
-    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = admin::parse_duration)]
+    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = admin::parse_duration,
+          allow_hyphen_values = true)]
     pub delay: Option<Duration>,
 
     /// The captured scheduling user.

@@ -712,3 +712,104 @@ fn no_handlers_refused_and_unhandled_types_stay_pending() {
     );
     assert_eq!(of("theirs")["dead"], 0, "{rows}");
 }
+
+/// Defect: `--in -5m` and `--older-than -1d` said `unexpected argument '-5'`; and
+/// `schedule --in 999999999w` reached the database. Both are usage errors (exit 2)
+/// that say what is wrong, and nothing is written.
+#[test]
+fn negative_and_oversized_durations_are_refused_before_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+    let runs: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["schedule", "--type", "t", "--payload", "{}", "--in", "-5m"],
+            "must not be negative",
+        ),
+        (
+            vec!["purge", "--completed", "--older-than", "-1d", "--yes"],
+            "must not be negative",
+        ),
+        (
+            vec!["work", "--until-idle", "--grace-seconds", "-1"],
+            "must not be negative",
+        ),
+        (
+            vec![
+                "schedule",
+                "--type",
+                "t",
+                "--payload",
+                "{}",
+                "--in",
+                "999999999w",
+            ],
+            "at most 100 years ahead",
+        ),
+    ];
+    for (args, says) in runs {
+        let out = icq()
+            .arg("--database-url")
+            .arg(&url)
+            .args(&args)
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(
+        !dir.path().join("q.db").exists()
+            || std::fs::metadata(dir.path().join("q.db")).unwrap().len() == 0,
+        "nothing reached the database"
+    );
+}
+
+/// Defect: `requeue ID --type X` ignored `--type` and requeued. Flags that do not
+/// combine are refused by the parser (exit 2), before any database is opened.
+#[test]
+fn flags_that_do_not_combine_are_refused() {
+    let runs: Vec<Vec<&str>> = vec![
+        vec![
+            "requeue",
+            "10000000-0000-4000-8000-000000000001",
+            "--type",
+            "x",
+        ],
+        vec!["requeue", "--type", "x"],
+        vec![
+            "cancel",
+            "10000000-0000-4000-8000-000000000001",
+            "--type",
+            "x",
+        ],
+        vec![
+            "schedule",
+            "--type",
+            "t",
+            "--payload",
+            "{}",
+            "--in",
+            "5m",
+            "--at",
+            "2030-01-01T00:00:00Z",
+        ],
+        vec!["work", "--fail-on-dead"],
+    ];
+    for args in runs {
+        let out = icq()
+            .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot be used with") || stderr.contains("required"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
