@@ -813,3 +813,65 @@ fn flags_that_do_not_combine_are_refused() {
         );
     }
 }
+
+/// Defect: an unknown-type dead letter logged nothing and a last-attempt failure logged
+/// `terminal=false`. Every dead letter is one WARN line with id, type, attempts and the
+/// reason, whatever made it dead.
+#[test]
+fn every_dead_letter_is_logged_at_warn_with_id_type_attempts_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let config = write(
+        dir.path(),
+        "icq.yaml",
+        &format!(
+            "sources:\n  - name: s\n    url: \"sqlite://{}?mode=rwc\"\n    settings: {{ max_attempts: 1 }}\n\
+             handlers:\n  fails:\n    exec: [\"/bin/sh\", \"-c\", \"echo broken >&2; exit 1\"]\n",
+            db.display()
+        ),
+    );
+    let sql = icq()
+        .args(["migrate", "add", "--engine", "sqlite", "--stdout"])
+        .output()
+        .unwrap();
+    let url = format!("sqlite://{}?mode=rwc", db.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(String::from_utf8(sql.stdout).unwrap()))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            r#"INSERT INTO "InternalCommands" ("Id", "Type", "Payload") VALUES
+               ('dead-unknown', 'nobody.handles', '{}'),
+               ('dead-failing', 'fails', '{}')"#,
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    });
+    let out = icq()
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    for (id, ty, reason) in [
+        ("dead-unknown", "nobody.handles", "no handler is registered"),
+        ("dead-failing", "fails", "broken"),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("command dead-lettered") && l.contains(id))
+            .unwrap_or_else(|| panic!("no dead-letter line for {id}:\n{stderr}"));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains(ty), "{line}");
+        assert!(line.contains("attempts=1"), "{line}");
+        assert!(line.contains(reason), "{line}");
+        assert!(!line.contains("terminal=false"), "{line}");
+    }
+}
