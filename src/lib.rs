@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod bench;
 pub mod command;
+#[cfg(feature = "cli")]
 pub mod commands;
 pub mod config;
 pub mod demo;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod handler;
 pub mod ident;
 pub mod migrate;
+#[cfg(feature = "cli")]
 pub mod output;
 pub mod processor;
 pub mod queue;
@@ -29,6 +31,7 @@ pub mod redact;
 pub mod schema;
 pub mod settings;
 pub mod sources;
+#[cfg(feature = "cli")]
 pub mod telemetry;
 pub mod worker;
 
