@@ -754,7 +754,8 @@ mod tests {
 
     /// A claim of many rows used to hash-join against a sequential scan of the whole
     /// table (O(table) per claim: a batch of 200 drained at half the rate of 50). Every
-    /// claim size must find its rows through indexes, with a large retained history.
+    /// claim size must find its rows through indexes, with a large retained history: the
+    /// due prefix through the poll index, in its order (no sort), the rows by key.
     #[tokio::test]
     async fn claim_statements_never_scan_the_whole_table() {
         let url = std::env::var("ICQ_TEST_POSTGRES_URL")
@@ -804,10 +805,20 @@ mod tests {
             .execute(&mut conn)
             .await
             .unwrap();
+        let poll_index = format!("IX_{name}_Poll");
         for (limit, what, plan) in plans {
             assert!(
                 !plan.contains("Seq Scan"),
                 "the {what} statement for {limit} rows scans the whole table:\n{plan}"
+            );
+            assert!(
+                plan.contains(&poll_index),
+                "the {what} statement for {limit} rows does not use {poll_index}:\n{plan}"
+            );
+            assert!(
+                !plan.contains(r#""Node Type":"Sort""#)
+                    && !plan.contains(r#""Node Type":"Incremental Sort""#),
+                "the poll index should deliver RunAt order to the {what} statement:\n{plan}"
             );
         }
     }
