@@ -13,6 +13,7 @@ mod errors;
 mod fail_on_dead;
 mod manual;
 mod migrate;
+mod operator;
 mod production;
 mod properties;
 mod quickstart;
