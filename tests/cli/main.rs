@@ -11,6 +11,7 @@ mod config_check;
 mod edges;
 mod errors;
 mod fail_on_dead;
+mod leftovers;
 mod manual;
 mod migrate;
 mod operator;
