@@ -81,9 +81,11 @@ fn show(report: &TourReport) -> anyhow::Result<()> {
     output::emit(Format::Table, &report.dead_letters)?;
     output::note(&format!(
         "\nThe samples stay in table {table} until the next tour replaces them. Next: write an \
-         icq.yaml with `table: {table}` to try `icq dead-letters show ID` or \
-         `icq requeue ID --yes` on them, or point `table:` at your own commands (see README).",
-        table = report.table
+         icq.yaml with a source of `url: {url}` and `table: {table}` to try \
+         `icq dead-letters show ID` or `icq requeue ID --yes` on them, or point `table:` at \
+         your own commands (see README).",
+        table = report.table,
+        url = report.database
     ));
     Ok(())
 }
