@@ -113,3 +113,24 @@ async fn queue_connect_to_a_refused_port_fails_fast_with_the_cause() {
         assert_eq!(err.kind(), "connection");
     }
 }
+
+#[test]
+fn dead_letters_list_and_show_help_have_an_example_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (sub, example, code) in [
+        ("list", "icq dead-letters list --type", "0  listed"),
+        (
+            "show",
+            "icq dead-letters show 0b9e6c1e",
+            "3  no command has that id",
+        ),
+    ] {
+        let out = icq(&["dead-letters", sub, "--help"], dir.path());
+        assert!(out.status.success(), "{sub}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Examples:"), "{sub}: {help}");
+        assert!(help.contains(example), "{sub}: {help}");
+        assert!(help.contains("Exit codes:"), "{sub}: {help}");
+        assert!(help.contains(code), "{sub}: {help}");
+    }
+}

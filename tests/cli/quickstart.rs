@@ -117,3 +117,19 @@ fn defect_5_quickstart_twice_on_the_embedded_default_keeps_the_counts() {
         )));
     }
 }
+
+#[test]
+fn defect_5_quickstart_ignores_an_ambient_database_url() {
+    let data = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(["quickstart", "--format", "json"])
+        .current_dir(work.path())
+        .env("ICQ_DATA_DIR", data.path())
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/test")
+        .env_remove("ICQ_CONFIG")
+        .output()
+        .unwrap();
+    assert_tour(&one_document(&out));
+    assert!(data.path().join("icq.db").exists(), "the embedded default");
+}
