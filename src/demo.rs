@@ -1,11 +1,21 @@
 //! The quick start's sample workload: a few commands with built-in handlers, one of
-//! which always fails so that retries and a dead letter can be seen.
+//! which always fails so that retries and a dead letter can be seen, run in a table of
+//! their own ([`TABLE`]) that each run starts afresh.
 
 use std::sync::Arc;
 
+use serde::Serialize;
+
+use crate::admin::{self, DeadLetterQuery, DeadLetterReport, PendingReport};
 use crate::command::{Context, NewCommand};
+use crate::config::SourceConfig;
+use crate::engine::ConnectOptions;
+use crate::error::{Error, Result};
 use crate::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
+use crate::ident::TableName;
+use crate::queue::Queue;
 use crate::settings::Settings;
+use crate::sources::{OpenSource, SourceRequest};
 
 /// The type the demo's succeeding handler runs.
 pub const GREET: &str = "demo.greet";
@@ -69,5 +79,98 @@ pub fn settings() -> Settings {
         max_retry_backoff_seconds: 0.0,
         polling_interval_seconds: 0.2,
         ..Settings::default()
+    }
+}
+
+/// The tour's own table: the samples never mix with a source's real commands, and each
+/// run starts from an empty table, so running the tour twice leaves the same counts.
+pub const TABLE: &str = "IcqQuickstart";
+
+/// The tour's table name.
+pub fn table() -> TableName {
+    // A constant plain identifier: it always parses.
+    TableName::parse(TABLE).unwrap_or_default()
+}
+
+/// The database the tour runs against: the one the command line names (`--config`,
+/// `--source`, `--database-url`), or else the embedded default. Ambient configuration
+/// (`./icq.yaml`, `$DATABASE_URL`) is not used: the tour only writes where it was told to.
+/// The table is always [`TABLE`], with the demo's [`settings`].
+pub fn target(request: &SourceRequest) -> Result<SourceConfig> {
+    let named =
+        request.config_path.is_some() || request.database_url.is_some() || request.source.is_some();
+    let mut source = if named {
+        let config = crate::sources::load_config(request)?;
+        let selected = config.select(request.source.as_deref())?;
+        match selected.as_slice() {
+            [one] => (*one).clone(),
+            _ => {
+                return Err(Error::Usage(
+                    "the quick start runs on one source: pick it with --source NAME".into(),
+                ));
+            }
+        }
+    } else {
+        crate::config::embedded_default()?
+    };
+    source.table = table();
+    source.settings = settings();
+    Ok(source)
+}
+
+/// Connects to the tour's database and gives it a fresh, empty [`TABLE`] (the previous
+/// run's samples are dropped with the old table).
+pub async fn reset(source: &SourceConfig) -> Result<OpenSource> {
+    let options = ConnectOptions::default();
+    let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
+        .await
+        .map_err(|err| crate::sources::in_source(&source.name, err))?;
+    let queue = Queue::from_backend(&source.name, backend);
+    queue.backend().table_drop().await?;
+    queue.ensure_table(true).await?;
+    Ok(OpenSource {
+        name: source.name.clone(),
+        queue,
+        settings: source.settings.clone(),
+    })
+}
+
+/// What one run of the tour did and left behind: the one document `icq quickstart
+/// --format json` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct TourReport {
+    /// The database, password redacted.
+    pub database: String,
+    /// The tour's table.
+    pub table: String,
+    /// How many sample commands were scheduled.
+    pub scheduled: u64,
+    /// Commands that succeeded.
+    pub succeeded: u64,
+    /// Failed attempts that were retried.
+    pub failed_attempts: u64,
+    /// Commands dead-lettered.
+    pub dead_lettered: u64,
+    /// `icq pending` on the tour's table afterwards.
+    pub pending: PendingReport,
+    /// `icq dead-letters list` on the tour's table afterwards.
+    pub dead_letters: DeadLetterReport,
+}
+
+impl TourReport {
+    /// Reads the counters of the finished run and the state of the tour's table.
+    pub async fn collect(source: &OpenSource, url: &str, scheduled: u64) -> Result<TourReport> {
+        let stats = source.queue.stats().snapshot();
+        let sources = std::slice::from_ref(source);
+        Ok(TourReport {
+            database: crate::redact::redact_url(url),
+            table: source.queue.table().to_string(),
+            scheduled,
+            succeeded: stats.succeeded,
+            failed_attempts: stats.failed,
+            dead_lettered: stats.dead_lettered,
+            pending: admin::pending(sources, false).await?,
+            dead_letters: admin::dead_letters(sources, &DeadLetterQuery::default()).await?,
+        })
     }
 }

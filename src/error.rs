@@ -28,19 +28,20 @@ pub enum Error {
     #[error("{0}")]
     NotFound(String),
 
-    /// The commands table is missing from a source's database.
-    #[error(
-        "source `{source_name}`: table {table} does not exist; create it with \
-         `icq migrate add --engine {engine}`, then apply it with `icq migrate run` against the \
-         same database (the same --source or --database-url)"
-    )]
+    /// The commands table is missing from a source's database, or the schema its
+    /// schema-qualified name points into does not exist. The message says which, and how
+    /// to fix it with the source's own `--table` and `--source`.
+    #[error("{}", table_missing_message(source_name, table, engine, missing_schema.as_deref()))]
     TableMissing {
-        /// The configured source.
+        /// The configured source (empty until [`crate::sources::in_source`] names it, when
+        /// the driver found the schema missing while connecting).
         source_name: String,
         /// The (display form of the) table name.
         table: String,
         /// The engine name, for the suggested command.
         engine: &'static str,
+        /// The schema of a schema-qualified table, when it is the schema that is missing.
+        missing_schema: Option<String>,
     },
 
     /// The database could not be reached or returned an error. The message is passed
@@ -123,6 +124,54 @@ pub enum Error {
 impl From<sqlx::migrate::MigrateError> for Error {
     fn from(err: sqlx::migrate::MigrateError) -> Self {
         Error::Migrate(err)
+    }
+}
+
+/// The message of [`Error::TableMissing`]: what is missing, then the commands that create
+/// it for this very table and source (a missing schema is created first, by hand).
+fn table_missing_message(
+    source: &str,
+    table: &str,
+    engine: &str,
+    missing_schema: Option<&str>,
+) -> String {
+    let create = format!(
+        "`icq migrate add --engine {engine} --table {table}`, then apply it with \
+         `icq migrate run --source {source}` against the same database (with the same \
+         --database-url, if you gave one)"
+    );
+    match missing_schema {
+        None => format!("source `{source}`: table {table} does not exist; create it with {create}"),
+        Some(schema) => format!(
+            "source `{source}`: the schema `{schema}` of table {table} does not exist in the \
+             database; hint: fix the schema in `table:`, or create \
+             the schema ({}) and then the table with {create}",
+            create_schema_hint(engine, schema)
+        ),
+    }
+}
+
+/// How `engine` creates a schema named `schema`.
+fn create_schema_hint(engine: &str, schema: &str) -> String {
+    match engine {
+        "postgres" => format!("`CREATE SCHEMA \"{schema}\"`"),
+        "mysql" => format!("on MySQL/MariaDB a schema is a database: `CREATE DATABASE {schema}`"),
+        _ => format!(
+            "on SQLite a schema is an attached database file: `ATTACH DATABASE 'file.db' AS {schema}` on every connection, which icq does not do, so use an unqualified table"
+        ),
+    }
+}
+
+impl Error {
+    /// [`Error::TableMissing`] for `table`, whose schema does not exist (`source_name`
+    /// is filled in by [`crate::sources::in_source`]).
+    pub fn schema_missing(table: &crate::TableName, engine: crate::Engine) -> Error {
+        Error::TableMissing {
+            source_name: String::new(),
+            table: table.to_string(),
+            engine: engine.name(),
+            missing_schema: table.schema().map(str::to_owned),
+        }
     }
 }
 

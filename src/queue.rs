@@ -66,13 +66,17 @@ pub struct Queue {
 
 impl Queue {
     /// Connects to `url` (engine from the scheme) for `table`, checking the table exists.
+    /// An unreachable server fails at once with the cause ([`Error::Connect`], e.g.
+    /// `connection refused (127.0.0.1:1)`), not after the pool's acquire timeout.
     pub async fn connect(
         name: &str,
         url: &str,
         table: &TableName,
         options: &ConnectOptions,
     ) -> Result<Queue> {
-        let backend = engine::connect(url, table, options).await?;
+        let backend = engine::connect(url, table, options)
+            .await
+            .map_err(|err| crate::sources::in_source(name, err))?;
         let queue = Queue::from_backend(name, backend);
         queue.ensure_table(false).await?;
         Ok(queue)
@@ -104,6 +108,7 @@ impl Queue {
             source_name: self.name.to_string(),
             table: self.backend.table().to_string(),
             engine: engine.name(),
+            missing_schema: None,
         })
     }
 

@@ -2,7 +2,8 @@
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
 //! default creates its own on first use).
 //!
-//! Opening a server's pool is watched: when it has not connected within
+//! Opening a server's pool is watched (by [`crate::engine::connect`], so every caller is):
+//! when it has not connected within
 //! [`PROBE_AFTER`], [`probe`] checks (within [`PROBE_TIMEOUT`]) that the host resolves and
 //! its port accepts TCP connections. A refused port then says `connection refused
 //! (host:port)` at once, where the pool alone would retry for its whole acquire timeout
@@ -72,8 +73,9 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         max_connections: (source.settings.concurrency / 2).clamp(4, 32),
         ..ConnectOptions::default()
     };
-    let url = source.url.expose();
-    let backend = connect_watched(&source.name, url, &source.table, &options).await?;
+    let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
+        .await
+        .map_err(|err| in_source(&source.name, err))?;
     let queue = Queue::from_backend(&source.name, backend);
     queue.ensure_table(source.embedded).await?;
     Ok(OpenSource {
@@ -81,6 +83,35 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         queue,
         settings: source.settings.clone(),
     })
+}
+
+/// Names the source a connection error happened on (`source `orders`: cannot connect to
+/// ...`), or whose table's schema the driver found missing. Other errors are returned as
+/// they are (they name their table or URL already).
+pub fn in_source(source: &str, err: Error) -> Error {
+    match err {
+        Error::TableMissing {
+            table,
+            engine,
+            missing_schema,
+            ..
+        } => Error::TableMissing {
+            source_name: source.to_owned(),
+            table,
+            engine,
+            missing_schema,
+        },
+        Error::Connect {
+            context,
+            reason,
+            hint,
+        } => Error::Connect {
+            context: format!("source `{source}`: {context}"),
+            reason,
+            hint,
+        },
+        other => other,
+    }
 }
 
 /// How long [`probe`] waits for the server's host to resolve and its port to answer.
@@ -91,17 +122,16 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// timeout).
 pub const PROBE_AFTER: Duration = Duration::from_millis(250);
 
-/// Opens the driver for `url`; when that takes longer than [`PROBE_AFTER`], probes the
-/// server meanwhile and fails at once with the probe's reason if it is unreachable.
-async fn connect_watched(
-    source: &str,
+/// Awaits `connecting` (a driver connecting to `url`); when that takes longer than
+/// [`PROBE_AFTER`], probes the server meanwhile and fails at once with the probe's reason
+/// if it is unreachable. [`crate::engine::connect`] runs every connection through this, so
+/// the CLI, `Queue::connect` and `icq bench` all fail fast on a refused port.
+pub(crate) async fn watch_connect<T>(
     url: &str,
-    table: &crate::TableName,
-    options: &ConnectOptions,
-) -> Result<std::sync::Arc<dyn crate::engine::Backend>> {
-    let connecting = crate::engine::connect(url, table, options);
+    connecting: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
     tokio::pin!(connecting);
-    let explain = |err| with_password_hint(source, url, err);
+    let explain = |err| with_password_hint(url, err);
     tokio::select! {
         result = &mut connecting => return result.map_err(explain),
         () = tokio::time::sleep(PROBE_AFTER) => {}
@@ -110,7 +140,7 @@ async fn connect_watched(
         result = &mut connecting => return result.map_err(explain),
         probed = probe(url) => {
             if let Err(reason) = probed {
-                return Err(connect_error(source, url, reason));
+                return Err(connect_error(url, reason));
             }
         }
     }
@@ -182,30 +212,28 @@ async fn reach(host: &str, port: u16) -> std::result::Result<(), String> {
     })
 }
 
-/// The error for a source whose server could not be reached.
-fn connect_error(source: &str, url: &str, reason: String) -> Error {
+/// The error for a server that could not be reached.
+fn connect_error(url: &str, reason: String) -> Error {
     Error::Connect {
-        context: format!(
-            "source `{source}`: cannot connect to {}",
-            crate::redact::redact_url(url)
-        ),
+        context: format!("cannot connect to {}", crate::redact::redact_url(url)),
         reason,
         hint: password_hint(url),
     }
 }
 
 /// A failed connection keeps its error, unless the URL looks mistyped: then it becomes a
-/// [`Error::Connect`] carrying the hint.
-fn with_password_hint(source: &str, url: &str, err: Error) -> Error {
-    let hint = password_hint(url);
-    if hint.is_empty() {
+/// [`Error::Connect`] carrying the driver's reason and the hint.
+fn with_password_hint(url: &str, err: Error) -> Error {
+    if password_hint(url).is_empty() {
         return err;
     }
-    Error::Connect {
-        context: format!("source `{source}`"),
-        reason: err.to_string(),
-        hint,
-    }
+    let reason = match &err {
+        Error::Database { cause, .. } => {
+            crate::error::without_line_suffix(&cause.to_string()).to_owned()
+        }
+        other => other.to_string(),
+    };
+    connect_error(url, reason)
 }
 
 /// `; hint: ...` when the user information of `url` seems to hold an unescaped `@` or

@@ -11,8 +11,27 @@ use crate::{admin, output};
 #[derive(Debug, Clone, Subcommand)]
 pub enum DeadLettersCommand {
     /// List dead letters, newest first: id, type, attempts, when, last error.
+    #[command(after_help = "\
+Examples:
+  icq dead-letters list
+  icq dead-letters list --type orders.send_receipt --limit 20 --format json
+
+Exit codes:
+  0  listed (an empty list included)
+  1  database error (unreachable, table missing)
+  2  usage or configuration error")]
     List(ListArgs),
     /// Show one command in full, payload and captured context included.
+    #[command(after_help = "\
+Examples:
+  icq dead-letters show 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
+  icq dead-letters show 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d --format json
+
+Exit codes:
+  0  shown
+  1  database error (unreachable, table missing)
+  2  usage or configuration error (an id that is not a UUID)
+  3  no command has that id")]
     Show(ShowArgs),
 }
 

@@ -1,13 +1,17 @@
-//! `icq quickstart`: a tour on the embedded SQLite default — schedules sample commands
-//! (one always fails), runs the worker until idle, then shows `pending` and
-//! `dead-letters list`.
+//! `icq quickstart`: a tour on the database the command line names (default: the embedded
+//! SQLite one), in a table of its own that each run starts afresh — schedules sample
+//! commands (one always fails), runs the worker until idle, then shows what `pending` and
+//! `dead-letters list` say. Under `--format json` the whole tour is one document on
+//! stdout and nothing else is printed.
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, DeadLetterQuery};
+use super::Format;
+use crate::demo::{self, TourReport};
 use crate::output;
 use crate::processor::{Processor, RunOptions};
+use crate::sources::OpenSource;
 
 /// Arguments of `icq quickstart`.
 #[derive(Debug, Args)]
@@ -15,22 +19,42 @@ pub struct QuickstartArgs {}
 
 /// Runs the tour.
 pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
-    let embedded = crate::config::embedded_default()?;
-    output::note(&format!(
-        "using the embedded default database: {}",
-        embedded.url
-    ));
-    let mut source = crate::sources::open_one(&embedded).await?;
-    source.settings = crate::demo::settings();
-    let commands = crate::demo::commands();
-    source.queue.schedule_many(&commands).await?;
-    output::note(&format!(
-        "scheduled {} sample commands (the one of type {} always fails); running the worker until idle",
-        commands.len(),
-        crate::demo::FLAKY
-    ));
+    let people = global.format == Format::Table;
+    let target = demo::target(&global.source_request())?;
+    let url = target.url.expose().to_owned();
+    say(
+        people,
+        &format!(
+            "using {} (source `{}`), table {}",
+            crate::redact::redact_url(&url),
+            target.name,
+            target.table
+        ),
+    );
+    let source = demo::reset(&target).await?;
+    let result = tour(&source, &url, people).await;
+    source.queue.backend().close().await;
+    let report = result?;
+    match global.format {
+        Format::Json => output::raw(&format!("{}\n", serde_json::to_string_pretty(&report)?))?,
+        Format::Table => show(&report)?,
+    }
+    Ok(())
+}
 
-    let mut processor = Processor::new(crate::demo::registry());
+/// Schedules the samples, works them off and reads back what happened.
+async fn tour(source: &OpenSource, url: &str, people: bool) -> anyhow::Result<TourReport> {
+    let commands = demo::commands();
+    source.queue.schedule_many(&commands).await?;
+    say(
+        people,
+        &format!(
+            "scheduled {} sample commands (the one of type {} always fails); running the worker until idle",
+            commands.len(),
+            demo::FLAKY
+        ),
+    );
+    let mut processor = Processor::new(demo::registry());
     processor.add_source(source.queue.source_handle(source.settings.clone()));
     let progress = super::progress::RunProgress::start(
         vec![source.queue.stats().clone()],
@@ -42,23 +66,33 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
     };
     processor.run(options, CancellationToken::new()).await?;
     progress.finish();
-    let stats = source.queue.stats().snapshot();
+    Ok(TourReport::collect(source, url, commands.len() as u64).await?)
+}
+
+/// The tour's result for people: the counts, then the two tables, then what to try next.
+fn show(report: &TourReport) -> anyhow::Result<()> {
     output::note(&format!(
         "done: {} succeeded, {} failed attempts retried, {} dead-lettered",
-        stats.succeeded, stats.failed, stats.dead_lettered
+        report.succeeded, report.failed_attempts, report.dead_lettered
     ));
-
-    let sources = vec![source];
     output::note("\n$ icq pending");
-    output::emit(global.format, &admin::pending(&sources, false).await?)?;
+    output::emit(Format::Table, &report.pending)?;
     output::note("\n$ icq dead-letters list");
-    output::emit(
-        global.format,
-        &admin::dead_letters(&sources, &DeadLetterQuery::default()).await?,
-    )?;
-    output::note(
-        "\nNext: `icq dead-letters show ID`, `icq requeue ID --yes`, or write an icq.yaml (see README).",
-    );
-    admin::close(&sources).await;
+    output::emit(Format::Table, &report.dead_letters)?;
+    output::note(&format!(
+        "\nThe samples stay in table {table} until the next tour replaces them. Next: write an \
+         icq.yaml with a source of `url: {url}` and `table: {table}` to try \
+         `icq dead-letters show ID` or `icq requeue ID --yes` on them, or point `table:` at \
+         your own commands (see README).",
+        table = report.table,
+        url = report.database
+    ));
     Ok(())
+}
+
+/// A note for people; nothing under `--format json`, whose one document is the result.
+fn say(people: bool, text: &str) {
+    if people {
+        output::note(text);
+    }
 }

@@ -34,9 +34,21 @@ pub struct WorkArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// Log format on stderr (default: json under `--format json`, text otherwise).
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl WorkArgs {
+    /// The log format in effect: `--log-format`, else JSON lines when the global
+    /// `--format json` asks for machine-readable output, else text.
+    pub fn effective_log_format(&self, format: super::Format) -> LogFormat {
+        match (self.log_format, format) {
+            (Some(chosen), _) => chosen,
+            (None, super::Format::Json) => LogFormat::Json,
+            (None, super::Format::Table) => LogFormat::Text,
+        }
+    }
 }
 
 /// The longest `--grace-seconds`: one day.
@@ -73,6 +85,8 @@ pub enum LogFormat {
     Json,
 }
 
+/// Installs the log subscriber on stderr in `format` (`RUST_LOG` filters, default
+/// `icq=info`).
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
@@ -123,7 +137,7 @@ fn stop_on_signals(token: CancellationToken) {
 
 /// Runs the processor until a signal (or idle, with `--until-idle`).
 pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
+    init_logging(args.effective_log_format(global.format));
     let request = global.source_request();
     let config = crate::sources::load_config(&request)?;
     let registry = crate::worker::registry_from_config(&config)?;

@@ -31,7 +31,7 @@ mod check;
 mod expand;
 mod lookup;
 mod raw;
-mod verify;
+pub(crate) mod verify;
 mod yaml;
 
 use std::collections::BTreeMap;

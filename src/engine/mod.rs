@@ -280,8 +280,20 @@ impl Default for ConnectOptions {
     }
 }
 
-/// Opens a driver for `url` (engine from the scheme) on `table`.
+/// Opens a driver for `url` (engine from the scheme) on `table`. A server that has not
+/// answered within [`crate::sources::PROBE_AFTER`] is probed meanwhile: a refused port or
+/// a host that does not resolve fails at once with [`crate::Error::Connect`] naming the
+/// cause, instead of after the pool's whole `acquire_timeout`.
 pub async fn connect(
+    url: &str,
+    table: &TableName,
+    options: &ConnectOptions,
+) -> Result<Arc<dyn Backend>> {
+    crate::sources::watch_connect(url, connect_driver(url, table, options)).await
+}
+
+/// The driver for `url`'s engine, connected (unwatched: see [`connect`]).
+async fn connect_driver(
     url: &str,
     table: &TableName,
     options: &ConnectOptions,

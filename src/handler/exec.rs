@@ -13,7 +13,6 @@
 //! status: once it exits its pipes are read for at most [`EXIT_DRAIN`] more, so a
 //! background process holding stdout or stderr open cannot turn a success into a timeout.
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -48,39 +47,15 @@ impl ExecHandler {
     }
 
     /// Checks that the program exists and is executable (a bare name is searched on
-    /// `PATH`), so a typo fails at startup instead of on every command.
+    /// `PATH`), so a typo fails at startup instead of on every command. The reasons are
+    /// those of `icq config check`: a directory is called a directory, a file without an
+    /// execute bit is called not executable.
     pub fn check_program(&self) -> Result<(), String> {
-        let program = &self.argv[0];
-        let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
-            vec![Path::new(program).to_path_buf()]
-        } else {
-            std::env::var_os("PATH")
-                .map(|paths| {
-                    std::env::split_paths(&paths)
-                        .map(|dir| dir.join(program))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        for candidate in &candidates {
-            if let Ok(meta) = std::fs::metadata(candidate) {
-                use std::os::unix::fs::PermissionsExt;
-                if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
-                    return Ok(());
-                }
-                if meta.is_file() {
-                    return Err(format!(
-                        "{} is not executable (chmod +x it)",
-                        candidate.display()
-                    ));
-                }
-            }
+        let path = std::env::var("PATH").ok();
+        match crate::config::verify::program_problem(&self.argv[0], path.as_deref()) {
+            Some(problem) => Err(problem),
+            None => Ok(()),
         }
-        Err(if program.contains('/') {
-            format!("program {program} not found")
-        } else {
-            format!("program `{program}` not found on PATH")
-        })
     }
 }
 
@@ -313,6 +288,7 @@ impl Handler for ExecHandler {
 mod tests {
     use super::*;
     use crate::command::{CommandId, Context};
+    use std::path::Path;
     use std::sync::Arc;
 
     fn job() -> Job {
@@ -364,6 +340,15 @@ mod tests {
             "program `no-such-program-icq` not found on PATH"
         );
         assert!(ExecHandler::new(vec![], None).is_err());
+    }
+
+    #[test]
+    fn defect_10_a_directory_is_not_a_program() {
+        let handler = ExecHandler::new(vec!["/tmp".into()], None).unwrap();
+        assert_eq!(
+            handler.check_program().unwrap_err(),
+            "/tmp is a directory, not a program"
+        );
     }
 
     fn sh(script: &str, timeout: Option<Duration>) -> ExecHandler {

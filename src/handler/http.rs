@@ -3,7 +3,9 @@
 //! Protocol: the payload JSON as the body (`Content-Type: application/json`); the context
 //! in `X-Icq-Command-Id`, `X-Icq-Command-Type`, `X-Icq-Attempt`, `X-Icq-Source`,
 //! `X-Icq-User-Id`, `X-Icq-Roles` (JSON array), `X-Icq-Tenant-Id` and
-//! `X-Icq-Correlation-Id`. A 2xx status is success; any other status, a transport error
+//! `X-Icq-Correlation-Id`, every one on every request (empty when the command has no such
+//! context, or when its text holds a control character a header cannot carry). A 2xx
+//! status is success; any other status, a transport error
 //! or the timeout fails the attempt, with the status and a bounded excerpt of the body in
 //! `LastError`.
 //!
@@ -93,6 +95,14 @@ fn value(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_bytes(text.as_bytes()).ok()
 }
 
+/// The value of an `X-Icq-*` header: every one is sent on every request, empty when the
+/// command has no such context (as the exec handler sets its `ICQ_*` variables empty) or
+/// when the text cannot be a header value (a control character such as a line break).
+fn context_value(text: Option<&str>) -> HeaderValue {
+    text.and_then(value)
+        .unwrap_or_else(|| HeaderValue::from_static(""))
+}
+
 /// Up to [`BODY_EXCERPT_BYTES`] of a body, as text fit for `LastError`: lossy UTF-8,
 /// trimmed, line breaks kept and other control characters escaped.
 fn excerpt(body: &[u8]) -> String {
@@ -124,9 +134,10 @@ impl Handler for HttpHandler {
             ("x-icq-correlation-id", ctx.correlation_id.clone()),
         ];
         for (name, text) in context {
-            if let Some(v) = text.as_deref().and_then(value) {
-                headers.insert(HeaderName::from_static(name), v);
-            }
+            headers.insert(
+                HeaderName::from_static(name),
+                context_value(text.as_deref()),
+            );
         }
         let response = self
             .client
@@ -348,6 +359,27 @@ mod tests {
             0,
             "the redirect target received a request"
         );
+    }
+
+    #[tokio::test]
+    async fn defect_10_http_sends_every_x_icq_header_empty_when_absent() {
+        let server = Server::start("204 No Content", vec![], "").await;
+        let mut with_newline = job();
+        with_newline.context.tenant_id = Some("a\r\nX-Forged: 1".into());
+        for sent in [job(), with_newline] {
+            assert_eq!(handler(&server.url("/h"), &[]).handle(sent).await, Ok(()));
+        }
+        let requests = server.requests.lock().unwrap().clone();
+        for head in &requests {
+            let head = head.to_ascii_lowercase();
+            for empty in ["x-icq-user-id", "x-icq-tenant-id", "x-icq-correlation-id"] {
+                let line = format!("\r\n{empty}: \r\n");
+                assert!(head.contains(&line), "{empty} sent empty: {head}");
+            }
+            assert!(head.contains("x-icq-roles: []"), "{head}");
+            assert!(head.contains("x-icq-attempt: 1"), "{head}");
+            assert!(!head.contains("x-forged"), "{head}");
+        }
     }
 
     #[tokio::test]

@@ -229,7 +229,7 @@ fn missing_exec_program_fails_at_startup() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("handler `a.b`: program /nonexistent/send-receipt not found"),
+        stderr.contains("handler `a.b`: program /nonexistent/send-receipt does not exist"),
         "{stderr}"
     );
 }

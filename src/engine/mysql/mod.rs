@@ -254,6 +254,21 @@ impl MySqlDriver {
             .connect(&normalized)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+        if let Some(schema) = table.schema() {
+            // On MySQL/MariaDB the schema is a database: a missing one is a different
+            // mistake from a missing table, so say which.
+            let found: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+            )
+            .bind(schema)
+            .fetch_one(&pool)
+            .await
+            .map_err(Error::db(format!("looking up the schema of {table}")))?;
+            if found == 0 {
+                pool.close().await;
+                return Err(Error::schema_missing(table, Engine::Mysql));
+            }
+        }
         let t = table.quoted(Engine::Mysql);
         Ok(MySqlDriver {
             pool,

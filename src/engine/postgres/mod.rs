@@ -395,6 +395,20 @@ impl PgDriver {
             .connect(url)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+        if let Some(schema) = table.schema() {
+            // A table in a schema that does not exist is a different mistake from a
+            // missing table (to_regclass says NULL for both): say which.
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                    .bind(schema)
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(Error::db(format!("looking up the schema of {table}")))?;
+            if !exists {
+                pool.close().await;
+                return Err(Error::schema_missing(table, Engine::Postgres));
+            }
+        }
         let work_options = PgConnectOptions::from_str(url)
             .map_err(Error::db(format!("parsing {}", redact_url(url))))?
             .options([("synchronous_commit", "off")]);

@@ -329,6 +329,20 @@ impl SqliteDriver {
             .connect_with(connect)
             .await
             .map_err(Error::db(format!("opening {}", redact_url(url))))?;
+        if let Some(schema) = table.schema() {
+            // SQLite's schemas are the connection's attached databases (`main`, `temp`):
+            // any other schema is missing, which is not the same as a missing table.
+            let found: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM pragma_database_list WHERE name = ?")
+                    .bind(schema)
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(Error::db(format!("looking up the schema of {table}")))?;
+            if found == 0 && !schema.eq_ignore_ascii_case("temp") {
+                pool.close().await;
+                return Err(Error::schema_missing(table, Engine::Sqlite));
+            }
+        }
         let t = table.quoted(Engine::Sqlite);
         Ok(SqliteDriver {
             pool,
