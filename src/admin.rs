@@ -755,6 +755,14 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
         .iter()
         .filter_map(|(_, row)| match row.state(now) {
             State::Completed | State::Dead => None,
+            State::Running => Some(format!(
+                "command {} is running (leased until {}); replay it once it has completed or \
+                 been dead-lettered (see its state with `icq show {}`)",
+                row.id,
+                row.locked_until
+                    .map_or_else(|| "now".to_owned(), crate::command::format_timestamp),
+                row.id
+            )),
             state => Some(format!(
                 "command {} is still pending ({}); it will run on its own (`icq requeue {}` \
                  makes it due now)",

@@ -69,8 +69,9 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
 pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
     let options = ConnectOptions {
         // One connection per execution slot is never needed (stamps are batched), but
-        // claims, stamps, the sweep and operator queries run side by side.
-        max_connections: (source.settings.concurrency / 2).clamp(4, 32),
+        // up to four claims, two stamps, lease renewals and the sweep run side by side.
+        max_connections: (source.settings.concurrency / 2).clamp(4, 32)
+            + crate::engine::MAX_CLAIMS_IN_FLIGHT as u32,
         ..ConnectOptions::default()
     };
     let backend = crate::engine::connect(source.url.expose(), &source.table, &options)

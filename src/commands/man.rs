@@ -227,11 +227,12 @@ Exit codes:
 pub const QUICKSTART: &str = "\
 Examples:
   icq quickstart
-  ICQ_DATA_DIR=/tmp/icq-tour icq quickstart   # keep the tour away from your default database
+  icq quickstart --database-url postgres://localhost/app   # its own table IcqQuickstart, re-created each run
+  icq quickstart --format json
 
 Exit codes:
   0  the tour ran
-  1  the embedded database could not be opened or used";
+  1  the database could not be reached or used";
 
 /// `icq config --help`.
 pub const CONFIG: &str = "\

@@ -86,7 +86,8 @@ pub enum Command {
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),
 
-    /// A guided tour on the embedded SQLite default: schedule samples, work, inspect.
+    /// A guided tour on the given database (default: the embedded SQLite one), in its own
+    /// table: schedule samples, work, inspect.
     #[command(after_help = man::QUICKSTART)]
     Quickstart(quickstart::QuickstartArgs),
 

@@ -24,6 +24,11 @@ use crate::ident::{Engine, TableName};
 
 pub use admin::AdminOps;
 
+/// The most claims one processor runs at once on any engine (the connection pool is sized
+/// for them). Measured on PostgreSQL (50,000 no-op commands, defaults, alternating runs):
+/// 2 in flight drained 10,100–11,600/s, 4 drained 14,100–15,600/s.
+pub const MAX_CLAIMS_IN_FLIGHT: usize = 4;
+
 /// What to claim: the due prefix of a batch under one fresh lease token.
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
@@ -192,6 +197,13 @@ pub trait QueueOps: Send + Sync + 'static {
 
     /// The table it works on.
     fn table(&self) -> &TableName;
+
+    /// How many claims one processor runs at once on this engine. More claims in flight
+    /// keep more backends working on a backlog; where concurrent `SKIP LOCKED` claims
+    /// contend (InnoDB), fewer do better. See [`MAX_CLAIMS_IN_FLIGHT`].
+    fn claims_in_flight(&self) -> usize {
+        MAX_CLAIMS_IN_FLIGHT
+    }
 
     /// Whether the commands table exists.
     async fn table_exists(&self) -> Result<bool>;

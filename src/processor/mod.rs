@@ -187,7 +187,11 @@ impl SourceWorker {
         });
 
         let leases = Arc::new(lease::Leases::default());
-        let capacity = producer::buffer_capacity(settings.batch_size, settings.concurrency);
+        let capacity = producer::buffer_capacity(
+            settings.batch_size,
+            settings.concurrency,
+            src.backend.claims_in_flight(),
+        );
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),
         ));

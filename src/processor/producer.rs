@@ -2,7 +2,8 @@
 //! buffer, so a slot that frees up takes its next row from memory instead of waiting on
 //! a round trip.
 //!
-//! Each claim asks for `batch_size` rows, and up to [`MAX_CLAIMS_IN_FLIGHT`] claims run
+//! Each claim asks for `batch_size` rows, and up to the engine's
+//! [`crate::engine::QueueOps::claims_in_flight`] claims run
 //! at once while the buffer has room for them, so at least one claim is in flight while
 //! the buffer drains. A claim that returns rows is followed by another at once (a short
 //! claim under `SKIP LOCKED` contention does not mean the table is empty); an empty one
@@ -26,15 +27,9 @@ use crate::command::LeaseToken;
 use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
-/// Claims running at once, at most. Measured on PostgreSQL (50,000 no-op commands,
-/// defaults, alternating runs): 2 in flight drained 10,100–11,600/s, 4 drained
-/// 14,100–15,600/s; each claim also carries the waiting stamps, so more claims in flight
-/// means more database backends working on the backlog at once.
-pub(crate) const MAX_CLAIMS_IN_FLIGHT: usize = 4;
-
 /// Rows the buffer holds: enough for every claim in flight, never fewer than the slots.
-pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32) -> usize {
-    (batch_size as usize * MAX_CLAIMS_IN_FLIGHT).max(concurrency as usize)
+pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32, claims: usize) -> usize {
+    (batch_size as usize * claims).max(concurrency as usize)
 }
 
 /// Why the producer stopped.
@@ -55,7 +50,8 @@ pub(crate) async fn run(
 ) -> Result<Stopped> {
     let settings = &shared.source.settings;
     let batch = settings.batch_size.max(1);
-    let capacity = buffer_capacity(batch, settings.concurrency);
+    let in_flight = shared.source.backend.claims_in_flight().max(1);
+    let capacity = buffer_capacity(batch, settings.concurrency, in_flight);
     let poll = if options.until_idle {
         settings.polling_interval().min(Duration::from_millis(250))
     } else {
@@ -72,7 +68,7 @@ pub(crate) async fn run(
             break Stopped::Shutdown;
         }
         while want
-            && claims.len() < MAX_CLAIMS_IN_FLIGHT
+            && claims.len() < in_flight
             && shared.buffered.load(Ordering::Acquire) + reserved + batch as usize <= capacity
         {
             reserved += batch as usize;
