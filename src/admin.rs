@@ -1058,7 +1058,6 @@ mod tests {
             "7",
             "d",
             "7x",
-            "-1d",
             "1.5h",
             "1h 30m",
             "99999999999999999999w",
@@ -1070,6 +1069,9 @@ mod tests {
             );
             assert_eq!(err.exit_code(), 2);
         }
+        let negative = parse_duration("-1d").unwrap_err();
+        assert!(negative.to_string().contains("must not be negative"), "{negative}");
+        assert_eq!(negative.exit_code(), 2);
     }
 
     #[test]
