@@ -1070,7 +1070,10 @@ mod tests {
             assert_eq!(err.exit_code(), 2);
         }
         let negative = parse_duration("-1d").unwrap_err();
-        assert!(negative.to_string().contains("must not be negative"), "{negative}");
+        assert!(
+            negative.to_string().contains("must not be negative"),
+            "{negative}"
+        );
         assert_eq!(negative.exit_code(), 2);
     }
 

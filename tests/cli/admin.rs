@@ -886,7 +886,10 @@ async fn replay_effects(engine: &'static str) {
     assert!(err.contains("still pending (scheduled)"), "{err}");
     // Defect: a running command was told to `icq requeue`, which refuses running ones.
     let err = fails(&db, &["replay", RUNNING], 2);
-    assert!(err.contains(&format!("command {RUNNING} is running")), "{err}");
+    assert!(
+        err.contains(&format!("command {RUNNING} is running")),
+        "{err}"
+    );
     assert!(!err.contains("requeue"), "advice that works: {err}");
     assert_eq!(total(&db).await, 9, "nothing was replayed");
 }

@@ -292,7 +292,11 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
         .await
     );
     let after_fail = row(&queue, &id).await;
-    assert_eq!(*calls.lock().unwrap(), 1, "one execution before the 20 s backoff");
+    assert_eq!(
+        *calls.lock().unwrap(),
+        1,
+        "one execution before the 20 s backoff"
+    );
     assert_eq!(after_fail.attempts, 1);
     assert_eq!(after_fail.last_error.as_deref(), Some("boom on attempt 1"));
     assert!(after_fail.dead_lettered_at.is_none() && after_fail.lock_token.is_none());
