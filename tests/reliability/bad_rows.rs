@@ -529,8 +529,28 @@ async fn operator_commands(
         "{what}: `pending` counts every dead row: {counts}"
     );
 
-    let list = icq_cli(url, &["dead-letters", "list"]);
+    let list = icq_cli(url, &["dead-letters", "list", "--format", "table"]);
     list.assert_success();
+    // In a pipe the listing is tab-separated: one line per row, a tab only between fields.
+    let piped = icq_cli(url, &["dead-letters", "list"]);
+    piped.assert_success();
+    assert_eq!(
+        piped.stdout.lines().count() as i64,
+        dead_rows + 1,
+        "{what}: one line per dead row plus the header:\n{}",
+        piped.stdout
+    );
+    for line in piped.stdout.lines() {
+        assert_eq!(line.split('\t').count(), 5, "{what}: fields of {line:?}");
+        let raw: Vec<char> = line
+            .chars()
+            .filter(|c| c.is_control() && *c != '\t')
+            .collect();
+        assert!(
+            raw.is_empty(),
+            "{what}: raw control characters {raw:?} in {line:?}"
+        );
+    }
     let list_json = icq_cli(url, &["dead-letters", "list", "--format", "json"]);
     list_json.assert_success();
     let listed = list_json.json();
@@ -556,7 +576,11 @@ async fn operator_commands(
     table_fits(&list.stdout, what, (!hostile.long_type).then_some(240));
     if matches!(hostile.expect, Expect::StaysDead(_)) {
         // On a 100-column terminal the table fits in 100 columns.
-        let narrow = icq_cli_env(url, &["dead-letters", "list"], &[("COLUMNS", "100")]);
+        let narrow = icq_cli_env(
+            url,
+            &["dead-letters", "list", "--format", "table"],
+            &[("COLUMNS", "100")],
+        );
         narrow.assert_success();
         table_fits(&narrow.stdout, &format!("{what} (COLUMNS=100)"), Some(100));
     }
