@@ -245,7 +245,12 @@ proptest! {
             Ok(_) => {}
             Err(err) => {
                 prop_assert_eq!(err.exit_code(), 2);
-                prop_assert!(err.to_string().contains("is not a duration"), "{}", err);
+                let message = err.to_string();
+                prop_assert!(
+                    message.contains("is not a duration") || message.contains("must not be negative"),
+                    "{}",
+                    message
+                );
             }
         }
     }
