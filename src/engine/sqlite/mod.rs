@@ -325,10 +325,20 @@ impl SqliteDriver {
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections.clamp(1, 8))
             .acquire_timeout(options.acquire_timeout)
-            .test_before_acquire(false)
-            .connect_with(connect)
-            .await
-            .map_err(Error::db(format!("opening {}", redact_url(url))))?;
+            .test_before_acquire(false);
+        // Switching a fresh file to WAL while another process opens it returns
+        // SQLITE_BUSY without waiting on the busy timeout (two workers started together):
+        // try again for a few seconds rather than fail the start.
+        let mut tries = 0;
+        let pool = loop {
+            match pool.clone().connect_with(connect.clone()).await {
+                Err(err) if tries < 50 && err.to_string().contains("database is locked") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => break other.map_err(Error::db(format!("opening {}", redact_url(url))))?,
+            }
+        };
         if let Some(schema) = table.schema() {
             // SQLite's schemas are the connection's attached databases (`main`, `temp`):
             // any other schema is missing, which is not the same as a missing table.
