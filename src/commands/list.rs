@@ -2,49 +2,19 @@
 //! commands in a state, in the state's order, with the id that starts the next page.
 
 use chrono::{DateTime, Utc};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use super::GlobalArgs;
 use crate::command::CommandId;
 use crate::engine::admin::ListState;
 use crate::{admin, output};
 
-/// The states `icq list --state` accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StateArg {
-    /// Due, scheduled and running, in run-at order.
-    Pending,
-    /// Pending, not running, run-at reached, in run-at order.
-    Due,
-    /// Pending with a run-at in the future, in run-at order.
-    Scheduled,
-    /// Leased by a processor now, in run-at order.
-    Running,
-    /// Dead letters, newest first.
-    Dead,
-    /// Completed, newest first.
-    Completed,
-}
-
-impl From<StateArg> for ListState {
-    fn from(state: StateArg) -> ListState {
-        match state {
-            StateArg::Pending => ListState::Pending,
-            StateArg::Due => ListState::Due,
-            StateArg::Scheduled => ListState::Scheduled,
-            StateArg::Running => ListState::Running,
-            StateArg::Dead => ListState::Dead,
-            StateArg::Completed => ListState::Completed,
-        }
-    }
-}
-
 /// Arguments of `icq list`.
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
     /// Which commands, and their order.
-    #[arg(long, value_enum, default_value_t = StateArg::Pending)]
-    pub state: StateArg,
+    #[arg(long, value_enum, default_value_t = ListState::Pending)]
+    pub state: ListState,
 
     /// Only commands of this type.
     #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
@@ -73,7 +43,7 @@ fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
 pub async fn run(args: ListArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     let sources = super::open_sources(global).await?;
     let request = admin::ListRequest {
-        state: args.state.into(),
+        state: args.state,
         type_name: args.type_name,
         limit: args.limit,
         after: args.after,

@@ -148,6 +148,7 @@ pub const CANCELLED: &str = "cancelled by operator";
 
 /// Which rows [`AdminOps::command_list`] returns, and in which order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum ListState {
     /// Every pending row (due, scheduled and running), in `RunAt` order.
@@ -195,6 +196,47 @@ pub struct CommandListParams {
     pub after: Option<CommandId>,
     /// Only rows whose ordering time is earlier than this.
     pub before: Option<DateTime<Utc>>,
+}
+
+/// A listing page for engines with numbered placeholders (`$n` on PostgreSQL, `?n` on
+/// SQLite) and double-quoted identifiers: `condition` selects the state's rows, `1` is
+/// the limit, then each present filter in bind order (type, before, after). The keyset is
+/// `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
+pub(crate) fn numbered_list_sql(
+    t: &str,
+    params: &CommandListParams,
+    condition: String,
+    sigil: char,
+) -> String {
+    let key = format!(r#""{}""#, params.state.key_column());
+    let (dir, cmp) = if params.state.newest_first() {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    let mut next = 1;
+    let mut mark = || {
+        next += 1;
+        format!("{sigil}{next}")
+    };
+    let mut conditions = vec![condition];
+    if params.type_name.is_some() {
+        conditions.push(format!(r#""Type" = {}"#, mark()));
+    }
+    if params.before.is_some() {
+        conditions.push(format!("{key} < {}", mark()));
+    }
+    if params.after.is_some() {
+        let id = mark();
+        let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
+        conditions.push(format!(
+            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
+        ));
+    }
+    format!(
+        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT {sigil}1"#,
+        conditions.join(" AND ")
+    )
 }
 
 /// The rows of [`AdminOps::command_cancel_many`].

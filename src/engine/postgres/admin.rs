@@ -14,6 +14,7 @@ use super::{PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
+use crate::engine::admin::numbered_list_sql;
 use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
@@ -59,42 +60,6 @@ fn list_condition(state: ListState) -> String {
         ListState::Dead => DEAD.to_owned(),
         ListState::Completed => r#""ProcessedAt" IS NOT NULL"#.to_owned(),
     }
-}
-
-/// A listing page: the state's rows, filtered, after the `after` row in the state's
-/// order. The keyset is `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
-fn list_sql(t: &str, params: &CommandListParams) -> String {
-    let key = format!(r#""{}""#, params.state.key_column());
-    let (dir, cmp) = if params.state.newest_first() {
-        ("DESC", "<")
-    } else {
-        ("ASC", ">")
-    };
-    // Placeholders are numbered in the order the driver binds them: limit, then each
-    // filter that is present.
-    let mut next = 1;
-    let mut mark = || {
-        next += 1;
-        format!("${next}")
-    };
-    let mut conditions = vec![list_condition(params.state)];
-    if params.type_name.is_some() {
-        conditions.push(format!(r#""Type" = {}"#, mark()));
-    }
-    if params.before.is_some() {
-        conditions.push(format!("{key} < {}", mark()));
-    }
-    if params.after.is_some() {
-        let id = mark();
-        let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
-        conditions.push(format!(
-            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
-        ));
-    }
-    format!(
-        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT $1"#,
-        conditions.join(" AND ")
-    )
 }
 
 impl PgDriver {
@@ -188,7 +153,7 @@ impl AdminOps for PgDriver {
             // Not a UUID: no such row here, so nothing follows it.
             return Ok(Vec::new());
         }
-        let sql = list_sql(&self.t, params);
+        let sql = numbered_list_sql(&self.t, params, list_condition(params.state), '$');
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);

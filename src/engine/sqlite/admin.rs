@@ -13,6 +13,7 @@ use sqlx::AssertSqlSafe;
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
 use crate::engine::admin::decode_state_count;
+use crate::engine::admin::numbered_list_sql;
 use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
@@ -78,43 +79,10 @@ fn list_condition(state: ListState) -> String {
     }
 }
 
-/// A listing page (see the PostgreSQL driver): `?1` limit, then each present filter.
-fn list_sql(t: &str, params: &CommandListParams) -> String {
-    let key = format!(r#""{}""#, params.state.key_column());
-    let (dir, cmp) = if params.state.newest_first() {
-        ("DESC", "<")
-    } else {
-        ("ASC", ">")
-    };
-    let mut next = 1;
-    let mut mark = || {
-        next += 1;
-        format!("?{next}")
-    };
-    let mut conditions = vec![list_condition(params.state)];
-    if params.type_name.is_some() {
-        conditions.push(format!(r#""Type" = {}"#, mark()));
-    }
-    if params.before.is_some() {
-        conditions.push(format!("{key} < {}", mark()));
-    }
-    if params.after.is_some() {
-        let id = mark();
-        let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
-        conditions.push(format!(
-            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
-        ));
-    }
-    format!(
-        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT ?1"#,
-        conditions.join(" AND ")
-    )
-}
-
 #[async_trait]
 impl AdminOps for SqliteDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
-        let sql = list_sql(&self.t, params);
+        let sql = numbered_list_sql(&self.t, params, list_condition(params.state), '?');
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);
