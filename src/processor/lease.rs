@@ -141,7 +141,9 @@ pub(crate) async fn renew_loop(
     let every = renew_every(lease);
     // Cancel with room to spare: the handler's kill and the release need a moment.
     let margin = (lease / 10).min(Duration::from_secs(2));
-    let tick = every.min(Duration::from_millis(500));
+    // A quarter of the renewal period, so a renewal is at most 1.25 periods after the
+    // last and a 2 s lease has over a second of slack for a stalled process or server.
+    let tick = (every / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
     let mut next = Instant::now() + every;
     let check_lapsing = || {
         let cancelled = leases.cancel_lapsing(margin);
