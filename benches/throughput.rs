@@ -11,7 +11,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use icq::engine::ConnectOptions;
+use icq::ConnectOptions;
 use icq::{NewCommand, Processor, Queue, Registry, RunOptions, Settings, TableName};
 use tokio_util::sync::CancellationToken;
 

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use icq::engine::ConnectOptions;
+use icq::ConnectOptions;
 use icq::{
     CommandType, Context, Engine, NewCommand, Processor, Queue, Registry, RunOptions, Settings,
     TableName,
@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
     sqlx::raw_sql("INSERT INTO orders (id, status) VALUES (42, 'new'), (43, 'new')")
         .execute(&mut conn)
         .await?;
+    let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
 
     // 1. Order 42 is paid: the status change and its command commit together.
     let mut tx = conn.begin().await?;
@@ -62,8 +63,8 @@ async fn main() -> anyhow::Result<()> {
         correlation_id: Some("req-9f2".into()),
         ..Context::default()
     });
-    icq::schedule_in(&mut *tx, &table, &command).await?;
-    tx.commit().await?;
+    queue.schedule_in(&mut *tx, &command).await?;
+    queue.commit(tx).await?; // commits, then wakes the local processor
 
     // 2. Order 43's payment fails: rolling back schedules nothing.
     let mut tx = conn.begin().await?;
@@ -71,12 +72,9 @@ async fn main() -> anyhow::Result<()> {
         .bind(43_i64)
         .execute(&mut *tx)
         .await?;
-    icq::schedule_in(
-        &mut *tx,
-        &table,
-        &NewCommand::typed(&SendReceipt { order_id: 43 })?,
-    )
-    .await?;
+    queue
+        .schedule_in(&mut *tx, &NewCommand::typed(&SendReceipt { order_id: 43 })?)
+        .await?;
     tx.rollback().await?;
     conn.close().await?;
 
@@ -95,7 +93,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     })?;
-    let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(Settings::default()));
     let options = RunOptions {

@@ -45,7 +45,7 @@ pub enum Error {
     },
 
     /// The database could not be reached or returned an error. The message is passed
-    /// through [`crate::redact::redact_text`]: a driver's message may echo a URL. The
+    /// through the redaction of secrets: a driver's message may echo a URL. The
     /// PostgreSQL driver's ` at line N` (a line of the server's C source) is left out.
     #[error("{}", crate::redact::redact_text(&format!("{context}: {}", describe_cause(cause))))]
     Database {

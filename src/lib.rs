@@ -7,39 +7,182 @@
 //! failing.
 //!
 //! The `icq` binary is a thin layer over this library: every subcommand parses its
-//! arguments, calls one function here and renders the result.
+//! arguments, calls one function here and renders the result. A service that embeds the
+//! queue builds it without the CLI: `cargo add icq --no-default-features`.
+//!
+//! The public surface: [`Queue`] (connect, schedule, schedule inside your transaction,
+//! bulk scheduling), [`Processor`] with [`Handler`]s (typed ones through
+//! [`Registry::register`]), [`admin`] operations, [`Settings`], and [`Error`].
+//!
+//! ## Scheduling inside your own transaction
+//!
+//! The command commits or rolls back with the business change. On SQLite:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//! use serde_json::json;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+//! let table = TableName::default();
+//! let pool = sqlx::SqlitePool::connect(&url).await?;
+//! sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)")
+//!     .execute(&pool)
+//!     .await?;
+//! // Normally a migration (`icq migrate add --engine sqlite`, then `icq migrate run`).
+//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Sqlite, &table).up))
+//!     .execute(&pool)
+//!     .await?;
+//! let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
+//!
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("INSERT INTO orders (id, status) VALUES (42, 'paid')")
+//!     .execute(&mut *tx)
+//!     .await?;
+//! let id = queue
+//!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", json!({ "order": 42 })))
+//!     .await?;
+//! queue.commit(tx).await?; // the order and its command, or neither
+//! assert!(queue.get(&id).await?.is_some());
+//!
+//! let mut tx = pool.begin().await?;
+//! let lost = queue
+//!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", json!({ "order": 43 })))
+//!     .await?;
+//! tx.rollback().await?; // a rollback schedules nothing
+//! assert!(queue.get(&lost).await?.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! PostgreSQL (the commit's NOTIFY also wakes processors in other processes):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//!
+//! let url = "postgres://postgres@127.0.0.1:5432/test";
+//! let table = TableName::parse("DocTxCommands")?;
+//! let pool = sqlx::PgPool::connect(url).await?;
+//! # let ddl = icq::schema::render(Engine::Postgres, &table);
+//! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down.clone())).execute(&pool).await?;
+//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Postgres, &table).up))
+//!     .execute(&pool)
+//!     .await?;
+//! let queue = Queue::connect("shop", url, &table, &ConnectOptions::default()).await?;
+//! let mut tx = pool.begin().await?;
+//! let id = queue
+//!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", serde_json::json!({})))
+//!     .await?;
+//! queue.commit(tx).await?;
+//! assert!(queue.get(&id).await?.is_some());
+//! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down)).execute(&pool).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! MySQL / MariaDB:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//!
+//! let url = "mysql://root@127.0.0.1:3306/test";
+//! let table = TableName::parse("DocTxCommands")?;
+//! let pool = sqlx::MySqlPool::connect(url).await?;
+//! # let ddl = icq::schema::render(Engine::Mysql, &table);
+//! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down.clone())).execute(&pool).await?;
+//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Mysql, &table).up))
+//!     .execute(&pool)
+//!     .await?;
+//! let queue = Queue::connect("shop", url, &table, &ConnectOptions::default()).await?;
+//! let mut tx = pool.begin().await?;
+//! let id = queue
+//!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", serde_json::json!({})))
+//!     .await?;
+//! queue.commit(tx).await?;
+//! assert!(queue.get(&id).await?.is_some());
+//! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down)).execute(&pool).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Processing with a typed handler
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use icq::{CommandType, NewCommand, Processor, Queue, Registry, RunOptions, Settings};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct SendReceipt {
+//!     order_id: i64,
+//! }
+//! impl CommandType for SendReceipt {
+//!     const TYPE: &'static str = "orders.send_receipt";
+//! }
+//!
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+//! # let table = icq::TableName::default();
+//! # let pool = sqlx::SqlitePool::connect(&url).await?;
+//! # sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(icq::Engine::Sqlite, &table).up)).execute(&pool).await?;
+//! let queue = Queue::connect("shop", &url, &table, &Default::default()).await?;
+//! queue.schedule(&NewCommand::typed(&SendReceipt { order_id: 42 })?).await?;
+//!
+//! let mut registry = Registry::new();
+//! registry.register::<SendReceipt, _, _>(|receipt, job| async move {
+//!     println!("receipt for order {} (attempt {})", receipt.order_id, job.attempt);
+//!     Ok(())
+//! })?;
+//! let mut processor = Processor::new(registry);
+//! processor.add_source(queue.source_handle(Settings::default()));
+//! let options = RunOptions { until_idle: true, ..RunOptions::default() };
+//! processor.run(options, tokio_util::sync::CancellationToken::new()).await?;
+//! assert_eq!(queue.stats().snapshot().succeeded, 1);
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
-pub mod bench;
+#[cfg(feature = "cli")]
+pub(crate) mod bench;
 pub mod command;
 #[cfg(feature = "cli")]
 pub mod commands;
 pub mod config;
-pub mod demo;
-pub mod engine;
+#[cfg(feature = "cli")]
+pub(crate) mod demo;
+pub(crate) mod engine;
 pub mod error;
 pub mod handler;
 pub mod ident;
 pub mod migrate;
 #[cfg(feature = "cli")]
-pub mod output;
-pub mod processor;
+pub(crate) mod output;
+mod processor;
 pub mod queue;
-pub mod redact;
+pub(crate) mod redact;
 pub mod schema;
 pub mod settings;
 pub mod sources;
 #[cfg(feature = "cli")]
-pub mod telemetry;
+pub(crate) mod telemetry;
 pub mod worker;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
+pub use engine::ConnectOptions;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
 pub use ident::{Engine, TableName};
-pub use processor::{Processor, RunOptions};
+pub use processor::{Processor, RunOptions, Stats, StatsSnapshot};
 pub use queue::{Enqueue, Queue, schedule_in};
 pub use settings::Settings;
 

@@ -27,10 +27,18 @@ use crate::admin::{
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::bench::BenchReport;
-use crate::commands::Format;
 use crate::engine::admin::FinishedKind;
 use crate::error::{Error, Result};
 use crate::redact::escape_for_log;
+
+/// How results are written to stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Tables for people.
+    Table,
+    /// One JSON document, for scripts.
+    Json,
+}
 
 /// Longest field value `show` prints in its table.
 const SHOWN_WIDTH: usize = 4096;
@@ -173,20 +181,6 @@ fn opt_time(at: Option<DateTime<Utc>>) -> String {
 
 fn opt(text: Option<&str>) -> String {
     text.map_or_else(|| "-".to_owned(), str::to_owned)
-}
-
-/// The first line of `text`, control characters escaped, cut to `width` characters
-/// with `…`. Other programs write these columns: a raw escape sequence would move the
-/// operator's cursor or recolour the terminal.
-pub fn truncate(text: &str, width: usize) -> String {
-    let first = text.split('\n').next().unwrap_or("");
-    let more_lines = first.len() < text.len();
-    let first = escape_for_log(first.trim_end_matches('\r'));
-    if first.chars().count() <= width && !more_lines {
-        return first;
-    }
-    let kept: String = first.chars().take(width.saturating_sub(1)).collect();
-    format!("{}…", kept.trim_end())
 }
 
 /// `text` for a multi-line cell: line breaks kept, every other control character

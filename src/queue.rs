@@ -83,7 +83,7 @@ impl Queue {
     }
 
     /// Wraps an already connected driver.
-    pub fn from_backend(name: &str, backend: Arc<dyn Backend>) -> Queue {
+    pub(crate) fn from_backend(name: &str, backend: Arc<dyn Backend>) -> Queue {
         let name: Arc<str> = Arc::from(name);
         Queue {
             stats: Arc::new(Stats::new(name.clone())),
@@ -118,7 +118,7 @@ impl Queue {
     }
 
     /// The driver, for operator queries.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
 
@@ -139,6 +139,49 @@ impl Queue {
         let ids = self.backend.command_insert_many(commands).await?;
         self.wake.notify_one();
         Ok(ids)
+    }
+
+    /// Schedules `command` in this queue's table inside the caller's transaction (pass
+    /// `&mut *tx`): the caller's commit persists it, a rollback erases it. Commit with
+    /// [`Queue::commit`] to also wake the local processor.
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: &icq::Queue, pool: &sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 42").execute(&mut *tx).await?;
+    /// let id = queue
+    ///     .schedule_in(&mut *tx, &icq::NewCommand::new("email.receipt", serde_json::json!({"order": 42})))
+    ///     .await?;
+    /// queue.commit(tx).await?; // both rows, or neither
+    /// println!("scheduled {id}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn schedule_in<C: Enqueue + ?Sized>(
+        &self,
+        conn: &mut C,
+        command: &NewCommand,
+    ) -> Result<CommandId> {
+        conn.enqueue(self.table(), command).await
+    }
+
+    /// Commits a transaction that scheduled commands with [`Queue::schedule_in`], then
+    /// wakes the local processor so they start without waiting for a poll.
+    pub async fn commit<DB: sqlx::Database>(&self, tx: sqlx::Transaction<'_, DB>) -> Result<()> {
+        tx.commit()
+            .await
+            .map_err(Error::db("committing the transaction"))?;
+        self.wake();
+        Ok(())
+    }
+
+    /// Reads one command in full, or `None` when no row has that id.
+    pub async fn get(&self, id: &CommandId) -> Result<Option<crate::CommandRow>> {
+        self.backend.command_get(id).await
+    }
+
+    /// Closes the connection pool (in-flight statements finish first).
+    pub async fn close(&self) {
+        self.backend.close().await;
     }
 
     /// Wakes the local processor (call after committing a transaction that scheduled

@@ -183,7 +183,7 @@ fn split_trailing(stretch: &str) -> (&str, &str) {
 }
 
 /// Masks secrets anywhere in `text`: the password of every `scheme://user:password@host`,
-/// and the value of every `name=value` pair whose name [`is_secret_name`] (query
+/// and the value of every `name=value` pair whose name `is_secret_name` (query
 /// parameters, but also libpq-style `password=...` settings). Everything else is kept.
 pub fn redact_text(text: &str) -> String {
     mask_name_values(&mask_userinfo(text))
@@ -458,5 +458,67 @@ mod tests {
             clean_stored_text("line 1\r\nline 2\n\tindented\x1b[2J\x07"),
             "line 1\nline 2\n\tindented\\u{1b}[2J\\u{7}"
         );
+    }
+
+    /// Properties: a URL's secrets never survive redaction in any form; escaped text holds
+    /// no control character. 256 cases each (`PROPTEST_CASES` overrides).
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn cases() -> ProptestConfig {
+            ProptestConfig {
+                cases: std::env::var("PROPTEST_CASES")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(256),
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(cases())]
+
+            #[test]
+            fn url_secrets_never_survive_redaction(
+                // Anything but `%`, which a URL password can only hold escaped (`%25`).
+                password in "[A-Za-z0-9!#$&()*+,;=:/?@\\[\\] '\"~^|{}<>`-]{0,12}",
+                token in "[A-Za-z0-9._~+/=-]{0,12}",
+                name in prop::sample::select(vec![
+                    "password", "PASSWORD", "passwd", "pwd", "token", "access_token", "api_key",
+                    "apikey", "API-KEY", "key", "secret", "sslpassword", "auth", "Auth", "db_password",
+                ]),
+                scheme in prop::sample::select(vec!["postgres", "postgresql", "mysql", "mariadb", "https", "http"]),
+                other in "[a-j]{1,8}",
+            ) {
+                // Distinctive, so a masked URL cannot contain them by accident.
+                let password = format!("ZQpw{password}");
+                let token = format!("ZQtk{token}");
+                let mut url = url::Url::parse(&format!("{scheme}://user@db.internal:5432/orders")).unwrap();
+                url.set_password(Some(&password)).unwrap();
+                url.query_pairs_mut().append_pair(&format!("x{other}"), "1").append_pair(name, &token);
+                let url = url.to_string();
+                let shown = redact_url(&url);
+                prop_assert!(!shown.contains("ZQ"), "{url} shown as {shown}");
+                prop_assert!(shown.contains(&format!("x{other}=1")), "{shown}");
+                let message = redact_text(&format!("error: cannot reach \"{url}\": refused"));
+                prop_assert!(!message.contains("ZQ"), "{url} in {message}");
+                let message = redact_in(&format!("driver said {password} and {token}"), &url);
+                prop_assert!(!message.contains("ZQ"), "{message}");
+            }
+
+            #[test]
+            fn escaped_text_holds_no_control_characters(text in any::<String>()) {
+                let line = escape_for_log(&text);
+                prop_assert!(!line.chars().any(char::is_control), "{:?}", line);
+                let stored = clean_stored_text(&text);
+                prop_assert!(
+                    !stored.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
+                    "{:?}",
+                    stored
+                );
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
 //! default creates its own on first use).
 //!
-//! Opening a server's pool is watched (by [`crate::engine::connect`], so every caller is):
+//! Opening a server's pool is watched (by `crate::engine::connect`, so every caller is):
 //! when it has not connected within
 //! [`PROBE_AFTER`], [`probe`] checks (within [`PROBE_TIMEOUT`]) that the host resolves and
 //! its port accepts TCP connections. A refused port then says `connection refused

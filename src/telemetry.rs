@@ -180,9 +180,13 @@ fn respond<B>(request: &Request<B>, render: impl FnOnce() -> String) -> Response
 
 /// Refreshes the `pending` gauges of each source every `every` until the task is aborted.
 pub fn spawn_pending_gauges(
-    sources: Vec<(Arc<str>, Arc<dyn Backend>)>,
+    sources: &[crate::sources::OpenSource],
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let sources: Vec<(Arc<str>, Arc<dyn Backend>)> = sources
+        .iter()
+        .map(|s| (Arc::from(s.name.as_str()), s.queue.backend().clone()))
+        .collect();
     tokio::spawn(async move {
         loop {
             for (name, backend) in &sources {

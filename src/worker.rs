@@ -86,3 +86,72 @@ pub fn processor(registry: Registry, sources: &[OpenSource]) -> Processor {
     }
     processor
 }
+
+/// A configured `icq work` run: the configuration's handlers and every selected source,
+/// opened, under one [`Processor`]. [`Work::open`] then [`Work::run`] is the whole of
+/// `icq work`; the CLI only adds logging, signals, metrics and a progress bar.
+pub struct Work {
+    sources: Vec<OpenSource>,
+    processor: Processor,
+}
+
+/// How a [`Work::run`] ended: what each source's processor did.
+#[derive(Debug, Clone)]
+pub struct WorkSummary {
+    /// Per source, by name: its counters when it stopped.
+    pub sources: Vec<(String, crate::processor::StatsSnapshot)>,
+}
+
+impl WorkSummary {
+    /// Commands dead-lettered during the run, across sources.
+    pub fn dead_lettered(&self) -> u64 {
+        self.sources.iter().map(|(_, s)| s.dead_lettered).sum()
+    }
+}
+
+impl Work {
+    /// Loads the configuration `request` names, builds its handlers (exec programs are
+    /// checked here) and opens the selected sources.
+    pub async fn open(request: &crate::sources::SourceRequest) -> Result<Work> {
+        let config = crate::sources::load_config(request)?;
+        let registry = registry_from_config(&config)?;
+        let sources = crate::sources::open_selected(&config, request.source.as_deref()).await?;
+        if registry.is_empty() {
+            tracing::warn!(
+                "no handlers are configured: every command will be dead-lettered as unknown"
+            );
+        }
+        for source in &sources {
+            tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+        }
+        let processor = processor(registry, &sources);
+        Ok(Work { sources, processor })
+    }
+
+    /// The opened sources (to watch their counters or pending gauges while running).
+    pub fn sources(&self) -> &[OpenSource] {
+        &self.sources
+    }
+
+    /// Runs until `shutdown` is cancelled (or idle, with `options.until_idle`), then
+    /// logs each source's counters and closes its connections.
+    pub async fn run(
+        self,
+        options: crate::processor::RunOptions,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<WorkSummary> {
+        let outcome = self.processor.run(options, shutdown).await;
+        let mut summary = WorkSummary {
+            sources: Vec::with_capacity(self.sources.len()),
+        };
+        for source in &self.sources {
+            let stats = source.queue.stats().snapshot();
+            if outcome.is_ok() {
+                tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
+            }
+            summary.sources.push((source.name.clone(), stats));
+            source.queue.backend().close().await;
+        }
+        outcome.map(|()| summary)
+    }
+}

@@ -3,12 +3,11 @@
 //! stays visible, can be requeued, and is purged like any dead letter. A running
 //! command is refused: its handler is already executing.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{Progress, distinct, locate, not_found};
+use super::{Progress, distinct, locate_checked};
 use crate::command::{CommandId, State};
 use crate::engine::Backend;
 use crate::engine::admin::{
@@ -104,53 +103,33 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
             "name the commands to cancel (ids), or pass --type TYPE".into(),
         ));
     }
-    let located = locate(sources, ids).await?;
-    if let Some(missing) = located.missing(ids) {
-        return Err(not_found(&missing, sources, "nothing was cancelled"));
-    }
-    let mut refusals = Vec::new();
-    let mut per_source: HashMap<usize, Vec<CommandId>> = HashMap::new();
-    for (index, row) in &located.rows {
-        let now = sources[*index].queue.backend().clock_now().await?;
-        match row.state(now) {
-            State::Completed => refusals.push(format!(
-                "command {} is completed; there is nothing left to cancel",
-                row.id
-            )),
-            State::Dead => refusals.push(format!(
-                "command {} is already a dead letter; delete it with `icq purge --dead-letters` \
-                 or run it again with `icq requeue {}`",
-                row.id, row.id
-            )),
-            State::Running => refusals.push(format!(
-                "command {} is running (leased until {}); its handler is executing, so it \
-                 cannot be cancelled; it ends completed, retried or dead",
-                row.id,
-                row.locked_until
-                    .map_or_else(|| "now".to_owned(), crate::command::format_timestamp)
-            )),
-            State::Due | State::Scheduled => {
-                per_source.entry(*index).or_default().push(row.id.clone());
-            }
-        }
-    }
-    if !refusals.is_empty() {
-        return Err(Error::Usage(format!(
-            "{}; nothing was cancelled",
-            refusals.join("; ")
-        )));
-    }
-    let parts = sources
-        .iter()
-        .enumerate()
-        .filter_map(|(index, source)| {
-            let ids = per_source.remove(&index)?;
-            Some(Part {
-                source: source.name.clone(),
-                backend: source.queue.backend().clone(),
-                count: ids.len() as u64,
-                work: Work::Ids(ids),
-            })
+    let per_source = locate_checked(sources, ids, "cancelled", |row, state| match state {
+        State::Completed => Err(format!(
+            "command {} is completed; there is nothing left to cancel",
+            row.id
+        )),
+        State::Dead => Err(format!(
+            "command {} is already a dead letter; delete it with `icq purge --dead-letters` \
+             or run it again with `icq requeue {}`",
+            row.id, row.id
+        )),
+        State::Running => Err(format!(
+            "command {} is running (leased until {}); its handler is executing, so it \
+             cannot be cancelled; it ends completed, retried or dead",
+            row.id,
+            row.locked_until
+                .map_or_else(|| "now".to_owned(), crate::command::format_timestamp)
+        )),
+        State::Due | State::Scheduled => Ok(()),
+    })
+    .await?;
+    let parts = per_source
+        .into_iter()
+        .map(|(index, rows)| Part {
+            source: sources[index].name.clone(),
+            backend: sources[index].queue.backend().clone(),
+            count: rows.len() as u64,
+            work: Work::Ids(rows.into_iter().map(|row| row.id).collect()),
         })
         .collect();
     Ok(CancelPlan { parts })
@@ -158,7 +137,7 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
 
 /// Applies a cancel plan. Explicit ids are cancelled in one guarded statement per
 /// source; a row a processor claimed since the plan was made is left running and the
-/// result says so. A type is cancelled in batches of [`CANCEL_BATCH`], never more rows
+/// result says so. A type is cancelled in batches of `CANCEL_BATCH`, never more rows
 /// than were counted when planning (new commands of that type keep coming).
 pub async fn cancel(plan: &CancelPlan, progress: &dyn Progress) -> Result<CancelReport> {
     let mut cancelled = 0;

@@ -66,10 +66,10 @@ fn parse_failure(err: clap::Error, json: bool) -> ! {
 /// Writes the error to stderr in `format` and exits with `code`. The message is scrubbed
 /// of passwords and secret parameters whatever produced it.
 fn fail(format: Format, message: &str, kind: &str, code: i32) -> ! {
-    let message = icq::redact::redact_text(message);
+    let message = icq::commands::redact_text(message);
     match format {
-        Format::Json => icq::output::note(&error_document(&message, kind, code)),
-        Format::Table => icq::output::note(&format!("error: {message}")),
+        Format::Json => icq::commands::note(&error_document(&message, kind, code)),
+        Format::Table => icq::commands::note(&format!("error: {message}")),
     }
     std::process::exit(code)
 }

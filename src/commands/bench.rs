@@ -1,5 +1,5 @@
 //! `icq bench`: measures enqueue, drain, idle latency and claim times on a scratch table
-//! (see [`crate::bench`]), then prints the figures.
+//! (see `crate::bench`), then prints the figures.
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;

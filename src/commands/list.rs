@@ -36,7 +36,7 @@ pub struct ListArgs {
 }
 
 fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
-    admin::parse_instant(raw).map_err(|e| e.to_string())
+    super::parse::parse_instant(raw).map_err(|e| e.to_string())
 }
 
 /// Runs `icq list`.

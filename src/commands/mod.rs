@@ -9,6 +9,7 @@ pub mod dead_letters;
 pub mod list;
 pub mod man;
 pub mod migrate;
+pub mod parse;
 pub mod pending;
 pub mod progress;
 pub mod purge;
@@ -21,7 +22,7 @@ pub mod work;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 /// A durable job queue that lives inside your application's own database.
 #[derive(Debug, Parser)]
@@ -70,14 +71,8 @@ pub struct GlobalArgs {
     pub format_given: bool,
 }
 
-/// How results are written to stdout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// Tables for people.
-    Table,
-    /// One JSON document, for scripts.
-    Json,
-}
+pub use crate::output::{Format, note};
+pub use crate::redact::redact_text;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]

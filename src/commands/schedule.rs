@@ -34,11 +34,11 @@ pub struct ScheduleArgs {
     pub payload: Option<String>,
 
     /// Due at this instant (RFC 3339, e.g. 2026-01-31T12:00:00Z) instead of now.
-    #[arg(long, value_name = "RFC3339", value_parser = admin::parse_instant, conflicts_with = "delay")]
+    #[arg(long, value_name = "RFC3339", value_parser = super::parse::parse_instant, conflicts_with = "delay")]
     pub at: Option<DateTime<Utc>>,
 
     /// Due after this delay instead of now, e.g. 30s, 5m, 12h, 7d.
-    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = admin::parse_duration,
+    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = super::parse::parse_duration,
           allow_hyphen_values = true)]
     pub delay: Option<Duration>,
 
@@ -123,7 +123,7 @@ impl Input {
             (None, Some(delay)) => RunAt::After(delay),
             (None, None) => RunAt::Now,
         };
-        let command = NewCommand::new(type_name, admin::read_payload(&payload)?)
+        let command = NewCommand::new(type_name, super::parse::read_payload(&payload)?)
             .run_at(run_at)
             .context(Context {
                 user_id: args.user_id,

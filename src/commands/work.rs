@@ -138,67 +138,42 @@ fn stop_on_signals(token: CancellationToken) {
 /// Runs the processor until a signal (or idle, with `--until-idle`).
 pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
     init_logging(args.effective_log_format(global.format));
-    let request = global.source_request();
-    let config = crate::sources::load_config(&request)?;
-    let registry = crate::worker::registry_from_config(&config)?;
-    let sources = crate::sources::open_selected(&config, request.source.as_deref()).await?;
-    if registry.is_empty() {
-        tracing::warn!(
-            "no handlers are configured: every command will be dead-lettered as unknown"
-        );
-    }
-    for source in &sources {
-        tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
-    }
+    let work = crate::worker::Work::open(&global.source_request()).await?;
     let gauges = match args.metrics_addr {
         Some(addr) => {
             crate::telemetry::serve(addr)?;
             tracing::info!(%addr, "serving Prometheus metrics");
             Some(crate::telemetry::spawn_pending_gauges(
-                sources
-                    .iter()
-                    .map(|s| {
-                        (
-                            std::sync::Arc::from(s.name.as_str()),
-                            s.queue.backend().clone(),
-                        )
-                    })
-                    .collect(),
+                work.sources(),
                 Duration::from_secs(2),
             ))
         }
         None => None,
     };
-    let processor = crate::worker::processor(registry, &sources);
     let shutdown = CancellationToken::new();
     stop_on_signals(shutdown.clone());
     let options = RunOptions {
         until_idle: args.until_idle,
         shutdown_grace: Duration::from_secs_f64(args.grace_seconds.max(0.0)),
     };
-    let progress = if args.until_idle {
-        Some(super::progress::RunProgress::start(
-            sources.iter().map(|s| s.queue.stats().clone()).collect(),
+    let progress = args.until_idle.then(|| {
+        super::progress::RunProgress::start(
+            work.sources()
+                .iter()
+                .map(|s| s.queue.stats().clone())
+                .collect(),
             None,
-        ))
-    } else {
-        None
-    };
-    let outcome = processor.run(options, shutdown).await;
+        )
+    });
+    let outcome = work.run(options, shutdown).await;
     if let Some(progress) = progress {
         progress.finish();
     }
     if let Some(gauges) = gauges {
         gauges.abort();
     }
-    outcome?;
-    let mut dead_lettered = 0;
-    for source in &sources {
-        let stats = source.queue.stats().snapshot();
-        dead_lettered += stats.dead_lettered;
-        tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
-        source.queue.backend().close().await;
-    }
+    let summary = outcome?;
+    let dead_lettered = summary.dead_lettered();
     if args.fail_on_dead && dead_lettered > 0 {
         return Err(crate::Error::DeadLettered {
             count: dead_lettered,

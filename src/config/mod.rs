@@ -98,7 +98,7 @@ impl SourceConfig {
 }
 
 /// A database URL whose `Debug` and `Display` never show the password (they use
-/// [`redact_url`]); [`DatabaseUrl::expose`] gives the real string, for connecting only.
+/// `redact_url`); [`DatabaseUrl::expose`] gives the real string, for connecting only.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl(String);
 

@@ -16,7 +16,7 @@
 //! endpoint points (307/308). Configure the final URL instead.
 //!
 //! No URL is shown with its secrets: the configured URL, a redirect's `Location` and any
-//! transport error message go through [`crate::redact`] (password and `?token=`-like
+//! transport error message go through `crate::redact` (password and `?token=`-like
 //! query values masked).
 
 use std::collections::BTreeMap;

@@ -5,9 +5,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Prefix of every exported series.
-pub const METRIC_PREFIX: &str = "icq_internal_commands_";
-
 /// Monotonic counters for one source.
 pub struct Stats {
     source: Arc<str>,

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use icq::ConnectOptions;
 use icq::admin::{self, Progress, PurgeRequest, RequeueTarget};
-use icq::engine::ConnectOptions;
 use icq::sources::OpenSource;
 use icq::{Queue, Settings, TableName};
 use serde_json::{Value, json};

@@ -92,7 +92,7 @@ async fn queue_connect_to_a_refused_port_fails_fast_with_the_cause() {
             "lib",
             url,
             &icq::TableName::default(),
-            &icq::engine::ConnectOptions::default(),
+            &icq::ConnectOptions::default(),
         )
         .await;
         let Err(err) = result else {

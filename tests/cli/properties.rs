@@ -1,7 +1,7 @@
 //! Property tests (proptest): arbitrary input never panics, and every refusal is a clear
-//! error. 256 cases per property (`PROPTEST_CASES` overrides), 13 properties here, so
-//! 3,328 cases per run; `${VAR}` expansion has two more in `src/config/expand.rs` (512
-//! cases), 3,840 in all.
+//! error. 256 cases per property (`PROPTEST_CASES` overrides), 11 properties here, so
+//! 2,816 cases per run; `${VAR}` expansion has two more in `src/config/expand.rs` and
+//! redaction two in `src/redact.rs` (512 cases each), 3,840 in all.
 //!
 //! - the configuration parser, on arbitrary text and on YAML-shaped text built from the
 //!   file's own vocabulary;
@@ -11,8 +11,6 @@
 //! - command ids: any text is an id kept exactly (trimmed) or a clear usage error; a UUID in
 //!   any case, with or without braces, is still recognised as one;
 //! - payloads: any `--payload` text is JSON or a usage error, nesting included;
-//! - redaction: a URL's secrets never survive [`icq::redact::redact_url`] or
-//!   [`icq::redact::redact_text`]; log escaping leaves no control character.
 
 use std::path::Path;
 
@@ -241,7 +239,7 @@ proptest! {
 
     #[test]
     fn durations_parse_or_refuse_clearly(text in any::<String>()) {
-        match icq::admin::parse_duration(&text) {
+        match icq::commands::parse::parse_duration(&text) {
             Ok(_) => {}
             Err(err) => {
                 prop_assert_eq!(err.exit_code(), 2);
@@ -260,12 +258,12 @@ proptest! {
         let units = [("s", 1u64), ("m", 60), ("h", 3600), ("d", 86_400), ("w", 604_800)];
         let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u].0)).collect();
         let total: u64 = parts.iter().map(|(n, u)| n * units[*u].1).sum();
-        prop_assert_eq!(icq::admin::parse_duration(&text).unwrap().as_secs(), total);
+        prop_assert_eq!(icq::commands::parse::parse_duration(&text).unwrap().as_secs(), total);
     }
 
     #[test]
     fn instants_parse_or_refuse_clearly(text in any::<String>()) {
-        if let Err(err) = icq::admin::parse_instant(&text) {
+        if let Err(err) = icq::commands::parse::parse_instant(&text) {
             prop_assert_eq!(err.exit_code(), 2);
             prop_assert!(err.to_string().contains("is not an RFC 3339 instant"), "{}", err);
         }
@@ -277,47 +275,7 @@ proptest! {
         // RFC 3339 offsets are whole minutes.
         let zone = chrono::FixedOffset::east_opt(minutes * 60).unwrap();
         let text = at.with_timezone(&zone).to_rfc3339();
-        prop_assert_eq!(icq::admin::parse_instant(&text).unwrap(), at);
-    }
-
-    #[test]
-    fn url_secrets_never_survive_redaction(
-        // Anything but `%`, which a URL password can only hold escaped (`%25`).
-        password in "[A-Za-z0-9!#$&()*+,;=:/?@\\[\\] '\"~^|{}<>`-]{0,12}",
-        token in "[A-Za-z0-9._~+/=-]{0,12}",
-        name in prop::sample::select(vec![
-            "password", "PASSWORD", "passwd", "pwd", "token", "access_token", "api_key",
-            "apikey", "API-KEY", "key", "secret", "sslpassword", "auth", "Auth", "db_password",
-        ]),
-        scheme in prop::sample::select(vec!["postgres", "postgresql", "mysql", "mariadb", "https", "http"]),
-        other in "[a-j]{1,8}",
-    ) {
-        // Distinctive, so a masked URL cannot contain them by accident.
-        let password = format!("ZQpw{password}");
-        let token = format!("ZQtk{token}");
-        let mut url = url::Url::parse(&format!("{scheme}://user@db.internal:5432/orders")).unwrap();
-        url.set_password(Some(&password)).unwrap();
-        url.query_pairs_mut().append_pair(&format!("x{other}"), "1").append_pair(name, &token);
-        let url = url.to_string();
-        let shown = icq::redact::redact_url(&url);
-        prop_assert!(!shown.contains("ZQ"), "{url} shown as {shown}");
-        prop_assert!(shown.contains(&format!("x{other}=1")), "{shown}");
-        let message = icq::redact::redact_text(&format!("error: cannot reach \"{url}\": refused"));
-        prop_assert!(!message.contains("ZQ"), "{url} in {message}");
-        let message = icq::redact::redact_in(&format!("driver said {password} and {token}"), &url);
-        prop_assert!(!message.contains("ZQ"), "{message}");
-    }
-
-    #[test]
-    fn escaped_text_holds_no_control_characters(text in any::<String>()) {
-        let line = icq::redact::escape_for_log(&text);
-        prop_assert!(!line.chars().any(char::is_control), "{:?}", line);
-        let stored = icq::redact::clean_stored_text(&text);
-        prop_assert!(
-            !stored.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
-            "{:?}",
-            stored
-        );
+        prop_assert_eq!(icq::commands::parse::parse_instant(&text).unwrap(), at);
     }
 
     #[test]
@@ -355,7 +313,7 @@ proptest! {
 
     #[test]
     fn any_payload_text_is_json_or_a_usage_error(text in "[^@].*") {
-        match icq::admin::read_payload(&text) {
+        match icq::commands::parse::read_payload(&text) {
             Ok(value) => prop_assert_eq!(value, serde_json::from_str::<serde_json::Value>(&text).unwrap()),
             Err(err) => {
                 prop_assert!(matches!(err, Error::Usage(_)), "{:?}", err);
@@ -367,7 +325,7 @@ proptest! {
     #[test]
     fn deeply_nested_payloads_are_refused_not_a_stack_overflow(depth in 1usize..20_000) {
         let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let parsed = icq::admin::read_payload(&text);
+        let parsed = icq::commands::parse::read_payload(&text);
         prop_assert_eq!(parsed.is_ok(), depth <= 127, "depth {}: {:?}", depth, parsed.err());
     }
 }

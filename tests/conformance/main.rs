@@ -25,7 +25,6 @@ for_each_engine!(
     stale_lease_outcome_is_dropped,
     lease_is_renewed_while_the_handler_runs,
     shutdown_releases_unstarted_and_finishes_in_flight,
-    retention_sweep_deletes_old_completed_rows,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

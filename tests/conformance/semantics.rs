@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use icq::engine::ConnectOptions;
+use icq::ConnectOptions;
 use icq::handler::{AuthorizeLayer, FnHandler, Layer, TimeoutLayer};
 use icq::{
     CommandId, CommandType, Context, HandlerError, Job, NewCommand, Processor, Queue, Registry,
@@ -85,12 +85,7 @@ async fn run_until_idle(processor: &Processor) {
 }
 
 async fn row(queue: &Queue, id: &CommandId) -> icq::CommandRow {
-    queue
-        .backend()
-        .command_get(id)
-        .await
-        .expect("get row")
-        .expect("row exists")
+    queue.get(id).await.expect("get row").expect("row exists")
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -758,60 +753,6 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
     );
     assert_eq!(r.attempts, 0, "the unfinished attempt is given back");
     assert!(r.processed_at.is_none());
-}
-
-pub async fn retention_sweep_deletes_old_completed_rows(engine: &'static str) {
-    let (db, queue) = setup(engine, "retention").await;
-    let mut registry = Registry::new();
-    registry
-        .insert("noop", Arc::new(icq::handler::Noop))
-        .unwrap();
-    for _ in 0..5 {
-        queue
-            .schedule(&NewCommand::new("noop", serde_json::json!({})))
-            .await
-            .unwrap();
-    }
-    let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(fast_settings()));
-    run_until_idle(&processor).await;
-    let t = db.q("InternalCommands");
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await, 5);
-    // Nothing is older than 1 day yet; with a zero retention everything completed goes.
-    assert_eq!(
-        queue
-            .backend()
-            .completed_delete_batch(&icq::engine::SweepParams {
-                older_than: Duration::from_secs(86_400),
-                limit: 100
-            })
-            .await
-            .unwrap(),
-        Some(0)
-    );
-    assert_eq!(
-        queue
-            .backend()
-            .completed_delete_batch(&icq::engine::SweepParams {
-                older_than: Duration::ZERO,
-                limit: 2
-            })
-            .await
-            .unwrap(),
-        Some(2),
-        "bounded batch"
-    );
-    assert_eq!(
-        queue
-            .backend()
-            .completed_delete_batch(&icq::engine::SweepParams {
-                older_than: Duration::ZERO,
-                limit: 100
-            })
-            .await
-            .unwrap(),
-        Some(3)
-    );
 }
 
 pub async fn notify_wakes_processor_without_polling() {

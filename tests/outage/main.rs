@@ -8,7 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use icq::engine::ConnectOptions;
+use icq::ConnectOptions;
 use icq::handler::FnHandler;
 use icq::{Job, NewCommand, Processor, Queue, Registry, RunOptions, Settings, TableName};
 use tokio_util::sync::CancellationToken;

@@ -24,7 +24,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use icq::engine::ConnectOptions;
+use icq::ConnectOptions;
 use icq::handler::FnHandler;
 use icq::{HandlerError, Job, Processor, Queue, Registry, RunOptions, Settings, TableName};
 use tokio_util::sync::CancellationToken;
@@ -177,7 +177,7 @@ struct Run {
     started: Instant,
     good_done: Option<Instant>,
     settled: bool,
-    stats: icq::processor::StatsSnapshot,
+    stats: icq::StatsSnapshot,
     /// Why the run did not end cleanly (a panic, an error, a shutdown that hung).
     stop_problem: Option<String>,
 }
@@ -293,7 +293,7 @@ async fn process(
         Ok(Ok(Ok(()))) => None,
     };
     let stats = queue.stats().snapshot();
-    queue.backend().close().await;
+    queue.close().await;
     let runs = runs.lock().unwrap().clone();
     Run {
         runs,

@@ -278,11 +278,6 @@ impl MySqlDriver {
         })
     }
 
-    /// The pool, for callers that want to run their own transactions.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
-    }
-
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
     }

@@ -429,11 +429,6 @@ impl PgDriver {
         })
     }
 
-    /// The pool, for callers that want to run their own transactions.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
     }

@@ -362,11 +362,6 @@ impl SqliteDriver {
         })
     }
 
-    /// The pool, for callers that want to run their own transactions.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
     }

@@ -1,0 +1,237 @@
+//! Operator operations across one or many sources: counts, dead letters, requeue, purge,
+//! replay and one-off scheduling. Every `icq` operator subcommand is a thin layer over one
+//! function here; each returns a typed report whose `Serialize` form is exactly the JSON
+//! document of the product contract (SPEC §7), and the CLI's output module renders it.
+//!
+//! Guarantees:
+//!
+//! - **Nothing changes on a bad request.** Ids are located in every selected source and
+//!   their states checked before anything is written: an unknown id is
+//!   [`Error::NotFound`] (exit 3), a row in the wrong state is [`Error::Usage`] (exit 2),
+//!   and in both cases no row was touched. Within a source, requeueing explicit ids is one
+//!   transaction guarded in SQL, so a row that changes state concurrently rolls the whole
+//!   request back.
+//! - **Bulk work is bounded.** `requeue --all-dead` and `purge` are split into a *plan*
+//!   (counts under a cutoff fixed from the database clock, used for the confirmation
+//!   prompt and `--dry-run`) and an apply step that works in short batches
+//!   ([`REQUEUE_BATCH`], [`PURGE_BATCH`] rows, each its own statement), never one giant
+//!   transaction. Rows that die or complete after the cutoff are left alone, so the loop
+//!   always ends even while processors keep running.
+//! - **Bulk scheduling validates first.** Every line of a `--from-file` is parsed and
+//!   checked before the first insert.
+
+mod cancel;
+mod dead_letters;
+mod list;
+mod pending;
+mod purge;
+mod replay;
+mod requeue;
+mod schedule;
+mod show;
+
+pub use cancel::{CancelPlan, CancelReport, CancelTarget, cancel, plan_cancel};
+pub use dead_letters::{
+    DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery, DeadLetterReport, DeadLetterRow, dead_letters,
+};
+pub use list::{ListReport, ListRequest, ListedCommand, list};
+pub use pending::{PendingCount, PendingReport, pending};
+pub use purge::{PURGE_BATCH, PurgeCount, PurgePlan, PurgeReport, PurgeRequest, plan_purge, purge};
+pub use replay::{ReplayReport, Replayed, replay};
+pub use requeue::{
+    REQUEUE_BATCH, RequeuePlan, RequeueReport, RequeueTarget, plan_requeue, requeue,
+};
+pub use schedule::{
+    SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source, parse_jobs, schedule, schedule_many,
+};
+pub use show::{ShownCommand, show};
+
+use std::collections::HashSet;
+
+use crate::command::{CommandId, CommandRow, State};
+use crate::error::{Error, Result};
+use crate::sources::OpenSource;
+
+/// Receives progress of long operations (a terminal progress bar, or nothing).
+pub trait Progress: Send + Sync {
+    /// A new phase of `total` units starts, described by `label`.
+    fn begin(&self, label: &str, total: u64);
+    /// `n` more units are done.
+    fn advance(&self, n: u64);
+    /// The operation is over (successfully or not).
+    fn finish(&self);
+}
+
+/// Progress that is not shown anywhere.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn begin(&self, _label: &str, _total: u64) {}
+    fn advance(&self, _n: u64) {}
+    fn finish(&self) {}
+}
+
+/// Rows found for a set of ids, with the index of the source holding each.
+pub(super) struct Located {
+    pub(super) rows: Vec<(usize, CommandRow)>,
+}
+
+impl Located {
+    /// The ids of `wanted` that no source holds, or `None` when every one was found.
+    pub(super) fn missing(&self, wanted: &[CommandId]) -> Option<Vec<CommandId>> {
+        let found: HashSet<&CommandId> = self.rows.iter().map(|(_, row)| &row.id).collect();
+        let missing: Vec<CommandId> = wanted
+            .iter()
+            .filter(|id| !found.contains(id))
+            .cloned()
+            .collect();
+        (!missing.is_empty()).then_some(missing)
+    }
+}
+
+/// Reads the rows of `ids` from every source.
+pub(super) async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<Located> {
+    let found =
+        futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
+            Ok::<_, Error>((i, s.queue.backend().command_get_many(ids).await?))
+        }))
+        .await?;
+    Ok(Located {
+        rows: found
+            .into_iter()
+            .flat_map(|(i, rows)| rows.into_iter().map(move |row| (i, row)))
+            .collect(),
+    })
+}
+
+/// Locates `ids` in every source and checks each row's state at its database's clock:
+/// `check` returns `Err(reason)` for a row the operation must not touch. An unknown id is
+/// [`Error::NotFound`] and any refusal is [`Error::Usage`] (all reasons in one message),
+/// and in both cases nothing was written ("nothing was {done}"). Returns the accepted
+/// rows grouped by source, in source order.
+pub(super) async fn locate_checked(
+    sources: &[OpenSource],
+    ids: &[CommandId],
+    done: &str,
+    check: impl Fn(&CommandRow, State) -> std::result::Result<(), String>,
+) -> Result<Vec<(usize, Vec<CommandRow>)>> {
+    let consequence = format!("nothing was {done}");
+    let located = locate(sources, ids).await?;
+    if let Some(missing) = located.missing(ids) {
+        return Err(not_found(&missing, sources, &consequence));
+    }
+    let mut refusals = Vec::new();
+    let mut per_source: Vec<(usize, Vec<CommandRow>)> = Vec::new();
+    for (index, source) in sources.iter().enumerate() {
+        let rows: Vec<&CommandRow> = located
+            .rows
+            .iter()
+            .filter(|(i, _)| *i == index)
+            .map(|(_, row)| row)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let now = source.queue.backend().clock_now().await?;
+        let mut accepted = Vec::with_capacity(rows.len());
+        for row in rows {
+            match check(row, row.state(now)) {
+                Ok(()) => accepted.push(row.clone()),
+                Err(reason) => refusals.push(reason),
+            }
+        }
+        per_source.push((index, accepted));
+    }
+    if !refusals.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}; {consequence}",
+            refusals.join("; ")
+        )));
+    }
+    Ok(per_source)
+}
+
+/// `ids` without repeats, in their first-seen order.
+pub(super) fn distinct(ids: &[CommandId]) -> Vec<CommandId> {
+    let mut seen = HashSet::new();
+    ids.iter().filter(|id| seen.insert(*id)).cloned().collect()
+}
+
+pub(super) fn list_ids(ids: &[CommandId]) -> String {
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn where_sources(sources: &[OpenSource]) -> String {
+    match sources {
+        [one] => format!("in source `{}`", one.name),
+        many => format!(
+            "in any of the sources {}",
+            many.iter()
+                .map(|s| format!("`{}`", s.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: &str) -> Error {
+    let what = match ids {
+        [one] => format!("no command with id {one}"),
+        many => format!("no commands with ids {}", list_ids(many)),
+    };
+    Error::NotFound(format!("{what} {}; {consequence}", where_sources(sources)))
+}
+
+pub(super) fn state_name(state: State) -> &'static str {
+    match state {
+        State::Due => "due",
+        State::Scheduled => "scheduled",
+        State::Running => "running",
+        State::Completed => "completed",
+        State::Dead => "dead",
+    }
+}
+
+/// Runs `batch` (one short statement) until it reports fewer than `limit` rows, showing
+/// `label` and each batch's count on `progress`; returns the rows done in all. The
+/// progress is finished whether the loop ends well or not. Bulk operations never run
+/// as one long transaction: each batch commits on its own.
+pub(super) async fn in_batches<F, Fut>(
+    progress: &dyn Progress,
+    label: &str,
+    total: u64,
+    limit: u32,
+    mut batch: F,
+) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    progress.begin(label, total);
+    let mut done_in_all = 0;
+    let outcome = loop {
+        match batch().await {
+            Ok(done) => {
+                done_in_all += done;
+                progress.advance(done);
+                if done < u64::from(limit) {
+                    break Ok(done_in_all);
+                }
+            }
+            Err(err) => break Err(err),
+        }
+    };
+    progress.finish();
+    outcome
+}
+
+/// Closes every source's connection pool (call once a command is done).
+pub async fn close(sources: &[OpenSource]) {
+    for source in sources {
+        source.queue.backend().close().await;
+    }
+}
