@@ -124,7 +124,7 @@ pub async fn reset(source: &SourceConfig) -> Result<OpenSource> {
     let options = ConnectOptions::default();
     let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
         .await
-        .map_err(|err| crate::sources::in_source(&source.name, err))?;
+        .map_err(|err| err.in_source(&source.name))?;
     let queue = Queue::from_backend(&source.name, backend);
     queue.backend().table_drop().await?;
     queue.ensure_table(true).await?;

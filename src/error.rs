@@ -33,7 +33,7 @@ pub enum Error {
     /// to fix it with the source's own `--table` and `--source`.
     #[error("{}", table_missing_message(source_name, table, engine, missing_schema.as_deref()))]
     TableMissing {
-        /// The configured source (empty until [`crate::sources::in_source`] names it, when
+        /// The configured source (empty until [`Error::in_source`] names it, when
         /// the driver found the schema missing while connecting).
         source_name: String,
         /// The (display form of the) table name.
@@ -81,7 +81,7 @@ pub enum Error {
     },
 
     /// A connection to a database server could not be made: refused, the host does not
-    /// resolve, no answer in time (found by [`crate::sources::probe`] while a slow pool
+    /// resolve, no answer in time (found by a TCP probe of the server while a slow pool
     /// connect is still retrying, so the real cause is reported at once instead of a pool
     /// timeout), or the URL looks mistyped (see `hint`).
     #[error("{}", crate::redact::redact_text(&format!("{context}: {reason}{hint}")))]
@@ -164,7 +164,7 @@ fn create_schema_hint(engine: &str, schema: &str) -> String {
 
 impl Error {
     /// [`Error::TableMissing`] for `table`, whose schema does not exist (`source_name`
-    /// is filled in by [`crate::sources::in_source`]).
+    /// is filled in by [`Error::in_source`]).
     pub fn schema_missing(table: &crate::TableName, engine: crate::Engine) -> Error {
         Error::TableMissing {
             source_name: String::new(),
@@ -237,6 +237,35 @@ impl Error {
             Error::MalformedRow { .. } => "malformed_row",
             Error::DeadLettered { .. } => "dead_lettered",
             Error::Bench(_) => "bench",
+        }
+    }
+
+    /// Names the source a connection error happened on (`source `orders`: cannot connect to
+    /// ...`), or whose table's schema the driver found missing. Other errors are returned as
+    /// they are (they name their table or URL already).
+    pub fn in_source(self, source: &str) -> Error {
+        match self {
+            Error::TableMissing {
+                table,
+                engine,
+                missing_schema,
+                ..
+            } => Error::TableMissing {
+                source_name: source.to_owned(),
+                table,
+                engine,
+                missing_schema,
+            },
+            Error::Connect {
+                context,
+                reason,
+                hint,
+            } => Error::Connect {
+                context: format!("source `{source}`: {context}"),
+                reason,
+                hint,
+            },
+            other => other,
         }
     }
 

@@ -76,7 +76,7 @@ impl Queue {
     ) -> Result<Queue> {
         let backend = engine::connect(url, table, options)
             .await
-            .map_err(|err| crate::sources::in_source(name, err))?;
+            .map_err(|err| err.in_source(name))?;
         let queue = Queue::from_backend(name, backend);
         queue.ensure_table(false).await?;
         Ok(queue)

@@ -2,22 +2,14 @@
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
 //! default creates its own on first use).
 //!
-//! Opening a server's pool is watched (by `crate::engine::connect`, so every caller is):
-//! when it has not connected within
-//! [`PROBE_AFTER`], [`probe`] checks (within [`PROBE_TIMEOUT`]) that the host resolves and
-//! its port accepts TCP connections. A refused port then says `connection refused
-//! (host:port)` at once, where the pool alone would retry for its whole acquire timeout
-//! and report only that it timed out; a healthy server costs nothing extra. A URL that
-//! fails to connect and looks like it holds an unescaped `@` (or `/`) in its password gets
-//! a hint to percent-encode it.
+//! Connections fail fast with their cause (a refused port, an unresolvable host, a
+//! mistyped password): see the engine's connection probe.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use crate::config::{self, Config, ConfigRequest, SourceConfig};
 use crate::engine::ConnectOptions;
-use crate::error::{Error, Result};
-use crate::ident::Engine;
+use crate::error::Result;
 use crate::queue::Queue;
 use crate::settings::Settings;
 
@@ -76,7 +68,7 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
     };
     let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
         .await
-        .map_err(|err| in_source(&source.name, err))?;
+        .map_err(|err| err.in_source(&source.name))?;
     let queue = Queue::from_backend(&source.name, backend);
     queue.ensure_table(source.embedded).await?;
     Ok(OpenSource {
@@ -84,221 +76,4 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         queue,
         settings: source.settings.clone(),
     })
-}
-
-/// Names the source a connection error happened on (`source `orders`: cannot connect to
-/// ...`), or whose table's schema the driver found missing. Other errors are returned as
-/// they are (they name their table or URL already).
-pub fn in_source(source: &str, err: Error) -> Error {
-    match err {
-        Error::TableMissing {
-            table,
-            engine,
-            missing_schema,
-            ..
-        } => Error::TableMissing {
-            source_name: source.to_owned(),
-            table,
-            engine,
-            missing_schema,
-        },
-        Error::Connect {
-            context,
-            reason,
-            hint,
-        } => Error::Connect {
-            context: format!("source `{source}`: {context}"),
-            reason,
-            hint,
-        },
-        other => other,
-    }
-}
-
-/// How long [`probe`] waits for the server's host to resolve and its port to answer.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long the pool may take to connect before [`probe`] is asked why (a local server
-/// answers in a few milliseconds; a pool facing a refused port retries until its acquire
-/// timeout).
-pub const PROBE_AFTER: Duration = Duration::from_millis(250);
-
-/// Awaits `connecting` (a driver connecting to `url`); when that takes longer than
-/// [`PROBE_AFTER`], probes the server meanwhile and fails at once with the probe's reason
-/// if it is unreachable. [`crate::engine::connect`] runs every connection through this, so
-/// the CLI, `Queue::connect` and `icq bench` all fail fast on a refused port.
-pub(crate) async fn watch_connect<T>(
-    url: &str,
-    connecting: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    tokio::pin!(connecting);
-    let explain = |err| with_password_hint(url, err);
-    tokio::select! {
-        result = &mut connecting => return result.map_err(explain),
-        () = tokio::time::sleep(PROBE_AFTER) => {}
-    }
-    tokio::select! {
-        result = &mut connecting => return result.map_err(explain),
-        probed = probe(url) => {
-            if let Err(reason) = probed {
-                return Err(connect_error(url, reason));
-            }
-        }
-    }
-    connecting.await.map_err(explain)
-}
-
-/// Checks that the server a database URL names accepts TCP connections, within
-/// [`PROBE_TIMEOUT`]; the error is the reason, e.g. `connection refused (127.0.0.1:1)`.
-///
-/// Nothing is checked for SQLite (a file), for a URL that does not parse or has no host
-/// (the driver reports those), or when the URL's query picks the host, port or a Unix
-/// socket itself (`?host=/run/postgresql`, `?socket=...`).
-pub async fn probe(url: &str) -> std::result::Result<(), String> {
-    let Some((host, port)) = probe_target(url) else {
-        return Ok(());
-    };
-    reach(&host, port).await
-}
-
-/// The host and port [`probe`] connects to, when it applies to `url`.
-fn probe_target(url: &str) -> Option<(String, u16)> {
-    let default_port = match Engine::from_url(url).ok()? {
-        Engine::Postgres => 5432,
-        Engine::Mysql => 3306,
-        Engine::Sqlite | Engine::SqlServer => return None,
-    };
-    let parsed = url::Url::parse(url).ok()?;
-    let chooses_its_own = parsed
-        .query_pairs()
-        .any(|(key, _)| matches!(key.as_ref(), "host" | "hostaddr" | "port" | "socket"));
-    if chooses_its_own {
-        return None;
-    }
-    let host = match parsed.host()? {
-        url::Host::Domain(name) => name.to_owned(),
-        url::Host::Ipv4(ip) => ip.to_string(),
-        url::Host::Ipv6(ip) => ip.to_string(),
-    };
-    Some((host, parsed.port().unwrap_or(default_port)))
-}
-
-/// Resolves `host` and tries each of its addresses until one accepts a TCP connection.
-async fn reach(host: &str, port: u16) -> std::result::Result<(), String> {
-    let shown = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    let seconds = PROBE_TIMEOUT.as_secs();
-    let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
-    let addresses = tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port)))
-        .await
-        .map_err(|_| format!("host `{host}` did not resolve within {seconds} s"))?
-        .map_err(|err| format!("cannot resolve host `{host}` ({err})"))?;
-    let mut last_error = None;
-    for address in addresses {
-        match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(address)).await {
-            Ok(Ok(_connected)) => return Ok(()),
-            Ok(Err(err)) => last_error = Some(err),
-            Err(_) => return Err(format!("no answer from {shown} within {seconds} s")),
-        }
-    }
-    Err(match last_error {
-        Some(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
-            format!("connection refused ({shown})")
-        }
-        Some(err) => format!("cannot connect to {shown}: {err}"),
-        None => format!("host `{host}` resolved to no address"),
-    })
-}
-
-/// The error for a server that could not be reached.
-fn connect_error(url: &str, reason: String) -> Error {
-    Error::Connect {
-        context: format!("cannot connect to {}", crate::redact::redact_url(url)),
-        reason,
-        hint: password_hint(url),
-    }
-}
-
-/// A failed connection keeps its error, unless the URL looks mistyped: then it becomes a
-/// [`Error::Connect`] carrying the driver's reason and the hint.
-fn with_password_hint(url: &str, err: Error) -> Error {
-    if password_hint(url).is_empty() {
-        return err;
-    }
-    let reason = match &err {
-        Error::Database { cause, .. } => {
-            crate::error::without_line_suffix(&cause.to_string()).to_owned()
-        }
-        other => other.to_string(),
-    };
-    connect_error(url, reason)
-}
-
-/// `; hint: ...` when the user information of `url` seems to hold an unescaped `@` or
-/// `/`: more than one `@` before the query, or an `@` after the first `/` of the
-/// authority. Empty otherwise.
-pub fn password_hint(url: &str) -> String {
-    let Some((_, rest)) = url.split_once("://") else {
-        return String::new();
-    };
-    let before_query = rest.split(['?', '#']).next().unwrap_or(rest);
-    let at_signs = before_query.matches('@').count();
-    let at_after_slash = before_query
-        .split_once('/')
-        .is_some_and(|(_, path)| path.contains('@'));
-    if at_signs > 1 || at_after_slash {
-        "; hint: the URL's password seems to hold a `@` or `/`: percent-encode such \
-         characters in the user and password (`@` is %40, `/` is %2F, `:` is %3A, `#` is \
-         %23, `?` is %3F), so that a password `s3cr@t` is written `s3cr%40t`"
-            .to_owned()
-    } else {
-        String::new()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn probe_targets_servers_only() {
-        assert_eq!(
-            probe_target("postgres://u:p@db.example:6000/x"),
-            Some(("db.example".into(), 6000))
-        );
-        assert_eq!(
-            probe_target("mariadb://root@127.0.0.1/x"),
-            Some(("127.0.0.1".into(), 3306))
-        );
-        assert_eq!(
-            probe_target("postgres://[::1]/x"),
-            Some(("::1".into(), 5432))
-        );
-        assert_eq!(probe_target("sqlite:app.db"), None);
-        assert_eq!(probe_target("postgres:///x?host=/run/postgresql"), None);
-        assert_eq!(probe_target("postgres://localhost/x?port=5433"), None);
-    }
-
-    #[test]
-    fn password_hint_spots_unescaped_at_signs() {
-        assert!(password_hint("postgres://u:p%40ss@host/db").is_empty());
-        assert!(password_hint("postgres://u:pass@host/db").is_empty());
-        assert!(password_hint("postgres://u:p@ss@host/db").contains("%40"));
-        assert!(password_hint("mysql://u:p/ss@host/db").contains("%40"));
-        assert!(password_hint("postgres://host/db?password=a@b").is_empty());
-        assert!(password_hint("sqlite:a@b.db").is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_refused_port_is_reported_at_once() {
-        let started = std::time::Instant::now();
-        let err = probe("postgres://u:secret@127.0.0.1:1/db")
-            .await
-            .unwrap_err();
-        assert_eq!(err, "connection refused (127.0.0.1:1)");
-        assert!(started.elapsed() < Duration::from_secs(2));
-    }
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub(crate) mod decode;
 pub mod mysql;
 pub mod postgres;
+pub(crate) mod probe;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -293,7 +294,7 @@ impl Default for ConnectOptions {
 }
 
 /// Opens a driver for `url` (engine from the scheme) on `table`. A server that has not
-/// answered within [`crate::sources::PROBE_AFTER`] is probed meanwhile: a refused port or
+/// answered within [`probe::PROBE_AFTER`] is probed meanwhile: a refused port or
 /// a host that does not resolve fails at once with [`crate::Error::Connect`] naming the
 /// cause, instead of after the pool's whole `acquire_timeout`.
 pub async fn connect(
@@ -301,7 +302,7 @@ pub async fn connect(
     table: &TableName,
     options: &ConnectOptions,
 ) -> Result<Arc<dyn Backend>> {
-    crate::sources::watch_connect(url, connect_driver(url, table, options)).await
+    probe::watch_connect(url, connect_driver(url, table, options)).await
 }
 
 /// The driver for `url`'s engine, connected (unwatched: see [`connect`]).
