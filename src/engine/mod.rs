@@ -45,6 +45,15 @@ pub struct ClaimParams {
     pub types: Option<Arc<[String]>>,
 }
 
+/// Which leases to extend, and for how long from the database's `now`.
+#[derive(Debug, Clone)]
+pub struct LeaseExtendManyParams {
+    /// The leases (id and token) still held.
+    pub leases: Vec<Lease>,
+    /// The new lease: each is held until `now + lease`.
+    pub lease: Duration,
+}
+
 /// One claimed row's lease: the pair every outcome stamp is guarded by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lease {
@@ -190,27 +199,43 @@ pub struct Activity {
     pub running: u64,
 }
 
-/// The queue operations of one source's table.
+/// A source's connection lifecycle, apart from its queries: what it is connected to,
+/// creating and dropping its table, listening for inserts, closing.
 #[async_trait]
-pub trait QueueOps: Send + Sync + 'static {
+pub trait Lifecycle: Send + Sync + 'static {
     /// The engine this driver speaks.
     fn engine(&self) -> Engine;
 
     /// The table it works on.
     fn table(&self) -> &TableName;
 
+    /// Whether the commands table exists.
+    async fn table_exists(&self) -> Result<bool>;
+
+    /// Runs a DDL script (the embedded default creating its table on first use).
+    async fn schema_apply(&self, ddl: &str) -> Result<()>;
+
+    /// Starts listening for inserts committed by any client, signalling `notify` on each.
+    /// Returns `false` where the engine has no such mechanism (the poll covers it).
+    async fn listen(&self, notify: Arc<Notify>) -> Result<bool>;
+
+    /// Closes the connection pool.
+    async fn close(&self);
+
+    /// Drops the table and everything its migration created with it (the down script of
+    /// [`crate::schema::render`]), if it exists: `icq bench` removes its scratch table.
+    async fn table_drop(&self) -> Result<()>;
+}
+
+/// The queue operations of one source's table.
+#[async_trait]
+pub trait QueueOps: Send + Sync + 'static {
     /// How many claims one processor runs at once on this engine. More claims in flight
     /// keep more backends working on a backlog; where concurrent `SKIP LOCKED` claims
     /// contend (InnoDB), fewer do better. See [`MAX_CLAIMS_IN_FLIGHT`].
     fn claims_in_flight(&self) -> usize {
         MAX_CLAIMS_IN_FLIGHT
     }
-
-    /// Whether the commands table exists.
-    async fn table_exists(&self) -> Result<bool>;
-
-    /// Runs a DDL script (the embedded default creating its table on first use).
-    async fn schema_apply(&self, ddl: &str) -> Result<()>;
 
     /// Inserts one command on its own (autocommit) and returns its id.
     async fn command_insert(&self, command: &NewCommand) -> Result<CommandId>;
@@ -243,7 +268,7 @@ pub trait QueueOps: Send + Sync + 'static {
 
     /// Extends the leases still held to `now + lease`, guarded by each token; returns
     /// the leases that were extended (the others were lost to another claim).
-    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>>;
+    async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>>;
 
     /// Deletes up to `limit` completed rows older than `older_than`; returns how many,
     /// or `None` when another replica holds the sweep lock (PostgreSQL advisory lock,
@@ -253,27 +278,17 @@ pub trait QueueOps: Send + Sync + 'static {
     /// How many rows are due and running right now.
     async fn activity(&self) -> Result<Activity>;
 
-    /// Starts listening for inserts committed by any client, signalling `notify` on each.
-    /// Returns `false` where the engine has no such mechanism (the poll covers it).
-    async fn listen(&self, notify: Arc<Notify>) -> Result<bool>;
-
-    /// Closes the connection pool.
-    async fn close(&self);
-
     /// Inserts `rows` completed rows (`ProcessedAt` = now, type `bench.retained`) in a
     /// few set-based statements, for `icq bench`'s claim measurement with a large
     /// retained history. Not part of the queue path.
     async fn bench_fill_completed(&self, rows: u64) -> Result<()>;
-
-    /// Drops the table and everything its migration created with it (the down script of
-    /// [`crate::schema::render`]), if it exists: `icq bench` removes its scratch table.
-    async fn table_drop(&self) -> Result<()>;
 }
 
-/// Everything one source's driver offers: queue operations plus operator queries.
-pub trait Backend: QueueOps + AdminOps {}
+/// Everything one source's driver offers: its lifecycle, queue operations and operator
+/// queries.
+pub trait Backend: Lifecycle + QueueOps + AdminOps {}
 
-impl<T: QueueOps + AdminOps> Backend for T {}
+impl<T: Lifecycle + QueueOps + AdminOps> Backend for T {}
 
 /// Connection options for a driver.
 #[derive(Debug, Clone)]

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::command::CommandId;
-use crate::engine::{Backend, Lease};
+use crate::engine::{Backend, Lease, LeaseExtendManyParams};
 
 /// One held lease.
 struct Held {
@@ -163,7 +163,11 @@ pub(crate) async fn renew_loop(
                 let started = Instant::now();
                 // A slow or hung statement must not stop the lapse check: an execution
                 // whose lease runs out while we wait is cancelled all the same.
-                let extend = backend.lease_extend_many(chunk, lease);
+                let params = LeaseExtendManyParams {
+                    leases: chunk.to_vec(),
+                    lease,
+                };
+                let extend = backend.lease_extend_many(&params);
                 tokio::pin!(extend);
                 let outcome = loop {
                     tokio::select! {

@@ -18,8 +18,8 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
-    marks,
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
+    QueueOps, SetState, SweepParams, marks,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -356,39 +356,10 @@ impl MySqlDriver {
 
 #[async_trait]
 impl QueueOps for MySqlDriver {
-    fn engine(&self) -> Engine {
-        Engine::Mysql
-    }
-
     /// Two: four replicas with four claims each drained at 0.61× one replica (InnoDB's
     /// `SKIP LOCKED` claims contend on the same index range), two claims each at 0.96×.
     fn claims_in_flight(&self) -> usize {
         2
-    }
-
-    fn table(&self) -> &TableName {
-        &self.table
-    }
-
-    async fn table_exists(&self) -> Result<bool> {
-        let found: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
-        )
-        .bind(self.table.schema())
-        .bind(self.table.name())
-        .fetch_one(&self.pool)
-        .await
-        .map_err(Error::db(self.ctx("looking up the commands table")))?;
-        Ok(found > 0)
-    }
-
-    async fn schema_apply(&self, ddl: &str) -> Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("creating the commands table")))?;
-        Ok(())
     }
 
     async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
@@ -473,7 +444,8 @@ impl QueueOps for MySqlDriver {
         self.set_state_on(&mut conn, changes).await
     }
 
-    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+    async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
+        let (leases, lease) = (params.leases.as_slice(), params.lease);
         let ctx = || self.ctx("extending leases");
         let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
         let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
@@ -534,14 +506,6 @@ impl QueueOps for MySqlDriver {
         super::decode_activity(&row)
     }
 
-    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
-        Ok(false)
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
     async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
         // MariaDB caps recursive CTEs at 1000 iterations by default, so the rows come from
         // a cross join of five ten-row tables (100,000 rows a statement at most).
@@ -570,6 +534,46 @@ impl QueueOps for MySqlDriver {
             left -= n;
         }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl Lifecycle for MySqlDriver {
+    fn engine(&self) -> Engine {
+        Engine::Mysql
+    }
+
+    fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    async fn table_exists(&self) -> Result<bool> {
+        let found: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+        )
+        .bind(self.table.schema())
+        .bind(self.table.name())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(Error::db(self.ctx("looking up the commands table")))?;
+        Ok(found > 0)
+    }
+
+    async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("creating the commands table")))?;
+        Ok(())
+    }
+
+    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
+        Ok(false)
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
     }
 
     async fn table_drop(&self) -> Result<()> {

@@ -21,7 +21,8 @@ use sqlx::postgres::PgValueFormat;
 
 use super::decode::{Decoder, text_columns};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
+    QueueOps, SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -486,31 +487,6 @@ impl PgDriver {
 
 #[async_trait]
 impl QueueOps for PgDriver {
-    fn engine(&self) -> Engine {
-        Engine::Postgres
-    }
-
-    fn table(&self) -> &TableName {
-        &self.table
-    }
-
-    async fn table_exists(&self) -> Result<bool> {
-        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-            .bind(&self.t)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("looking up the commands table")))?;
-        Ok(found.is_some())
-    }
-
-    async fn schema_apply(&self, ddl: &str) -> Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("creating the commands table")))?;
-        Ok(())
-    }
-
     async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
         let mut conn = self
             .pool
@@ -609,7 +585,8 @@ impl QueueOps for PgDriver {
         Ok(done.rows_affected())
     }
 
-    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+    async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
+        let (leases, lease) = (params.leases.as_slice(), params.lease);
         let (ids, tokens) = lease_arrays(leases.iter());
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(ids)
@@ -661,6 +638,51 @@ impl QueueOps for PgDriver {
         super::decode_activity(&row)
     }
 
+    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+        let sql = format!(
+            r#"INSERT INTO {} ("Type", "Payload", "CreatedAt", "RunAt", "Attempts", "ProcessedAt")
+               SELECT 'bench.retained', '{{}}'::jsonb, now(), now(), 1, now()
+               FROM generate_series(1::bigint, $1::bigint)"#,
+            self.t
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("inserting completed rows for the benchmark"),
+            ))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Lifecycle for PgDriver {
+    fn engine(&self) -> Engine {
+        Engine::Postgres
+    }
+
+    fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    async fn table_exists(&self) -> Result<bool> {
+        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+            .bind(&self.t)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("looking up the commands table")))?;
+        Ok(found.is_some())
+    }
+
+    async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("creating the commands table")))?;
+        Ok(())
+    }
+
     async fn listen(&self, notify: Arc<Notify>) -> Result<bool> {
         let channel = crate::schema::notify_channel(&self.table);
         let mut listener = PgListener::connect(&self.url)
@@ -700,23 +722,6 @@ impl QueueOps for PgDriver {
         }
         self.work.close().await;
         self.pool.close().await;
-    }
-
-    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
-        let sql = format!(
-            r#"INSERT INTO {} ("Type", "Payload", "CreatedAt", "RunAt", "Attempts", "ProcessedAt")
-               SELECT 'bench.retained', '{{}}'::jsonb, now(), now(), 1, now()
-               FROM generate_series(1::bigint, $1::bigint)"#,
-            self.t
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(
-                self.ctx("inserting completed rows for the benchmark"),
-            ))?;
-        Ok(())
     }
 
     async fn table_drop(&self) -> Result<()> {

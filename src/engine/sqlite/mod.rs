@@ -22,7 +22,8 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, QueueOps, SetState, SweepParams,
+    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
+    QueueOps, SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt, format_timestamp, parse_timestamp};
 use crate::error::{Error, Result};
@@ -435,34 +436,6 @@ impl SqliteDriver {
 
 #[async_trait]
 impl QueueOps for SqliteDriver {
-    fn engine(&self) -> Engine {
-        Engine::Sqlite
-    }
-
-    fn table(&self) -> &TableName {
-        &self.table
-    }
-
-    async fn table_exists(&self) -> Result<bool> {
-        let (schema, name) = (self.table.schema().unwrap_or("main"), self.table.name());
-        let master = format!("{}.sqlite_master", Engine::Sqlite.quote_ident(schema));
-        let sql = format!("SELECT COUNT(*) FROM {master} WHERE type = 'table' AND name = ?");
-        let found: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("looking up the commands table")))?;
-        Ok(found > 0)
-    }
-
-    async fn schema_apply(&self, ddl: &str) -> Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("creating the commands table")))?;
-        Ok(())
-    }
-
     async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
         let mut conn = self
             .pool
@@ -541,7 +514,8 @@ impl QueueOps for SqliteDriver {
         self.set_state_on(&mut conn, changes).await
     }
 
-    async fn lease_extend_many(&self, leases: &[Lease], lease: Duration) -> Result<Vec<Lease>> {
+    async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
+        let (leases, lease) = (params.leases.as_slice(), params.lease);
         let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(json)
@@ -578,14 +552,6 @@ impl QueueOps for SqliteDriver {
         super::decode_activity(&row)
     }
 
-    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
-        Ok(false)
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
     async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
         if rows == 0 {
             return Ok(());
@@ -604,6 +570,45 @@ impl QueueOps for SqliteDriver {
                 self.ctx("inserting completed rows for the benchmark"),
             ))?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl Lifecycle for SqliteDriver {
+    fn engine(&self) -> Engine {
+        Engine::Sqlite
+    }
+
+    fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    async fn table_exists(&self) -> Result<bool> {
+        let (schema, name) = (self.table.schema().unwrap_or("main"), self.table.name());
+        let master = format!("{}.sqlite_master", Engine::Sqlite.quote_ident(schema));
+        let sql = format!("SELECT COUNT(*) FROM {master} WHERE type = 'table' AND name = ?");
+        let found: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("looking up the commands table")))?;
+        Ok(found > 0)
+    }
+
+    async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("creating the commands table")))?;
+        Ok(())
+    }
+
+    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
+        Ok(false)
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
     }
 
     async fn table_drop(&self) -> Result<()> {
