@@ -375,6 +375,13 @@ pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// The driver conformance suite (`tests/driver/`): every driver through this seam, on
+/// every engine. Compiled into the library's unit tests so it needs no public driver:
+/// `cargo test --lib engine::conformance`.
+#[cfg(test)]
+#[path = "../../tests/driver/mod.rs"]
+mod conformance;
+
 #[cfg(test)]
 mod tests {
     use super::bounded;

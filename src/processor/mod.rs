@@ -257,22 +257,17 @@ impl SourceWorker {
         if running > 0 && !self.options.until_idle {
             tracing::info!(source = %src.name, running, "waiting for in-flight commands");
         }
-        let drained = tokio::time::timeout(self.options.shutdown_grace, async {
-            while slots.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(source = %src.name, "shutdown grace ran out; stopping the commands still running");
-            leases.cancel_all();
-            while slots.join_next().await.is_some() {}
-        }
-        // Rows still buffered never started: give them back at once.
+        // Rows still buffered never started: give them back at once, not after the grace
+        // (the slots let go of the buffer as soon as they are told to stop taking rows).
         let mut released = 0;
         {
             let mut buffer = shared.buffer_rx.lock().await;
             buffer.close();
             while let Ok(item) = buffer.try_recv() {
                 released += 1;
+                shared
+                    .buffered
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 shared
                     .outbox
                     .push(SetState {
@@ -284,6 +279,15 @@ impl SourceWorker {
         }
         if released > 0 {
             tracing::info!(source = %src.name, released, "released the leases of claimed commands that had not started");
+        }
+        let drained = tokio::time::timeout(self.options.shutdown_grace, async {
+            while slots.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(source = %src.name, "shutdown grace ran out; stopping the commands still running");
+            leases.cancel_all();
+            while slots.join_next().await.is_some() {}
         }
         drop(shared);
         outbox.close();

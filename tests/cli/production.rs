@@ -30,16 +30,35 @@ impl Seen {
     }
 }
 
+/// A listener on 127.0.0.1 that only counts the connections made to it: where the test
+/// server's redirect points. Anything reaching it means a redirect was followed.
+async fn redirect_target() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = stream
+                .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                .await;
+        }
+    });
+    (port, hits)
+}
+
 /// A minimal HTTP/1.1 server on 127.0.0.1: `/ok` answers 204, `/fail` 500 with a body,
-/// `/away` a redirect to another host. Records every request.
-async fn http_server() -> (u16, Arc<Mutex<Vec<Seen>>>) {
+/// `/away` a 302 to `away` (another origin), `/here` a 307 to `/ok` on this same server.
+/// Records every request.
+async fn http_server(away: String) -> (u16, Arc<Mutex<Vec<Seen>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let log = seen.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let log = log.clone();
+            let (log, away) = (log.clone(), away.clone());
             tokio::spawn(async move {
                 let (read, mut write) = stream.into_split();
                 let mut reader = BufReader::new(read);
@@ -74,7 +93,8 @@ async fn http_server() -> (u16, Arc<Mutex<Vec<Seen>>>) {
                 });
                 let response = match path.as_str() {
                     "/ok" => "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".to_owned(),
-                    "/away" => "HTTP/1.1 302 Found\r\nlocation: http://example.invalid/x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
+                    "/away" => format!("HTTP/1.1 302 Found\r\nlocation: {away}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
+                    "/here" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /ok?redirected=1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
                     _ => "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 19\r\nconnection: close\r\n\r\noops: database down".to_owned(),
                 };
                 let _ = write.write_all(response.as_bytes()).await;
@@ -117,14 +137,16 @@ fn run_until_idle(config: &std::path::Path) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn http_handler_posts_payload_and_context_headers() {
-    let (port, seen) = http_server().await;
+    let (away_port, away_hits) = redirect_target().await;
+    let away = format!("http://127.0.0.1:{away_port}/x");
+    let (port, seen) = http_server(away.clone()).await;
     let db = TestDb::with_table("sqlite", "http").await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("icq.yaml");
     std::fs::write(
         &config,
         format!(
-            "sources:\n  - name: web\n    url: \"{url}\"\nhandlers:\n  hooks.ok:\n    http: {{ url: \"http://127.0.0.1:{port}/ok\", headers: {{ Authorization: \"Bearer ${{HOOK_TOKEN}}\" }} }}\n    timeout_seconds: 5\n  hooks.fail:\n    http: {{ url: \"http://127.0.0.1:{port}/fail\" }}\n  hooks.away:\n    http: {{ url: \"http://127.0.0.1:{port}/away\" }}\n",
+            "sources:\n  - name: web\n    url: \"{url}\"\nhandlers:\n  hooks.ok:\n    http: {{ url: \"http://127.0.0.1:{port}/ok\", headers: {{ Authorization: \"Bearer ${{HOOK_TOKEN}}\" }} }}\n    timeout_seconds: 5\n  hooks.fail:\n    http: {{ url: \"http://127.0.0.1:{port}/fail\" }}\n  hooks.away:\n    http: {{ url: \"http://127.0.0.1:{port}/away\" }}\n  hooks.here:\n    http: {{ url: \"http://127.0.0.1:{port}/here\" }}\n",
             url = db.url
         ),
     )
@@ -143,6 +165,7 @@ async fn http_handler_posts_payload_and_context_headers() {
     .await;
     insert(&db, "hooks.fail", "{}", &[]).await;
     insert(&db, "hooks.away", "{}", &[]).await;
+    insert(&db, "hooks.here", "{}", &[]).await;
     let out = icq()
         .args(["work", "--until-idle", "--config"])
         .arg(&config)
@@ -175,10 +198,27 @@ async fn http_handler_posts_payload_and_context_headers() {
         assert_eq!(ok.header(name), Some(value), "header {name}");
     }
     assert_eq!(ok.header("x-icq-command-id").map(str::len), Some(36));
-    assert!(
-        !seen.iter().any(|s| s.path == "/x"),
-        "no cross-host redirect followed"
+    assert_eq!(
+        away_hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the redirect to another origin was not followed: its target saw no connection"
     );
+    assert_eq!(
+        seen.iter().filter(|s| s.path == "/ok").count(),
+        1,
+        "the same-host redirect to /ok was not followed either: /ok saw only its own hook"
+    );
+    assert!(
+        !seen.iter().any(|s| s.path.contains("redirected")),
+        "{seen:?}"
+    );
+    for path in ["/away", "/here"] {
+        assert_eq!(
+            seen.iter().filter(|s| s.path == path).count(),
+            1,
+            "{path} was posted to once (the failed attempt retries later)"
+        );
+    }
 
     let t = db.q("InternalCommands");
     let (ty, le, p) = (db.q("Type"), db.q("LastError"), db.q("ProcessedAt"));
@@ -194,7 +234,11 @@ async fn http_handler_posts_payload_and_context_headers() {
         1
     );
     assert_eq!(
-        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.away' AND {le} = 'HTTP 302 redirect to http://example.invalid/x not followed: icq POSTs only to the configured URL' ")).await,
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.away' AND {le} = 'HTTP 302 redirect to {away} not followed: icq POSTs only to the configured URL' AND {p} IS NULL")).await,
+        1
+    );
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.here' AND {le} LIKE 'HTTP 307 redirect to % not followed: icq POSTs only to the configured URL' AND {p} IS NULL")).await,
         1
     );
 }

@@ -103,12 +103,15 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
     );
 }
 
+/// SIGTERM with one command running and two claimed but not started (concurrency 1,
+/// all three in one claim): the running one finishes within the grace, the two buffered
+/// ones are released with their attempt given back, and the worker exits 0.
 async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) {
     let db = TestDb::with_table(engine, "sigterm").await;
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let handler = format!(
-        "  slow.test:\n    exec: [\"sh\", \"-c\", \"echo x >> {}; sleep 1\"]\n",
+        "  slow.test:\n    exec: [\"sh\", \"-c\", \"echo x >> {}; sleep 2\"]\n",
         started.display()
     );
     let config = write_config(
@@ -130,24 +133,41 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         wait_for(Duration::from_secs(20), || started.exists()).await,
         "a command started"
     );
-    signal(&worker, nix::sys::signal::Signal::SIGTERM);
-    let status = worker.wait().unwrap();
-    assert!(status.success(), "exit 0 after SIGTERM, got {status:?}");
     let (t, p, l) = (
         db.q("InternalCommands"),
         db.q("ProcessedAt"),
         db.q("LockToken"),
     );
+    let leased = format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.scalar_i64(&leased).await < 3 {
+        assert!(Instant::now() < deadline, "all three rows claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let status = worker.wait().unwrap();
+    assert!(status.success(), "exit 0 after SIGTERM, got {status:?}");
+    assert_eq!(
+        std::fs::read_to_string(&started).unwrap().lines().count(),
+        1,
+        "only the running command started"
+    );
     let done = db
         .scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
         .await;
-    assert!(done >= 1, "the in-flight command finished");
-    assert!(done < 3, "the worker stopped claiming");
     assert_eq!(
-        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL"))
-            .await,
-        0,
-        "no lease left behind"
+        done, 1,
+        "the in-flight command finished, the worker stopped claiming"
+    );
+    assert_eq!(db.scalar_i64(&leased).await, 0, "no lease left behind");
+    let (a, u) = (db.q("Attempts"), db.q("LockedUntil"));
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {p} IS NULL AND {a} = 0 AND {u} IS NULL"
+        ))
+        .await,
+        2,
+        "the two buffered commands were released with their attempt given back"
     );
 
     // Past the grace period, the unfinished command's lease is released, not left to expire.
@@ -179,6 +199,83 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
     );
 }
 
+/// `requires_roles` from the config file is checked against the captured roles: a row
+/// whose principal has the role runs; one whose principal lacks it (or has no roles) is
+/// dead-lettered on its first attempt with the reason, and its program never starts.
+async fn requires_roles_from_the_config_file(engine: &'static str) {
+    let db = TestDb::with_table(engine, "roles").await;
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    std::fs::create_dir(&ran).unwrap();
+    let handler = format!(
+        "  orders.guarded:\n    exec: [\"sh\", \"-c\", \"touch {}/$ICQ_USER_ID\"]\n    requires_roles: [orders.write]\n",
+        ran.display()
+    );
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        "      polling_interval_seconds: 0.1",
+        &handler,
+    );
+    let (t, ty, pl, user, roles) = (
+        db.q("InternalCommands"),
+        db.q("Type"),
+        db.q("Payload"),
+        db.q("UserId"),
+        db.q("Roles"),
+    );
+    for (who, granted) in [
+        ("writer", r#"'["staff","orders.write"]'"#),
+        ("reader", r#"'["orders.read"]'"#),
+        ("nobody", "NULL"),
+    ] {
+        db.execute(&format!(
+            "INSERT INTO {t} ({ty}, {pl}, {user}, {roles}) VALUES ('orders.guarded', '{{}}', '{who}', {granted})"
+        ))
+        .await;
+    }
+    let out = icq()
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut started: Vec<String> = std::fs::read_dir(&ran)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    started.sort();
+    assert_eq!(started, ["writer"], "only the principal with the role ran");
+    let (p, d, a, le) = (
+        db.q("ProcessedAt"),
+        db.q("DeadLetteredAt"),
+        db.q("Attempts"),
+        db.q("LastError"),
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {user} = 'writer' AND {p} IS NOT NULL AND {a} = 1"
+        ))
+        .await,
+        1
+    );
+    for who in ["reader", "nobody"] {
+        assert_eq!(
+            db.scalar_i64(&format!(
+                "SELECT COUNT(*) FROM {t} WHERE {user} = '{who}' AND {d} IS NOT NULL AND {p} IS NULL \
+                 AND {a} = 1 AND {le} = 'forbidden: principal {who} lacks required role(s) orders.write'"
+            ))
+            .await,
+            1,
+            "{who} is dead-lettered on its first attempt with the reason"
+        );
+    }
+}
+
 macro_rules! per_engine {
     ($($name:ident),*) => {
         mod postgres { $( #[tokio::test(flavor = "multi_thread")] async fn $name() { super::$name("postgres").await } )* }
@@ -189,7 +286,8 @@ macro_rules! per_engine {
 
 per_engine!(
     killed_mid_handler_runs_again_after_the_lease,
-    sigterm_finishes_in_flight_and_releases_the_rest
+    sigterm_finishes_in_flight_and_releases_the_rest,
+    requires_roles_from_the_config_file
 );
 
 #[tokio::test]

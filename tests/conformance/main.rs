@@ -25,6 +25,9 @@ for_each_engine!(
     stale_lease_outcome_is_dropped,
     lease_is_renewed_while_the_handler_runs,
     shutdown_releases_unstarted_and_finishes_in_flight,
+    shutdown_releases_buffered_rows_at_once,
+    processing_delay_holds_young_rows_back,
+    retention_sweep_loop_keeps_dead_letters,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

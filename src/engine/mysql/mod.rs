@@ -119,13 +119,19 @@ impl Sql {
     }
 }
 
-/// The select of a claim; with `types`, only those types.
-fn claim_select_sql(t: &str, types: usize) -> String {
-    let filter = if types == 0 {
+/// The select of a claim; with `types`, only those types; never the `except` ids that
+/// follow them (the rows the same transaction has just stamped, which a release or a
+/// retry without delay leaves due, are not claimed back, as on PostgreSQL, whose one
+/// statement sees them leased).
+fn claim_select_sql(t: &str, types: usize, except: usize) -> String {
+    let mut filter = if types == 0 {
         String::new()
     } else {
         format!(" AND `Type` IN ({})", marks(types))
     };
+    if except > 0 {
+        filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
+    }
     format!(
         "SELECT `Id` FROM {t} \
          WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
@@ -282,19 +288,25 @@ impl MySqlDriver {
         format!("{what} ({})", self.table)
     }
 
-    /// The claim's three statements, inside the caller's transaction.
+    /// The claim's three statements, inside the caller's transaction; never the rows of
+    /// `except`.
     async fn claim_on(
         &self,
         conn: &mut MySqlConnection,
         params: &ClaimParams,
+        except: &[SetState],
     ) -> Result<Vec<ClaimedRow>> {
         let t = &self.t;
         let ctx = || self.ctx("claiming due commands");
         let types = params.types.as_deref().unwrap_or(&[]);
-        let mut select = sqlx::query_scalar(AssertSqlSafe(claim_select_sql(t, types.len())))
-            .bind(micros(params.processing_delay));
+        let sql = claim_select_sql(t, types.len(), except.len());
+        let mut select =
+            sqlx::query_scalar(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
         for type_name in types {
             select = select.bind(type_name.clone());
+        }
+        for change in except {
+            select = select.bind(change.lease.id.as_str().to_owned());
         }
         let ids: Vec<String> = select
             .bind(i64::from(params.limit))
@@ -405,7 +417,7 @@ impl QueueOps for MySqlDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let claimed = self.claim_on(&mut tx, params).await?;
+        let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
         Ok(claimed)
     }
@@ -418,7 +430,7 @@ impl QueueOps for MySqlDriver {
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
-        let claimed = self.claim_on(&mut tx, params).await?;
+        let claimed = self.claim_on(&mut tx, params, changes).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
         Ok((stamped, claimed))
     }

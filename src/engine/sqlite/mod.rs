@@ -46,6 +46,10 @@ struct Sql {
     insert: Arc<str>,
     claim: Arc<str>,
     claim_types: Arc<str>,
+    /// The claims of [`QueueOps::command_set_state_and_claim`]: the rows its stamps name
+    /// (a JSON array of ids, the last parameter) are not claimed back.
+    claim_except: Arc<str>,
+    claim_types_except: Arc<str>,
     set_state: Arc<str>,
     extend: Arc<str>,
     sweep: Arc<str>,
@@ -74,7 +78,9 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 /// `'tomorrow'` sorts after every real timestamp and would never be due: rows whose
 /// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) are claimed as well, a
 /// few at a time from the same index, and the executor dead-letters them with the
-/// column named. Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
+/// column named. A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
+/// it would otherwise look held forever, so the row is claimed and the lease rewritten.
+/// Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
 fn claim_sql(t: &str, type_filter: &str) -> String {
     format!(
         r#"UPDATE {t}
@@ -85,7 +91,7 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" <= {NOW}
-                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
                      AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
                           OR "CreatedAt" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
@@ -96,11 +102,21 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" >= ':'
-                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW}){type_filter}
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10))
            RETURNING *"#
     )
+}
+
+/// The claim's filter on `types` (a JSON array, `?5`).
+const TYPES_FILTER: &str = "\n                 AND \"Type\" IN (SELECT value FROM json_each(?5))";
+
+/// The claim's filter leaving out the ids of a JSON array (parameter `?n`): the rows the
+/// same transaction has just stamped, which a release or a retry without delay leaves
+/// due, are not claimed back (as on PostgreSQL, whose one statement sees them leased).
+fn except_filter(n: usize) -> String {
+    format!("\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))")
 }
 
 /// Whether a row's `Id` is not text (a BLOB another program wrote): such a row can be
@@ -126,11 +142,10 @@ impl Sql {
         Sql {
             insert: insert_sql(t).into(),
             claim: claim_sql(t, "").into(),
-            claim_types: claim_sql(
-                t,
-                "\n                 AND \"Type\" IN (SELECT value FROM json_each(?5))",
-            )
-            .into(),
+            claim_types: claim_sql(t, TYPES_FILTER).into(),
+            claim_except: claim_sql(t, &except_filter(5)).into(),
+            claim_types_except: claim_sql(t, &format!("{TYPES_FILTER}{}", except_filter(6)))
+                .into(),
             // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
             set_state: format!(
                 r#"UPDATE {t} AS c
@@ -388,14 +403,18 @@ impl SqliteDriver {
         Ok(())
     }
 
+    /// Claims; with `except` (a JSON array of ids), never those rows.
     async fn claim_on(
         &self,
         conn: &mut SqliteConnection,
         params: &ClaimParams,
+        except: Option<String>,
     ) -> Result<Vec<ClaimedRow>> {
-        let sql = match params.types {
-            Some(_) => &self.sql.claim_types,
-            None => &self.sql.claim,
+        let sql = match (&params.types, &except) {
+            (Some(_), Some(_)) => &self.sql.claim_types_except,
+            (Some(_), None) => &self.sql.claim_types,
+            (None, Some(_)) => &self.sql.claim_except,
+            (None, None) => &self.sql.claim,
         };
         let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(params.token.to_string())
@@ -404,6 +423,9 @@ impl SqliteDriver {
             .bind(i64::from(params.limit));
         if let Some(types) = &params.types {
             query = query.bind(serde_json::to_string(&types[..]).unwrap_or_default());
+        }
+        if let Some(except) = except {
+            query = query.bind(except);
         }
         let rows = query
             .fetch_all(&mut *conn)
@@ -476,7 +498,7 @@ impl QueueOps for SqliteDriver {
             .acquire()
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        self.claim_on(&mut conn, params).await
+        self.claim_on(&mut conn, params, None).await
     }
 
     async fn command_set_state_and_claim(
@@ -488,7 +510,9 @@ impl QueueOps for SqliteDriver {
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
-        let claimed = self.claim_on(&mut tx, params).await?;
+        let stamped_ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
+        let except = serde_json::to_string(&stamped_ids).unwrap_or_else(|_| "[]".into());
+        let claimed = self.claim_on(&mut tx, params, Some(except)).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
         Ok((stamped, claimed))
     }
