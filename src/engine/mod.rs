@@ -284,6 +284,18 @@ pub trait QueueOps: Send + Sync + 'static {
     async fn bench_fill_completed(&self, rows: u64) -> Result<()>;
 }
 
+/// Runs a DDL script (several statements) on `executor`: creating or dropping a table.
+pub(crate) async fn run_script<'e, E>(executor: E, ddl: String, context: String) -> Result<()>
+where
+    E: sqlx::Executor<'e>,
+{
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(executor)
+        .await
+        .map_err(crate::error::Error::db(context))?;
+    Ok(())
+}
+
 /// Everything one source's driver offers: its lifecycle, queue operations and operator
 /// queries.
 pub trait Backend: Lifecycle + QueueOps + AdminOps {}

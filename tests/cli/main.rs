@@ -20,3 +20,18 @@ mod properties;
 mod quickstart;
 mod schema;
 mod work;
+
+/// `icq work --until-idle --config CONFIG`, which must succeed; its output.
+fn work_until_idle(config: &std::path::Path) -> std::process::Output {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(["work", "--until-idle", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "icq work failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

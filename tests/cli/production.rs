@@ -121,20 +121,6 @@ async fn insert(db: &TestDb, ty: &str, payload: &str, extra: &[(&str, &str)]) {
     .await;
 }
 
-fn run_until_idle(config: &std::path::Path) -> std::process::Output {
-    let out = icq()
-        .args(["work", "--until-idle", "--config"])
-        .arg(config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "icq work failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn http_handler_posts_payload_and_context_headers() {
     let (away_port, away_hits) = redirect_target().await;
@@ -261,7 +247,7 @@ async fn two_sources_of_different_engines_in_one_process() {
         ),
     )
     .unwrap();
-    run_until_idle(&config);
+    crate::work_until_idle(&config);
     for db in [&pg, &my] {
         let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
         assert_eq!(

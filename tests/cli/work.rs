@@ -74,16 +74,7 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
     signal(&first, nix::sys::signal::Signal::SIGKILL);
     first.wait().unwrap();
 
-    let out = icq()
-        .args(["work", "--until-idle", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::work_until_idle(&config);
     let (t, p, a) = (
         db.q("InternalCommands"),
         db.q("ProcessedAt"),
@@ -234,16 +225,7 @@ async fn requires_roles_from_the_config_file(engine: &'static str) {
         ))
         .await;
     }
-    let out = icq()
-        .args(["work", "--until-idle", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::work_until_idle(&config);
     let mut started: Vec<String> = std::fs::read_dir(&ran)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -104,6 +104,19 @@ where
     }
 }
 
+/// Runs `processor` in a task until the returned token is cancelled.
+fn run_until_stopped(
+    processor: Processor,
+    options: RunOptions,
+) -> (CancellationToken, tokio::task::JoinHandle<icq::Result<()>>) {
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { processor.run(options, stop).await }
+    });
+    (stop, run)
+}
+
 async fn row(queue: &Queue, id: &CommandId) -> icq::CommandRow {
     queue.get(id).await.expect("get row").expect("row exists")
 }
@@ -680,11 +693,7 @@ pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
     let queue_a = connect(&db).await;
     let mut processor = Processor::new(registry);
     processor.add_source(queue_a.source_handle(settings));
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let stop = stop.clone();
-        async move { processor.run(RunOptions::default(), stop).await }
-    });
+    let (stop, run) = run_until_stopped(processor, RunOptions::default());
     started.notified().await;
     // Another claim takes the row over (as if A's lease had lapsed).
     let t = db.q("InternalCommands");
@@ -747,11 +756,7 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         .unwrap();
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(fast_settings()));
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let stop = stop.clone();
-        async move { processor.run(RunOptions::default(), stop).await }
-    });
+    let (stop, run) = run_until_stopped(processor, RunOptions::default());
     wait_notified(&started, "the handler started").await;
     stop.cancel();
     run.await.unwrap().unwrap();
@@ -787,21 +792,13 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         .unwrap();
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(fast_settings()));
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            processor
-                .run(
-                    RunOptions {
-                        until_idle: false,
-                        shutdown_grace: Duration::from_millis(200),
-                    },
-                    stop,
-                )
-                .await
-        }
-    });
+    let (stop, run) = run_until_stopped(
+        processor,
+        RunOptions {
+            until_idle: false,
+            shutdown_grace: Duration::from_millis(200),
+        },
+    );
     wait_notified(&started, "the handler started").await;
     assert!(row(&queue, &id).await.lock_token.is_some(), "claimed");
     stop.cancel();
@@ -855,21 +852,13 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         batch_size: 10,
         ..fast_settings()
     }));
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            processor
-                .run(
-                    RunOptions {
-                        until_idle: false,
-                        shutdown_grace: Duration::from_secs(30),
-                    },
-                    stop,
-                )
-                .await
-        }
-    });
+    let (stop, run) = run_until_stopped(
+        processor,
+        RunOptions {
+            until_idle: false,
+            shutdown_grace: Duration::from_secs(30),
+        },
+    );
     wait_notified(&started, "the first command started").await;
     let (t, lock, attempts) = (
         db.q("InternalCommands"),
@@ -1120,12 +1109,8 @@ pub async fn notify_wakes_processor_without_polling() {
         polling_interval_seconds: poll.as_secs_f64(),
         ..Settings::default()
     }));
-    let stop = CancellationToken::new();
     let run_started = Instant::now();
-    let run = tokio::spawn({
-        let stop = stop.clone();
-        async move { processor.run(RunOptions::default(), stop).await }
-    });
+    let (stop, run) = run_until_stopped(processor, RunOptions::default());
     // The canary's claim is followed at once by another, empty one; once the canary is
     // stamped the processor has nothing left to do but wait for the poll or a wake-up.
     let q = queue.clone();

@@ -573,11 +573,12 @@ impl Lifecycle for MySqlDriver {
     }
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("creating the commands table")))?;
-        Ok(())
+        super::run_script(
+            &self.pool,
+            ddl.to_owned(),
+            self.ctx("creating the commands table"),
+        )
+        .await
     }
 
     async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
@@ -590,10 +591,6 @@ impl Lifecycle for MySqlDriver {
 
     async fn table_drop(&self) -> Result<()> {
         let ddl = crate::schema::render(Engine::Mysql, &self.table).down;
-        sqlx::raw_sql(AssertSqlSafe(ddl))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("dropping the table")))?;
-        Ok(())
+        super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
     }
 }

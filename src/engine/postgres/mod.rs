@@ -676,11 +676,12 @@ impl Lifecycle for PgDriver {
     }
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("creating the commands table")))?;
-        Ok(())
+        super::run_script(
+            &self.pool,
+            ddl.to_owned(),
+            self.ctx("creating the commands table"),
+        )
+        .await
     }
 
     async fn listen(&self, notify: Arc<Notify>) -> Result<bool> {
@@ -727,11 +728,7 @@ impl Lifecycle for PgDriver {
     async fn table_drop(&self) -> Result<()> {
         // The down script drops the notify trigger and function with the table.
         let ddl = crate::schema::render(Engine::Postgres, &self.table).down;
-        sqlx::raw_sql(AssertSqlSafe(ddl))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("dropping the table")))?;
-        Ok(())
+        super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
     }
 }
 
