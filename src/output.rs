@@ -11,6 +11,7 @@
 //!   off a terminal needs `--yes` instead, and progress bars are simply not drawn.
 
 mod grid;
+pub mod migrate;
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};

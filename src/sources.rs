@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use crate::config::{self, Config, ConfigRequest, SourceConfig};
 use crate::engine::ConnectOptions;
 use crate::error::Result;
+use crate::ident::TableName;
 use crate::queue::Queue;
 use crate::settings::Settings;
 
@@ -76,4 +77,43 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         queue,
         settings: source.settings.clone(),
     })
+}
+
+/// The database `icq migrate` works on, as the command line or configuration names it.
+#[derive(Debug, Clone)]
+pub struct MigrationTarget {
+    /// Its URL, secrets included (redact before printing).
+    pub url: String,
+    /// The table its configuration names (`table:`), when it comes from a file.
+    pub table: Option<TableName>,
+}
+
+/// Resolves the one database `migrate` works on: `--database-url` (without `--source`), else
+/// `--source`, the only source of the configuration file, or `$DATABASE_URL`. The embedded
+/// default does not count (migrations for it are never implied), and several configured
+/// sources without `--source` are a usage error naming them.
+pub fn migration_target(request: &SourceRequest) -> Result<Option<MigrationTarget>> {
+    if let (Some(url), None) = (&request.database_url, &request.source) {
+        return Ok(Some(MigrationTarget {
+            url: url.clone(),
+            table: None,
+        }));
+    }
+    let config = load_config(request)?;
+    let selected = config.select(request.source.as_deref())?;
+    match selected.as_slice() {
+        [one] if one.embedded => Ok(None),
+        [one] => Ok(Some(MigrationTarget {
+            url: one.url.expose().to_owned(),
+            table: Some(one.table.clone()),
+        })),
+        many => {
+            let names: Vec<&str> = many.iter().map(|s| s.name.as_str()).collect();
+            Err(crate::error::Error::Usage(format!(
+                "{} sources are configured ({}); choose one with --source",
+                many.len(),
+                names.join(", ")
+            )))
+        }
+    }
 }

@@ -70,6 +70,59 @@ Exit codes:
 With --format json an error is also one JSON document on stderr:
   {\"error\": {\"message\": \"...\", \"kind\": \"usage\", \"exit_code\": 2}}";
 
+/// `icq migrate add --help`.
+pub const MIGRATE_ADD: &str = "\
+Examples:
+  icq migrate add --engine postgres             # migrations/<timestamp>_add_internal_commands.sql
+  icq migrate add --engine sqlite --reversible  # an .up.sql + .down.sql pair
+  icq migrate add --engine mysql --table jobs.Commands --dir db/migrations
+  icq migrate add --engine postgres --stdout    # print the SQL, write nothing
+
+Exit codes:
+  0  written (or printed)
+  1  the directory could not be written
+  2  usage error: unknown engine, a file that exists, a directory that already creates
+     the table or holds another engine's migration";
+
+/// `icq migrate run --help`.
+pub const MIGRATE_RUN: &str = "\
+Examples:
+  icq migrate run --database-url postgres://app@localhost/orders
+  icq migrate run --dry-run                     # what would be applied; changes nothing
+  icq migrate run --target-version 20260101120000 --dir db/migrations
+
+Exit codes:
+  0  applied, or already up to date
+  1  a migration failed, the database is dirty, or a file changed since it was applied
+  2  usage error: no database, no directory, a target that is not in it";
+
+/// `icq migrate revert --help`.
+pub const MIGRATE_REVERT: &str = "\
+Examples:
+  icq migrate revert --database-url sqlite://app.db   # undo the latest migration
+  icq migrate revert --dry-run
+  icq migrate revert --target-version 0               # undo all of them
+
+Exit codes:
+  0  reverted, or nothing to revert
+  1  a down migration failed, or the database is dirty
+  2  usage error: a migration without .down.sql, a target that is not in the directory";
+
+/// `icq migrate info --help`.
+pub const MIGRATE_INFO: &str = "\
+Examples:
+  icq migrate info --database-url mysql://root@localhost/app
+  icq migrate info --format json | jq '.migrations[] | select(.state == \"pending\")'
+
+Each line is VERSION/STATE DESCRIPTION, as sqlx migrate info prints it; STATE is installed,
+pending, installed (different checksum), installed (dirty: failed half-way) or
+installed (file missing).
+
+Exit codes:
+  0  listed
+  1  database error
+  2  usage error: no database, no directory";
+
 /// `icq work --help`.
 pub const WORK: &str = "\
 Examples:

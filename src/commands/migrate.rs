@@ -1,20 +1,22 @@
-//! `icq migrate add` and `icq migrate run`: the clap layer over [`crate::migrate`].
+//! `icq migrate add|run|revert|info`: the clap layer over [`crate::migrate`].
 //!
 //! `add` writes (or with `--stdout` prints) the migration that creates the commands table,
-//! named and versioned the way sqlx-cli would; `run` applies a migrations directory with
-//! sqlx's migrator. Both print what they did; neither ever prints a database password.
+//! named and versioned the way sqlx-cli would; `run`, `revert` and `info` work on a
+//! database with sqlx's bookkeeping and print sqlx-cli's line shapes. The database comes
+//! from [`crate::sources::migration_target`]; no command ever prints a database password.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
-use super::{Format, GlobalArgs};
+use super::{GlobalArgs, man};
 use crate::error::Error;
 use crate::ident::{Engine, TableName};
-use crate::migrate::{self, AddOptions, MigrationKind, Versioning};
-use crate::output;
+use crate::migrate::{self, AddOptions, MigrateOptions, MigrationKind, Versioning};
+use crate::output::{self, migrate::Added};
 use crate::redact::redact_url;
+use crate::sources::{MigrationTarget, migration_target};
 
 /// Migration subcommands.
 #[derive(Debug, Subcommand)]
@@ -23,10 +25,19 @@ pub enum MigrateCommand {
     ///
     /// The file is `<version>_add_internal_commands.sql` (or an `.up.sql` + `.down.sql`
     /// pair), versioned like `sqlx migrate add`: a UTC timestamp, or the next number when
-    /// the directory is already sequential. Existing files are never overwritten.
+    /// the directory is already sequential. Existing files are never overwritten, and a
+    /// directory that already creates the table is refused (pass --table for another).
+    #[command(after_help = man::MIGRATE_ADD)]
     Add(AddArgs),
     /// Apply pending migrations with sqlx's migrator (same bookkeeping as `sqlx migrate run`).
-    Run(RunArgs),
+    #[command(after_help = man::MIGRATE_RUN)]
+    Run(ApplyArgs),
+    /// Undo the latest applied migration with its `.down.sql` (`sqlx migrate revert`).
+    #[command(after_help = man::MIGRATE_REVERT)]
+    Revert(ApplyArgs),
+    /// List the directory's migrations and whether each is applied (`sqlx migrate info`).
+    #[command(after_help = man::MIGRATE_INFO)]
+    Info(InfoArgs),
 }
 
 /// Arguments of `icq migrate add`.
@@ -67,10 +78,27 @@ pub struct AddArgs {
     pub stdout: bool,
 }
 
-/// Arguments of `icq migrate run`.
+/// Arguments of `icq migrate run` and `icq migrate revert`.
 #[derive(Debug, Args)]
-pub struct RunArgs {
-    /// Migrations directory to apply.
+pub struct ApplyArgs {
+    /// Migrations directory.
+    #[arg(long, value_name = "DIR", default_value = migrate::DEFAULT_DIR)]
+    pub dir: PathBuf,
+
+    /// Print what would be applied (or reverted) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// run: apply up to and including this version. revert: undo every migration above
+    /// it (0 undoes all).
+    #[arg(long, value_name = "VERSION")]
+    pub target_version: Option<i64>,
+}
+
+/// Arguments of `icq migrate info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Migrations directory.
     #[arg(long, value_name = "DIR", default_value = migrate::DEFAULT_DIR)]
     pub dir: PathBuf,
 }
@@ -84,32 +112,81 @@ fn parse_table(raw: &str) -> Result<TableName, Error> {
 }
 
 /// Runs a migrate subcommand.
-pub async fn run(cmd: MigrateCommand, global: &super::GlobalArgs) -> anyhow::Result<()> {
+pub async fn run(cmd: MigrateCommand, global: &GlobalArgs) -> anyhow::Result<()> {
     match cmd {
         MigrateCommand::Add(args) => add(args, global),
-        MigrateCommand::Run(args) => apply(args, global).await,
+        MigrateCommand::Run(args) => {
+            let (url, dir) = (database(global)?, args.dir.clone());
+            let report = migrate::run(&url, &dir, &options(&args))
+                .await
+                .with_context(|| {
+                    format!("migrating {} from {}", redact_url(&url), dir.display())
+                })?;
+            Ok(output::emit(global.format, &report)?)
+        }
+        MigrateCommand::Revert(args) => {
+            let (url, dir) = (database(global)?, args.dir.clone());
+            let report = migrate::revert(&url, &dir, &options(&args))
+                .await
+                .with_context(|| {
+                    format!("reverting {} with {}", redact_url(&url), dir.display())
+                })?;
+            Ok(output::emit(global.format, &report)?)
+        }
+        MigrateCommand::Info(args) => {
+            let url = database(global)?;
+            let report = migrate::info(&url, &args.dir)
+                .await
+                .with_context(|| format!("reading {}'s migrations", redact_url(&url)))?;
+            Ok(output::emit(global.format, &report)?)
+        }
+    }
+}
+
+fn options(args: &ApplyArgs) -> MigrateOptions {
+    MigrateOptions {
+        dry_run: args.dry_run,
+        target_version: args.target_version,
+    }
+}
+
+/// The database URL to work on; none configured is a usage error.
+fn database(global: &GlobalArgs) -> anyhow::Result<String> {
+    match migration_target(&global.source_request())? {
+        Some(MigrationTarget { url, .. }) => Ok(url),
+        None => Err(Error::Usage(
+            "no database to migrate: pass --database-url URL, set $DATABASE_URL, or \
+             configure a source (--source NAME when there are several)"
+                .into(),
+        )
+        .into()),
     }
 }
 
 fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
-    let engine = match args.engine {
-        Some(engine) => engine,
-        None => match resolve_url(global)? {
-            Some(url) => Engine::from_url(&url)?,
-            None => {
-                return Err(Error::Usage(
-                    "which engine? pass --engine <postgres|sqlite|mysql|sqlserver>, or \
-                     --database-url / $DATABASE_URL to take it from the URL"
-                        .into(),
-                )
-                .into());
-            }
-        },
+    // Only what the flags leave open is looked up (an explicit --engine and --table need
+    // no configuration at all).
+    let target = if args.engine.is_none() || args.table.is_none() {
+        migration_target(&global.source_request())?
+    } else {
+        None
     };
-    let table = match args.table {
-        Some(table) => table,
-        None => source_table(global)?.unwrap_or_default(),
+    let engine = match (args.engine, &target) {
+        (Some(engine), _) => engine,
+        (None, Some(target)) => Engine::from_url(&target.url)?,
+        (None, None) => {
+            return Err(Error::Usage(
+                "which engine? pass --engine <postgres|sqlite|mysql|sqlserver>, or \
+                 --database-url / $DATABASE_URL to take it from the URL"
+                    .into(),
+            )
+            .into());
+        }
     };
+    let table = args
+        .table
+        .or_else(|| target.and_then(|t| t.table))
+        .unwrap_or_default();
     let opts = AddOptions {
         engine,
         table,
@@ -145,107 +222,12 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    for earlier in plan.same_table() {
-        output::note(&format!(
-            "warning: {} already creates {}; running both will fail",
-            earlier.display(),
-            plan.table
-        ));
-    }
-    let written = plan.write()?;
-    match global.format {
-        Format::Table => {
-            let mut text = String::new();
-            for path in &written {
-                text.push_str(&format!("{}\n", path.display()));
-            }
-            output::raw(&text)?;
-        }
-        Format::Json => {
-            let doc = serde_json::json!({
-                "engine": plan.engine,
-                "version": plan.version,
-                "kind": plan.kind,
-                "files": written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            });
-            output::raw(&format!("{doc}\n"))?;
-        }
-    }
-    Ok(())
-}
-
-async fn apply(args: RunArgs, global: &GlobalArgs) -> anyhow::Result<()> {
-    let url = resolve_url(global)?.ok_or_else(|| {
-        Error::Usage("no database to migrate: pass --database-url URL or set $DATABASE_URL".into())
-    })?;
-    let shown = redact_url(&url);
-    let report = migrate::run(&url, &args.dir)
-        .await
-        .with_context(|| format!("migrating {shown} from {}", args.dir.display()))?;
-    match global.format {
-        Format::Table => {
-            let mut text = String::new();
-            for applied in &report.applied {
-                text.push_str(&format!(
-                    "applied {}/{}\n",
-                    applied.version, applied.description
-                ));
-            }
-            if report.applied.is_empty() {
-                let n = report.already_applied;
-                let noun = if n == 1 { "migration" } else { "migrations" };
-                text.push_str(&format!(
-                    "{shown} is up to date ({n} {noun} already applied)\n"
-                ));
-            }
-            output::raw(&text)?;
-        }
-        Format::Json => {
-            let doc = serde_json::json!({
-                "database": shown,
-                "applied": report.applied,
-                "already_applied": report.already_applied,
-            });
-            output::raw(&format!("{doc}\n"))?;
-        }
-    }
-    Ok(())
-}
-
-// ---- Configuration hooks ------------------------------------------------------------------
-/// The configured source `migrate` works on, if the command line or configuration names
-/// one: `--source`, or the only source of the configuration file, or `$DATABASE_URL`.
-/// The embedded default does not count: migrations for it are never implied.
-fn selected_source(global: &GlobalArgs) -> anyhow::Result<Option<crate::config::SourceConfig>> {
-    if global.database_url.is_some() && global.source.is_none() {
-        return Ok(None);
-    }
-    let config = crate::sources::load_config(&global.source_request())?;
-    let selected = config.select(global.source.as_deref())?;
-    match selected.as_slice() {
-        [one] if one.embedded => Ok(None),
-        [one] => Ok(Some((*one).clone())),
-        many => {
-            let names: Vec<&str> = many.iter().map(|s| s.name.as_str()).collect();
-            Err(Error::Usage(format!(
-                "{} sources are configured ({}); choose one with --source",
-                many.len(),
-                names.join(", ")
-            ))
-            .into())
-        }
-    }
-}
-
-/// The database URL `migrate` works on: `--database-url`, else the selected source's.
-fn resolve_url(global: &GlobalArgs) -> anyhow::Result<Option<String>> {
-    if let Some(url) = &global.database_url {
-        return Ok(Some(url.clone()));
-    }
-    Ok(selected_source(global)?.map(|source| source.url.expose().to_owned()))
-}
-
-/// The table the selected configured source uses (`table:` in icq.yaml), if any.
-fn source_table(global: &GlobalArgs) -> anyhow::Result<Option<TableName>> {
-    Ok(selected_source(global)?.map(|source| source.table))
+    let files = plan.write()?;
+    let added = Added {
+        engine: plan.engine,
+        version: plan.version.clone(),
+        kind: plan.kind,
+        files,
+    };
+    Ok(output::emit(global.format, &added)?)
 }

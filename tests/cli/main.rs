@@ -14,6 +14,7 @@ mod fail_on_dead;
 mod leftovers;
 mod manual;
 mod migrate;
+mod migrate_database;
 mod operator;
 mod production;
 mod properties;

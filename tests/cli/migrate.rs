@@ -11,7 +11,7 @@ use predicates::prelude::*;
 use crate::support::TestDb;
 
 /// `icq` run inside `cwd`, with no ambient configuration or database URL.
-fn icq(cwd: &Path) -> Command {
+pub(crate) fn icq(cwd: &Path) -> Command {
     let mut cmd = Command::cargo_bin("icq").unwrap();
     cmd.current_dir(cwd)
         .env_remove("DATABASE_URL")
@@ -19,30 +19,51 @@ fn icq(cwd: &Path) -> Command {
     cmd
 }
 
-/// The real sqlx-cli: `$SQLX_BIN`, `sqlx` on PATH, or `~/.cargo/bin/sqlx`.
-fn sqlx_bin() -> PathBuf {
+/// The real sqlx-cli: `$SQLX_BIN` when set, else sqlx-cli 0.9.0 built from
+/// `tests/sqlx-cli/` (its own package and lock file) into `target/sqlx-cli/` on first use,
+/// so `cargo test` needs no installed `sqlx`. The first build takes a few minutes; later
+/// runs find it built.
+pub(crate) fn sqlx_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     if let Some(bin) = std::env::var_os("SQLX_BIN") {
         return bin.into();
     }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("sqlx"))
-        .find(|candidate| candidate.is_file());
-    let home_bin = std::env::var_os("HOME").map(|home| Path::new(&home).join(".cargo/bin/sqlx"));
-    on_path
-        .or(home_bin.filter(|bin| bin.is_file()))
-        .unwrap_or_else(|| {
-            panic!(
-                "sqlx-cli not found (set SQLX_BIN or put `sqlx` on PATH); install it with \
-                 `cargo install sqlx-cli --version 0.9.0 --locked --no-default-features \
-                 --features postgres,sqlite,mysql`"
-            )
-        })
+    BUILT.get_or_init(build_sqlx_cli).clone()
+}
+
+fn build_sqlx_cli() -> PathBuf {
+    // target/<profile>/deps/cli-<hash> → target/
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test binary is in target/<profile>/deps");
+    let target_dir = target.join("sqlx-cli");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sqlx-cli/Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // Its own target directory: no wait on the build lock `cargo test` may hold.
+    let output = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--locked", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo to build tests/sqlx-cli");
+    assert!(
+        output.status.success(),
+        "building sqlx-cli from {} failed:\n{}",
+        manifest.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    target_dir
+        .join("debug")
+        .join(format!("sqlx{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// `sqlx migrate <args> --source dir --database-url url`, run inside `cwd`.
-fn sqlx(cwd: &Path, args: &[&str], dir: &Path, url: &str) -> String {
+pub(crate) fn sqlx(cwd: &Path, args: &[&str], dir: &Path, url: &str) -> String {
     let output = std::process::Command::new(sqlx_bin())
         .current_dir(cwd)
         .env_remove("DATABASE_URL")
@@ -63,7 +84,7 @@ fn sqlx(cwd: &Path, args: &[&str], dir: &Path, url: &str) -> String {
 }
 
 /// File names in `dir`, sorted.
-fn files(dir: &Path) -> Vec<String> {
+pub(crate) fn files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -75,7 +96,7 @@ fn files(dir: &Path) -> Vec<String> {
     names
 }
 
-fn stdout_of(cmd: &mut Command) -> String {
+pub(crate) fn stdout_of(cmd: &mut Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()
 }
 
@@ -400,8 +421,8 @@ async fn icq_run_then_sqlx_info(engine: &'static str) {
     let tmp = tempfile::tempdir().unwrap();
     stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", engine]));
     let out = stdout_of(icq(tmp.path()).args(["migrate", "run", "--database-url", &db.url]));
-    assert!(out.starts_with("applied "), "{out}");
-    assert!(out.contains("/add internal commands"), "{out}");
+    assert!(out.starts_with("Applied "), "{out}");
+    assert!(out.contains("/migrate add internal commands ("), "{out}");
 
     let info = sqlx(tmp.path(), &["info"], Path::new("migrations"), &db.url);
     assert!(
@@ -453,7 +474,7 @@ async fn icq_run_creates_a_missing_sqlite_database() {
     stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "sqlite"]));
     let out =
         stdout_of(icq(tmp.path()).args(["migrate", "run", "--database-url", "sqlite:fresh.db"]));
-    assert!(out.starts_with("applied "), "{out}");
+    assert!(out.starts_with("Applied "), "{out}");
     assert!(tmp.path().join("fresh.db").is_file());
 }
 
@@ -526,7 +547,10 @@ async fn sqlx_run_and_revert(engine: &'static str) {
 
     // And icq puts it back, as sqlx-cli would.
     let out = stdout_of(icq(tmp.path()).args(["migrate", "run", "--database-url", &db.url]));
-    assert_eq!(out.trim(), "applied 2/add internal commands");
+    assert!(
+        out.starts_with("Applied 2/migrate add internal commands (") && out.lines().count() == 1,
+        "{out}"
+    );
 }
 
 #[tokio::test]

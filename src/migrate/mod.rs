@@ -19,15 +19,17 @@
 //! sqlx-cli may reuse a timestamp within the same second; icq bumps it.
 //!
 //! Every generated file starts with a header line ([`HEADER_PREFIX`]) naming its engine and
-//! table. icq never overwrites a file, and refuses to put one engine's migration into a
-//! directory that already holds another engine's (sqlx would run both against one database).
+//! table. icq never overwrites a file, refuses to put one engine's migration into a
+//! directory that already holds another engine's (sqlx would run both against one
+//! database), and refuses a second migration creating a table the directory already
+//! creates (it would fail when run).
 //!
-//! [`run`] applies a directory with [`sqlx::migrate::Migrator`], so the `_sqlx_migrations`
-//! bookkeeping and checksums are exactly those sqlx-cli keeps: either tool can take over
-//! from the other.
+//! [`run`], [`revert`] and [`info`] work on a database with sqlx's migrator types, so the
+//! `_sqlx_migrations` bookkeeping and checksums are exactly those sqlx-cli keeps: either
+//! tool can take over from the other.
 //!
 //! ```no_run
-//! use icq::migrate::{self, AddOptions, Versioning};
+//! use icq::migrate::{self, AddOptions, MigrateOptions, Versioning};
 //! use icq::{Engine, TableName};
 //!
 //! # async fn demo() -> icq::Result<()> {
@@ -40,11 +42,18 @@
 //! })?;
 //! println!("wrote {}", plan.files[0].path.display());
 //!
-//! let report = migrate::run("postgres://app@localhost/orders", "migrations".as_ref()).await?;
+//! let url = "postgres://app@localhost/orders";
+//! let report = migrate::run(url, "migrations".as_ref(), &MigrateOptions::default()).await?;
 //! println!("applied {} migration(s)", report.applied.len());
+//!
+//! for migration in migrate::info(url, "migrations".as_ref()).await?.migrations {
+//!     println!("{}/{} {}", migration.version, migration.state.label(), migration.description);
+//! }
 //! # Ok(())
 //! # }
 //! ```
+
+mod database;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -53,13 +62,15 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use sqlx::migrate::{Migrate, MigrateDatabase, MigrationType, Migrator};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{Acquire, Connection};
+use sqlx::migrate::MigrationType;
 
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
-use crate::redact::{redact_in, redact_url};
+
+pub use database::{
+    Applied, InfoReport, MigrateOptions, MigrationState, MigrationStatus, RevertReport, RunReport,
+    info, revert, run,
+};
 
 /// The description part of the file name (`<version>_add_internal_commands.sql`).
 pub const DESCRIPTION: &str = "add_internal_commands";
@@ -380,27 +391,42 @@ impl MigrationPlan {
         }
     }
 
-    /// Existing icq migrations in the directory that already create this same table (a
-    /// second one would fail when run; worth a warning, not a refusal).
-    pub fn same_table(&self) -> Vec<&Path> {
+    /// Fails when an icq migration in the directory already creates this same table on
+    /// this engine: a second one would fail when run. `--table` with another name is the
+    /// way to a second queue table.
+    pub fn check_same_table(&self) -> Result<()> {
         let table = self.table.to_string();
-        self.existing
+        // PostgreSQL's quoted names are case-sensitive; SQLite's are not, nor are MySQL's
+        // and SQL Server's with their usual settings.
+        let same_name = |other: &str| match self.engine {
+            Engine::Postgres => other == table,
+            _ => other.eq_ignore_ascii_case(&table),
+        };
+        let earlier = self
+            .existing
             .iter()
             .filter(|m| !m.migration_type.is_down_migration())
-            .filter(|m| {
+            .find(|m| {
                 m.icq
                     .as_ref()
-                    .is_some_and(|h| h.engine == self.engine && h.table == table)
-            })
-            .map(|m| m.path.as_path())
-            .collect()
+                    .is_some_and(|h| h.engine == self.engine && same_name(&h.table))
+            });
+        match earlier {
+            Some(m) => Err(Error::Usage(format!(
+                "{} already creates {table}; a second migration for it would fail when run. \
+                 Pass --table NAME for another queue table, or --dir for another directory",
+                m.path.display()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Writes the files, creating the directory if needed. Refuses to mix engines
-    /// ([`Self::check_engines`]) and never overwrites: if any file already exists nothing
-    /// is left behind.
+    /// ([`Self::check_engines`]) or to create a table twice ([`Self::check_same_table`]),
+    /// and never overwrites: if any file already exists nothing is left behind.
     pub fn write(&self) -> Result<Vec<PathBuf>> {
         self.check_engines()?;
+        self.check_same_table()?;
         fs::create_dir_all(&self.dir)
             .map_err(Error::io(format!("creating {}", self.dir.display())))?;
         let mut written: Vec<PathBuf> = Vec::new();
@@ -432,144 +458,6 @@ fn write_new(path: &Path, sql: &str) -> Result<()> {
         })?;
     file.write_all(sql.as_bytes())
         .map_err(Error::io(format!("writing {}", path.display())))
-}
-
-/// A migration that [`run`] applied.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Applied {
-    /// Its version.
-    pub version: i64,
-    /// Its description as sqlx records it (underscores read as spaces).
-    pub description: String,
-}
-
-/// What [`run`] did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RunReport {
-    /// The migrations applied now, in order.
-    pub applied: Vec<Applied>,
-    /// How many of the directory's migrations were already applied before.
-    pub already_applied: usize,
-}
-
-/// Applies every pending migration in `dir` to the database at `url`, with sqlx's migrator
-/// (advisory lock, one transaction per migration where the engine allows, checksums in
-/// `_sqlx_migrations`). A SQLite database file that does not exist yet is created (in WAL
-/// mode, like `sqlx database create`).
-pub async fn run(url: &str, dir: &Path) -> Result<RunReport> {
-    let engine = Engine::from_url(url)?;
-    if engine == Engine::SqlServer {
-        return Err(sql_server_unsupported());
-    }
-    if !dir.is_dir() {
-        return Err(Error::Usage(format!(
-            "migrations directory {} does not exist; write the migration first with \
-             `icq migrate add --engine {engine}`, or pass --dir",
-            dir.display()
-        )));
-    }
-    if let Some(foreign) = scan(dir)?
-        .into_iter()
-        .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != engine))
-    {
-        return Err(Error::Usage(format!(
-            "{} was written for {}, but {} is a {engine} database; pass --dir with the \
-             {engine} migrations",
-            foreign.path.display(),
-            foreign.icq.map_or("another engine", |h| h.engine.name()),
-            redact_url(url),
-        )));
-    }
-    let migrator = Migrator::new(dir.to_path_buf()).await?;
-    let connecting = format!("connecting to {}", redact_url(url));
-    let bad_url = |err: sqlx::Error| {
-        Error::Usage(format!(
-            "invalid database URL {}: {}",
-            redact_url(url),
-            redact_in(&err.to_string(), url)
-        ))
-    };
-    match engine {
-        Engine::Postgres => {
-            let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad_url)?;
-            apply::<sqlx::PgConnection>(options, &migrator, connecting).await
-        }
-        Engine::Mysql => {
-            let options = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad_url)?;
-            apply::<sqlx::MySqlConnection>(options, &migrator, connecting).await
-        }
-        Engine::SqlServer => Err(sql_server_unsupported()),
-        Engine::Sqlite => {
-            let mut options = SqliteConnectOptions::from_str(url).map_err(bad_url)?;
-            let exists = sqlx::Sqlite::database_exists(url)
-                .await
-                .map_err(Error::db(connecting.clone()))?;
-            if !exists {
-                options = options
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal);
-            }
-            apply::<sqlx::SqliteConnection>(options, &migrator, connecting).await
-        }
-    }
-}
-
-fn sql_server_unsupported() -> Error {
-    Error::Usage(format!(
-        "sqlx cannot run T-SQL, so icq cannot apply migrations to SQL Server; apply \
-         {SQLSERVER_DIR}/ with sqlcmd -I, DbUp or Flyway"
-    ))
-}
-
-async fn apply<C>(options: C::Options, migrator: &Migrator, connecting: String) -> Result<RunReport>
-where
-    C: Connection + Migrate,
-    for<'c> &'c mut C: Acquire<'c, Connection = &'c mut C>,
-{
-    // One direct connection, like sqlx-cli: a refused connection fails at once with its
-    // real cause instead of a pool timeout.
-    let mut conn = C::connect_with(&options)
-        .await
-        .map_err(Error::db(connecting))?;
-    let outcome = run_on(&mut conn, migrator).await;
-    // Closing checkpoints a SQLite WAL, so the schema is in the database file itself.
-    let _ = conn.close().await;
-    outcome
-}
-
-async fn run_on<C>(conn: &mut C, migrator: &Migrator) -> Result<RunReport>
-where
-    C: Migrate,
-    for<'c> &'c mut C: Acquire<'c, Connection = &'c mut C>,
-{
-    let before = applied_versions(conn).await?;
-    migrator.run(&mut *conn).await?;
-    let after = applied_versions(conn).await?;
-    let mut seen = BTreeSet::new();
-    let applied = migrator
-        .iter()
-        .filter(|m| !m.migration_type.is_down_migration())
-        .filter(|m| after.contains(&m.version) && !before.contains(&m.version))
-        .filter(|m| seen.insert(m.version))
-        .map(|m| Applied {
-            version: m.version,
-            description: m.description.to_string(),
-        })
-        .collect();
-    let already_applied = migrator
-        .iter()
-        .filter(|m| !m.migration_type.is_down_migration() && before.contains(&m.version))
-        .count();
-    Ok(RunReport {
-        applied,
-        already_applied,
-    })
-}
-
-async fn applied_versions<C: Migrate>(conn: &mut C) -> Result<BTreeSet<i64>> {
-    conn.ensure_migrations_table(MIGRATIONS_TABLE).await?;
-    let applied = conn.list_applied_migrations(MIGRATIONS_TABLE).await?;
-    Ok(applied.into_iter().map(|m| m.version).collect())
 }
 
 #[cfg(test)]

@@ -1,0 +1,106 @@
+//! How `icq migrate` results read: file paths for `add`, and sqlx-cli's own line shapes for
+//! `run`, `revert` and `info` (`Applied 20260101120000/migrate add internal commands (4.2ms)`,
+//! `20260101120000/installed add internal commands`), so scripts written against
+//! `sqlx migrate` output keep working.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::{Render, Style, plural};
+use crate::ident::Engine;
+use crate::migrate::{Applied, InfoReport, MigrationKind, RevertReport, RunReport};
+
+/// What `icq migrate add` wrote.
+#[derive(Debug, Serialize)]
+pub struct Added {
+    /// The engine the SQL is for.
+    pub engine: Engine,
+    /// The version prefix of the file names.
+    pub version: String,
+    /// Simple or reversible.
+    pub kind: MigrationKind,
+    /// The files written, in order.
+    pub files: Vec<PathBuf>,
+}
+
+impl Render for Added {
+    fn human(&self, _style: &Style) -> String {
+        self.files
+            .iter()
+            .map(|path| format!("{}\n", path.display()))
+            .collect()
+    }
+}
+
+fn step_line(verb: &str, label: &str, step: &Applied, dry_run: bool) -> String {
+    if dry_run {
+        format!("{verb} {}/{label} {}\n", step.version, step.description)
+    } else {
+        format!(
+            "{verb} {}/{label} {} ({:.1}ms)\n",
+            step.version, step.description, step.elapsed_ms
+        )
+    }
+}
+
+impl Render for RunReport {
+    fn human(&self, _style: &Style) -> String {
+        let verb = if self.dry_run { "Can apply" } else { "Applied" };
+        let mut text: String = self
+            .applied
+            .iter()
+            .map(|step| step_line(verb, "migrate", step, self.dry_run))
+            .collect();
+        for version in &self.skipped {
+            text.push_str(&format!("Skipped {version} (above --target-version)\n"));
+        }
+        if self.applied.is_empty() {
+            let already = plural(self.already_applied as u64, "migration", "migrations");
+            text.push_str(&format!(
+                "{} is up to date ({already} already applied)\n",
+                self.database
+            ));
+        }
+        text
+    }
+}
+
+impl Render for RevertReport {
+    fn human(&self, _style: &Style) -> String {
+        if self.reverted.is_empty() {
+            return "No migrations available to revert\n".to_owned();
+        }
+        let verb = if self.dry_run {
+            "Can revert"
+        } else {
+            "Reverted"
+        };
+        self.reverted
+            .iter()
+            .map(|step| step_line(verb, "revert", step, self.dry_run))
+            .collect()
+    }
+}
+
+impl Render for InfoReport {
+    fn human(&self, _style: &Style) -> String {
+        if self.migrations.is_empty() {
+            return format!("No migrations in the directory or in {}\n", self.database);
+        }
+        let mut text = String::new();
+        for m in &self.migrations {
+            text.push_str(&format!(
+                "{}/{} {}\n",
+                m.version,
+                m.state.label(),
+                m.description
+            ));
+            if let (Some(applied), Some(local)) = (&m.applied_checksum, &m.local_checksum) {
+                text.push_str(&format!("applied migration had checksum {applied}\n"));
+                text.push_str(&format!("local migration has checksum {local}\n"));
+            }
+        }
+        text
+    }
+}
