@@ -41,6 +41,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount, StateCountParams,
 };
 use crate::engine::{self, Backend, ClaimParams, ConnectOptions};
+use crate::engine::{BenchFillCompletedParams, CommandInsertParams};
 use crate::error::{Error, Result};
 use crate::handler::{FnHandler, Job, Registry};
 use crate::ident::{Engine, TableName};
@@ -436,7 +437,9 @@ impl Bench<'_> {
         let patience = settings.polling_interval() * 2 + Duration::from_secs(30);
         // A first command, untimed: the processor is claiming (and listening) once it ran.
         other
-            .command_insert(&latency_command(LATENCY_SAMPLES))
+            .command_insert(&CommandInsertParams {
+                command: &latency_command(LATENCY_SAMPLES),
+            })
             .await?;
         wait_started(started, 1, patience, "the warm-up command").await?;
 
@@ -446,7 +449,11 @@ impl Bench<'_> {
         let mut next = tokio::time::Instant::now();
         for i in 0..LATENCY_SAMPLES {
             tokio::time::sleep_until(next).await;
-            other.command_insert(&latency_command(i)).await?;
+            other
+                .command_insert(&CommandInsertParams {
+                    command: &latency_command(i),
+                })
+                .await?;
             committed.push(Instant::now());
             self.progress.advance(1);
             next += LATENCY_GAP;
@@ -487,7 +494,9 @@ impl Bench<'_> {
         let mut left = retained;
         while left > 0 {
             let n = left.min(FILL_CHUNK);
-            self.backend.bench_fill_completed(n).await?;
+            self.backend
+                .bench_fill_completed(&BenchFillCompletedParams { rows: n })
+                .await?;
             self.progress.advance(n);
             left -= n;
         }

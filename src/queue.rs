@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use crate::command::{CommandId, NewCommand};
 use crate::engine::{self, Backend, ConnectOptions};
+use crate::engine::{CommandGetParams, CommandInsertManyParams, CommandInsertParams};
 use crate::error::{Error, Result};
 use crate::ident::TableName;
 use crate::processor::{SourceHandle, Stats};
@@ -129,14 +130,20 @@ impl Queue {
 
     /// Saves `command` now, on its own, and wakes the local processor.
     pub async fn schedule(&self, command: &NewCommand) -> Result<CommandId> {
-        let id = self.backend.command_insert(command).await?;
+        let id = self
+            .backend
+            .command_insert(&CommandInsertParams { command })
+            .await?;
         self.wake.notify_one();
         Ok(id)
     }
 
     /// Saves many commands through the engine's bulk path and wakes the local processor.
     pub async fn schedule_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
-        let ids = self.backend.command_insert_many(commands).await?;
+        let ids = self
+            .backend
+            .command_insert_many(&CommandInsertManyParams { commands })
+            .await?;
         self.wake.notify_one();
         Ok(ids)
     }
@@ -176,7 +183,7 @@ impl Queue {
 
     /// Reads one command in full, or `None` when no row has that id.
     pub async fn get(&self, id: &CommandId) -> Result<Option<crate::CommandRow>> {
-        self.backend.command_get(id).await
+        self.backend.command_get(&CommandGetParams { id }).await
     }
 
     /// Closes the connection pool (in-flight statements finish first).

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{not_found, one_source};
 use crate::command::{CommandId, CommandRow, State};
+use crate::engine::admin::CommandGetManyParams;
 use crate::engine::admin::{CommandListParams, ListState, StateCount, StateCountParams};
 use crate::error::Result;
 use crate::sources::OpenSource;
@@ -119,7 +120,9 @@ pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListR
     let backend = source.queue.backend();
     if let Some(after) = &request.after
         && backend
-            .command_get_many(std::slice::from_ref(after))
+            .command_get_many(&CommandGetManyParams {
+                ids: std::slice::from_ref(after),
+            })
             .await?
             .is_empty()
     {

@@ -49,6 +49,7 @@ pub use show::{ShownCommand, show};
 use std::collections::HashSet;
 
 use crate::command::{CommandId, CommandRow, State};
+use crate::engine::admin::CommandGetManyParams;
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
@@ -94,7 +95,13 @@ impl Located {
 pub(super) async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<Located> {
     let found =
         futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
-            Ok::<_, Error>((i, s.queue.backend().command_get_many(ids).await?))
+            Ok::<_, Error>((
+                i,
+                s.queue
+                    .backend()
+                    .command_get_many(&CommandGetManyParams { ids })
+                    .await?,
+            ))
         }))
         .await?;
     Ok(Located {

@@ -247,6 +247,13 @@ pub struct CommandCancelManyParams {
 }
 
 /// Operator queries over one source's table.
+/// The rows to read, in any state.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandGetManyParams<'a> {
+    /// Their ids; ids that do not exist are absent from the result.
+    pub ids: &'a [CommandId],
+}
+
 #[async_trait]
 pub trait AdminOps: Send + Sync + 'static {
     /// The database's current time, the reference for every cutoff an operation fixes.
@@ -262,7 +269,7 @@ pub trait AdminOps: Send + Sync + 'static {
     ) -> Result<Vec<DeadLetterSummary>>;
 
     /// Reads the rows with these ids, in any state; ids that do not exist are absent.
-    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>>;
+    async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>>;
 
     /// Puts every listed row back to pending now (`RunAt = now`, `Attempts = 0`,
     /// `DeadLetteredAt` and the lease cleared, `LastError` kept), all or nothing, in one

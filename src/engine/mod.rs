@@ -45,6 +45,50 @@ pub struct ClaimParams {
     pub types: Option<Arc<[String]>>,
 }
 
+/// One command to insert on its own.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandInsertParams<'a> {
+    /// The command (its id, when set, is kept).
+    pub command: &'a NewCommand,
+}
+
+/// Commands to insert in bulk, in one transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandInsertManyParams<'a> {
+    /// The commands, in order; the ids come back in the same order.
+    pub commands: &'a [NewCommand],
+}
+
+/// The row to read.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandGetParams<'a> {
+    /// Its id, in any form a row may hold.
+    pub id: &'a CommandId,
+}
+
+/// Outcome stamps to write, each guarded by its lease.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandSetStateManyParams<'a> {
+    /// One stamp per row.
+    pub changes: &'a [SetState],
+}
+
+/// Outcome stamps to write and the claim to make in the same round trip.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandSetStateAndClaimParams<'a> {
+    /// One stamp per row, written first.
+    pub changes: &'a [SetState],
+    /// The claim made after the stamps.
+    pub claim: &'a ClaimParams,
+}
+
+/// How many completed rows `icq bench` adds for its retained-history claim measurement.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchFillCompletedParams {
+    /// The number of rows.
+    pub rows: u64,
+}
+
 /// Which leases to extend, and for how long from the database's `now`.
 #[derive(Debug, Clone)]
 pub struct LeaseExtendManyParams {
@@ -238,10 +282,13 @@ pub trait QueueOps: Send + Sync + 'static {
     }
 
     /// Inserts one command on its own (autocommit) and returns its id.
-    async fn command_insert(&self, command: &NewCommand) -> Result<CommandId>;
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId>;
 
     /// Inserts many commands in bulk in one transaction (`COPY` on PostgreSQL).
-    async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>>;
+    async fn command_insert_many(
+        &self,
+        params: &CommandInsertManyParams<'_>,
+    ) -> Result<Vec<CommandId>>;
 
     /// Claims up to `limit` due rows in one statement under `token`; increments
     /// `Attempts` on each (saturating, so a hostile value cannot fail the statement).
@@ -255,16 +302,15 @@ pub trait QueueOps: Send + Sync + 'static {
     /// rows claimed. The stamped rows are leased, so the claim never takes them back.
     async fn command_set_state_and_claim(
         &self,
-        changes: &[SetState],
-        params: &ClaimParams,
+        params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)>;
 
     /// Reads one row by id (exactly as stored).
-    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>>;
+    async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>>;
 
     /// Stamps every outcome kind in one statement, each guarded by its lease token;
     /// returns how many rows were stamped (stale leases are skipped).
-    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64>;
+    async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64>;
 
     /// Extends the leases still held to `now + lease`, guarded by each token; returns
     /// the leases that were extended (the others were lost to another claim).
@@ -281,7 +327,7 @@ pub trait QueueOps: Send + Sync + 'static {
     /// Inserts `rows` completed rows (`ProcessedAt` = now, type `bench.retained`) in a
     /// few set-based statements, for `icq bench`'s claim measurement with a large
     /// retained history. Not part of the queue path.
-    async fn bench_fill_completed(&self, rows: u64) -> Result<()>;
+    async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()>;
 }
 
 /// Runs a DDL script (several statements) on `executor`: creating or dropping a table.

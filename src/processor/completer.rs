@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use super::lease::Leases;
 use super::stats::Stats;
+use crate::engine::CommandSetStateManyParams;
 use crate::engine::{Backend, SetState, StateChange};
 
 /// Most outcomes stamped in one statement.
@@ -176,7 +177,11 @@ impl Completer {
         let started = Instant::now();
         let mut pause = Duration::from_millis(100);
         loop {
-            match self.backend.command_set_state_many(&batch).await {
+            match self
+                .backend
+                .command_set_state_many(&CommandSetStateManyParams { changes: &batch })
+                .await
+            {
                 Ok(stamped) => {
                     count(&self.source, &self.stats, &batch, stamped);
                     break;

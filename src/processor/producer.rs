@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Buffered, RunOptions, Shared, completer};
 use crate::command::LeaseToken;
+use crate::engine::CommandSetStateAndClaimParams;
 use crate::engine::{ClaimParams, ClaimedRow};
 use crate::error::Result;
 
@@ -159,7 +160,13 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
     let result = if stamps.is_empty() {
         backend.command_claim(&params).await
     } else {
-        match backend.command_set_state_and_claim(&stamps, &params).await {
+        match backend
+            .command_set_state_and_claim(&CommandSetStateAndClaimParams {
+                changes: &stamps,
+                claim: &params,
+            })
+            .await
+        {
             Ok((stamped, rows)) => {
                 completer::count(&shared.source.name, &shared.source.stats, &stamps, stamped);
                 completer::settled(&shared.leases, &shared.outbox, &stamps);

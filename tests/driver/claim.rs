@@ -7,6 +7,7 @@ use chrono::Utc;
 
 use super::{Harness, ids, near, params, sorted};
 use crate::command::CommandId;
+use crate::engine::CommandInsertManyParams;
 
 /// Due rows come in `RunAt` order: a claim of `limit` takes the `limit` earliest due
 /// rows, never more, and leases them (token, `LockedUntil = now + lease`, `Attempts + 1`).
@@ -207,7 +208,9 @@ pub(crate) async fn two_claimers_get_disjoint_rows_and_together_all(engine: &str
         .collect();
     let all: HashSet<CommandId> = h
         .driver
-        .command_insert_many(&commands)
+        .command_insert_many(&CommandInsertManyParams {
+            commands: &commands,
+        })
         .await
         .expect("insert")
         .into_iter()

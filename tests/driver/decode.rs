@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use super::{Harness, ids};
 use crate::command::CommandId;
+use crate::engine::CommandSetStateManyParams;
 use crate::engine::{Lease, SetState, StateChange};
 use crate::ident::Engine;
 
@@ -134,7 +135,7 @@ pub(crate) async fn undecodable_rows_come_back_with_defects_and_never_fail_the_c
         .collect();
     let stamped = h
         .driver
-        .command_set_state_many(&changes)
+        .command_set_state_many(&CommandSetStateManyParams { changes: &changes })
         .await
         .expect("stamp");
     assert_eq!(
@@ -244,10 +245,12 @@ pub(crate) async fn ids_are_matched_exactly_as_stored(engine: &str) {
     }
     let n = h
         .driver
-        .command_set_state_many(&[SetState {
-            lease: lease("job-1"),
-            change: StateChange::Completed,
-        }])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[SetState {
+                lease: lease("job-1"),
+                change: StateChange::Completed,
+            }],
+        })
         .await
         .expect("stamp");
     assert_eq!(n, 1, "{engine}: job-1 only");
@@ -265,10 +268,12 @@ pub(crate) async fn ids_are_matched_exactly_as_stored(engine: &str) {
     );
     let n = h
         .driver
-        .command_set_state_many(&[SetState {
-            lease: lease(&upper.to_ascii_lowercase()),
-            change: StateChange::Completed,
-        }])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[SetState {
+                lease: lease(&upper.to_ascii_lowercase()),
+                change: StateChange::Completed,
+            }],
+        })
         .await
         .expect("stamp");
     assert_eq!(
@@ -277,10 +282,12 @@ pub(crate) async fn ids_are_matched_exactly_as_stored(engine: &str) {
     );
     let n = h
         .driver
-        .command_set_state_many(&[SetState {
-            lease: lease(upper),
-            change: StateChange::Completed,
-        }])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[SetState {
+                lease: lease(upper),
+                change: StateChange::Completed,
+            }],
+        })
         .await
         .expect("stamp");
     assert_eq!(n, 1, "{engine}: the id as stored");

@@ -7,6 +7,7 @@ use chrono::Utc;
 
 use super::{Harness, near};
 use crate::command::{CommandId, LeaseToken};
+use crate::engine::CommandSetStateManyParams;
 use crate::engine::{Lease, LeaseExtendManyParams, SetState, StateChange};
 
 /// `lease_extend_many` extends exactly the leases whose row still carries the token, and
@@ -30,13 +31,15 @@ pub(crate) async fn lease_extend_keeps_only_leases_with_the_current_token(engine
         .await;
     let done = h
         .driver
-        .command_set_state_many(&[SetState {
-            lease: Lease {
-                id: stamped.clone(),
-                token,
-            },
-            change: StateChange::Completed,
-        }])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[SetState {
+                lease: Lease {
+                    id: stamped.clone(),
+                    token,
+                },
+                change: StateChange::Completed,
+            }],
+        })
         .await
         .expect("stamp");
     assert_eq!(done, 1);

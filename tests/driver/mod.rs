@@ -25,6 +25,7 @@ use sqlx::Connection as _;
 
 use super::{Backend, ClaimParams, ClaimedRow, ConnectOptions};
 use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand};
+use crate::engine::{CommandGetParams, CommandInsertParams};
 use crate::ident::{Engine, TableName};
 
 /// One test table on one engine, a driver connected to it, and a raw connection for the
@@ -194,7 +195,9 @@ impl Harness {
     /// Inserts a due command of `type_name` through the driver.
     pub async fn insert(&self, type_name: &str) -> CommandId {
         self.driver
-            .command_insert(&NewCommand::new(type_name, serde_json::json!({})))
+            .command_insert(&CommandInsertParams {
+                command: &NewCommand::new(type_name, serde_json::json!({})),
+            })
             .await
             .expect("insert a command")
     }
@@ -212,7 +215,7 @@ impl Harness {
     /// The row `id`, as the driver reads it.
     pub async fn get(&self, id: &CommandId) -> CommandRow {
         self.driver
-            .command_get(id)
+            .command_get(&CommandGetParams { id })
             .await
             .expect("read a row")
             .unwrap_or_else(|| panic!("row {id} exists"))

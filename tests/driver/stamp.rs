@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 
 use super::{Harness, ids, near, params, sorted};
 use crate::command::{CommandId, CommandRow, LeaseToken};
+use crate::engine::{CommandSetStateAndClaimParams, CommandSetStateManyParams};
 use crate::engine::{Lease, SetState, StateChange};
 
 const SLACK: Duration = Duration::from_secs(5);
@@ -58,7 +59,9 @@ async fn stale_then_current(h: &Harness, change: StateChange) -> Stamped {
     for stale in [first, LeaseToken::new()] {
         let n = h
             .driver
-            .command_set_state_many(&[stamp(&id, stale, change.clone())])
+            .command_set_state_many(&CommandSetStateManyParams {
+                changes: &[stamp(&id, stale, change.clone())],
+            })
             .await
             .expect("stamp");
         assert_eq!(n, 0, "{engine}: a stale token stamps nothing ({change:?})");
@@ -71,7 +74,9 @@ async fn stale_then_current(h: &Harness, change: StateChange) -> Stamped {
     let at = Utc::now();
     let n = h
         .driver
-        .command_set_state_many(&[stamp(&id, second, change.clone())])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[stamp(&id, second, change.clone())],
+        })
         .await
         .expect("stamp");
     assert_eq!(
@@ -86,7 +91,9 @@ async fn stale_then_current(h: &Harness, change: StateChange) -> Stamped {
     );
     let again = h
         .driver
-        .command_set_state_many(&[stamp(&id, second, change.clone())])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[stamp(&id, second, change.clone())],
+        })
         .await
         .expect("stamp");
     assert_eq!(
@@ -189,7 +196,9 @@ pub(crate) async fn release_is_guarded_and_gives_the_attempt_back(engine: &str) 
     let (token, _) = h.claim(10).await;
     let n = h
         .driver
-        .command_set_state_many(&[stamp(&id, token, StateChange::Release { run_in: None })])
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[stamp(&id, token, StateChange::Release { run_in: None })],
+        })
         .await
         .expect("release");
     assert_eq!(n, 1);
@@ -232,7 +241,7 @@ pub(crate) async fn one_statement_stamps_every_kind_and_skips_stale_leases(engin
     ];
     let n = h
         .driver
-        .command_set_state_many(&changes)
+        .command_set_state_many(&CommandSetStateManyParams { changes: &changes })
         .await
         .expect("stamp");
     assert_eq!(n, 4, "{engine}: four current leases, one stale");
@@ -255,7 +264,7 @@ pub(crate) async fn one_statement_stamps_every_kind_and_skips_stale_leases(engin
     );
     assert_eq!(
         h.driver
-            .command_set_state_many(&[])
+            .command_set_state_many(&CommandSetStateManyParams { changes: &[] })
             .await
             .expect("no stamps"),
         0,
@@ -296,7 +305,10 @@ pub(crate) async fn set_state_and_claim_stamps_and_claims_in_one_call(engine: &s
     ];
     let (stamped, rows) = h
         .driver
-        .command_set_state_and_claim(&changes, &claim)
+        .command_set_state_and_claim(&CommandSetStateAndClaimParams {
+            changes: &changes,
+            claim: &claim,
+        })
         .await
         .expect("stamp and claim");
     assert_eq!(stamped, 3, "{engine}: three current leases, one stale");
@@ -332,20 +344,23 @@ pub(crate) async fn set_state_and_claim_stamps_and_claims_in_one_call(engine: &s
     // Only stamps, nothing due that the stamps did not just release: the count arrives.
     let (stamped, rows) = h
         .driver
-        .command_set_state_and_claim(
-            &rows
+        .command_set_state_and_claim(&CommandSetStateAndClaimParams {
+            changes: &rows
                 .iter()
                 .map(|r| stamp(&r.lease.id, claim.token, StateChange::Completed))
                 .collect::<Vec<_>>(),
-            &params(0),
-        )
+            claim: &params(0),
+        })
         .await
         .expect("stamp, claim nothing");
     assert_eq!((stamped, rows.len()), (2, 0), "{engine}");
     assert!(h.get(&due_b).await.processed_at.is_some());
     let (stamped, rows) = h
         .driver
-        .command_set_state_and_claim(&[], &params(10))
+        .command_set_state_and_claim(&CommandSetStateAndClaimParams {
+            changes: &[],
+            claim: &params(10),
+        })
         .await
         .expect("claim, no stamps");
     assert_eq!(stamped, 0, "{engine}");

@@ -11,14 +11,14 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row};
-use crate::command::{CommandId, CommandRow};
+use crate::command::CommandRow;
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
 use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
-    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
-    StateCountParams,
+    CommandGetManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
+    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
+    FinishedKind, StateCount, StateCountParams,
 };
 use crate::engine::marks;
 use crate::error::{Error, Result};
@@ -211,7 +211,8 @@ impl AdminOps for MySqlDriver {
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
 
-    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>> {
+    async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
+        let ids = params.ids;
         let t = &self.t;
         let mut found = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {

@@ -18,8 +18,10 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
-    QueueOps, SetState, SweepParams, marks,
+    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
+    SetState, SweepParams, marks,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -374,7 +376,8 @@ impl QueueOps for MySqlDriver {
         2
     }
 
-    async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+        let command = params.command;
         let mut conn = self
             .pool
             .acquire()
@@ -390,7 +393,11 @@ impl QueueOps for MySqlDriver {
         Ok(command.id.clone())
     }
 
-    async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
+    async fn command_insert_many(
+        &self,
+        params: &CommandInsertManyParams<'_>,
+    ) -> Result<Vec<CommandId>> {
+        let commands = params.commands;
         let t = &self.t;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
@@ -424,9 +431,9 @@ impl QueueOps for MySqlDriver {
 
     async fn command_set_state_and_claim(
         &self,
-        changes: &[SetState],
-        params: &ClaimParams,
+        params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let (changes, params) = (params.changes, params.claim);
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
@@ -435,7 +442,8 @@ impl QueueOps for MySqlDriver {
         Ok((stamped, claimed))
     }
 
-    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
+        let id = params.id;
         let sql = format!("SELECT {COLUMNS} FROM {} WHERE `Id` = ?", self.t);
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -447,7 +455,8 @@ impl QueueOps for MySqlDriver {
             .transpose()
     }
 
-    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+    async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
+        let changes = params.changes;
         let mut conn = self
             .pool
             .acquire()
@@ -518,7 +527,8 @@ impl QueueOps for MySqlDriver {
         super::decode_activity(&row)
     }
 
-    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+    async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
+        let rows = params.rows;
         // MariaDB caps recursive CTEs at 1000 iterations by default, so the rows come from
         // a cross join of five ten-row tables (100,000 rows a statement at most).
         const PER_STATEMENT: u64 = 100_000;

@@ -17,9 +17,9 @@ use crate::engine::admin::decode_state_count;
 use crate::engine::admin::numbered_list_sql;
 use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams, DeadLetterRequeueBatchParams,
-    DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount,
-    StateCountParams,
+    CommandGetManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
+    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
+    FinishedKind, StateCount, StateCountParams,
 };
 use crate::error::{Error, Result};
 
@@ -133,7 +133,8 @@ impl AdminOps for PgDriver {
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
 
-    async fn command_get_many(&self, ids: &[CommandId]) -> Result<Vec<CommandRow>> {
+    async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
+        let ids = params.ids;
         let t = &self.t;
         let ids: Vec<Uuid> = ids.iter().filter_map(CommandId::as_uuid).collect();
         let sql = format!(r#"SELECT * FROM {t} WHERE "Id" = ANY($1) ORDER BY "CreatedAt", "Id""#);

@@ -21,8 +21,10 @@ use sqlx::postgres::PgValueFormat;
 
 use super::decode::{Decoder, text_columns};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
-    QueueOps, SetState, SweepParams,
+    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
+    SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -487,7 +489,8 @@ impl PgDriver {
 
 #[async_trait]
 impl QueueOps for PgDriver {
-    async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+        let command = params.command;
         let mut conn = self
             .pool
             .acquire()
@@ -496,7 +499,11 @@ impl QueueOps for PgDriver {
         insert_with(&mut conn, &self.sql.insert, &self.table, command).await
     }
 
-    async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
+    async fn command_insert_many(
+        &self,
+        params: &CommandInsertManyParams<'_>,
+    ) -> Result<Vec<CommandId>> {
+        let commands = params.commands;
         for command in commands {
             command.validate()?;
             if command.id.as_uuid().is_none() {
@@ -533,9 +540,9 @@ impl QueueOps for PgDriver {
 
     async fn command_set_state_and_claim(
         &self,
-        changes: &[SetState],
-        params: &ClaimParams,
+        params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let (changes, params) = (params.changes, params.claim);
         let sql = match params.types {
             Some(_) => &self.sql.stamp_claim_types,
             None => &self.sql.stamp_claim,
@@ -560,7 +567,8 @@ impl QueueOps for PgDriver {
         Ok((stamped.max(0) as u64, self.claimed(&claimed, params)))
     }
 
-    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
+        let id = params.id;
         let Some(uuid) = id.as_uuid() else {
             return Ok(None);
         };
@@ -575,7 +583,8 @@ impl QueueOps for PgDriver {
             .transpose()
     }
 
-    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+    async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
+        let changes = params.changes;
         let query = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()));
         let done = StampArrays::new(changes)
             .bind(query)
@@ -638,7 +647,8 @@ impl QueueOps for PgDriver {
         super::decode_activity(&row)
     }
 
-    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+    async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
+        let rows = params.rows;
         let sql = format!(
             r#"INSERT INTO {} ("Type", "Payload", "CreatedAt", "RunAt", "Attempts", "ProcessedAt")
                SELECT 'bench.retained', '{{}}'::jsonb, now(), now(), 1, now()

@@ -22,8 +22,10 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, ClaimParams, ClaimedRow, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle,
-    QueueOps, SetState, SweepParams,
+    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
+    SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt, format_timestamp, parse_timestamp};
 use crate::error::{Error, Result};
@@ -458,7 +460,8 @@ impl SqliteDriver {
 
 #[async_trait]
 impl QueueOps for SqliteDriver {
-    async fn command_insert(&self, command: &NewCommand) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+        let command = params.command;
         let mut conn = self
             .pool
             .acquire()
@@ -474,7 +477,11 @@ impl QueueOps for SqliteDriver {
         Ok(command.id.clone())
     }
 
-    async fn command_insert_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
+    async fn command_insert_many(
+        &self,
+        params: &CommandInsertManyParams<'_>,
+    ) -> Result<Vec<CommandId>> {
+        let commands = params.commands;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let mut full: Option<Arc<str>> = None;
@@ -503,9 +510,9 @@ impl QueueOps for SqliteDriver {
 
     async fn command_set_state_and_claim(
         &self,
-        changes: &[SetState],
-        params: &ClaimParams,
+        params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
+        let (changes, params) = (params.changes, params.claim);
         self.dead_letter_unusable_ids().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
@@ -517,7 +524,8 @@ impl QueueOps for SqliteDriver {
         Ok((stamped, claimed))
     }
 
-    async fn command_get(&self, id: &CommandId) -> Result<Option<CommandRow>> {
+    async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
+        let id = params.id;
         let sql = format!(r#"SELECT * FROM {} WHERE "Id" = ?"#, self.t);
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -529,7 +537,8 @@ impl QueueOps for SqliteDriver {
             .transpose()
     }
 
-    async fn command_set_state_many(&self, changes: &[SetState]) -> Result<u64> {
+    async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
+        let changes = params.changes;
         let mut conn = self
             .pool
             .acquire()
@@ -576,7 +585,8 @@ impl QueueOps for SqliteDriver {
         super::decode_activity(&row)
     }
 
-    async fn bench_fill_completed(&self, rows: u64) -> Result<()> {
+    async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
+        let rows = params.rows;
         if rows == 0 {
             return Ok(());
         }
