@@ -18,10 +18,11 @@ CREATE TABLE {{table}} (
     "CorrelationId"  text        NULL
 ) WITH (fillfactor = 80);
 
--- The poll: pending rows in RunAt order. No lease column rides along, and the table keeps
--- 20% of each page free (fillfactor), so claims, lease renewals and releases are HOT
--- updates that touch no index.
-CREATE INDEX {{ix_poll}} ON {{table}} ("RunAt")
+-- The poll: pending rows in ("RunAt", "Id") order; a processor's claim starts after the
+-- last row it claimed, so it does not step over the rows it holds. No lease column rides
+-- along, and the table keeps 20% of each page free (fillfactor), so claims, lease renewals
+-- and releases are HOT updates that touch no index.
+CREATE INDEX {{ix_poll}} ON {{table}} ("RunAt", "Id")
     WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL;
 -- The retention sweep: completed rows by age.
 CREATE INDEX {{ix_retention}} ON {{table}} ("ProcessedAt")

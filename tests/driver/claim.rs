@@ -7,7 +7,9 @@ use chrono::Utc;
 
 use super::{Harness, ids, near, params, sorted};
 use crate::command::CommandId;
-use crate::engine::CommandInsertManyParams;
+use crate::engine::{
+    CommandInsertManyParams, CommandSetStateManyParams, Lease, SetState, StateChange,
+};
 
 /// Due rows come in `RunAt` order: a claim of `limit` takes the `limit` earliest due
 /// rows, never more, and leases them (token, `LockedUntil = now + lease`, `Attempts + 1`).
@@ -258,4 +260,104 @@ pub(crate) async fn two_claimers_get_disjoint_rows_and_together_all(engine: &str
         300,
         "{engine}: every row claimed exactly once"
     );
+}
+
+/// A row that becomes claimable again behind the rows already claimed (its lease released,
+/// as a crashed replica's lapses) is claimed again soon, and the rows after it are not
+/// lost either. On PostgreSQL a claim starts after the last row it claimed
+/// (`src/engine/postgres/cursor.rs`) and returns to the head at least every 500 ms; the
+/// other engines always scan from the head.
+pub(crate) async fn a_row_released_behind_the_last_claim_is_claimed_again_soon(engine: &str) {
+    let h = Harness::new(engine, "behind").await;
+    let run_at = h.q("RunAt");
+    let mut rows = Vec::new();
+    for seconds_ago in [50, 40, 30, 20, 10] {
+        let id = h.insert("t").await;
+        h.update(&id, &format!("{run_at} = {}", h.ago(seconds_ago)))
+            .await;
+        rows.push(id);
+    }
+    // A full claim: the cursor (PostgreSQL) moves past the second row.
+    let (token, first) = h.claim(2).await;
+    let mut claimed_first = ids(&first);
+    claimed_first.sort();
+    assert_eq!(claimed_first, sorted(&[&rows[0], &rows[1]]));
+    let released = h
+        .driver
+        .command_set_state_many(&CommandSetStateManyParams {
+            changes: &[SetState {
+                lease: Lease {
+                    id: rows[0].clone(),
+                    token,
+                },
+                change: StateChange::Release { run_in: None },
+            }],
+        })
+        .await
+        .expect("release");
+    assert_eq!(released, 1);
+
+    let started = std::time::Instant::now();
+    let mut seen: HashSet<CommandId> = HashSet::new();
+    while !(seen.contains(&rows[0]) && rows[2..].iter().all(|id| seen.contains(id))) {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{engine}: after {:?} still not claimed: {:?}",
+            started.elapsed(),
+            rows.iter()
+                .filter(|id| !seen.contains(*id))
+                .collect::<Vec<_>>()
+        );
+        let (_, claimed) = h.claim(1).await;
+        for id in ids(&claimed) {
+            assert!(seen.insert(id.clone()), "{engine}: {id} claimed twice");
+        }
+        if claimed.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(!seen.contains(&rows[1]), "{engine}: a held row was claimed");
+    // Nothing else is due: the next claims come back empty.
+    assert!(h.claim(5).await.1.is_empty());
+}
+
+/// Many claims of a backlog whose rows share one `RunAt` (a bulk `COPY`/multi-row insert
+/// gives every row the same `now()`): every row is claimed exactly once, in full batches.
+pub(crate) async fn a_backlog_with_one_run_at_is_claimed_once_in_full_batches(engine: &str) {
+    let h = Harness::new(engine, "same_run_at").await;
+    let commands: Vec<crate::command::NewCommand> = (0..95)
+        .map(|i| crate::command::NewCommand::new("t", serde_json::json!({ "i": i })))
+        .collect();
+    let inserted = h
+        .driver
+        .command_insert_many(&CommandInsertManyParams {
+            commands: &commands,
+        })
+        .await
+        .expect("insert");
+    h.exec(&format!(
+        "UPDATE {} SET {} = {}",
+        h.t,
+        h.q("RunAt"),
+        h.ago(60)
+    ))
+    .await;
+    let mut seen: HashSet<CommandId> = HashSet::new();
+    let mut sizes = Vec::new();
+    loop {
+        let (_, claimed) = h.claim(10).await;
+        if claimed.is_empty() {
+            break;
+        }
+        sizes.push(claimed.len());
+        for id in ids(&claimed) {
+            assert!(seen.insert(id.clone()), "{engine}: {id} claimed twice");
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        inserted.len(),
+        "{engine}: not every row was claimed"
+    );
+    assert_eq!(sizes, [10, 10, 10, 10, 10, 10, 10, 10, 10, 5], "{engine}");
 }

@@ -310,6 +310,8 @@ driver_cases!(
     claim::claim_skips_rows_younger_than_the_processing_delay,
     claim::claim_with_types_takes_only_those_types,
     claim::two_claimers_get_disjoint_rows_and_together_all,
+    claim::a_row_released_behind_the_last_claim_is_claimed_again_soon,
+    claim::a_backlog_with_one_run_at_is_claimed_once_in_full_batches,
     stamp::completed_is_guarded_by_the_lease_token,
     stamp::retry_is_guarded_by_the_lease_token,
     stamp::dead_is_guarded_by_the_lease_token,
