@@ -17,22 +17,57 @@ use crate::error::{Error, Result};
 /// icq writes lowercase hyphenated UUIDs, but the table is shared with other programs: on
 /// SQLite and MySQL `Id` is text, and a row may carry `AAAAAAAA-…`, `{…}` or `job-1`. The
 /// id is kept verbatim so every statement matches the row exactly as it was written.
+///
+/// # Examples
+///
+/// ```
+/// use icq::CommandId;
+///
+/// let fresh = CommandId::new();
+/// assert!(fresh.as_uuid().is_some());
+///
+/// // A foreign writer's id is kept exactly as written (white space around it trimmed).
+/// let foreign: CommandId = " job-1 ".parse()?;
+/// assert_eq!(foreign.as_str(), "job-1");
+/// assert_eq!(foreign.to_string(), "job-1");
+/// assert_eq!(foreign.as_uuid(), None);
+/// assert!("".parse::<CommandId>().is_err());
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct CommandId(Arc<str>);
 
 impl CommandId {
     /// A fresh random (v4) id, lowercase and hyphenated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let id = icq::CommandId::new();
+    /// assert_eq!(id.as_str(), id.as_str().to_lowercase());
+    /// assert_ne!(id, icq::CommandId::new());
+    /// ```
     pub fn new() -> CommandId {
         CommandId::from(Uuid::new_v4())
     }
 
-    /// The id as stored.
+    /// The id as stored. See [`CommandId`]'s example.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The id as a UUID, when it is one (in any case, with or without braces).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let upper: icq::CommandId = "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE".parse()?;
+    /// let uuid = upper.as_uuid().expect("a UUID in upper case");
+    /// assert_eq!(uuid.to_string(), "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee");
+    /// assert_eq!(upper.as_str(), "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE"); // still verbatim
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn as_uuid(&self) -> Option<Uuid> {
         Uuid::parse_str(&self.0).ok()
     }
@@ -84,12 +119,24 @@ impl FromStr for CommandId {
 }
 
 /// The lease token written into `LockToken` when a batch is claimed.
+///
+/// The processor makes these; an operator sees them in [`CommandRow::lock_token`].
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::LeaseToken;
+///
+/// let token = LeaseToken::new();
+/// assert_ne!(token, LeaseToken::new());
+/// assert_eq!(token.to_string(), token.0.hyphenated().to_string());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct LeaseToken(pub Uuid);
 
 impl LeaseToken {
-    /// A fresh random token.
+    /// A fresh random token. See [`LeaseToken`]'s example.
     pub fn new() -> LeaseToken {
         LeaseToken(Uuid::new_v4())
     }
@@ -108,6 +155,22 @@ impl fmt::Display for LeaseToken {
 }
 
 /// Who scheduled a command, captured at scheduling time and restored when it runs.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{Context, NewCommand};
+///
+/// let context = Context {
+///     user_id: Some("u-17".into()),
+///     roles: vec!["orders.write".into()],
+///     tenant_id: Some("acme".into()),
+///     correlation_id: Some("req-9f2".into()),
+/// };
+/// let command = NewCommand::new("orders.receipt", serde_json::json!({})).context(context);
+/// assert_eq!(command.context.user_id.as_deref(), Some("u-17"));
+/// assert_eq!(Context::default().roles.len(), 0);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Context {
     /// The scheduling user (`UserId`).
@@ -123,6 +186,14 @@ pub struct Context {
 
 impl Context {
     /// The roles as the JSON array text stored in `Roles`, or `None` when there are none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let context = icq::Context { roles: vec!["a".into(), "b".into()], ..Default::default() };
+    /// assert_eq!(context.roles_json().as_deref(), Some(r#"["a","b"]"#));
+    /// assert_eq!(icq::Context::default().roles_json(), None);
+    /// ```
     pub fn roles_json(&self) -> Option<String> {
         if self.roles.is_empty() {
             None
@@ -133,6 +204,16 @@ impl Context {
 
     /// Parses the stored `Roles` text; anything that is not a JSON array of strings is
     /// treated as a single role name so a foreign writer's value is not silently lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Context;
+    ///
+    /// assert_eq!(Context::parse_roles(Some(r#"["a","b"]"#)), ["a", "b"]);
+    /// assert_eq!(Context::parse_roles(Some("admin")), ["admin"]); // a foreign writer's text
+    /// assert!(Context::parse_roles(None).is_empty());
+    /// ```
     pub fn parse_roles(raw: Option<&str>) -> Vec<String> {
         match raw.map(str::trim) {
             None | Some("") => Vec::new(),
@@ -143,12 +224,37 @@ impl Context {
     }
 
     /// True when every role in `required` was captured.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let context = icq::Context { roles: vec!["orders.write".into()], ..Default::default() };
+    /// assert!(context.has_roles(&["orders.write".to_string()]));
+    /// assert!(!context.has_roles(&["orders.write".into(), "admin".into()]));
+    /// assert!(context.has_roles(&[]));
+    /// ```
     pub fn has_roles(&self, required: &[String]) -> bool {
         required.iter().all(|r| self.roles.contains(r))
     }
 }
 
 /// When a new command becomes due.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use icq::{NewCommand, RunAt};
+///
+/// let now = NewCommand::new("reports.daily", serde_json::json!({}));
+/// assert_eq!(now.run_at, RunAt::Now);
+/// let later = now.clone().run_at(RunAt::After(Duration::from_secs(3600)));
+/// let at = "2030-01-01T06:00:00Z".parse()?;
+/// let fixed = now.run_at(RunAt::At(at));
+/// assert_eq!(later.run_at, RunAt::After(Duration::from_secs(3600)));
+/// assert_eq!(fixed.run_at, RunAt::At(at));
+/// # Ok::<(), chrono::ParseError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RunAt {
     /// As soon as possible (the database's `now`).
@@ -161,6 +267,17 @@ pub enum RunAt {
 }
 
 /// The longest delay a command may be scheduled with (100 years): every engine stores it.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{NewCommand, command::MAX_DELAY};
+///
+/// let command = NewCommand::new("t", serde_json::json!({}));
+/// assert!(command.clone().delay(MAX_DELAY).validate().is_ok());
+/// let too_late = command.delay(MAX_DELAY + std::time::Duration::from_secs(1));
+/// assert!(too_late.validate().is_err());
+/// ```
 pub const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 fn earliest_instant() -> DateTime<Utc> {
@@ -174,6 +291,21 @@ fn latest_instant() -> DateTime<Utc> {
 }
 
 /// A command about to be scheduled.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use icq::{Context, NewCommand};
+///
+/// let command = NewCommand::new("email.welcome", serde_json::json!({ "user": 17 }))
+///     .delay(Duration::from_secs(60))
+///     .context(Context { user_id: Some("u-17".into()), ..Context::default() });
+/// assert_eq!(command.type_name, "email.welcome");
+/// assert_eq!(command.payload["user"], 17);
+/// assert!(command.validate().is_ok());
+/// println!("will be scheduled as {}", command.id); // known before the insert
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCommand {
     /// The id to insert; generated up front so the caller knows it before commit.
@@ -190,6 +322,16 @@ pub struct NewCommand {
 
 impl NewCommand {
     /// A command of `type_name` with `payload`, due now, with an empty context.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Context, NewCommand, RunAt};
+    ///
+    /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+    /// assert_eq!(command.run_at, RunAt::Now);
+    /// assert_eq!(command.context, Context::default());
+    /// ```
     pub fn new(type_name: impl Into<String>, payload: serde_json::Value) -> NewCommand {
         NewCommand {
             id: CommandId::new(),
@@ -201,30 +343,71 @@ impl NewCommand {
     }
 
     /// A command built from a typed, serializable value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{CommandType, NewCommand};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct SendReceipt {
+    ///     order_id: i64,
+    /// }
+    /// impl CommandType for SendReceipt {
+    ///     const TYPE: &'static str = "orders.send_receipt";
+    /// }
+    ///
+    /// let command = NewCommand::typed(&SendReceipt { order_id: 42 })?;
+    /// assert_eq!(command.type_name, "orders.send_receipt");
+    /// assert_eq!(command.payload, serde_json::json!({ "order_id": 42 }));
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn typed<C: CommandType>(command: &C) -> Result<NewCommand> {
         let payload = serde_json::to_value(command)
             .map_err(|e| Error::Usage(format!("command {} cannot be serialized: {e}", C::TYPE)))?;
         Ok(NewCommand::new(C::TYPE, payload))
     }
 
-    /// Sets when the command becomes due.
+    /// Sets when the command becomes due. See [`RunAt`]'s example.
     pub fn run_at(mut self, run_at: RunAt) -> NewCommand {
         self.run_at = run_at;
         self
     }
 
     /// Delays the command by `delay` from now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use icq::{NewCommand, RunAt};
+    ///
+    /// let command = NewCommand::new("t", serde_json::json!({})).delay(Duration::from_secs(90));
+    /// assert_eq!(command.run_at, RunAt::After(Duration::from_secs(90)));
+    /// ```
     pub fn delay(self, delay: Duration) -> NewCommand {
         self.run_at(RunAt::After(delay))
     }
 
-    /// Sets the captured context.
+    /// Sets the captured context. See [`NewCommand`]'s example.
     pub fn context(mut self, context: Context) -> NewCommand {
         self.context = context;
         self
     }
 
-    /// Checks what every engine would otherwise reject less clearly.
+    /// Checks what every engine would otherwise reject less clearly: an empty or overlong
+    /// type, a delay beyond [`MAX_DELAY`], an instant outside 1970–9999. The scheduling
+    /// functions of [`crate::admin`] call it for you.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// assert!(NewCommand::new("orders.receipt", serde_json::json!({})).validate().is_ok());
+    /// let err = NewCommand::new(" ", serde_json::json!({})).validate().unwrap_err();
+    /// assert_eq!(err.to_string(), "a command type must not be empty");
+    /// ```
     pub fn validate(&self) -> Result<()> {
         if self.type_name.trim().is_empty() {
             return Err(Error::Usage("a command type must not be empty".into()));
@@ -254,12 +437,59 @@ impl NewCommand {
 }
 
 /// A Rust type that is a command: serializable, with a stable type name.
+///
+/// Schedule one with [`NewCommand::typed`]; handle it with [`crate::Registry::register`].
+///
+/// # Examples
+///
+/// ```
+/// use icq::CommandType;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendReceipt {
+///     order_id: i64,
+/// }
+///
+/// impl CommandType for SendReceipt {
+///     const TYPE: &'static str = "orders.send_receipt";
+/// }
+///
+/// assert_eq!(SendReceipt::TYPE, "orders.send_receipt");
+/// ```
 pub trait CommandType: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
-    /// The type name stored in `Type`, e.g. `orders.send_receipt`.
+    /// The type name stored in `Type`, e.g. `orders.send_receipt`. See [`CommandType`]'s
+    /// example.
     const TYPE: &'static str;
 }
 
 /// One row of the commands table, every column decoded.
+///
+/// # Examples
+///
+/// Read back with [`Queue::get`](crate::Queue::get) (or [`admin::show`](crate::admin::show)):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let queue = icq::sources::open_one(&config).await?.queue;
+/// use icq::{Context, NewCommand, State};
+///
+/// let context = Context { user_id: Some("u-17".into()), ..Context::default() };
+/// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+/// let id = queue.schedule(&command.context(context.clone())).await?;
+///
+/// let row = queue.get(&id).await?.expect("just scheduled");
+/// assert_eq!((row.type_name.as_str(), row.attempts), ("orders.receipt", 0));
+/// assert_eq!(row.context(), context);
+/// assert_eq!(row.state(chrono::Utc::now()), State::Due);
+/// assert_eq!(row.defect_summary(), None); // every column decoded
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CommandRow {
     /// `Id`.
@@ -324,6 +554,23 @@ impl CommandRow {
     }
 
     /// Why this row cannot be run, when some column could not be decoded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let row = |defects: Vec<String>| icq::CommandRow {
+    /// #     id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}),
+    /// #     created_at: chrono::Utc::now(), run_at: chrono::Utc::now(), attempts: 0,
+    /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
+    /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
+    /// #     correlation_id: None, defects,
+    /// # };
+    /// // `row(defects)` builds a CommandRow with the given `defects`.
+    /// assert_eq!(row(vec![]).defect_summary(), None);
+    /// let bad = row(vec!["Payload: not JSON".into()]);
+    /// let summary = bad.defect_summary();
+    /// assert_eq!(summary.as_deref(), Some("row cannot be processed: Payload: not JSON"));
+    /// ```
     pub fn defect_summary(&self) -> Option<String> {
         if self.defects.is_empty() {
             None
@@ -335,7 +582,7 @@ impl CommandRow {
         }
     }
 
-    /// The captured context as stored in the row.
+    /// The captured context as stored in the row. See [`CommandRow`]'s example.
     pub fn context(&self) -> Context {
         Context {
             user_id: self.user_id.clone(),
@@ -346,6 +593,31 @@ impl CommandRow {
     }
 
     /// The row's state at instant `now`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use chrono::{Duration, Utc};
+    /// use icq::State;
+    ///
+    /// # let mut row = icq::CommandRow {
+    /// #     id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}),
+    /// #     created_at: Utc::now(), run_at: Utc::now(), attempts: 0,
+    /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
+    /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
+    /// #     correlation_id: None, defects: vec![],
+    /// # };
+    /// let now = Utc::now();
+    /// row.run_at = now + Duration::hours(1);
+    /// assert_eq!(row.state(now), State::Scheduled);
+    /// assert_eq!(row.state(now + Duration::hours(2)), State::Due);
+    /// row.locked_until = Some(now + Duration::minutes(5)); // claimed under a live lease
+    /// assert_eq!(row.state(now + Duration::hours(2)), State::Due); // the lease has lapsed
+    /// row.run_at = now;
+    /// assert_eq!(row.state(now), State::Running);
+    /// row.processed_at = Some(now);
+    /// assert_eq!(row.state(now), State::Completed);
+    /// ```
     pub fn state(&self, now: DateTime<Utc>) -> State {
         if self.processed_at.is_some() {
             State::Completed
@@ -362,6 +634,16 @@ impl CommandRow {
 }
 
 /// The state of a command, as defined by the product contract.
+///
+/// # Examples
+///
+/// ```
+/// use icq::State;
+///
+/// assert_eq!(State::Dead.as_str(), "dead");
+/// assert_eq!(serde_json::to_string(&State::Scheduled)?, r#""scheduled""#);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
@@ -378,7 +660,7 @@ pub enum State {
 }
 
 impl State {
-    /// The state's name, as JSON and `icq list --state` spell it.
+    /// The state's name, as JSON and `icq list --state` spell it. See [`State`]'s example.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Due => "due",
@@ -392,6 +674,15 @@ impl State {
 
 /// Formats an instant the way icq stores it in SQLite and prints it: RFC 3339, UTC,
 /// millisecond precision, `Z` suffix. Lexical order equals time order.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::format_timestamp;
+///
+/// let at = chrono::DateTime::from_timestamp(1_700_000_000, 500_000_000).unwrap();
+/// assert_eq!(format_timestamp(at), "2023-11-14T22:13:20.500Z");
+/// ```
 pub fn format_timestamp(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
@@ -399,6 +690,17 @@ pub fn format_timestamp(at: DateTime<Utc>) -> String {
 /// Parses a stored timestamp: RFC 3339, SQLite's `YYYY-MM-DD HH:MM:SS[.fff]` or
 /// `YYYY-MM-DDTHH:MM:SS[.fff]` (UTC), or integer/fractional Unix seconds (SQLite's
 /// "integer time", as other programs may write it).
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::parse_timestamp;
+///
+/// let at = parse_timestamp("2023-11-14T22:13:20.500Z").unwrap();
+/// assert_eq!(parse_timestamp("2023-11-14 22:13:20.5"), Some(at));
+/// assert_eq!(parse_timestamp("1700000000.5"), Some(at));
+/// assert_eq!(parse_timestamp("tomorrow"), None);
+/// ```
 pub fn parse_timestamp(text: &str) -> Option<DateTime<Utc>> {
     let text = text.trim();
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {

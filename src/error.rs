@@ -6,9 +6,34 @@
 use std::path::PathBuf;
 
 /// Result alias used throughout the library.
+///
+/// # Examples
+///
+/// ```
+/// fn table_from_env(value: &str) -> icq::Result<icq::TableName> {
+///     icq::TableName::parse(value)
+/// }
+/// assert!(table_from_env("OrderCommands").is_ok());
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong inside icq.
+///
+/// Every message is meant to be shown as is; [`Error::kind`] and [`Error::exit_code`]
+/// classify it for programs.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{Error, TableName};
+///
+/// match TableName::parse("orders; DROP TABLE users") {
+///     Err(Error::Usage(message)) => assert!(message.starts_with("invalid table name")),
+///     other => panic!("unexpected: {other:?}"),
+/// }
+/// let err = TableName::parse("a b").unwrap_err();
+/// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration file or a command-line value is invalid (exit code 2).
@@ -165,6 +190,18 @@ fn create_schema_hint(engine: &str, schema: &str) -> String {
 impl Error {
     /// [`Error::TableMissing`] for `table`, whose schema does not exist (`source_name`
     /// is filled in by [`Error::in_source`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, Error, TableName};
+    ///
+    /// let table = TableName::parse("jobs.InternalCommands")?;
+    /// let err = Error::schema_missing(&table, Engine::Postgres).in_source("orders");
+    /// assert!(matches!(&err, Error::TableMissing { missing_schema: Some(s), .. } if s == "jobs"));
+    /// assert!(err.to_string().contains(r#"`CREATE SCHEMA "jobs"`"#), "{err}");
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn schema_missing(table: &crate::TableName, engine: crate::Engine) -> Error {
         Error::TableMissing {
             source_name: String::new(),
@@ -202,6 +239,16 @@ fn describe_cause(cause: &sqlx::Error) -> String {
 
 /// `text` without a trailing ` at line N`: sqlx appends the line of the PostgreSQL
 /// server's C source that raised the error, which means nothing to an operator.
+///
+/// # Examples
+///
+/// ```
+/// use icq::error::without_line_suffix;
+///
+/// let message = "relation \"x\" does not exist at line 42";
+/// assert_eq!(without_line_suffix(message), "relation \"x\" does not exist");
+/// assert_eq!(without_line_suffix("at line or not"), "at line or not");
+/// ```
 pub fn without_line_suffix(text: &str) -> &str {
     match text.rsplit_once(" at line ") {
         Some((head, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => head,
@@ -211,6 +258,16 @@ pub fn without_line_suffix(text: &str) -> &str {
 
 impl Error {
     /// The exit code the `icq` binary uses for this error: 2 usage, 3 not found, 1 otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Error;
+    ///
+    /// assert_eq!(Error::Usage("bad flag".into()).exit_code(), 2);
+    /// assert_eq!(Error::NotFound("no command with id x".into()).exit_code(), 3);
+    /// assert_eq!(Error::DeadLettered { count: 1 }.exit_code(), 1);
+    /// ```
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Usage(_) | Error::Config { .. } | Error::ConfigCheck { .. } => 2,
@@ -223,6 +280,16 @@ impl Error {
     /// `--format json` error document (`usage`, `config`, `not_found`, `connection`,
     /// `database`, `table_missing`, `migration`, `io`, `malformed_row`, `dead_lettered`,
     /// `bench`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Error;
+    ///
+    /// assert_eq!(Error::NotFound("no command with id x".into()).kind(), "not_found");
+    /// let lost = Error::db("claiming commands from source orders")(sqlx::Error::PoolTimedOut);
+    /// assert_eq!(lost.kind(), "connection");
+    /// ```
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Usage(_) => "usage",
@@ -243,6 +310,22 @@ impl Error {
     /// Names the source a connection error happened on (`source `orders`: cannot connect to
     /// ...`), or whose table's schema the driver found missing. Other errors are returned as
     /// they are (they name their table or URL already).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Error;
+    ///
+    /// let refused = Error::Connect {
+    ///     context: "cannot connect to postgres://app@db/shop".into(),
+    ///     reason: "connection refused (10.0.0.5:5432)".into(),
+    ///     hint: String::new(),
+    /// };
+    /// let named = refused.in_source("orders");
+    /// assert!(named.to_string().starts_with("source `orders`: cannot connect"), "{named}");
+    /// let usage = Error::Usage("bad".into()).in_source("orders");
+    /// assert_eq!(usage.to_string(), "bad"); // left as it was
+    /// ```
     pub fn in_source(self, source: &str) -> Error {
         match self {
             Error::TableMissing {
@@ -269,19 +352,60 @@ impl Error {
         }
     }
 
-    /// Wraps a driver error with what icq was doing when it happened.
+    /// Wraps a driver error with what icq was doing when it happened: for `map_err`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> icq::Result<()> {
+    /// use icq::Error;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await;
+    /// let pool = pool.map_err(Error::db("opening the database"))?;
+    /// let bad = sqlx::query("SELECT * FROM missing").execute(&pool).await;
+    /// let err = bad.map_err(Error::db("reading the report")).unwrap_err();
+    /// assert!(err.to_string().starts_with("reading the report: "), "{err}");
+    /// assert_eq!(err.kind(), "database");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
         let context = context.into();
         move |cause| Error::Database { context, cause }
     }
 
-    /// Wraps an I/O error with what icq was doing when it happened.
+    /// Wraps an I/O error with what icq was doing when it happened: for `map_err`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Error;
+    ///
+    /// let path = "/no/such/icq.yaml";
+    /// let read = std::fs::read_to_string(path).map_err(Error::io(format!("reading {path}")));
+    /// let err = read.unwrap_err();
+    /// assert!(err.to_string().starts_with("reading /no/such/icq.yaml: "), "{err}");
+    /// assert_eq!(err.kind(), "io");
+    /// ```
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
         move |cause| Error::Io { context, cause }
     }
 
-    /// True when the error means the database connection failed (as opposed to a bad query).
+    /// True when the error means the database connection failed (as opposed to a bad
+    /// query): worth retrying once the database is back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Error;
+    ///
+    /// let timed_out = Error::db("claiming commands")(sqlx::Error::PoolTimedOut);
+    /// assert!(timed_out.is_connection_error());
+    /// let bad_query = Error::db("claiming commands")(sqlx::Error::RowNotFound);
+    /// assert!(!bad_query.is_connection_error());
+    /// ```
     pub fn is_connection_error(&self) -> bool {
         matches!(self, Error::Connect { .. })
             || matches!(

@@ -11,9 +11,32 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 /// The default table name from the product contract.
+///
+/// # Examples
+///
+/// ```
+/// use icq::TableName;
+/// use icq::ident::DEFAULT_TABLE;
+///
+/// assert_eq!(TableName::default().to_string(), DEFAULT_TABLE);
+/// assert_eq!(DEFAULT_TABLE, "InternalCommands");
+/// ```
 pub const DEFAULT_TABLE: &str = "InternalCommands";
 
 /// A database engine icq knows how to speak to.
+///
+/// # Examples
+///
+/// ```
+/// use icq::Engine;
+///
+/// let engine: Engine = "pg".parse()?;
+/// assert_eq!(engine, Engine::Postgres);
+/// assert_eq!(engine.to_string(), "postgres");
+/// assert_eq!(Engine::from_url("mariadb://db.internal/shop")?, Engine::Mysql);
+/// assert!("oracle".parse::<Engine>().is_err());
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
@@ -29,6 +52,13 @@ pub enum Engine {
 
 impl Engine {
     /// Every engine, in the order they are listed to users.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let names: Vec<&str> = icq::Engine::ALL.iter().map(|e| e.name()).collect();
+    /// assert_eq!(names, ["postgres", "sqlite", "mysql", "sqlserver"]);
+    /// ```
     pub const ALL: [Engine; 4] = [
         Engine::Postgres,
         Engine::Sqlite,
@@ -36,7 +66,14 @@ impl Engine {
         Engine::SqlServer,
     ];
 
-    /// The name used on the command line and in file names.
+    /// The name used on the command line and in file names (also its `Display` form).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(icq::Engine::Mysql.name(), "mysql");
+    /// assert_eq!(icq::Engine::SqlServer.to_string(), "sqlserver");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Engine::Postgres => "postgres",
@@ -47,6 +84,17 @@ impl Engine {
     }
 
     /// Infers the engine from a database URL's scheme.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Engine;
+    ///
+    /// assert_eq!(Engine::from_url("postgresql://app@localhost/shop")?, Engine::Postgres);
+    /// assert_eq!(Engine::from_url("sqlite:shop.db")?, Engine::Sqlite);
+    /// assert!(Engine::from_url("redis://localhost").is_err());
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<Engine> {
         let scheme = url
             .split(':')
@@ -66,6 +114,16 @@ impl Engine {
     }
 
     /// Quotes one identifier the engine's way, doubling any embedded quote character.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Engine;
+    ///
+    /// assert_eq!(Engine::Postgres.quote_ident("Run\"At"), r#""Run""At""#);
+    /// assert_eq!(Engine::Mysql.quote_ident("RunAt"), "`RunAt`");
+    /// assert_eq!(Engine::SqlServer.quote_ident("RunAt"), "[RunAt]");
+    /// ```
     pub fn quote_ident(self, ident: &str) -> String {
         match self {
             Engine::Postgres | Engine::Sqlite => format!("\"{}\"", ident.replace('"', "\"\"")),
@@ -98,6 +156,19 @@ impl FromStr for Engine {
 }
 
 /// A validated, optionally schema-qualified table name.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{Engine, TableName};
+///
+/// let table: TableName = "jobs.InternalCommands".parse()?;
+/// assert_eq!((table.schema(), table.name()), (Some("jobs"), "InternalCommands"));
+/// assert_eq!(table.to_string(), "jobs.InternalCommands");
+/// assert_eq!(table.quoted(Engine::Postgres), r#""jobs"."InternalCommands""#);
+/// assert_eq!(TableName::default().name(), "InternalCommands");
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TableName {
     schema: Option<String>,
@@ -105,7 +176,21 @@ pub struct TableName {
 }
 
 impl TableName {
-    /// Parses `name` or `schema.name`; each part must be a plain identifier.
+    /// Parses `name` or `schema.name`; each part must be a plain identifier (a letter or
+    /// `_`, then letters, digits and `_`, at most 50 characters), so a configured name can
+    /// never smuggle SQL in.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::TableName;
+    ///
+    /// assert_eq!(TableName::parse("OrderCommands")?.schema(), None);
+    /// for bad in ["a;drop", "a b", "a.b.c", "1abc", ""] {
+    ///     assert!(TableName::parse(bad).is_err(), "{bad} accepted");
+    /// }
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn parse(raw: &str) -> Result<TableName> {
         let parts: Vec<&str> = raw.split('.').collect();
         let (schema, name) = match parts.as_slice() {
@@ -126,17 +211,29 @@ impl TableName {
         })
     }
 
-    /// The unqualified table name (used to derive index and trigger names).
+    /// The unqualified table name (used to derive index and trigger names). See
+    /// [`TableName`]'s example.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The schema, if the name was qualified.
+    /// The schema, if the name was qualified. See [`TableName`]'s example.
     pub fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
 
     /// The table name quoted for `engine`, schema-qualified when a schema was given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, TableName};
+    ///
+    /// let table = TableName::parse("jobs.InternalCommands")?;
+    /// assert_eq!(table.quoted(Engine::Mysql), "`jobs`.`InternalCommands`");
+    /// assert_eq!(TableName::default().quoted(Engine::Sqlite), r#""InternalCommands""#);
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn quoted(&self, engine: Engine) -> String {
         match &self.schema {
             Some(schema) => format!(
@@ -149,11 +246,33 @@ impl TableName {
     }
 
     /// A name derived from the table (`IX_<table>_Poll`), quoted for `engine`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, TableName};
+    ///
+    /// let table = TableName::parse("jobs.InternalCommands")?;
+    /// let index = table.derived(Engine::Postgres, "IX_", "_Poll");
+    /// assert_eq!(index, r#""IX_InternalCommands_Poll""#); // no schema: indexes live beside it
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn derived(&self, engine: Engine, prefix: &str, suffix: &str) -> String {
         engine.quote_ident(&format!("{prefix}{}{suffix}", self.name))
     }
 
     /// A derived name qualified by the table's schema (for objects living beside it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, TableName};
+    ///
+    /// let table = TableName::parse("jobs.InternalCommands")?;
+    /// let function = table.derived_qualified(Engine::Postgres, "icq_notify_", "");
+    /// assert_eq!(function, r#""jobs"."icq_notify_InternalCommands""#);
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn derived_qualified(&self, engine: Engine, prefix: &str, suffix: &str) -> String {
         let derived = self.derived(engine, prefix, suffix);
         match &self.schema {

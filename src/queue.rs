@@ -17,9 +17,33 @@ use crate::processor::{SourceHandle, Stats};
 use crate::settings::Settings;
 
 /// A connection (or, through `&mut *tx`, an open transaction) that can take a command.
+///
+/// Implemented for sqlx's `PgConnection`, `SqliteConnection` and `MySqlConnection`, so a
+/// pooled connection (`&mut *conn`) or a transaction (`&mut *tx`) of any of them works
+/// with [`schedule_in`] and [`Queue::schedule_in`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let pool = sqlx::SqlitePool::connect(&url).await?;
+/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// use icq::{Enqueue, NewCommand, TableName};
+///
+/// let mut conn = pool.acquire().await?;
+/// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+/// let id = conn.enqueue(&TableName::default(), &command).await?;
+/// assert_eq!(id, command.id);
+/// # Ok(())
+/// # }
+/// ```
 #[async_trait]
 pub trait Enqueue: Send {
-    /// Inserts `command` into `table` through this connection.
+    /// Inserts `command` into `table` through this connection. See [`Enqueue`]'s example.
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId>;
 }
 
@@ -47,6 +71,33 @@ impl Enqueue for MySqlConnection {
 /// Schedules `command` inside the caller's transaction (pass `&mut *tx`). Nothing else is
 /// touched: the caller's commit persists the row, a rollback erases it. On PostgreSQL
 /// the commit also wakes idle processors (the table's NOTIFY trigger).
+///
+/// [`Queue::schedule_in`] does the same with the queue's table, and [`Queue::commit`] then
+/// also wakes the processor in this process.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let pool = sqlx::SqlitePool::connect(&url).await?;
+/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// use icq::{NewCommand, TableName};
+///
+/// let mut tx = pool.begin().await?;
+/// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+/// icq::schedule_in(&mut *tx, &TableName::default(), &command).await?;
+/// tx.rollback().await?; // the command goes with the rest of the transaction
+/// let (rows,): (i64,) = sqlx::query_as(r#"SELECT COUNT(*) FROM "InternalCommands""#)
+///     .fetch_one(&pool)
+///     .await?;
+/// assert_eq!(rows, 0);
+/// # Ok(())
+/// # }
+/// ```
 pub async fn schedule_in<C: Enqueue + ?Sized>(
     conn: &mut C,
     table: &TableName,
@@ -57,6 +108,31 @@ pub async fn schedule_in<C: Enqueue + ?Sized>(
 
 /// One source: a connection pool on its commands table, and the signal that wakes the
 /// processor running in this process.
+///
+/// Cloning is cheap: clones share the pool, the wake-up signal and the counters.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let pool = sqlx::SqlitePool::connect(&url).await?;
+/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// use icq::{ConnectOptions, NewCommand, Queue, TableName};
+///
+/// let table = TableName::default();
+/// let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
+/// assert_eq!((queue.name(), queue.table().name()), ("shop", "InternalCommands"));
+///
+/// let id = queue.schedule(&NewCommand::new("orders.receipt", serde_json::json!({}))).await?;
+/// assert!(queue.get(&id).await?.is_some());
+/// queue.close().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Queue {
     name: Arc<str>,
@@ -69,6 +145,32 @@ impl Queue {
     /// Connects to `url` (engine from the scheme) for `table`, checking the table exists.
     /// An unreachable server fails at once with the cause ([`Error::Connect`], e.g.
     /// `connection refused (127.0.0.1:1)`), not after the pool's acquire timeout.
+    ///
+    /// The table must exist: create it with a migration (`icq migrate add`, then
+    /// `icq migrate run` or sqlx-cli), or from [`crate::schema::render`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let pool = sqlx::SqlitePool::connect(&url).await?;
+    /// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+    /// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+    /// use icq::{ConnectOptions, Error, Queue, TableName};
+    ///
+    /// let options = ConnectOptions { max_connections: 4, ..ConnectOptions::default() };
+    /// let queue = Queue::connect("shop", &url, &TableName::default(), &options).await?;
+    /// assert_eq!(queue.name(), "shop");
+    ///
+    /// let missing = TableName::parse("NoSuchTable")?;
+    /// let result = Queue::connect("shop", &url, &missing, &options).await;
+    /// assert!(matches!(result, Err(Error::TableMissing { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(
         name: &str,
         url: &str,
@@ -96,6 +198,28 @@ impl Queue {
 
     /// Checks that the commands table exists; with `create`, creates it (the embedded
     /// default's first use) instead of failing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
+    /// queue.ensure_table(false).await?; // it is there
+    ///
+    /// sqlx::raw_sql(r#"DROP TABLE "InternalCommands""#).execute(&pool).await?;
+    /// let gone = queue.ensure_table(false).await;
+    /// assert!(matches!(gone, Err(icq::Error::TableMissing { .. })));
+    /// queue.ensure_table(true).await?; // created again
+    /// queue.ensure_table(false).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn ensure_table(&self, create: bool) -> Result<()> {
         if self.backend.table_exists().await? {
             return Ok(());
@@ -113,7 +237,7 @@ impl Queue {
         })
     }
 
-    /// The source name.
+    /// The source name. See [`Queue`]'s example.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -123,12 +247,35 @@ impl Queue {
         &self.backend
     }
 
-    /// The table.
+    /// The table. See [`Queue`]'s example.
     pub fn table(&self) -> &TableName {
         self.backend.table()
     }
 
     /// Saves `command` now, on its own, and wakes the local processor.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use std::time::Duration;
+    /// use icq::{NewCommand, State};
+    ///
+    /// let command = NewCommand::new("reports.daily", serde_json::json!({ "day": "2030-01-01" }))
+    ///     .delay(Duration::from_secs(3600));
+    /// let id = queue.schedule(&command).await?;
+    /// assert_eq!(id, command.id);
+    /// let row = queue.get(&id).await?.unwrap();
+    /// assert_eq!(row.state(chrono::Utc::now()), State::Scheduled);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn schedule(&self, command: &NewCommand) -> Result<CommandId> {
         let id = self
             .backend
@@ -139,6 +286,28 @@ impl Queue {
     }
 
     /// Saves many commands through the engine's bulk path and wakes the local processor.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use icq::NewCommand;
+    ///
+    /// let commands: Vec<NewCommand> = (1..=3)
+    ///     .map(|order| NewCommand::new("orders.receipt", serde_json::json!({ "order": order })))
+    ///     .collect();
+    /// let ids = queue.schedule_many(&commands).await?;
+    /// assert_eq!(ids.len(), 3);
+    /// assert_eq!(ids[2], commands[2].id);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn schedule_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
         let ids = self
             .backend
@@ -152,16 +321,27 @@ impl Queue {
     /// `&mut *tx`): the caller's commit persists it, a rollback erases it. Commit with
     /// [`Queue::commit`] to also wake the local processor.
     ///
-    /// ```no_run
-    /// # async fn demo(queue: &icq::Queue, pool: &sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
+    /// # sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, state TEXT); INSERT INTO orders VALUES (42, 'new')").execute(&pool).await?;
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 42").execute(&mut *tx).await?;
-    /// let id = queue
-    ///     .schedule_in(&mut *tx, &icq::NewCommand::new("email.receipt", serde_json::json!({"order": 42})))
-    ///     .await?;
+    /// let command = icq::NewCommand::new("email.receipt", serde_json::json!({"order": 42}));
+    /// let id = queue.schedule_in(&mut *tx, &command).await?;
     /// queue.commit(tx).await?; // both rows, or neither
-    /// println!("scheduled {id}");
-    /// # Ok(()) }
+    /// assert!(queue.get(&id).await?.is_some());
+    /// # Ok(())
+    /// # }
     /// ```
     pub async fn schedule_in<C: Enqueue + ?Sized>(
         &self,
@@ -173,6 +353,7 @@ impl Queue {
 
     /// Commits a transaction that scheduled commands with [`Queue::schedule_in`], then
     /// wakes the local processor so they start without waiting for a poll.
+    /// See [`Queue::schedule_in`]'s example.
     pub async fn commit<DB: sqlx::Database>(&self, tx: sqlx::Transaction<'_, DB>) -> Result<()> {
         tx.commit()
             .await
@@ -182,27 +363,115 @@ impl Queue {
     }
 
     /// Reads one command in full, or `None` when no row has that id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use icq::{CommandId, NewCommand};
+    ///
+    /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+    /// let id = queue.schedule(&command).await?;
+    /// let row = queue.get(&id).await?.expect("just scheduled");
+    /// assert_eq!(row.payload["order"], 42);
+    /// assert!(queue.get(&CommandId::new()).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn get(&self, id: &CommandId) -> Result<Option<crate::CommandRow>> {
         self.backend.command_get(&CommandGetParams { id }).await
     }
 
-    /// Closes the connection pool (in-flight statements finish first).
+    /// Closes the connection pool (in-flight statements finish first). Clones of the queue
+    /// share the pool, so this closes theirs too. See [`Queue`]'s example.
     pub async fn close(&self) {
         self.backend.close().await;
     }
 
     /// Wakes the local processor (call after committing a transaction that scheduled
     /// commands, on engines without LISTEN/NOTIFY, to skip waiting for the next poll).
+    /// [`Queue::commit`] calls it for you.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
+    /// let mut tx = pool.begin().await?;
+    /// queue.schedule_in(&mut *tx, &icq::NewCommand::new("t", serde_json::json!({}))).await?;
+    /// tx.commit().await?; // committed without `queue.commit(tx)`:
+    /// queue.wake(); // start it now rather than at the next poll
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wake(&self) {
         self.wake.notify_one();
     }
 
     /// Counters of the processor running this source in this process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use icq::{NewCommand, Processor, Registry, RunOptions, Settings};
+    ///
+    /// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
+    /// let mut registry = Registry::new();
+    /// registry.insert("ping", std::sync::Arc::new(icq::handler::Noop))?;
+    /// let mut processor = Processor::new(registry);
+    /// processor.add_source(queue.source_handle(Settings::default()));
+    /// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+    /// processor.run(options, Default::default()).await?;
+    ///
+    /// let stats = queue.stats().snapshot();
+    /// assert_eq!((stats.claimed, stats.succeeded, stats.dead_lettered), (1, 1, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 
     /// The handle a [`crate::Processor`] needs to process this source with `settings`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use icq::{Processor, Registry, Settings};
+    ///
+    /// let settings = Settings { concurrency: 2, ..Settings::default() };
+    /// let mut processor = Processor::new(Registry::new());
+    /// processor.add_source(queue.source_handle(settings));
+    /// assert_eq!(processor.sources().len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn source_handle(&self, settings: Settings) -> SourceHandle {
         SourceHandle {
             name: self.name.clone(),

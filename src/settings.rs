@@ -26,6 +26,24 @@ use serde::Deserialize;
 use serde::de::{self, Visitor};
 
 /// How one source is processed. Every field has the contract's default.
+///
+/// In code, change what you need and keep the rest; in `icq.yaml` they are the keys of a
+/// source's `settings:`.
+///
+/// # Examples
+///
+/// ```
+/// use icq::Settings;
+///
+/// let settings = Settings { concurrency: 16, max_attempts: 10, ..Settings::default() };
+/// assert!(settings.validate().is_ok());
+/// assert_eq!(Settings::default().batch_size, 50);
+///
+/// let from_yaml: Settings = serde_yaml::from_str("lease_seconds: 60\nconcurrency: 2")?;
+/// assert_eq!((from_yaml.lease_seconds, from_yaml.concurrency), (60, 2));
+/// assert!(serde_yaml::from_str::<Settings>("batchsize: 5").is_err()); // unknown key
+/// # Ok::<(), serde_yaml::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, expecting = "a mapping of settings")]
 pub struct Settings {
@@ -167,6 +185,23 @@ impl Settings {
     ///
     /// Settings read from `icq.yaml` have passed it already; the processor calls it for
     /// settings built in code.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Settings;
+    ///
+    /// let zero_lease = Settings { lease_seconds: 0, ..Settings::default() };
+    /// let problem = zero_lease.validate().unwrap_err();
+    /// assert_eq!(problem, "`lease_seconds` must be a whole number from 1 to 604800 (got 0)");
+    ///
+    /// let inverted = Settings {
+    ///     retry_backoff_base_seconds: 60.0,
+    ///     max_retry_backoff_seconds: 5.0,
+    ///     ..Settings::default()
+    /// };
+    /// assert!(inverted.validate().is_err());
+    /// ```
     pub fn validate(&self) -> Result<(), String> {
         let integers = [
             (BATCH_SIZE, u64::from(self.batch_size)),
@@ -201,17 +236,42 @@ impl Settings {
     }
 
     /// The lease as a duration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let settings = icq::Settings { lease_seconds: 90, ..Default::default() };
+    /// assert_eq!(settings.lease(), std::time::Duration::from_secs(90));
+    /// ```
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.lease_seconds)
     }
 
     /// The polling interval as a duration (clamped to its range, so never zero and never
     /// a panic, even for settings that were not validated).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use icq::Settings;
+    ///
+    /// assert_eq!(Settings::default().polling_interval(), Duration::from_secs(2));
+    /// let unvalidated = Settings { polling_interval_seconds: 0.0, ..Settings::default() };
+    /// assert_eq!(unvalidated.polling_interval(), Duration::from_millis(10)); // its minimum
+    /// ```
     pub fn polling_interval(&self) -> Duration {
         clamped_seconds(self.polling_interval_seconds, POLLING_INTERVAL_SECONDS)
     }
 
     /// The retention sweep interval as a duration (clamped to its range).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let settings = icq::Settings { cleanup_interval_hours: 0.5, ..Default::default() };
+    /// assert_eq!(settings.cleanup_interval(), std::time::Duration::from_secs(1800));
+    /// ```
     pub fn cleanup_interval(&self) -> Duration {
         let hours = self.cleanup_interval_hours;
         let limit = CLEANUP_INTERVAL_HOURS;
@@ -225,6 +285,13 @@ impl Settings {
 
     /// How old a completed row must be before the sweep deletes it (clamped to its range,
     /// so it never wraps).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let settings = icq::Settings { retention_days: 2, ..Default::default() };
+    /// assert_eq!(settings.retention(), std::time::Duration::from_secs(2 * 86_400));
+    /// ```
     pub fn retention(&self) -> Duration {
         let days = self
             .retention_days

@@ -20,6 +20,30 @@ use crate::sources::OpenSource;
 const CANCEL_BATCH: u32 = 500;
 
 /// What to cancel.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+/// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
+///
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+///
+/// let one = plan_cancel(&sources, &CancelTarget::Ids(vec![a])).await?;
+/// let by_type = plan_cancel(&sources, &CancelTarget::Type("email.digest".into())).await?;
+/// assert_eq!((one.total(), by_type.total()), (1, 2));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelTarget {
     /// These pending rows.
@@ -41,17 +65,46 @@ struct Part {
 }
 
 /// A validated cancel, ready to confirm and apply.
+///
+/// Nothing is cancelled until it is applied with [`cancel`]: show [`CancelPlan::total`]
+/// for a confirmation first.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+/// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
+///
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+///
+/// let plan = plan_cancel(&sources, &CancelTarget::Type("email.digest".into())).await?;
+/// assert_eq!((plan.total(), plan.sources()), (2, vec!["shop"]));
+/// let nothing = plan_cancel(&sources, &CancelTarget::Type("other".into())).await?;
+/// assert!(nothing.sources().is_empty());
+/// # Ok(())
+/// # }
+/// ```
 pub struct CancelPlan {
     parts: Vec<Part>,
 }
 
 impl CancelPlan {
-    /// How many rows the plan cancels (for a type, as counted when planning).
+    /// How many rows the plan cancels (for a type, as counted when planning). See
+    /// [`CancelPlan`]'s example.
     pub fn total(&self) -> u64 {
         self.parts.iter().map(|p| p.count).sum()
     }
 
-    /// The sources with something to cancel.
+    /// The sources with something to cancel. See [`CancelPlan`]'s example.
     pub fn sources(&self) -> Vec<&str> {
         self.parts
             .iter()
@@ -62,6 +115,30 @@ impl CancelPlan {
 }
 
 /// The result of [`cancel`]: `{"cancelled": N}`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+/// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
+///
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+///
+/// let plan = plan_cancel(&sources, &CancelTarget::Ids(vec![a])).await?;
+/// let report = cancel(&plan, &NoProgress).await?;
+/// assert_eq!(serde_json::to_value(report)?, serde_json::json!({ "cancelled": 1 }));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CancelReport {
     /// Rows taken out of the queue.
@@ -70,6 +147,38 @@ pub struct CancelReport {
 
 /// Checks a cancel without changing anything: every id must exist ([`Error::NotFound`])
 /// and be pending without a live lease ([`Error::Usage`] otherwise, naming each).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{CancelTarget, plan_cancel};
+/// use icq::{CommandId, Error};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let unknown = plan_cancel(&sources, &CancelTarget::Ids(vec![CommandId::new()])).await;
+/// assert!(matches!(unknown, Err(Error::NotFound(_))));
+/// let Err(Error::Usage(why)) = plan_cancel(&sources, &CancelTarget::Ids(vec![dead])).await else {
+///     panic!("a dead letter cannot be cancelled");
+/// };
+/// assert!(why.contains("already a dead letter"), "{why}");
+/// # Ok(())
+/// # }
+/// ```
 pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Result<CancelPlan> {
     match target {
         CancelTarget::Ids(ids) => plan_ids(sources, &distinct(ids)).await,
@@ -139,6 +248,33 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
 /// source; a row a processor claimed since the plan was made is left running and the
 /// result says so. A type is cancelled in batches of `CANCEL_BATCH`, never more rows
 /// than were counted when planning (new commands of that type keep coming).
+///
+/// A cancelled command becomes a dead letter with `LastError` `cancelled by operator`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+/// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
+///
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+///
+/// let plan = plan_cancel(&sources, &CancelTarget::Ids(vec![a.clone()])).await?;
+/// assert_eq!(cancel(&plan, &NoProgress).await?.cancelled, 1);
+/// let row = queue.get(&a).await?.unwrap();
+/// assert_eq!(row.last_error.as_deref(), Some("cancelled by operator"));
+/// # Ok(())
+/// # }
+/// ```
 pub async fn cancel(plan: &CancelPlan, progress: &dyn Progress) -> Result<CancelReport> {
     let mut cancelled = 0;
     progress.begin("cancelling", plan.total());

@@ -7,9 +7,46 @@ use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
 /// Dead letters listed when no `--limit` is given.
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::{DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery};
+///
+/// assert_eq!(DeadLetterQuery::default().limit, DEFAULT_DEAD_LETTER_LIMIT);
+/// ```
 pub const DEFAULT_DEAD_LETTER_LIMIT: u32 = 50;
 
 /// Which dead letters to list.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{DeadLetterQuery, dead_letters};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let query = DeadLetterQuery { type_name: Some("boom".into()), limit: 10 };
+/// assert_eq!(dead_letters(&sources, &query).await?.rows.len(), 1);
+/// let other = DeadLetterQuery { type_name: Some("ok".into()), ..DeadLetterQuery::default() };
+/// assert!(dead_letters(&sources, &other).await?.rows.is_empty());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterQuery {
     /// Only this command type.
@@ -28,6 +65,36 @@ impl Default for DeadLetterQuery {
 }
 
 /// One listed dead letter and its source.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{DeadLetterQuery, dead_letters};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let report = dead_letters(&sources, &DeadLetterQuery::default()).await?;
+/// let row = &report.rows[0];
+/// assert_eq!((row.source.as_str(), &row.summary.id, row.summary.attempts), ("shop", &dead, 1));
+/// let json = serde_json::to_value(row)?; // the summary's fields, flattened
+/// assert_eq!((json["source"].as_str(), json["type"].as_str()), (Some("shop"), Some("boom")));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadLetterRow {
     /// The source name.
@@ -38,6 +105,35 @@ pub struct DeadLetterRow {
 }
 
 /// The result of [`dead_letters`]: serialized as an array of [`DeadLetterRow`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{DeadLetterQuery, dead_letters};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let report = dead_letters(&sources, &DeadLetterQuery::default()).await?;
+/// let json = serde_json::to_value(&report)?;
+/// assert_eq!(json.as_array().map(Vec::len), Some(1)); // `icq dead-letters list --format json`
+/// assert_eq!(report.source_count, 1);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct DeadLetterReport {
@@ -49,6 +145,35 @@ pub struct DeadLetterReport {
 }
 
 /// Lists dead letters across every source, newest first, at most `query.limit` in all.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{DeadLetterQuery, dead_letters};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// for row in dead_letters(&sources, &DeadLetterQuery::default()).await?.rows {
+///     println!("{} {} {:?}", row.summary.id, row.summary.type_name, row.summary.last_error);
+///     assert!(row.summary.last_error.is_some()); // why it died
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub async fn dead_letters(
     sources: &[OpenSource],
     query: &DeadLetterQuery,

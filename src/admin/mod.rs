@@ -54,16 +54,72 @@ use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
 /// Receives progress of long operations (a terminal progress bar, or nothing).
+///
+/// # Examples
+///
+/// The CLI shows a progress bar; a service can log, or pass [`NoProgress`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use icq::admin::{Progress, schedule_many};
+/// use icq::NewCommand;
+///
+/// struct Log(AtomicU64);
+/// impl Progress for Log {
+///     fn begin(&self, label: &str, total: u64) {
+///         println!("{label}: {total} to do");
+///     }
+///     fn advance(&self, n: u64) {
+///         self.0.fetch_add(n, Ordering::Relaxed);
+///     }
+///     fn finish(&self) {}
+/// }
+///
+/// let commands: Vec<NewCommand> =
+///     (1..=3).map(|n| NewCommand::new("t", serde_json::json!({ "n": n }))).collect();
+/// let log = Log(AtomicU64::new(0));
+/// schedule_many(&source, &commands, &log).await?;
+/// assert_eq!(log.0.load(Ordering::Relaxed), 3);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Progress: Send + Sync {
-    /// A new phase of `total` units starts, described by `label`.
+    /// A new phase of `total` units starts, described by `label`. See [`Progress`]'s example.
     fn begin(&self, label: &str, total: u64);
-    /// `n` more units are done.
+    /// `n` more units are done. See [`Progress`]'s example.
     fn advance(&self, n: u64);
-    /// The operation is over (successfully or not).
+    /// The operation is over (successfully or not). See [`Progress`]'s example.
     fn finish(&self);
 }
 
 /// Progress that is not shown anywhere.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
+///
+/// let plan = plan_purge(&sources, &PurgeRequest { completed: true, ..Default::default() }).await?;
+/// let report = purge(&plan, &NoProgress).await?;
+/// assert_eq!(report.total(), 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoProgress;
 
@@ -237,6 +293,28 @@ where
 }
 
 /// Closes every source's connection pool (call once a command is done).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let file = dir.path().join("icq.yaml");
+/// # let db = dir.path().join("shop.db");
+/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
+/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// # std::fs::write(&file, format!("sources:\n  - name: shop\n    url: sqlite://{}\n", db.display()))?;
+/// use icq::sources::{SourceRequest, open};
+///
+/// let sources = open(&SourceRequest { config_path: Some(file), ..Default::default() }).await?;
+/// let pending = icq::admin::pending(&sources, false).await?;
+/// icq::admin::close(&sources).await;
+/// assert_eq!(pending.rows.len(), 1);
+/// # Ok(())
+/// # }
+/// ```
 pub async fn close(sources: &[OpenSource]) {
     for source in sources {
         source.queue.backend().close().await;

@@ -7,6 +7,32 @@ use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
 /// The counts of one source (and one type, with `--by-type`).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use std::time::Duration;
+/// use icq::NewCommand;
+///
+/// let digest = || NewCommand::new("email.digest", serde_json::json!({}));
+/// queue.schedule(&digest()).await?;
+/// queue.schedule(&digest().delay(Duration::from_secs(600))).await?;
+/// let report = icq::admin::pending(&sources, true).await?;
+/// let row = &report.rows[0];
+/// assert_eq!(row.source, "shop");
+/// assert_eq!(row.counts.type_name.as_deref(), Some("email.digest"));
+/// assert_eq!((row.counts.due, row.counts.scheduled, row.counts.dead), (1, 1, 0));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PendingCount {
     /// The source name.
@@ -17,6 +43,34 @@ pub struct PendingCount {
 }
 
 /// The result of [`pending`]: serialized as an array of [`PendingCount`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let report = icq::admin::pending(&sources, false).await?;
+/// let json = serde_json::to_value(&report)?; // `icq pending --format json`
+/// assert_eq!(json, serde_json::json!([
+///     { "source": "shop", "due": 0, "scheduled": 0, "running": 0, "dead": 1, "completed": 1 }
+/// ]));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct PendingReport {
@@ -31,7 +85,35 @@ pub struct PendingReport {
 }
 
 /// Counts due, scheduled, running, dead and completed rows in every source: one aggregate
-/// query per source.
+/// query per source. With `by_type`, one row per source and command type.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let totals = icq::admin::pending(&sources, false).await?;
+/// assert_eq!((totals.rows[0].counts.dead, totals.rows[0].counts.completed), (1, 1));
+/// let by_type = icq::admin::pending(&sources, true).await?;
+/// let types: Vec<_> = by_type.rows.iter().map(|r| r.counts.type_name.as_deref()).collect();
+/// assert_eq!(types, [Some("boom"), Some("ok")]);
+/// # Ok(())
+/// # }
+/// ```
 pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingReport> {
     let params = StateCountParams { by_type };
     let counted = futures::future::try_join_all(sources.iter().map(|s| async move {

@@ -14,9 +14,59 @@ use crate::sources::OpenSource;
 use super::{Progress, in_batches};
 
 /// Rows deleted per batch by `purge`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
+/// use icq::admin::{NoProgress, PURGE_BATCH, PurgeRequest, plan_purge, purge};
+///
+/// let old = (0..PURGE_BATCH + 1).map(|_| icq::NewCommand::new("t", serde_json::json!({})));
+/// queue.schedule_many(&old.collect::<Vec<_>>()).await?;
+/// # sqlx::raw_sql(r#"UPDATE "InternalCommands" SET "ProcessedAt" = "CreatedAt""#).execute(&pool).await?;
+/// // ... once they have completed: two batches, one of 5000 rows and one of 1.
+/// let plan = plan_purge(&sources, &PurgeRequest { completed: true, ..Default::default() }).await?;
+/// assert_eq!(purge(&plan, &NoProgress).await?.total(), u64::from(PURGE_BATCH) + 1);
+/// # Ok(())
+/// # }
+/// ```
 pub const PURGE_BATCH: u32 = 5000;
 
 /// What to purge.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use std::time::Duration;
+/// use icq::admin::{PurgeRequest, plan_purge};
+///
+/// // `icq purge --completed --dead-letters --older-than 7d`
+/// let week_old = PurgeRequest {
+///     completed: true,
+///     dead_letters: true,
+///     older_than: Some(Duration::from_secs(7 * 86_400)),
+/// };
+/// assert_eq!(plan_purge(&sources, &week_old).await?.total(), 0);
+/// assert!(plan_purge(&sources, &PurgeRequest::default()).await.is_err()); // say what to purge
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeRequest {
     /// Delete completed rows.
@@ -35,11 +85,73 @@ struct PurgePart {
 }
 
 /// A purge with its rows counted under a fixed cutoff, ready to confirm and apply.
+///
+/// Nothing is deleted until it is applied with [`purge`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{PurgeRequest, plan_purge};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let request = PurgeRequest { completed: true, dead_letters: true, older_than: None };
+/// let plan = plan_purge(&sources, &request).await?;
+/// assert_eq!(plan.total(), 2);
+/// let dry_run = plan.dry_run_report(); // `icq purge --dry-run`
+/// assert_eq!(serde_json::to_value(&dry_run)?["would_delete"], 2);
+/// # Ok(())
+/// # }
+/// ```
 pub struct PurgePlan {
     parts: Vec<PurgePart>,
 }
 
 /// Rows of one kind in one source, deleted or to delete.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{PurgeRequest, plan_purge};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let request = PurgeRequest { completed: true, dead_letters: true, older_than: None };
+/// let report = plan_purge(&sources, &request).await?.dry_run_report();
+/// let counts = serde_json::to_value(&report.counts)?;
+/// assert_eq!(counts[0], serde_json::json!({ "source": "shop", "kind": "completed", "count": 1 }));
+/// assert_eq!(counts[1]["kind"], "dead_letters");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PurgeCount {
     /// The source name.
@@ -52,6 +164,38 @@ pub struct PurgeCount {
 
 /// The result of [`purge`] (or of a dry run): `{"deleted": N}` or `{"would_delete": N}`,
 /// with the split by state: `"completed"` and `"dead_letters"`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let request = PurgeRequest { dead_letters: true, ..Default::default() };
+/// let report = purge(&plan_purge(&sources, &request).await?, &NoProgress).await?;
+/// assert!(!report.dry_run);
+/// assert_eq!(
+///     serde_json::to_value(&report)?,
+///     serde_json::json!({ "deleted": 1, "completed": 0, "dead_letters": 1 })
+/// );
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurgeReport {
     /// True when nothing was deleted and the counts say what would be.
@@ -63,7 +207,7 @@ pub struct PurgeReport {
 }
 
 impl PurgeReport {
-    /// All rows deleted (or that would be).
+    /// All rows deleted (or that would be). See [`NoProgress`](super::NoProgress)'s example.
     pub fn total(&self) -> u64 {
         self.counts.iter().map(|c| c.count).sum()
     }
@@ -96,12 +240,13 @@ impl Serialize for PurgeReport {
 }
 
 impl PurgePlan {
-    /// How many rows the plan deletes, as counted when planning.
+    /// How many rows the plan deletes, as counted when planning. See [`PurgePlan`]'s
+    /// example.
     pub fn total(&self) -> u64 {
         self.parts.iter().map(|p| p.count).sum()
     }
 
-    /// The counts as a dry-run report.
+    /// The counts as a dry-run report. See [`PurgePlan`]'s example.
     pub fn dry_run_report(&self) -> PurgeReport {
         PurgeReport {
             dry_run: true,
@@ -132,6 +277,36 @@ impl PurgePlan {
 
 /// Counts what a purge would delete, under a cutoff fixed now (`now - older_than` by the
 /// database's clock). At least one of `completed` and `dead_letters` is required.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use std::time::Duration;
+/// use icq::admin::{PurgeRequest, plan_purge};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let all_dead = PurgeRequest { dead_letters: true, ..Default::default() };
+/// assert_eq!(plan_purge(&sources, &all_dead).await?.total(), 1);
+/// let old_dead = PurgeRequest { older_than: Some(Duration::from_secs(3600)), ..all_dead };
+/// assert_eq!(plan_purge(&sources, &old_dead).await?.total(), 0); // it died just now
+/// # Ok(())
+/// # }
+/// ```
 pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Result<PurgePlan> {
     let mut kinds = Vec::new();
     if request.completed {
@@ -175,6 +350,36 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
 }
 
 /// Deletes what the plan counted, in batches of [`PURGE_BATCH`] rows by primary key.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let plan = plan_purge(&sources, &PurgeRequest { completed: true, ..Default::default() }).await?;
+/// println!("deleting {} completed command(s)", plan.total()); // confirm here
+/// purge(&plan, &NoProgress).await?;
+/// assert!(queue.get(&done).await?.is_none());
+/// assert!(queue.get(&dead).await?.is_some()); // dead letters were not asked for
+/// # Ok(())
+/// # }
+/// ```
 pub async fn purge(plan: &PurgePlan, progress: &dyn Progress) -> Result<PurgeReport> {
     let mut deleted = Vec::with_capacity(plan.parts.len());
     for part in &plan.parts {

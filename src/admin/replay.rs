@@ -11,6 +11,33 @@ use crate::sources::OpenSource;
 use super::{distinct, locate_checked, state_name};
 
 /// One replayed command.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let report = icq::admin::replay(&sources, &[done.clone()]).await?;
+/// let replayed = &report.replayed[0];
+/// assert_eq!((&replayed.from, replayed.source.as_str()), (&done, "shop"));
+/// assert_ne!(replayed.id, done); // a new row
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Replayed {
     /// The completed or dead row that was copied.
@@ -23,6 +50,35 @@ pub struct Replayed {
 }
 
 /// The result of [`replay`]: `{"replayed": [{"from": ID, "id": NEW_ID}, …]}`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let report = icq::admin::replay(&sources, &[dead.clone()]).await?;
+/// let new = report.replayed[0].id.clone();
+/// assert_eq!(
+///     serde_json::to_value(&report)?,
+///     serde_json::json!({ "replayed": [{ "from": dead, "id": new }] })
+/// );
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplayReport {
     /// The new rows, in the order the ids were given.
@@ -34,6 +90,39 @@ pub struct ReplayReport {
 
 /// Schedules, for every id, a new pending row copying the type, payload and captured
 /// context of a completed or dead row. The old rows are left as they are.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::{Error, NewCommand, State};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let report = icq::admin::replay(&sources, &[dead.clone(), done]).await?;
+/// let copy = queue.get(&report.replayed[0].id).await?.unwrap();
+/// assert_eq!((copy.type_name.as_str(), copy.payload["n"].as_i64()), ("boom", Some(1)));
+/// assert_eq!(copy.state(chrono::Utc::now()), State::Due);
+///
+/// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?;
+/// let refused = icq::admin::replay(&sources, &[pending]).await;
+/// assert!(matches!(refused, Err(Error::Usage(_)))); // it will run on its own
+/// # Ok(())
+/// # }
+/// ```
 pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayReport> {
     let ids = distinct(ids);
     if ids.is_empty() {

@@ -15,9 +15,67 @@ use crate::sources::OpenSource;
 use super::{Progress, distinct, in_batches, locate_checked};
 
 /// Rows requeued per statement by `requeue --all-dead`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{NoProgress, REQUEUE_BATCH, RequeueTarget, plan_requeue, requeue};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// // `--all-dead` works through the dead letters REQUEUE_BATCH rows per statement.
+/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await?;
+/// assert!(plan.total() <= u64::from(REQUEUE_BATCH));
+/// requeue(&plan, &NoProgress).await?;
+/// # Ok(())
+/// # }
+/// ```
 pub const REQUEUE_BATCH: u32 = 1000;
 
 /// What to requeue.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{RequeueTarget, plan_requeue};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let these = RequeueTarget::Ids(vec![dead]);
+/// let every_boom = RequeueTarget::AllDead { type_name: Some("boom".into()) };
+/// assert_eq!(plan_requeue(&sources, &these).await?.total(), 1);
+/// assert_eq!(plan_requeue(&sources, &every_boom).await?.total(), 1);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequeueTarget {
     /// These rows: dead ones, or pending ones not currently running.
@@ -43,17 +101,49 @@ struct RequeuePart {
 }
 
 /// A validated requeue, ready to confirm and apply.
+///
+/// Nothing is requeued until it is applied with [`requeue`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{RequeueTarget, plan_requeue};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await?;
+/// assert_eq!(plan.total(), 1);
+/// assert_eq!(plan.per_source(), [("shop", 1)]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct RequeuePlan {
     parts: Vec<RequeuePart>,
 }
 
 impl RequeuePlan {
-    /// How many rows the plan requeues (for `--all-dead`, as counted when planning).
+    /// How many rows the plan requeues (for `--all-dead`, as counted when planning). See
+    /// [`RequeuePlan`]'s example.
     pub fn total(&self) -> u64 {
         self.parts.iter().map(|p| p.count).sum()
     }
 
-    /// The rows per source, in source order (sources with nothing to do left out).
+    /// The rows per source, in source order (sources with nothing to do left out). See
+    /// [`RequeuePlan`]'s example.
     pub fn per_source(&self) -> Vec<(&str, u64)> {
         self.parts
             .iter()
@@ -64,6 +154,34 @@ impl RequeuePlan {
 }
 
 /// The result of [`requeue`]: `{"requeued": N}`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::admin::{NoProgress, RequeueTarget, plan_requeue, requeue};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let plan = plan_requeue(&sources, &RequeueTarget::Ids(vec![dead])).await?;
+/// let report = requeue(&plan, &NoProgress).await?;
+/// assert_eq!(serde_json::to_value(report)?, serde_json::json!({ "requeued": 1 }));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RequeueReport {
     /// Rows put back to pending.
@@ -73,6 +191,37 @@ pub struct RequeueReport {
 /// Checks a requeue without changing anything: every id must exist in a selected source
 /// ([`Error::NotFound`] otherwise) and be dead or pending without a live lease
 /// ([`Error::Usage`] otherwise); `--all-dead` counts the dead letters as of now.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::Error;
+/// use icq::admin::{RequeueTarget, plan_requeue};
+///
+/// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
+/// let completed = RequeueTarget::Ids(vec![done]);
+/// let Err(Error::Usage(why)) = plan_requeue(&sources, &completed).await else {
+///     panic!("a completed command cannot be requeued");
+/// };
+/// assert!(why.contains("icq replay"), "{why}"); // what to do instead
+/// # Ok(())
+/// # }
+/// ```
 pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Result<RequeuePlan> {
     match target {
         RequeueTarget::Ids(ids) => plan_requeue_ids(sources, &distinct(ids)).await,
@@ -131,6 +280,38 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
 
 /// Applies a requeue plan: explicit ids in one guarded transaction per source; dead
 /// letters in batches of [`REQUEUE_BATCH`], each its own short statement.
+///
+/// A requeued row is due at once, with its attempts reset to 0.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let mut registry = icq::Registry::new();
+/// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
+/// # let mut processor = icq::Processor::new(registry);
+/// # processor.add_source(queue.source_handle(Default::default()));
+/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// use icq::State;
+/// use icq::admin::{NoProgress, RequeueTarget, plan_requeue, requeue};
+///
+/// // `sources`: one source holding a dead letter `dead`.
+/// let plan = plan_requeue(&sources, &RequeueTarget::Ids(vec![dead.clone()])).await?;
+/// assert_eq!(requeue(&plan, &NoProgress).await?.requeued, 1);
+/// let row = queue.get(&dead).await?.unwrap();
+/// assert_eq!((row.state(chrono::Utc::now()), row.attempts), (State::Due, 0));
+/// # Ok(())
+/// # }
+/// ```
 pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<RequeueReport> {
     let mut requeued = 0;
     for part in &plan.parts {

@@ -10,9 +10,61 @@ use crate::sources::OpenSource;
 use super::Progress;
 
 /// Commands inserted per bulk-schedule call (one progress step).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use icq::admin::{Progress, SCHEDULE_CHUNK, schedule_many};
+/// use icq::NewCommand;
+///
+/// struct Steps(AtomicU64);
+/// impl Progress for Steps {
+///     fn begin(&self, _label: &str, _total: u64) {}
+///     fn advance(&self, _n: u64) {
+///         self.0.fetch_add(1, Ordering::Relaxed);
+///     }
+///     fn finish(&self) {}
+/// }
+/// let commands: Vec<NewCommand> =
+///     (0..=SCHEDULE_CHUNK).map(|_| NewCommand::new("t", serde_json::json!({}))).collect();
+/// let steps = Steps(AtomicU64::new(0));
+/// schedule_many(&source, &commands, &steps).await?;
+/// assert_eq!(steps.0.load(Ordering::Relaxed), 2); // 1000 commands, then 1
+/// # Ok(())
+/// # }
+/// ```
 pub const SCHEDULE_CHUNK: usize = 1000;
 
 /// The one source a command is scheduled into: scheduling needs an unambiguous target.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::admin::one_source;
+///
+/// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
+/// assert_eq!(one_source(&sources)?.name, "shop");
+/// let two = [sources[0].clone(), sources[0].clone()];
+/// assert!(one_source(&two).is_err()); // say which one with --source
+/// # Ok(())
+/// # }
+/// ```
 pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
     match sources {
         [one] => Ok(one),
@@ -31,6 +83,27 @@ pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
 }
 
 /// The result of scheduling one command: `{"id": ID}`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use icq::NewCommand;
+///
+/// let command = NewCommand::new("t", serde_json::json!({}));
+/// let scheduled = icq::admin::schedule(&source, &command).await?;
+/// assert_eq!(scheduled.source, "shop");
+/// let json = serde_json::to_value(&scheduled)?; // `icq schedule --format json`
+/// assert_eq!(json, serde_json::json!({ "id": scheduled.id }));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Scheduled {
     /// The new command's id.
@@ -41,6 +114,27 @@ pub struct Scheduled {
 }
 
 /// The result of scheduling from a file: `{"ids": [...]}`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use icq::admin::{NoProgress, parse_jobs, schedule_many};
+///
+/// let lines = "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": 2}\n";
+/// let commands = parse_jobs(lines, "jobs.jsonl")?;
+/// let scheduled = schedule_many(&source, &commands, &NoProgress).await?;
+/// assert_eq!(scheduled.ids, [commands[0].id.clone(), commands[1].id.clone()]);
+/// assert_eq!(serde_json::to_value(&scheduled)?["ids"].as_array().map(Vec::len), Some(2));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScheduledMany {
     /// The new commands' ids, in line order.
@@ -50,7 +144,30 @@ pub struct ScheduledMany {
     pub source: String,
 }
 
-/// Schedules one command into `source`.
+/// Schedules one command into `source`, after [`NewCommand::validate`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+/// use icq::admin::{one_source, schedule};
+///
+/// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
+/// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
+/// let scheduled = schedule(one_source(&sources)?, &command).await?;
+/// assert_eq!(scheduled.id, command.id);
+/// assert!(schedule(&sources[0], &NewCommand::new("", serde_json::json!({}))).await.is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Scheduled> {
     command.validate()?;
     let id = source.queue.schedule(command).await?;
@@ -63,6 +180,28 @@ pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Sched
 /// Schedules many commands into `source` through the engine's bulk path, in chunks of
 /// [`SCHEDULE_CHUNK`] (one progress step each). Every command is validated before the
 /// first insert.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use icq::NewCommand;
+/// use icq::admin::{NoProgress, schedule_many};
+///
+/// let good = NewCommand::new("t", serde_json::json!({}));
+/// let bad = NewCommand::new("", serde_json::json!({}));
+/// assert!(schedule_many(&source, &[good.clone(), bad], &NoProgress).await.is_err());
+/// assert!(queue.get(&good.id).await?.is_none()); // nothing was scheduled
+/// assert_eq!(schedule_many(&source, &[good], &NoProgress).await?.ids.len(), 1);
+/// # Ok(())
+/// # }
+/// ```
 pub async fn schedule_many(
     source: &OpenSource,
     commands: &[NewCommand],
@@ -116,6 +255,26 @@ struct JobLine {
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
 /// "tenant_id"?, "correlation_id"?}`; blank lines are skipped. The first bad line is an
 /// [`Error::Usage`] naming `origin` and the line number.
+///
+/// # Examples
+///
+/// ```
+/// use icq::RunAt;
+/// use icq::admin::parse_jobs;
+///
+/// let text = r#"{"type": "email.welcome", "payload": {"user": 17}, "user_id": "u-17"}
+///
+/// {"type": "reports.daily", "payload": {}, "run_at": "2030-01-01T06:00:00Z"}
+/// "#;
+/// let commands = parse_jobs(text, "jobs.jsonl")?;
+/// assert_eq!(commands.len(), 2);
+/// assert_eq!(commands[0].context.user_id.as_deref(), Some("u-17"));
+/// assert!(matches!(commands[1].run_at, RunAt::At(_)));
+///
+/// let err = parse_jobs("{\"type\": \"a\"}", "jobs.jsonl").unwrap_err();
+/// assert!(err.to_string().starts_with("jobs.jsonl:1: missing field `payload`"), "{err}");
+/// # Ok::<(), icq::Error>(())
+/// ```
 pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
     let mut commands = Vec::new();
     for (index, line) in text.lines().enumerate() {

@@ -21,6 +21,27 @@ use crate::error::{Error, Result};
 use crate::redact::redact_url;
 
 /// What a configuration file that passed the check holds.
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+///
+/// let text = "
+/// sources:
+///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
+/// handlers:
+///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
+///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
+/// ";
+/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
+/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
+/// assert_eq!(report.path, "icq.yaml");
+/// assert_eq!((report.sources.len(), report.handlers.len()), (1, 2));
+/// assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+/// assert!(report.warnings[0].contains("`hooks.deliver` has no timeout_seconds"));
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckReport {
     /// The file that was checked, as it was named.
@@ -34,6 +55,26 @@ pub struct CheckReport {
 }
 
 /// One source of a checked file.
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+///
+/// let text = "
+/// sources:
+///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
+/// handlers:
+///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
+///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
+/// ";
+/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
+/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
+/// let source = &report.sources[0];
+/// assert_eq!((source.name.as_str(), source.engine.as_str()), ("orders", "postgres"));
+/// assert_eq!(source.table, "InternalCommands");
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckedSource {
     /// The source's name.
@@ -45,6 +86,27 @@ pub struct CheckedSource {
 }
 
 /// One handler of a checked file.
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+///
+/// let text = "
+/// sources:
+///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
+/// handlers:
+///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
+///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
+/// ";
+/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
+/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
+/// let kinds: Vec<_> = report.handlers.iter().map(|h| (h.type_name.as_str(), h.kind)).collect();
+/// assert_eq!(kinds, [("hooks.deliver", "http"), ("orders.send_receipt", "exec")]);
+/// assert_eq!(report.handlers[1].target.as_deref(), Some("sh"));
+/// assert_eq!(report.handlers[1].timeout_seconds, Some(30.0));
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckedHandler {
     /// The command type it handles.
@@ -64,6 +126,25 @@ pub struct CheckedHandler {
 /// A missing file is a usage error; a file that does not parse fails with the loader's
 /// [`Error::Config`]; exec programs that cannot be started fail together with one
 /// [`Error::ConfigCheck`].
+///
+/// # Examples
+///
+/// ```
+/// use icq::Error;
+/// use icq::config::{ConfigRequest, check_file};
+///
+/// # let dir = tempfile::tempdir()?;
+/// # let file = dir.path().join("icq.yaml");
+/// let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
+///             a.run: { exec: [./no/such/program] }\n";
+/// std::fs::write(&file, text)?;
+/// let request = ConfigRequest { config_path: Some(file), ..Default::default() };
+/// let Err(Error::ConfigCheck { problems, .. }) = check_file(&request) else {
+///     panic!("a missing program passed the check");
+/// };
+/// assert!(problems[0].starts_with("3:19: "), "{problems:?}"); // positioned at the program
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
     let env = Environment::process();
     let (config, text) = lookup::load_file_in(request, &env)?;
@@ -72,6 +153,19 @@ pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
 
 /// Parses `text` (see [`parse`]) and checks it like [`check_file`]; `env` reads variables
 /// for `${VAR}` expansion and `PATH` for bare program names.
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+///
+/// let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
+///             a.run: { exec: [missing-tool] }\n";
+/// let env = |name: &str| (name == "PATH").then(|| "/usr/bin:/bin".to_string());
+/// let err = icq::config::check_text(text, Path::new("icq.yaml"), &env).unwrap_err();
+/// assert_eq!((err.kind(), err.exit_code()), ("config", 2));
+/// assert!(err.to_string().contains("missing-tool"), "{err}");
+/// ```
 pub fn check_text(
     text: &str,
     path: &Path,

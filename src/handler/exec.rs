@@ -26,9 +26,59 @@ use tokio::time::Instant;
 use super::{Handler, HandlerError, HandlerResult, Job};
 
 /// Bytes of stderr kept for `LastError`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::handler::exec::{ExecHandler, STDERR_TAIL_BYTES};
+/// use icq::Handler;
+///
+/// let argv = ["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 3"];
+/// let noisy = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// let err = noisy.handle(job(serde_json::json!({}))).await.unwrap_err();
+/// assert!(err.message.len() < STDERR_TAIL_BYTES + 100, "{} bytes", err.message.len());
+/// # Ok(())
+/// # }
+/// ```
 pub const STDERR_TAIL_BYTES: usize = 2048;
 
 /// Runs one program per command.
+///
+/// [`Registry::insert_exec`](crate::Registry::insert_exec) registers one behind the
+/// tracing layer; a `handlers:` entry with `exec:` in `icq.yaml` becomes one.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use icq::handler::exec::ExecHandler;
+/// use icq::Handler;
+///
+/// // The payload arrives on stdin, the context in ICQ_* variables.
+/// let script = r#"grep -q '"order":42' && test "$ICQ_ATTEMPT" = 1"#;
+/// let argv = vec!["sh".into(), "-c".into(), script.into()];
+/// let handler = ExecHandler::new(argv, Some(Duration::from_secs(5)))?;
+/// handler.check_program().map_err(icq::Error::Usage)?;
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// handler.handle(job(serde_json::json!({ "order": 42 }))).await?;
+/// let failed = handler.handle(job(serde_json::json!({ "order": 7 }))).await.unwrap_err();
+/// assert!(!failed.terminal, "{failed}"); // exit status 1: the attempt is retried
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ExecHandler {
     argv: Vec<String>,
@@ -36,7 +86,10 @@ pub struct ExecHandler {
 }
 
 impl ExecHandler {
-    /// A handler running `argv` (program first), killed after `timeout` if given.
+    /// A handler running `argv` (program first), killed after `timeout` if given. See
+    /// [`ExecHandler`]'s example.
+    ///
+    /// An empty `argv` (or an empty program) is an [`Error::Usage`](crate::Error::Usage).
     pub fn new(argv: Vec<String>, timeout: Option<Duration>) -> crate::Result<ExecHandler> {
         if argv.first().is_none_or(|program| program.is_empty()) {
             return Err(crate::Error::Usage(
@@ -50,6 +103,18 @@ impl ExecHandler {
     /// `PATH`), so a typo fails at startup instead of on every command. The reasons are
     /// those of `icq config check`: a directory is called a directory, a file without an
     /// execute bit is called not executable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::handler::exec::ExecHandler;
+    ///
+    /// assert_eq!(ExecHandler::new(vec!["sh".into()], None)?.check_program(), Ok(()));
+    /// let typo = ExecHandler::new(vec!["no-such-program-xyz".into()], None)?;
+    /// let problem = typo.check_program().unwrap_err();
+    /// assert!(problem.contains("no-such-program-xyz"), "{problem}");
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn check_program(&self) -> Result<(), String> {
         let path = std::env::var("PATH").ok();
         match crate::config::verify::program_problem(&self.argv[0], path.as_deref()) {
@@ -62,6 +127,30 @@ impl ExecHandler {
 /// How long the pipes are still read once the program has exited: long enough to collect
 /// what it wrote just before exiting, short enough that a background process that
 /// inherited them (and is killed with the group right after) cannot hold the outcome.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::{Duration, Instant};
+/// use icq::handler::exec::{EXIT_DRAIN, ExecHandler};
+/// use icq::Handler;
+///
+/// // The program exits at once but leaves a background process holding stdout open.
+/// let argv = ["sh", "-c", "sleep 30 & exit 0"];
+/// let handler = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// let started = Instant::now();
+/// handler.handle(job(serde_json::json!({}))).await?;
+/// assert!(started.elapsed() < EXIT_DRAIN + Duration::from_secs(5)); // not 30 s
+/// # Ok(())
+/// # }
+/// ```
 pub const EXIT_DRAIN: Duration = Duration::from_millis(150);
 
 /// The last `keep` bytes written to a stream.

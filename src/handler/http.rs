@@ -28,9 +28,47 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use super::{Handler, HandlerError, HandlerResult, Job};
 
 /// Bytes of a failed response's body kept for `LastError`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::handler::http::{BODY_EXCERPT_BYTES, HttpHandler};
+/// use icq::Handler;
+///
+/// let handler = HttpHandler::new("https://hooks.example.com/orders", &Default::default(), None)?;
+/// # let job = icq::Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "shop".into(), context: Default::default() };
+/// if let Err(failed) = handler.handle(job).await {
+///     // e.g. `HTTP 500 Internal Server Error: <the first 512 bytes of the body>`
+///     assert!(failed.message.len() < BODY_EXCERPT_BYTES + 200);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub const BODY_EXCERPT_BYTES: usize = 512;
 
 /// POSTs each command to one endpoint.
+///
+/// A `handlers:` entry with `http:` in `icq.yaml` becomes one.
+///
+/// # Examples
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use icq::handler::http::HttpHandler;
+///
+/// let headers = BTreeMap::from([("Authorization".to_string(), "Bearer s3cret".to_string())]);
+/// let timeout = Some(Duration::from_secs(10));
+/// let handler = HttpHandler::new("https://hooks.example.com/orders", &headers, timeout)?;
+/// assert!(!format!("{handler:?}").contains("s3cret")); // `Debug` shows header names only
+///
+/// let mut registry = icq::Registry::new();
+/// registry.insert("orders.notify", Arc::new(handler))?;
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct HttpHandler {
     client: reqwest::Client,
@@ -52,7 +90,10 @@ impl std::fmt::Debug for HttpHandler {
 
 impl HttpHandler {
     /// A handler posting to `url` with the extra `headers`, failing an attempt after
-    /// `timeout` (default 30 s).
+    /// `timeout` (default 30 s). See [`HttpHandler`]'s example.
+    ///
+    /// A URL that is not `http://` or `https://`, or a header that is not valid, is an
+    /// [`Error::Usage`](crate::Error::Usage).
     pub fn new(
         url: &str,
         headers: &BTreeMap<String, String>,

@@ -10,13 +10,83 @@ use tracing::Instrument;
 use super::{Handler, HandlerError, HandlerResult, Job};
 
 /// Wraps a handler in another.
+///
+/// Write one to put your own step (metrics, a circuit breaker, ...) into a pipeline.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use icq::handler::{Layer, Noop};
+/// use icq::{Handler, HandlerResult, Job};
+///
+/// struct CountLayer(Arc<AtomicU64>);
+/// struct Count(Arc<AtomicU64>, Arc<dyn Handler>);
+///
+/// impl Layer for CountLayer {
+///     fn layer(&self, inner: Arc<dyn Handler>) -> Arc<dyn Handler> {
+///         Arc::new(Count(self.0.clone(), inner))
+///     }
+/// }
+/// #[async_trait::async_trait]
+/// impl Handler for Count {
+///     async fn handle(&self, job: Job) -> HandlerResult {
+///         self.0.fetch_add(1, Ordering::Relaxed);
+///         self.1.handle(job).await
+///     }
+/// }
+///
+/// let count = Arc::new(AtomicU64::new(0));
+/// let handler = CountLayer(count.clone()).layer(Arc::new(Noop));
+/// # let job = |roles: &[&str]| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
+/// #     attempt: 1, source: "shop".into(),
+/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// # };
+/// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
+/// handler.handle(job(&[])).await?;
+/// assert_eq!(count.load(Ordering::Relaxed), 1);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Layer {
-    /// Returns `inner` wrapped by this layer.
+    /// Returns `inner` wrapped by this layer. See [`Layer`]'s example.
     fn layer(&self, inner: Arc<dyn Handler>) -> Arc<dyn Handler>;
 }
 
 /// Refuses, terminally, a job whose captured roles lack any of `required`: the inner
 /// handler is never called.
+///
+/// Workers configured from `icq.yaml` put it in front of a handler with `requires_roles`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use icq::handler::{AuthorizeLayer, Layer, Noop};
+/// use icq::Handler;
+///
+/// let layer = AuthorizeLayer { required: vec!["reports.run".into()] };
+/// let handler = layer.layer(Arc::new(Noop));
+/// # let job = |roles: &[&str]| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
+/// #     attempt: 1, source: "shop".into(),
+/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// # };
+/// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
+/// handler.handle(job(&["reports.run"])).await?;
+/// let refused = handler.handle(job(&["orders.write"])).await.unwrap_err();
+/// assert!(refused.terminal);
+/// let why = "forbidden: principal <no user> lacks required role(s) reports.run";
+/// assert_eq!(refused.message, why);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct AuthorizeLayer {
     /// Roles the captured principal must hold.
@@ -61,6 +131,33 @@ impl Handler for Authorize {
 }
 
 /// Fails (retryably) a job that runs longer than `timeout`; the inner future is dropped.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use icq::handler::{FnHandler, Layer, TimeoutLayer};
+/// use icq::{Handler, Job};
+///
+/// let slow = Arc::new(FnHandler(|_job: Job| async {
+///     tokio::time::sleep(Duration::from_secs(60)).await;
+///     Ok(())
+/// }));
+/// let handler = TimeoutLayer { timeout: Duration::from_millis(20) }.layer(slow);
+/// # let job = |roles: &[&str]| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
+/// #     attempt: 1, source: "shop".into(),
+/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// # };
+/// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
+/// let err = handler.handle(job(&[])).await.unwrap_err();
+/// assert_eq!((err.message.as_str(), err.terminal), ("timed out after 0.0s", false));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct TimeoutLayer {
     /// The longest one execution may take.
@@ -96,6 +193,21 @@ impl Handler for Timeout {
 
 /// Runs the job inside a tracing span carrying id, type, attempt, source and
 /// correlation id, and logs the outcome.
+///
+/// [`Registry::register`](crate::Registry::register) and
+/// [`Registry::insert_exec`](crate::Registry::insert_exec) put every handler behind it;
+/// wrap handlers you [`insert`](crate::Registry::insert) yourself.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use icq::handler::{Layer, Noop, TraceLayer};
+///
+/// let mut registry = icq::Registry::new();
+/// registry.insert("smoke.test", TraceLayer.layer(Arc::new(Noop)))?;
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TraceLayer;
 

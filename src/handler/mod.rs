@@ -23,6 +23,30 @@ use crate::command::{CommandId, CommandType, Context};
 pub use layers::{AuthorizeLayer, Layer, TimeoutLayer, TraceLayer};
 
 /// One execution of one command.
+///
+/// The processor builds one per attempt; build one yourself to test a handler without a
+/// database.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::handler::{Handler, Noop};
+/// use icq::{CommandId, Context, Job};
+///
+/// let job = Job {
+///     id: CommandId::new(),
+///     type_name: "orders.receipt".into(),
+///     payload: serde_json::json!({ "order": 42 }),
+///     attempt: 1,
+///     source: "shop".into(),
+///     context: Context::default(),
+/// };
+/// assert_eq!(Noop.handle(job).await, Ok(()));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Job {
     /// The command's id.
@@ -45,16 +69,74 @@ tokio::task_local! {
 
 /// The captured context of the command running on this task, if any: lets code deep in
 /// a handler see (and propagate into commands it schedules) the original principal.
+///
+/// The processor sets it around every execution (see [`with_context`]).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::{Context, NewCommand, current_context};
+///
+/// // Deep inside a handler: schedule a follow-up on behalf of the same principal.
+/// fn follow_up() -> NewCommand {
+///     let context = current_context().unwrap_or_default();
+///     NewCommand::new("orders.ship", serde_json::json!({})).context(context)
+/// }
+///
+/// let context = Context { user_id: Some("u-17".into()), ..Context::default() };
+/// let command = icq::handler::with_context(context, async { follow_up() }).await;
+/// assert_eq!(command.context.user_id.as_deref(), Some("u-17"));
+/// assert_eq!(current_context(), None); // outside any command
+/// # Ok(())
+/// # }
+/// ```
 pub fn current_context() -> Option<Context> {
     CURRENT_CONTEXT.try_with(Clone::clone).ok()
 }
 
 /// Runs `future` with `context` as the [`current_context`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::{Context, current_context};
+/// use icq::handler::with_context;
+///
+/// let context = Context { tenant_id: Some("acme".into()), ..Context::default() };
+/// let seen = with_context(context.clone(), async { current_context() }).await;
+/// assert_eq!(seen, Some(context));
+/// # Ok(())
+/// # }
+/// ```
 pub async fn with_context<F: Future>(context: Context, future: F) -> F::Output {
     CURRENT_CONTEXT.scope(context, future).await
 }
 
 /// Why a handler did not succeed.
+///
+/// Any `anyhow::Error` converts into a retryable one, so `?` works in handlers.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{HandlerError, HandlerResult};
+///
+/// fn charge(text: &str) -> HandlerResult {
+///     let amount: i64 = text.parse().map_err(anyhow::Error::from)?; // retryable
+///     if amount < 0 {
+///         return Err(HandlerError::terminal("a negative amount can never be charged"));
+///     }
+///     Ok(())
+/// }
+///
+/// assert_eq!(charge("5"), Ok(()));
+/// assert!(charge("-1").unwrap_err().terminal);
+/// assert!(!charge("five").unwrap_err().terminal); // from the `anyhow::Error`
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandlerError {
     /// The text stored in `LastError`.
@@ -64,7 +146,15 @@ pub struct HandlerError {
 }
 
 impl HandlerError {
-    /// A failure that will be retried with backoff.
+    /// A failure that will be retried with backoff (until `max_attempts` is used up).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = icq::HandlerError::retry("smtp down");
+    /// assert!(!err.terminal);
+    /// assert_eq!(err.to_string(), "smtp down");
+    /// ```
     pub fn retry(message: impl Into<String>) -> HandlerError {
         HandlerError {
             message: message.into(),
@@ -73,6 +163,13 @@ impl HandlerError {
     }
 
     /// A failure that retrying cannot fix: the row is dead-lettered at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = icq::HandlerError::terminal("order 42 does not exist");
+    /// assert!(err.terminal);
+    /// ```
     pub fn terminal(message: impl Into<String>) -> HandlerError {
         HandlerError {
             message: message.into(),
@@ -95,17 +192,77 @@ impl From<anyhow::Error> for HandlerError {
     }
 }
 
-/// What a handler returns.
+/// What a handler returns. See [`HandlerError`]'s example.
 pub type HandlerResult = Result<(), HandlerError>;
 
 /// Runs commands of one type.
+///
+/// Implement it (with `#[async_trait]`) for a handler that holds state; for a closure, use
+/// [`Registry::register`] (typed) or [`FnHandler`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use icq::{Handler, HandlerError, HandlerResult, Job, Registry};
+///
+/// struct Mailer {
+///     sent: AtomicU64,
+/// }
+///
+/// #[async_trait::async_trait]
+/// impl Handler for Mailer {
+///     async fn handle(&self, job: Job) -> HandlerResult {
+///         let to = job.payload["to"].as_str().ok_or_else(|| HandlerError::terminal("no `to`"))?;
+///         println!("mail to {to} (attempt {})", job.attempt);
+///         self.sent.fetch_add(1, Ordering::Relaxed);
+///         Ok(())
+///     }
+/// }
+///
+/// let mailer = Arc::new(Mailer { sent: AtomicU64::new(0) });
+/// Registry::new().insert("email.send", mailer.clone())?;
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// mailer.handle(job(serde_json::json!({ "to": "a@example.com" }))).await?;
+/// assert!(mailer.handle(job(serde_json::json!({}))).await.unwrap_err().terminal);
+/// assert_eq!(mailer.sent.load(Ordering::Relaxed), 1);
+/// # Ok(())
+/// # }
+/// ```
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
-    /// Executes `job`.
+    /// Executes `job`. See [`Handler`]'s example.
     async fn handle(&self, job: Job) -> HandlerResult;
 }
 
 /// A handler that succeeds at once (`noop: true`): for smoke tests and benchmarks.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use icq::handler::{Handler, Noop};
+///
+/// let mut registry = icq::Registry::new();
+/// registry.insert("smoke.test", Arc::new(Noop))?;
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// assert_eq!(Noop.handle(job(serde_json::json!(null))).await, Ok(()));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Noop;
 
@@ -118,6 +275,42 @@ impl Handler for Noop {
 
 /// Adapts an async closure over a typed command into a [`Handler`]. The payload is
 /// deserialized first; a payload that does not fit the type is a terminal error.
+///
+/// [`Registry::register`] builds one (behind the tracing layer); there is no other way to
+/// make one.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use icq::{CommandType, Handler, Registry};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct SendReceipt {
+///     order_id: i64,
+/// }
+/// impl CommandType for SendReceipt {
+///     const TYPE: &'static str = "orders.send_receipt";
+/// }
+///
+/// let mut registry = Registry::new();
+/// registry.register::<SendReceipt, _, _>(|receipt, _job| async move {
+///     assert_eq!(receipt.order_id, 42);
+///     Ok(())
+/// })?;
+/// let handler = registry.get(SendReceipt::TYPE).unwrap();
+/// # let job = |payload: serde_json::Value| icq::Job {
+/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
+/// #     source: "shop".into(), context: icq::Context::default(),
+/// # };
+/// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
+/// handler.handle(job(serde_json::json!({ "order_id": 42 }))).await?;
+/// let err = handler.handle(job(serde_json::json!({ "order": "x" }))).await.unwrap_err();
+/// assert!(err.terminal, "{err}"); // payload does not match orders.send_receipt: ...
+/// # Ok(())
+/// # }
+/// ```
 pub struct TypedHandler<C, F> {
     function: F,
     _command: PhantomData<fn(C)>,
@@ -139,6 +332,27 @@ where
 }
 
 /// Adapts an async closure over the raw [`Job`] into a [`Handler`].
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use icq::handler::FnHandler;
+/// use icq::{HandlerError, Job, Registry};
+///
+/// let mut registry = Registry::new();
+/// registry.insert(
+///     "webhook.forward",
+///     Arc::new(FnHandler(|job: Job| async move {
+///         match job.payload.get("url") {
+///             Some(_) => Ok(()),
+///             None => Err(HandlerError::terminal("no url in the payload")),
+///         }
+///     })),
+/// )?;
+/// assert_eq!(registry.types(), ["webhook.forward"]);
+/// # Ok::<(), icq::Error>(())
+/// ```
 pub struct FnHandler<F>(pub F);
 
 #[async_trait]
@@ -153,6 +367,27 @@ where
 }
 
 /// Type names mapped to their handler pipelines.
+///
+/// A [`Processor`](crate::Processor) runs a registry's handlers; a claimed command of a
+/// type with no handler is dead-lettered (unless
+/// [`Settings::claim_only_handled_types`](crate::Settings::claim_only_handled_types)).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use icq::Registry;
+///
+/// let mut registry = Registry::new();
+/// assert!(registry.is_empty());
+/// registry
+///     .insert("smoke.test", Arc::new(icq::handler::Noop))?
+///     .insert_exec("report.render", vec!["render-report".into()], None)?;
+/// assert_eq!(registry.types(), ["report.render", "smoke.test"]);
+/// assert!(registry.get("smoke.test").is_some());
+/// assert!(registry.get("unknown").is_none());
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn Handler>>,
@@ -167,13 +402,28 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// An empty registry.
+    /// An empty registry. See [`Registry`]'s example.
     pub fn new() -> Registry {
         Registry::default()
     }
 
     /// Registers `handler` for `type_name` as is (wrap it in layers first if needed).
     /// A second registration of the same type is an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use icq::handler::{AuthorizeLayer, Layer, Noop, TimeoutLayer, TraceLayer};
+    ///
+    /// let handler = TimeoutLayer { timeout: Duration::from_secs(5) }.layer(Arc::new(Noop));
+    /// let handler = AuthorizeLayer { required: vec!["reports.run".into()] }.layer(handler);
+    /// let mut registry = icq::Registry::new();
+    /// registry.insert("reports.run", TraceLayer.layer(handler))?;
+    /// assert!(registry.insert("reports.run", Arc::new(Noop)).is_err()); // registered twice
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn insert(
         &mut self,
         type_name: impl Into<String>,
@@ -189,7 +439,33 @@ impl Registry {
         Ok(self)
     }
 
-    /// Registers a typed handler for `C::TYPE` behind the tracing layer.
+    /// Registers a typed handler for `C::TYPE` behind the tracing layer. The closure gets
+    /// the deserialized command and the [`Job`] (attempt, context, ...).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{CommandType, HandlerError, Registry};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct SendReceipt {
+    ///     order_id: i64,
+    /// }
+    /// impl CommandType for SendReceipt {
+    ///     const TYPE: &'static str = "orders.send_receipt";
+    /// }
+    ///
+    /// let mut registry = Registry::new();
+    /// registry.register::<SendReceipt, _, _>(|receipt, job| async move {
+    ///     if receipt.order_id <= 0 {
+    ///         return Err(HandlerError::terminal("no such order"));
+    ///     }
+    ///     println!("receipt {} for {:?}", receipt.order_id, job.context.user_id);
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(registry.types(), [SendReceipt::TYPE]);
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn register<C, F, Fut>(&mut self, function: F) -> crate::Result<&mut Self>
     where
         C: CommandType,
@@ -205,6 +481,19 @@ impl Registry {
 
     /// Registers an [`exec::ExecHandler`] running `argv` for `type_name`, behind the
     /// tracing layer; `timeout` kills the program's process group when it runs too long.
+    /// The program is not looked up here (see [`exec::ExecHandler::check_program`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let mut registry = icq::Registry::new();
+    /// let argv = vec!["/usr/local/bin/send-invoice".into(), "--quiet".into()];
+    /// registry.insert_exec("invoices.send", argv, Some(Duration::from_secs(30)))?;
+    /// assert!(registry.insert_exec("broken", vec![], None).is_err()); // no program
+    /// # Ok::<(), icq::Error>(())
+    /// ```
     pub fn insert_exec(
         &mut self,
         type_name: impl Into<String>,
@@ -215,19 +504,19 @@ impl Registry {
         self.insert(type_name, TraceLayer.layer(handler))
     }
 
-    /// The pipeline for `type_name`, if one is registered.
+    /// The pipeline for `type_name`, if one is registered. See [`Registry`]'s example.
     pub fn get(&self, type_name: &str) -> Option<&Arc<dyn Handler>> {
         self.handlers.get(type_name)
     }
 
-    /// The registered type names, sorted.
+    /// The registered type names, sorted. See [`Registry`]'s example.
     pub fn types(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.handlers.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
     }
 
-    /// True when nothing is registered.
+    /// True when nothing is registered. See [`Registry`]'s example.
     pub fn is_empty(&self) -> bool {
         self.handlers.is_empty()
     }

@@ -30,6 +30,31 @@ use crate::ident::Engine;
 use crate::redact::{redact_in, redact_url};
 
 /// What [`run`] or [`revert`] may do.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// use icq::migrate::{MigrateOptions, run};
+///
+/// std::fs::write(dir.join("0002_orders.up.sql"), "CREATE TABLE orders (id INTEGER);")?;
+/// std::fs::write(dir.join("0002_orders.down.sql"), "DROP TABLE orders;")?;
+///
+/// let up_to_1 = MigrateOptions { target_version: Some(1), ..MigrateOptions::default() };
+/// assert_eq!(run(&url, &dir, &up_to_1).await?.skipped, [2]); // `--target-version 1`
+/// let dry_run = MigrateOptions { dry_run: true, target_version: None }; // `--dry-run`
+/// let would = run(&url, &dir, &dry_run).await?;
+/// assert_eq!((would.applied[0].version, would.already_applied), (2, 1));
+/// assert_eq!(run(&url, &dir, &dry_run).await?.applied.len(), 1); // 2 is still pending
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MigrateOptions {
     /// Report what would be applied or reverted, and change nothing.
@@ -42,6 +67,24 @@ pub struct MigrateOptions {
 
 /// A migration that [`run`] applied or [`revert`] undid (or would have, under
 /// [`MigrateOptions::dry_run`]).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// let report = icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// let applied = &report.applied[0];
+/// assert_eq!((applied.version, applied.description.as_str()), (1, "add internal commands"));
+/// assert!(applied.elapsed_ms >= 0.0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Applied {
     /// Its version.
@@ -53,6 +96,27 @@ pub struct Applied {
 }
 
 /// What [`run`] did.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// use icq::migrate::run;
+///
+/// let first = run(&url, &dir, &Default::default()).await?;
+/// assert_eq!((first.applied.len(), first.already_applied, first.dry_run), (1, 0, false));
+/// let second = run(&url, &dir, &Default::default()).await?;
+/// assert_eq!((second.applied.len(), second.already_applied), (0, 1));
+/// assert!(second.database.starts_with("sqlite://")); // the URL, its password masked
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunReport {
     /// The database, its password masked.
@@ -68,6 +132,24 @@ pub struct RunReport {
 }
 
 /// What [`revert`] did.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// // `dir` holds icq's reversible SQLite migration 0001, applied to the database at `url`.
+/// let report = icq::migrate::revert(&url, &dir, &Default::default()).await?;
+/// assert_eq!(report.reverted.iter().map(|m| m.version).collect::<Vec<_>>(), [1]);
+/// assert!(!report.dry_run);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RevertReport {
     /// The database, its password masked.
@@ -79,6 +161,26 @@ pub struct RevertReport {
 }
 
 /// Where one migration stands in the database (`icq migrate info`).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # drop(sqlx::SqlitePool::connect(&format!("{url}?mode=rwc")).await?);
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// use icq::migrate::{MigrationState, info, run};
+///
+/// assert_eq!(info(&url, &dir).await?.migrations[0].state, MigrationState::Pending);
+/// run(&url, &dir, &Default::default()).await?;
+/// assert_eq!(info(&url, &dir).await?.migrations[0].state, MigrationState::Installed);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MigrationState {
@@ -97,6 +199,15 @@ pub enum MigrationState {
 
 impl MigrationState {
     /// The word `icq migrate info` prints, as sqlx-cli does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::migrate::MigrationState;
+    ///
+    /// assert_eq!(MigrationState::Pending.label(), "pending");
+    /// assert_eq!(MigrationState::ChecksumMismatch.label(), "installed (different checksum)");
+    /// ```
     pub fn label(self) -> &'static str {
         match self {
             MigrationState::Installed => "installed",
@@ -109,6 +220,29 @@ impl MigrationState {
 }
 
 /// One line of [`info`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// // `dir` holds icq's reversible SQLite migration 0001, applied to the database at `url`.
+/// use icq::migrate::{MigrationState, info};
+///
+/// # let up = dir.read_dir()?.flatten().map(|e| e.path()).find(|p| p.to_string_lossy().ends_with(".up.sql")).unwrap();
+/// std::fs::write(&up, "-- edited after it was applied")?; // the .up.sql of version 1
+/// let status = &info(&url, &dir).await?.migrations[0];
+/// assert_eq!((status.version, status.state), (1, MigrationState::ChecksumMismatch));
+/// assert!(status.reversible);
+/// assert_ne!(status.applied_checksum, status.local_checksum);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MigrationStatus {
     /// Its version.
@@ -128,6 +262,27 @@ pub struct MigrationStatus {
 }
 
 /// What [`info`] found.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// // `dir` holds icq's reversible SQLite migration 0001, applied to the database at `url`.
+/// let report = icq::migrate::info(&url, &dir).await?;
+/// for m in &report.migrations {
+///     println!("{}/{} {}", m.version, m.state.label(), m.description); // 1/installed add …
+/// }
+/// let json = serde_json::to_value(&report)?; // `icq migrate info --format json`
+/// assert_eq!(json["migrations"][0]["state"], "installed");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct InfoReport {
     /// The database, its password masked.
@@ -140,6 +295,25 @@ pub struct InfoReport {
 /// [`MigrateOptions::target_version`]), each in its own transaction where the engine allows,
 /// holding sqlx's migration lock. A SQLite database file that does not exist yet is created
 /// (in WAL mode, like `sqlx database create`), unless this is a dry run.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// let report = icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// assert_eq!(report.applied.len(), 1);
+/// // The table is there: a queue can connect.
+/// let queue = icq::Queue::connect("shop", &url, &Default::default(), &Default::default()).await?;
+/// # queue.close().await;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn run(url: &str, dir: &Path, options: &MigrateOptions) -> Result<RunReport> {
     let migrator = migrator_for(url, dir).await?;
     if let Some(target) = options.target_version
@@ -158,6 +332,27 @@ pub async fn run(url: &str, dir: &Path, options: &MigrateOptions) -> Result<RunR
 
 /// Undoes applied migrations with their `.down.sql` files: the latest one, or every one
 /// above [`MigrateOptions::target_version`], latest first, holding sqlx's migration lock.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// // `dir` holds icq's reversible SQLite migration 0001, applied to the database at `url`.
+/// use icq::migrate::{MigrateOptions, revert};
+///
+/// let all = MigrateOptions { target_version: Some(0), ..MigrateOptions::default() }; // undo all
+/// revert(&url, &dir, &all).await?;
+/// let missing = icq::Queue::connect("shop", &url, &Default::default(), &Default::default()).await;
+/// assert!(matches!(missing, Err(icq::Error::TableMissing { .. })));
+/// # Ok(())
+/// # }
+/// ```
 pub async fn revert(url: &str, dir: &Path, options: &MigrateOptions) -> Result<RevertReport> {
     let migrator = migrator_for(url, dir).await?;
     if let Some(target) = options.target_version
@@ -177,7 +372,8 @@ pub async fn revert(url: &str, dir: &Path, options: &MigrateOptions) -> Result<R
 
 /// Lists every migration of `dir` and every one applied to the database at `url`, with
 /// where each stands. Like `sqlx migrate info`, this creates the empty `_sqlx_migrations`
-/// table when the database has none yet; it changes nothing else.
+/// table when the database has none yet; it changes nothing else. See [`InfoReport`]'s
+/// and [`MigrationState`]'s examples.
 pub async fn info(url: &str, dir: &Path) -> Result<InfoReport> {
     let migrator = migrator_for(url, dir).await?;
     match with_connection(url, false, Operation::Info(&migrator)).await? {

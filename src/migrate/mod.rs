@@ -73,22 +73,105 @@ pub use database::{
 };
 
 /// The description part of the file name (`<version>_add_internal_commands.sql`).
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, DESCRIPTION, Versioning, plan};
+/// use icq::{Engine, TableName};
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir: tmp.path().join("migrations"),
+///     kind: None,
+///     versioning: Versioning::Inferred,
+/// };
+/// let plan = plan(&opts, chrono::Utc::now())?;
+/// let file_name = plan.files[0].path.file_name().unwrap().to_string_lossy().into_owned();
+/// assert_eq!(file_name, format!("{}_{DESCRIPTION}.sql", plan.version));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const DESCRIPTION: &str = "add_internal_commands";
 
 /// The directory migrations go to by default (sqlx-cli's default too).
+///
+/// # Examples
+///
+/// ```
+/// use icq::Engine;
+/// use icq::migrate::{DEFAULT_DIR, default_dir};
+///
+/// assert_eq!(default_dir(Engine::Postgres), std::path::Path::new(DEFAULT_DIR));
+/// ```
 pub const DEFAULT_DIR: &str = "migrations";
 
 /// The default directory for SQL Server files, which sqlx cannot run: a subdirectory that
 /// sqlx ignores, so `sqlx migrate run` on `migrations/` never tries the T-SQL.
+///
+/// # Examples
+///
+/// ```
+/// use icq::Engine;
+/// use icq::migrate::{SQLSERVER_DIR, default_dir};
+///
+/// assert_eq!(default_dir(Engine::SqlServer), std::path::Path::new(SQLSERVER_DIR));
+/// ```
 pub const SQLSERVER_DIR: &str = "migrations/sqlserver";
 
 /// The bookkeeping table sqlx and sqlx-cli keep applied migrations in.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// # icq::migrate::run(&url, &dir, &Default::default()).await?;
+/// // `dir` holds icq's reversible SQLite migration 0001, applied to the database at `url`.
+/// use icq::migrate::MIGRATIONS_TABLE;
+///
+/// let pool = sqlx::SqlitePool::connect(&url).await?;
+/// let sql = format!("SELECT version FROM {MIGRATIONS_TABLE}");
+/// let versions: Vec<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&pool).await?;
+/// assert_eq!(versions, [(1,)]);
+/// # Ok(())
+/// # }
+/// ```
 pub const MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// How every generated file begins: `-- icq migration: engine=postgres table=InternalCommands`.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{HEADER_PREFIX, file_sql};
+/// use icq::{Engine, TableName};
+/// use sqlx::migrate::MigrationType;
+///
+/// let sql = file_sql(Engine::Mysql, &TableName::default(), MigrationType::Simple);
+/// let first_line = sql.lines().next().unwrap();
+/// assert_eq!(first_line, format!("{HEADER_PREFIX} engine=mysql table=InternalCommands"));
+/// ```
 pub const HEADER_PREFIX: &str = "-- icq migration:";
 
-/// The directory `icq migrate add` writes to when `--dir` is not given.
+/// The directory `icq migrate add` writes to when `--dir` is not given: [`DEFAULT_DIR`],
+/// or [`SQLSERVER_DIR`] for SQL Server (whose T-SQL sqlx must not try to run).
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+/// use icq::Engine;
+/// use icq::migrate::default_dir;
+///
+/// assert_eq!(default_dir(Engine::Sqlite), Path::new("migrations"));
+/// assert_eq!(default_dir(Engine::SqlServer), Path::new("migrations/sqlserver"));
+/// ```
 pub fn default_dir(engine: Engine) -> PathBuf {
     match engine {
         Engine::SqlServer => PathBuf::from(SQLSERVER_DIR),
@@ -97,6 +180,27 @@ pub fn default_dir(engine: Engine) -> PathBuf {
 }
 
 /// Whether a migration is one file, or an up/down pair that `sqlx migrate revert` can undo.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, MigrationKind, Versioning, add};
+/// use icq::{Engine, TableName};
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir: tmp.path().join("migrations"),
+///     kind: Some(MigrationKind::Reversible),
+///     versioning: Versioning::Inferred,
+/// };
+/// let plan = add(&opts)?; // `icq migrate add --reversible`
+/// assert_eq!(plan.kind, MigrationKind::Reversible);
+/// assert!(plan.files[0].path.to_string_lossy().ends_with("_add_internal_commands.up.sql"));
+/// assert!(plan.files[1].path.to_string_lossy().ends_with("_add_internal_commands.down.sql"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MigrationKind {
@@ -108,6 +212,17 @@ pub enum MigrationKind {
 
 impl MigrationKind {
     /// The sqlx file types this kind is written as, in writing order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::migrate::MigrationKind;
+    /// use sqlx::migrate::MigrationType;
+    ///
+    /// assert_eq!(MigrationKind::Simple.file_types(), [MigrationType::Simple]);
+    /// let pair = [MigrationType::ReversibleUp, MigrationType::ReversibleDown];
+    /// assert_eq!(MigrationKind::Reversible.file_types(), pair);
+    /// ```
     pub fn file_types(self) -> &'static [MigrationType] {
         match self {
             MigrationKind::Simple => &[MigrationType::Simple],
@@ -119,6 +234,23 @@ impl MigrationKind {
 }
 
 /// How the version of a new migration is chosen (sqlx-cli's `--timestamp` / `--sequential`).
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{Versioning, next_version, scan};
+///
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path();
+/// std::fs::write(dir.join("0001_create_orders.sql"), "CREATE TABLE orders (id INTEGER);")?;
+/// std::fs::write(dir.join("0002_add_status.sql"), "ALTER TABLE orders ADD status TEXT;")?;
+/// let existing = scan(dir)?;
+/// let now = "2030-01-01T12:00:00Z".parse()?;
+/// assert_eq!(next_version(&existing, Versioning::Inferred, now), "0003"); // it is sequential
+/// assert_eq!(next_version(&existing, Versioning::Timestamp, now), "20300101120000");
+/// assert_eq!(next_version(&[], Versioning::Sequential, now), "0001");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Versioning {
     /// Sequential when the directory already is, a timestamp otherwise.
@@ -131,6 +263,19 @@ pub enum Versioning {
 }
 
 /// What icq's header line says about a file it generated.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{IcqHeader, file_sql};
+/// use icq::{Engine, TableName};
+///
+/// let table = TableName::parse("jobs.Commands")?;
+/// let sql = file_sql(Engine::Postgres, &table, sqlx::migrate::MigrationType::Simple);
+/// let header = IcqHeader::parse(&sql).expect("icq wrote it");
+/// assert_eq!(header, IcqHeader { engine: Engine::Postgres, table: "jobs.Commands".into() });
+/// # Ok::<(), icq::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IcqHeader {
     /// The engine the SQL was written for.
@@ -141,6 +286,16 @@ pub struct IcqHeader {
 
 impl IcqHeader {
     /// Reads the header from the first line of a file's text, if it is one of icq's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, migrate::IcqHeader};
+    ///
+    /// let text = "-- icq migration: engine=sqlite table=InternalCommands\nCREATE TABLE ...";
+    /// assert_eq!(IcqHeader::parse(text).map(|h| h.engine), Some(Engine::Sqlite));
+    /// assert_eq!(IcqHeader::parse("CREATE TABLE orders (id INTEGER);"), None);
+    /// ```
     pub fn parse(text: &str) -> Option<IcqHeader> {
         let rest = text.lines().next()?.strip_prefix(HEADER_PREFIX)?;
         let mut engine = None;
@@ -164,6 +319,27 @@ impl IcqHeader {
 }
 
 /// A migration file found in a directory, read the way sqlx resolves it.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path().join("migrations");
+/// # let url = format!("sqlite://{}", tmp.path().join("shop.db").display());
+/// # icq::migrate::add(&icq::migrate::AddOptions { engine: icq::Engine::Sqlite, table: Default::default(), dir: dir.clone(), kind: Some(icq::migrate::MigrationKind::Reversible), versioning: icq::migrate::Versioning::Sequential })?;
+/// use icq::migrate::scan;
+/// use sqlx::migrate::MigrationType;
+///
+/// // `dir` holds icq's reversible SQLite migration 0001; `url` names a SQLite file.
+/// std::fs::write(dir.join("0002_create_orders.sql"), "CREATE TABLE orders (id INTEGER);")?;
+/// let found = scan(&dir)?;
+/// let (up, orders) = (&found[0], &found[2]);
+/// assert_eq!((up.version, up.migration_type), (1, MigrationType::ReversibleUp));
+/// assert!(up.icq.is_some()); // icq wrote it
+/// assert_eq!((orders.version, orders.description.as_str()), (2, "create_orders"));
+/// assert!(orders.icq.is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ExistingMigration {
     /// The version prefix, as a number.
@@ -180,6 +356,21 @@ pub struct ExistingMigration {
 
 /// Lists the migrations in `dir` by sqlx's rules (`<integer>_<description>.sql`, other files
 /// ignored), sorted by version. A directory that does not exist holds no migrations.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::scan;
+///
+/// # let tmp = tempfile::tempdir()?;
+/// let dir = tmp.path();
+/// assert!(scan(&dir.join("missing"))?.is_empty());
+/// std::fs::write(dir.join("20300101120000_seed.sql"), "")?;
+/// std::fs::write(dir.join("README.md"), "not a migration")?;
+/// let versions: Vec<i64> = scan(dir)?.iter().map(|m| m.version).collect();
+/// assert_eq!(versions, [20300101120000]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -233,7 +424,22 @@ pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
 /// The version prefix for a new migration in a directory holding `existing`.
 ///
 /// Follows sqlx-cli 0.9 (see the module docs), then bumps the result past the latest
-/// existing version so it can neither collide nor sort before it.
+/// existing version so it can neither collide nor sort before it. See [`Versioning`]'s
+/// example for the choice itself.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{Versioning, next_version, scan};
+///
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path();
+/// // A migration from the future: the next timestamp goes past it instead of before it.
+/// std::fs::write(dir.join("20990101000000_later.sql"), "")?;
+/// let now = "2030-01-01T12:00:00Z".parse()?;
+/// assert_eq!(next_version(&scan(dir)?, Versioning::Timestamp, now), "20990101000001");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn next_version(
     existing: &[ExistingMigration],
     versioning: Versioning,
@@ -271,6 +477,20 @@ pub fn next_version(
 
 /// The kind sqlx-cli would pick when neither `--reversible` nor `--simple` is given:
 /// reversible when the directory's last migration is.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{MigrationKind, infer_kind, scan};
+///
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path();
+/// assert_eq!(infer_kind(&[]), MigrationKind::Simple);
+/// std::fs::write(dir.join("0001_orders.up.sql"), "")?;
+/// std::fs::write(dir.join("0001_orders.down.sql"), "")?;
+/// assert_eq!(infer_kind(&scan(dir)?), MigrationKind::Reversible);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn infer_kind(existing: &[ExistingMigration]) -> MigrationKind {
     match existing.last() {
         Some(last) if last.migration_type.is_reversible() => MigrationKind::Reversible,
@@ -278,7 +498,20 @@ pub fn infer_kind(existing: &[ExistingMigration]) -> MigrationKind {
     }
 }
 
-/// The full text of one generated file: icq's header line, then the engine's DDL.
+/// The full text of one generated file: icq's header line, then the engine's DDL (the
+/// `up` or `down` of [`crate::schema::render`], by `migration_type`).
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::file_sql;
+/// use icq::{Engine, TableName};
+/// use sqlx::migrate::MigrationType;
+///
+/// let down = file_sql(Engine::Sqlite, &TableName::default(), MigrationType::ReversibleDown);
+/// assert!(down.starts_with("-- icq migration: engine=sqlite table=InternalCommands\n"));
+/// assert!(down.contains("DROP TABLE"));
+/// ```
 pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType) -> String {
     let ddl = crate::schema::render(engine, table);
     let body = if migration_type.is_down_migration() {
@@ -290,6 +523,27 @@ pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType
 }
 
 /// What `icq migrate add` was asked for.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, Versioning, add};
+/// use icq::{Engine, TableName};
+///
+/// // `icq migrate add --engine postgres --table jobs.Commands --dir db/migrations --sequential`
+/// let opts = AddOptions {
+///     engine: Engine::Postgres,
+///     table: TableName::parse("jobs.Commands")?,
+///     dir: tmp.path().join("db/migrations"),
+///     kind: None, // like the directory's last migration: simple in an empty one
+///     versioning: Versioning::Sequential,
+/// };
+/// let written = add(&opts)?;
+/// assert_eq!(written.version, "0001");
+/// assert!(written.files[0].sql.contains(r#"CREATE TABLE "jobs"."Commands""#));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct AddOptions {
     /// The engine to write SQL for.
@@ -305,6 +559,27 @@ pub struct AddOptions {
 }
 
 /// One file a [`MigrationPlan`] will write.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, MigrationKind, Versioning, plan};
+/// use icq::{Engine, TableName};
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir: tmp.path().join("migrations"),
+///     kind: Some(MigrationKind::Reversible),
+///     versioning: Versioning::Inferred,
+/// };
+/// for file in plan(&opts, chrono::Utc::now())?.files {
+///     println!("{} ({:?}, {} bytes)", file.path.display(), file.migration_type, file.sql.len());
+///     assert!(!file.path.exists()); // planned, not written
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct PlannedFile {
     /// Where it goes.
@@ -316,6 +591,28 @@ pub struct PlannedFile {
 }
 
 /// The files `icq migrate add` would write, before anything touches the disk.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, MigrationKind, Versioning, plan};
+/// use icq::{Engine, TableName};
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir: tmp.path().join("migrations"),
+///     kind: None,
+///     versioning: Versioning::Inferred,
+/// };
+/// let plan = plan(&opts, "2030-01-01T12:00:00Z".parse()?)?; // `icq migrate add --dry-run`
+/// assert_eq!((plan.version.as_str(), plan.kind), ("20300101120000", MigrationKind::Simple));
+/// assert_eq!(plan.files.len(), 1);
+/// let written = plan.write()?;
+/// assert!(written[0].exists());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct MigrationPlan {
     /// The engine the SQL is for.
@@ -334,7 +631,29 @@ pub struct MigrationPlan {
 }
 
 /// Works out the version, kind and contents of the migration `opts` asks for, reading (but
-/// not changing) the directory. `now` is the clock for timestamp versions.
+/// not changing) the directory. `now` is the clock for timestamp versions. Apply it with
+/// [`MigrationPlan::write`].
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, Versioning, plan};
+/// use icq::{Engine, TableName};
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir: tmp.path().join("migrations"),
+///     kind: None,
+///     versioning: Versioning::Inferred,
+/// };
+/// let first = plan(&opts, "2030-01-01T12:00:00Z".parse()?)?;
+/// first.write()?;
+/// let again = plan(&opts, "2030-01-01T12:00:00Z".parse()?)?; // within the same second
+/// assert_eq!(again.version, "20300101120001"); // bumped, never the same version
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
     let existing = scan(&opts.dir)?;
     let version = next_version(&existing, opts.versioning, now);
@@ -362,7 +681,8 @@ pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
     })
 }
 
-/// Plans and writes the migration `opts` asks for, versioned from the current time.
+/// Plans and writes the migration `opts` asks for, versioned from the current time. See
+/// [`AddOptions`]'s example; the [module docs](self) show `add` then [`run`].
 pub fn add(opts: &AddOptions) -> Result<MigrationPlan> {
     let plan = plan(opts, Utc::now())?;
     plan.write()?;
@@ -371,6 +691,28 @@ pub fn add(opts: &AddOptions) -> Result<MigrationPlan> {
 
 impl MigrationPlan {
     /// Fails when the directory already holds icq's migration for another engine.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let tmp = tempfile::tempdir()?;
+    /// use icq::migrate::{AddOptions, Versioning, add, plan};
+    /// use icq::{Engine, TableName};
+    ///
+    /// let opts = AddOptions {
+    ///     engine: Engine::Postgres,
+    ///     table: TableName::default(),
+    ///     dir: tmp.path().join("migrations"),
+    ///     kind: None,
+    ///     versioning: Versioning::Inferred,
+    /// };
+    /// add(&opts)?;
+    /// let sqlite = AddOptions { engine: Engine::Sqlite, ..opts.clone() };
+    /// let mixed = plan(&sqlite, chrono::Utc::now())?;
+    /// let err = mixed.check_engines().unwrap_err();
+    /// assert!(err.to_string().contains("already holds icq's postgres migration"), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_engines(&self) -> Result<()> {
         let foreign = self
             .existing
@@ -394,6 +736,28 @@ impl MigrationPlan {
     /// Fails when an icq migration in the directory already creates this same table on
     /// this engine: a second one would fail when run. `--table` with another name is the
     /// way to a second queue table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let tmp = tempfile::tempdir()?;
+    /// use icq::migrate::{AddOptions, Versioning, add, plan};
+    /// use icq::{Engine, TableName};
+    ///
+    /// let opts = AddOptions {
+    ///     engine: Engine::Sqlite,
+    ///     table: TableName::default(),
+    ///     dir: tmp.path().join("migrations"),
+    ///     kind: None,
+    ///     versioning: Versioning::Inferred,
+    /// };
+    /// add(&opts)?;
+    /// assert!(plan(&opts, chrono::Utc::now())?.check_same_table().is_err());
+    /// let billing = TableName::parse("BillingCommands")?;
+    /// let second_queue = AddOptions { table: billing, ..opts.clone() };
+    /// plan(&second_queue, chrono::Utc::now())?.check_same_table()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_same_table(&self) -> Result<()> {
         let table = self.table.to_string();
         // PostgreSQL's quoted names are case-sensitive; SQLite's are not, nor are MySQL's
@@ -424,6 +788,28 @@ impl MigrationPlan {
     /// Writes the files, creating the directory if needed. Refuses to mix engines
     /// ([`Self::check_engines`]) or to create a table twice ([`Self::check_same_table`]),
     /// and never overwrites: if any file already exists nothing is left behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let tmp = tempfile::tempdir()?;
+    /// use icq::migrate::{AddOptions, MigrationKind, Versioning, plan};
+    /// use icq::{Engine, TableName};
+    ///
+    /// let opts = AddOptions {
+    ///     engine: Engine::Sqlite,
+    ///     table: TableName::default(),
+    ///     dir: tmp.path().join("migrations"),
+    ///     kind: Some(MigrationKind::Reversible),
+    ///     versioning: Versioning::Inferred,
+    /// };
+    /// let plan = plan(&opts, chrono::Utc::now())?;
+    /// std::fs::create_dir_all(&opts.dir)?;
+    /// std::fs::write(&plan.files[1].path, "-- someone else's file")?; // the .down.sql is taken
+    /// assert!(plan.write().is_err());
+    /// assert!(!plan.files[0].path.exists()); // the .up.sql was removed again
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn write(&self) -> Result<Vec<PathBuf>> {
         self.check_engines()?;
         self.check_same_table()?;

@@ -55,6 +55,20 @@ pub struct SourceHandle {
 }
 
 /// Options for a processor run.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use icq::RunOptions;
+///
+/// // `icq work --until-idle`: drain what is due, then return (tests, batch jobs, cron).
+/// let drain = RunOptions { until_idle: true, ..RunOptions::default() };
+/// // A service: run until shutdown, then give running commands 10 s to finish.
+/// let service = RunOptions { shutdown_grace: Duration::from_secs(10), ..RunOptions::default() };
+/// assert!(drain.until_idle && !service.until_idle);
+/// assert_eq!(RunOptions::default().shutdown_grace, Duration::from_secs(30));
+/// ```
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Return once nothing is due or running (later-scheduled rows do not count).
@@ -73,13 +87,46 @@ impl Default for RunOptions {
 }
 
 /// Processes commands from one or more sources with one handler registry.
+///
+/// # Examples
+///
+/// Register handlers, add sources (one processor can serve several databases), run:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use icq::{HandlerError, Job, NewCommand, Processor, Registry, RunOptions, Settings};
+/// use icq::handler::FnHandler;
+///
+/// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
+/// queue.schedule(&NewCommand::new("fail", serde_json::json!({}))).await?;
+/// let mut registry = Registry::new();
+/// registry.insert("ping", std::sync::Arc::new(icq::handler::Noop))?;
+/// registry.insert("fail", std::sync::Arc::new(FnHandler(|_job: Job| async {
+///     Err(HandlerError::terminal("cannot be done"))
+/// })))?;
+///
+/// let mut processor = Processor::new(registry);
+/// processor.add_source(queue.source_handle(Settings { concurrency: 2, ..Settings::default() }));
+/// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+/// processor.run(options, Default::default()).await?;
+/// let stats = queue.stats().snapshot();
+/// assert_eq!((stats.succeeded, stats.dead_lettered), (1, 1));
+/// # Ok(())
+/// # }
+/// ```
 pub struct Processor {
     sources: Vec<SourceHandle>,
     registry: Arc<Registry>,
 }
 
 impl Processor {
-    /// A processor running `registry`'s handlers.
+    /// A processor running `registry`'s handlers. See [`Processor`]'s example.
     pub fn new(registry: Registry) -> Processor {
         Processor {
             sources: Vec::new(),
@@ -87,13 +134,14 @@ impl Processor {
         }
     }
 
-    /// Adds a source (see [`crate::Queue::source_handle`]).
+    /// Adds a source (see [`crate::Queue::source_handle`]). See [`Processor`]'s example.
     pub fn add_source(&mut self, source: SourceHandle) -> &mut Self {
         self.sources.push(source);
         self
     }
 
-    /// The sources added so far.
+    /// The sources added so far. See [`Queue::source_handle`](crate::Queue::source_handle)'s
+    /// example.
     pub fn sources(&self) -> &[SourceHandle] {
         &self.sources
     }
@@ -102,6 +150,39 @@ impl Processor {
     /// source is idle). Each source runs independently, so a burst on one cannot starve
     /// another. Fails at once when no handler is registered or a source's settings are
     /// out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+    /// # let source = icq::sources::open_one(&config).await?;
+    /// # let queue = source.queue.clone();
+    /// use icq::{NewCommand, Processor, Registry, Settings};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let mut registry = Registry::new();
+    /// registry.insert("ping", std::sync::Arc::new(icq::handler::Noop))?;
+    /// let mut processor = Processor::new(registry);
+    /// processor.add_source(queue.source_handle(Settings::default()));
+    ///
+    /// let shutdown = CancellationToken::new();
+    /// let worker = tokio::spawn({
+    ///     let shutdown = shutdown.clone();
+    ///     async move { processor.run(Default::default(), shutdown).await }
+    /// });
+    /// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
+    /// while queue.stats().snapshot().succeeded == 0 {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// }
+    /// shutdown.cancel(); // e.g. on SIGTERM
+    /// worker.await??;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run(&self, options: RunOptions, shutdown: CancellationToken) -> Result<()> {
         if self.registry.is_empty() {
             return Err(Error::Usage(

@@ -6,6 +6,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Monotonic counters for one source.
+///
+/// Every [`Queue`](crate::Queue) has one ([`Queue::stats`](crate::Queue::stats)), which
+/// the processor running the queue's source counts into; each count also goes to the
+/// `metrics` facade (`icq_internal_commands_claimed_total{source=...}` and the like).
+///
+/// # Examples
+///
+/// ```
+/// use icq::Stats;
+///
+/// let stats = Stats::new("orders".into());
+/// stats.claimed(3);
+/// stats.succeeded(2);
+/// stats.failed(1);
+/// stats.execution("orders.receipt", "succeeded", 0.012);
+/// let snapshot = stats.snapshot();
+/// assert_eq!((snapshot.claimed, snapshot.succeeded, snapshot.failed), (3, 2, 1));
+/// assert_eq!((snapshot.dead_lettered, snapshot.stale), (0, 0));
+/// ```
 pub struct Stats {
     source: Arc<str>,
     claimed: AtomicU64,
@@ -27,6 +46,17 @@ impl std::fmt::Debug for Stats {
 }
 
 /// A point-in-time copy of [`Stats`].
+///
+/// # Examples
+///
+/// ```
+/// let stats = icq::Stats::new("orders".into());
+/// stats.dead_lettered(1);
+/// let snapshot = stats.snapshot();
+/// assert_eq!(snapshot, icq::StatsSnapshot { dead_lettered: 1, ..Default::default() });
+/// assert_eq!(serde_json::to_value(snapshot)?["dead_lettered"], 1);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StatsSnapshot {
     /// Rows claimed.
@@ -55,7 +85,7 @@ macro_rules! counter_method {
 }
 
 impl Stats {
-    /// Counters for the source named `source`.
+    /// Counters for the source named `source`. See [`Stats`]'s example.
     pub fn new(source: Arc<str>) -> Stats {
         Stats {
             source,
@@ -69,23 +99,27 @@ impl Stats {
     }
 
     counter_method!(
-        /// Counts rows claimed.
+        /// Counts rows claimed. See [`Stats`]'s example.
         claimed, "claimed_total");
     counter_method!(
-        /// Counts rows stamped completed.
+        /// Counts rows stamped completed. See [`Stats`]'s example.
         succeeded, "succeeded_total");
     counter_method!(
-        /// Counts failed attempts stamped for retry.
+        /// Counts failed attempts stamped for retry. See [`Stats`]'s example.
         failed, "failed_total");
     counter_method!(
-        /// Counts rows stamped dead.
+        /// Counts rows stamped dead. See [`Stats`]'s example.
         dead_lettered, "dead_lettered_total");
     counter_method!(
-        /// Counts outcomes dropped because their lease had passed to another claim.
+        /// Counts outcomes dropped because their lease had passed to another claim. See
+        /// [`Stats`]'s example.
         stale, "stale_stamps_total");
 
     /// Records how long one execution of `type_name` took and how it ended. The
     /// histogram handles are registered once per type, not once per execution.
+    ///
+    /// `outcome` is `succeeded`, `terminal` or (anything else) `failed`; it only feeds the
+    /// `icq_internal_commands_execution_seconds` histogram. See [`Stats`]'s example.
     pub fn execution(&self, type_name: &str, outcome: &'static str, seconds: f64) {
         let index = match outcome {
             "succeeded" => 0,
@@ -120,7 +154,7 @@ impl Stats {
         histogram.record(seconds);
     }
 
-    /// Reads every counter.
+    /// Reads every counter. See [`Stats`]'s example.
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             claimed: self.claimed.load(Ordering::Relaxed),

@@ -13,6 +13,29 @@
 use crate::ident::{Engine, TableName};
 
 /// The up and down SQL for one engine and table.
+///
+/// Apply `up` with any SQL runner (sqlx's `raw_sql`, a migration tool), or let
+/// [`crate::migrate::add`] write it into a migration file.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// use icq::{Engine, TableName};
+///
+/// let table = TableName::default();
+/// let ddl = icq::schema::render(Engine::Sqlite, &table);
+/// let pool = sqlx::SqlitePool::connect(&url).await?;
+/// sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// let queue = icq::Queue::connect("shop", &url, &table, &Default::default()).await?;
+/// queue.close().await;
+/// sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down)).execute(&pool).await?; // and it is gone
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ddl {
     /// Creates the table, its indexes and (PostgreSQL) the notify trigger.
@@ -21,12 +44,37 @@ pub struct Ddl {
     pub down: String,
 }
 
-/// The NOTIFY channel the PostgreSQL trigger signals for `table`.
+/// The NOTIFY channel the PostgreSQL trigger signals for `table`: a program of your own
+/// can `LISTEN` on it to learn that commands were scheduled.
+///
+/// # Examples
+///
+/// ```
+/// use icq::TableName;
+///
+/// assert_eq!(icq::schema::notify_channel(&TableName::default()), "icq_InternalCommands");
+/// let qualified = TableName::parse("jobs.Commands")?;
+/// assert_eq!(icq::schema::notify_channel(&qualified), "icq_Commands");
+/// # Ok::<(), icq::Error>(())
+/// ```
 pub fn notify_channel(table: &TableName) -> String {
     format!("icq_{}", table.name())
 }
 
-/// Renders the DDL for `engine` and `table`.
+/// Renders the DDL for `engine` and `table`. See [`Ddl`]'s example for applying it.
+///
+/// # Examples
+///
+/// ```
+/// use icq::{Engine, TableName};
+///
+/// let table = TableName::parse("OrderCommands")?;
+/// let ddl = icq::schema::render(Engine::Postgres, &table);
+/// assert!(ddl.up.contains(r#"CREATE TABLE "OrderCommands""#));
+/// assert!(ddl.up.contains(r#""IX_OrderCommands_Poll""#));
+/// assert!(ddl.down.contains(r#"DROP TABLE IF EXISTS "OrderCommands""#), "{}", ddl.down);
+/// # Ok::<(), icq::Error>(())
+/// ```
 pub fn render(engine: Engine, table: &TableName) -> Ddl {
     let (up, down) = match engine {
         Engine::Postgres => (
