@@ -12,6 +12,43 @@ use crate::error::Result;
 use crate::sources::OpenSource;
 
 /// What `icq list` shows.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::admin::{ListRequest, ListState, list};
+/// use icq::NewCommand;
+///
+/// for n in 0..3 {
+///     queue.schedule(&NewCommand::new("email.send", serde_json::json!({ "n": n }))).await?;
+/// }
+/// let mut request = ListRequest {
+///     state: ListState::Due,
+///     type_name: None,
+///     limit: 2,
+///     after: None,
+///     before: None,
+/// };
+/// let first = list(&sources, &request).await?;
+/// assert_eq!((first.total, first.commands.len()), (3, 2));
+/// assert_eq!(first.commands[0].key_time(ListState::Due), Some(first.commands[0].run_at));
+///
+/// // The next page starts after the last id of this one.
+/// request.after = first.next_after.clone();
+/// let second = list(&sources, &request).await?;
+/// assert_eq!(second.commands.len(), 1);
+/// assert_eq!(second.next_after, None);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListRequest {
     /// The rows and their order.
@@ -27,6 +64,8 @@ pub struct ListRequest {
 }
 
 /// One listed command: everything but the payload and the captured context.
+///
+/// See [`ListRequest`]'s example.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ListedCommand {
     /// `Id`.
@@ -76,7 +115,7 @@ impl ListedCommand {
         }
     }
 
-    /// The time the listing is ordered by.
+    /// The time the listing is ordered by. See [`ListRequest`]'s example.
     pub fn key_time(&self, state: ListState) -> Option<DateTime<Utc>> {
         match state {
             ListState::Dead => self.dead_lettered_at,
@@ -87,6 +126,8 @@ impl ListedCommand {
 }
 
 /// One page of `icq list`.
+///
+/// See [`ListRequest`]'s example.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ListReport {
     /// The source listed.
@@ -102,6 +143,8 @@ pub struct ListReport {
 }
 
 /// Reads one page. Lists one source: `--after` names a row of that source.
+///
+/// See [`ListRequest`]'s example.
 pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
     let source = match sources {
         [one] => one,

@@ -30,6 +30,7 @@ mod requeue;
 mod schedule;
 mod show;
 
+pub use crate::engine::admin::{ListState, StateCount};
 pub use cancel::{CancelPlan, CancelReport, CancelTarget, cancel, plan_cancel};
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery, DeadLetterReport, DeadLetterRow, dead_letters,

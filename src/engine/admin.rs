@@ -28,6 +28,8 @@ pub struct StateCountParams {
 }
 
 /// How many rows are in each state (for the whole table, or for one type).
+///
+/// See [`crate::admin::PendingCount`]'s example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StateCount {
     /// The command type, when counting by type.
@@ -146,7 +148,17 @@ pub struct FinishedDeleteBatchParams {
 /// `LastError` of a command an operator cancelled.
 pub const CANCELLED: &str = "cancelled by operator";
 
-/// Which rows [`AdminOps::command_list`] returns, and in which order.
+/// Which rows a listing ([`crate::admin::list`]) returns, and in which order.
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::ListState;
+///
+/// assert!(ListState::Dead.newest_first());
+/// assert_eq!(ListState::Due.key_column(), "RunAt");
+/// assert_eq!(serde_json::to_value(ListState::Completed).unwrap(), "completed");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]

@@ -348,7 +348,21 @@ pub trait Backend: Lifecycle + QueueOps + AdminOps {}
 
 impl<T: Lifecycle + QueueOps + AdminOps> Backend for T {}
 
-/// Connection options for a driver.
+/// Connection options for a source's pool ([`crate::Queue::connect`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use icq::ConnectOptions;
+///
+/// let options = ConnectOptions {
+///     max_connections: 4,
+///     acquire_timeout: Duration::from_secs(2),
+/// };
+/// assert_eq!(ConnectOptions::default().max_connections, 10);
+/// # let _ = options;
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Most pooled connections.
