@@ -15,14 +15,14 @@
 //!    sample is the time from the insert's commit to the handler's start (on PostgreSQL
 //!    the table's NOTIFY trigger wakes the processor; elsewhere it finds rows by polling,
 //!    so the figure is about half the polling interval);
-//! 5. **claim**: the median time of the claim statement with nothing due, on the empty
-//!    table (timed first of all, on the freshly created table, so no deleted-row residue
-//!    flatters the comparison) and at the end with exactly `retained` completed rows in it
-//!    (the earlier phases' rows are deleted, then the rows are inserted set-based).
+//! 5. **claim**: the median time of the claim statement with nothing due on two tables
+//!    of their own that never held a pending row, one empty and one with exactly
+//!    `retained` completed rows (inserted set-based), samples alternating between the
+//!    two so that both see the same machine.
 //!
-//! The scratch table (`icq_bench_<8 hex digits>`) is created from [`crate::schema::render`]
-//! and dropped at the end, also when a phase fails or the run is interrupted; nothing else
-//! in the database is touched.
+//! The scratch tables (`icq_bench_<8 hex digits>`: the commands' table and the claim
+//! phase's two) are created from [`crate::schema::render`] and dropped at the end, also
+//! when a phase fails or the run is interrupted; nothing else in the database is touched.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -37,9 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Progress;
 use crate::command::{LeaseToken, NewCommand};
 use crate::config::DatabaseUrl;
-use crate::engine::admin::{
-    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, StateCount, StateCountParams,
-};
+use crate::engine::admin::{StateCount, StateCountParams};
 use crate::engine::{self, Backend, ClaimParams, ConnectOptions};
 use crate::engine::{BenchFillCompletedParams, CommandInsertParams};
 use crate::error::{Error, Result};
@@ -69,9 +67,6 @@ const CLAIM_WARMUP: usize = 3;
 
 /// Retained rows inserted per call of the engine's fill statement.
 const FILL_CHUNK: u64 = 50_000;
-
-/// Rows deleted per batch when the claim phase empties the table.
-const DELETE_BATCH: u32 = 10_000;
 
 /// Tries at dropping the scratch table before giving up.
 const DROP_ATTEMPTS: u32 = 3;
@@ -145,7 +140,8 @@ pub struct BenchReport {
 }
 
 /// Runs the benchmark. `progress` shows each phase; cancelling `interrupt` (Ctrl-C)
-/// stops the run, and the scratch table is dropped before this returns, whatever happened.
+/// stops the run, and the scratch tables are dropped before this returns, whatever
+/// happened.
 pub async fn run(
     options: &BenchOptions,
     progress: &dyn Progress,
@@ -158,46 +154,83 @@ pub async fn run(
         return Err(Error::Usage("--concurrency must be at least 1".into()));
     }
     let engine = options.url.engine()?;
-    let table = scratch_table()?;
-    let connect_options = ConnectOptions::default();
-    let connect = engine::connect(options.url.expose(), &table, &connect_options);
-    let backend = tokio::select! {
-        backend = connect => backend?,
-        () = interrupt.cancelled() => return Err(interrupted(None)),
+    let mut scratch = Vec::with_capacity(SCRATCH_TABLES);
+    let created = tokio::select! {
+        created = create_scratch_tables(options, engine, &mut scratch) => created,
+        () = interrupt.cancelled() => Err(interrupted(!scratch.is_empty())),
     };
-    if backend.table_exists().await? {
-        backend.close().await;
-        return Err(Error::Bench(format!(
-            "the scratch table {table} already exists; run icq bench again (it picks a new name)"
-        )));
-    }
-    let created = backend
-        .schema_apply(&crate::schema::render(engine, &table).up)
-        .await;
     let outcome = match created {
         Ok(()) => {
+            let [main, claim_empty, claim_retained] = &scratch[..] else {
+                unreachable!("create_scratch_tables makes {SCRATCH_TABLES} tables or fails")
+            };
             let bench = Bench {
                 options,
                 engine,
-                table: &table,
-                backend: backend.clone(),
+                table: &main.table,
+                backend: main.backend.clone(),
+                claim_empty: claim_empty.backend.clone(),
+                claim_retained: claim_retained.backend.clone(),
                 progress,
             };
             tokio::select! {
                 report = bench.measure() => report,
-                () = interrupt.cancelled() => Err(interrupted(Some(&table))),
+                () = interrupt.cancelled() => Err(interrupted(true)),
             }
         }
         Err(err) => Err(err),
     };
     progress.finish();
-    let dropped = drop_table(&*backend, &options.url, &table).await;
-    backend.close().await;
-    match (outcome, dropped) {
-        (outcome, Ok(())) => outcome,
-        (Ok(_), Err(err)) => Err(drop_failed(&table, err, None)),
-        (Err(first), Err(err)) => Err(drop_failed(&table, err, Some(first))),
+    let mut failed_drops = Vec::new();
+    for table in scratch {
+        if let Err(err) = drop_table(&*table.backend, &options.url, &table.table).await {
+            failed_drops.push((table.table.clone(), err));
+        }
+        table.backend.close().await;
     }
+    match failed_drops.into_iter().next() {
+        None => outcome,
+        Some((table, err)) => Err(drop_failed(&table, err, outcome.err())),
+    }
+}
+
+/// Scratch tables per run: the one the commands go through, and the two the claim phase
+/// compares (empty, and with the retained rows).
+const SCRATCH_TABLES: usize = 3;
+
+/// One scratch table and the pool on it.
+struct Scratch {
+    table: TableName,
+    backend: Arc<dyn Backend>,
+}
+
+/// Creates the run's [`SCRATCH_TABLES`] tables, pushing each onto `scratch` as soon as it
+/// exists, so the caller drops whatever was made, also after a failure.
+async fn create_scratch_tables(
+    options: &BenchOptions,
+    engine: Engine,
+    scratch: &mut Vec<Scratch>,
+) -> Result<()> {
+    let connect_options = ConnectOptions::default();
+    for _ in 0..SCRATCH_TABLES {
+        let table = scratch_table()?;
+        let backend = engine::connect(options.url.expose(), &table, &connect_options).await?;
+        if backend.table_exists().await? {
+            backend.close().await;
+            return Err(Error::Bench(format!(
+                "the scratch table {table} already exists; run icq bench again (it picks a \
+                 new name)"
+            )));
+        }
+        let up = crate::schema::render(engine, &table).up;
+        // Listed before it is created: an interrupted create is dropped too.
+        scratch.push(Scratch {
+            table,
+            backend: backend.clone(),
+        });
+        backend.schema_apply(&up).await?;
+    }
+    Ok(())
 }
 
 /// Drops the scratch table; on failure tries again twice, a second apart, each time on a
@@ -231,10 +264,11 @@ fn scratch_table() -> Result<TableName> {
     TableName::parse(&format!("icq_bench_{:08x}", rand::random::<u32>()))
 }
 
-fn interrupted(table: Option<&TableName>) -> Error {
-    Error::Bench(match table {
-        Some(table) => format!("interrupted; the scratch table {table} was dropped"),
-        None => "interrupted before anything was written".into(),
+fn interrupted(wrote: bool) -> Error {
+    Error::Bench(if wrote {
+        "interrupted; the scratch tables were dropped".into()
+    } else {
+        "interrupted before anything was written".into()
     })
 }
 
@@ -254,6 +288,10 @@ struct Bench<'a> {
     engine: Engine,
     table: &'a TableName,
     backend: Arc<dyn Backend>,
+    /// The claim phase's empty table.
+    claim_empty: Arc<dyn Backend>,
+    /// The claim phase's table with the retained rows.
+    claim_retained: Arc<dyn Backend>,
     progress: &'a dyn Progress,
 }
 
@@ -262,9 +300,6 @@ impl Bench<'_> {
         let queue = Queue::from_backend("bench", self.backend.clone());
         let singles = self.options.singles();
         let jobs = self.options.jobs;
-
-        // On the pristine table: no deleted-row residue (dead tuples, purge lag) in it yet.
-        let claim_ms_empty = self.time_claims("claim, empty table").await?;
 
         let commands = noop_commands(singles);
         self.progress
@@ -286,7 +321,7 @@ impl Bench<'_> {
 
         let drained = self.drain(singles + jobs).await?;
         let (latency_p50_ms, latency_p99_ms) = self.latency(&queue).await?;
-        let claim_ms_1m_retained = self.retained_claims().await?;
+        let (claim_ms_empty, claim_ms_1m_retained) = self.claims().await?;
 
         Ok(BenchReport {
             engine: self.engine,
@@ -467,71 +502,45 @@ impl Bench<'_> {
             .collect())
     }
 
-    /// Phase 5: the claim's median time with nothing due and exactly `retained` completed
-    /// rows (the earlier phases' rows are deleted first), in ms.
-    async fn retained_claims(&self) -> Result<f64> {
-        let cutoff = self.backend.clock_now().await?;
-        let params = FinishedDeleteBatchParams {
-            filter: FinishedFilter {
-                kind: FinishedKind::Completed,
-                before: cutoff,
-            },
-            limit: DELETE_BATCH,
-        };
-        while self.backend.finished_delete_batch(&params).await? > 0 {}
-        let left = self.counts().await?;
-        let total = left.due + left.scheduled + left.running + left.dead + left.completed;
-        if total > 0 {
-            return Err(Error::Bench(format!(
-                "the scratch table should be empty before the retained rows go in, but {total} \
-                 rows are left"
-            )));
-        }
-
+    /// Phase 5: the claim's median time with nothing due on two fresh tables, one empty
+    /// and one holding exactly `retained` completed rows, in ms: (empty, retained).
+    ///
+    /// The samples alternate between the two tables, so both see the same machine (a
+    /// checkpoint or autovacuum after the fill slows both alike), and neither table ever
+    /// held pending rows: the drained table's dead poll-index entries, which a claim steps
+    /// over until vacuum removes them, would be measured instead of the retained rows.
+    async fn claims(&self) -> Result<(f64, f64)> {
         let retained = self.options.retained;
         self.progress
             .begin("insert retained completed rows", retained);
         let mut left = retained;
         while left > 0 {
             let n = left.min(FILL_CHUNK);
-            self.backend
+            self.claim_retained
                 .bench_fill_completed(&BenchFillCompletedParams { rows: n })
                 .await?;
             self.progress.advance(n);
             left -= n;
         }
-        self.time_claims("claim, retained rows").await
-    }
 
-    async fn time_claims(&self, label: &str) -> Result<f64> {
-        let settings = Settings::default();
-        self.progress
-            .begin(label, (CLAIM_WARMUP + CLAIM_SAMPLES) as u64);
-        let mut times = Vec::with_capacity(CLAIM_SAMPLES);
+        self.progress.begin(
+            "claim, empty table and retained rows",
+            2 * (CLAIM_WARMUP + CLAIM_SAMPLES) as u64,
+        );
+        let mut empty = Vec::with_capacity(CLAIM_SAMPLES);
+        let mut full = Vec::with_capacity(CLAIM_SAMPLES);
         for i in 0..CLAIM_WARMUP + CLAIM_SAMPLES {
-            let params = ClaimParams {
-                limit: settings.batch_size,
-                lease: settings.lease(),
-                processing_delay: Duration::from_secs(settings.processing_delay_seconds),
-                token: LeaseToken::new(),
-                types: None,
-            };
-            let started = Instant::now();
-            let claimed = self.backend.command_claim(&params).await?;
-            let elapsed = started.elapsed();
-            if !claimed.is_empty() {
-                return Err(Error::Bench(format!(
-                    "the claim measurement expects nothing due, but a claim took {} rows",
-                    claimed.len()
-                )));
-            }
+            let e = time_claim(&*self.claim_empty).await?;
+            let f = time_claim(&*self.claim_retained).await?;
             if i >= CLAIM_WARMUP {
-                times.push(millis(elapsed));
+                empty.push(e);
+                full.push(f);
             }
-            self.progress.advance(1);
+            self.progress.advance(2);
         }
-        times.sort_by(f64::total_cmp);
-        Ok(percentile(&times, 0.50))
+        empty.sort_by(f64::total_cmp);
+        full.sort_by(f64::total_cmp);
+        Ok((percentile(&empty, 0.50), percentile(&full, 0.50)))
     }
 
     async fn counts(&self) -> Result<StateCount> {
@@ -543,6 +552,28 @@ impl Bench<'_> {
             .next()
             .unwrap_or_default())
     }
+}
+
+/// One claim statement (default settings) on a table with nothing due, in ms.
+async fn time_claim(backend: &dyn Backend) -> Result<f64> {
+    let settings = Settings::default();
+    let params = ClaimParams {
+        limit: settings.batch_size,
+        lease: settings.lease(),
+        processing_delay: Duration::from_secs(settings.processing_delay_seconds),
+        token: LeaseToken::new(),
+        types: None,
+    };
+    let started = Instant::now();
+    let claimed = backend.command_claim(&params).await?;
+    let elapsed = started.elapsed();
+    if !claimed.is_empty() {
+        return Err(Error::Bench(format!(
+            "the claim measurement expects nothing due, but a claim took {} rows",
+            claimed.len()
+        )));
+    }
+    Ok(millis(elapsed))
 }
 
 /// What the drain phase measured.

@@ -1,4 +1,4 @@
-//! `icq bench`: measures enqueue, drain, idle latency and claim times on a scratch table
+//! `icq bench`: measures enqueue, drain, idle latency and claim times on scratch tables
 //! (see `crate::bench`), then prints the figures.
 
 use clap::Args;
@@ -14,7 +14,7 @@ use crate::output;
 #[command(
     after_help = "The database is the one --database-url names, or else the embedded \
     default; icq bench never reads icq.yaml or $DATABASE_URL, so it writes only where it was \
-    told to. It works on a scratch table icq_bench_<hex> that it creates and drops again \
+    told to. It works on scratch tables icq_bench_<hex> that it creates and drops again \
     (also on failure or Ctrl-C). Every setting is icq's default except --concurrency."
 )]
 pub struct BenchArgs {
@@ -62,7 +62,7 @@ pub async fn run(args: BenchArgs, global: &super::GlobalArgs) -> anyhow::Result<
     Ok(())
 }
 
-/// Cancels `token` on SIGINT or SIGTERM (the benchmark then drops its scratch table and
+/// Cancels `token` on SIGINT or SIGTERM (the benchmark then drops its scratch tables and
 /// exits); a second signal exits at once.
 fn stop_on_signals(token: CancellationToken) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -77,7 +77,7 @@ fn stop_on_signals(token: CancellationToken) -> tokio::task::JoinHandle<()> {
             }
             if round == 0 {
                 output::note(
-                    "stopping: dropping the scratch table (press Ctrl-C again to exit now)",
+                    "stopping: dropping the scratch tables (press Ctrl-C again to exit now)",
                 );
                 token.cancel();
             } else {
