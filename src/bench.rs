@@ -181,16 +181,18 @@ pub async fn run(
         Err(err) => Err(err),
     };
     progress.finish();
-    let mut failed_drops = Vec::new();
+    let mut left_behind = Vec::new();
+    let mut first_drop_error = None;
     for table in scratch {
         if let Err(err) = drop_table(&*table.backend, &options.url, &table.table).await {
-            failed_drops.push((table.table.clone(), err));
+            left_behind.push(table.table.clone());
+            first_drop_error.get_or_insert(err);
         }
         table.backend.close().await;
     }
-    match failed_drops.into_iter().next() {
+    match first_drop_error {
         None => outcome,
-        Some((table, err)) => Err(drop_failed(&table, err, outcome.err())),
+        Some(err) => Err(drop_failed(&left_behind, err, outcome.err())),
     }
 }
 
@@ -272,13 +274,22 @@ fn interrupted(wrote: bool) -> Error {
     })
 }
 
-/// The error when the scratch table could not be dropped: it names the table so it can
-/// be dropped by hand, after the earlier failure, if any.
-fn drop_failed(table: &TableName, err: Error, earlier: Option<Error>) -> Error {
+/// The error when scratch tables could not be dropped: it names every one left behind
+/// so they can be dropped by hand, after the earlier failure, if any.
+fn drop_failed(tables: &[TableName], err: Error, earlier: Option<Error>) -> Error {
     let earlier = earlier.map_or_else(String::new, |e| format!("{e}; then "));
+    let names = tables
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (what, it_is, it) = match tables {
+        [_] => ("table", "it is", "it"),
+        _ => ("tables", "they are", "them"),
+    };
     Error::Bench(format!(
-        "{earlier}dropping the scratch table {table} failed, so it is still there (drop it \
-         by hand): {err}"
+        "{earlier}dropping the scratch {what} {names} failed, so {it_is} still there (drop \
+         {it} by hand): {err}"
     ))
 }
 
