@@ -115,6 +115,12 @@ pub struct ClaimedRow {
     pub lease: Lease,
     /// The row as decoded.
     pub row: CommandRow,
+    /// Set when the database's own clock, read by the claim statement, says the row is
+    /// not due for this long yet: it was claimed only because its stored `RunAt` sorts
+    /// as due (SQLite integer time written by another program). The processor puts it
+    /// back with `RunAt` rewritten instead of running it early. Never decided by the
+    /// worker's clock, which may be off.
+    pub not_due_for: Option<Duration>,
 }
 
 /// What a stamp does to one leased row. Every kind clears the lease.
@@ -216,6 +222,7 @@ pub(crate) fn leased_rows(
                     token,
                 },
                 row,
+                not_due_for: None,
             }),
             Err(err) => {
                 tracing::error!(table = %table, error = %err, "a claimed row has no readable id; its lease will expire");
@@ -232,6 +239,17 @@ pub struct SweepParams {
     pub older_than: Duration,
     /// At most this many in this batch.
     pub limit: u32,
+}
+
+/// Which leases at the head of the queue belong to other processors.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseOthersAtHeadParams {
+    /// How many due rows, in claim order, to look at.
+    pub window: u32,
+    /// This processor's tokens all lie in `low..=high` ([`LeaseToken::owned_by`]).
+    pub low: LeaseToken,
+    /// See `low`.
+    pub high: LeaseToken,
 }
 
 /// Counts used to decide whether a processor is idle.
@@ -323,6 +341,11 @@ pub trait QueueOps: Send + Sync + 'static {
 
     /// How many rows are due and running right now.
     async fn activity(&self) -> Result<Activity>;
+
+    /// How many of the first `window` due rows, in claim order, hold a live lease of
+    /// another processor: the rows every claim of this one steps over while other
+    /// replicas share the table. Cheap (an index range of `window` rows).
+    async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64>;
 
     /// Inserts `rows` completed rows (`ProcessedAt` = now, type `bench.retained`) in a
     /// few set-based statements, for `icq bench`'s claim measurement with a large

@@ -11,20 +11,14 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use chrono::Utc;
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{Buffered, Shared, retry};
 use crate::engine::{SetState, StateChange};
 use crate::handler::{HandlerError, Job, with_context};
-
-/// A `RunAt` this far past the processor's clock means the row was claimed because its
-/// stored value sorted as due (SQLite integer time written by another program), not
-/// because it is: it is put back with `RunAt` rewritten instead of running early.
-const FUTURE_TOLERANCE: Duration = Duration::from_secs(60);
 
 /// One execution slot: takes buffered rows until `stop` is cancelled, then returns.
 pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
@@ -38,10 +32,13 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             }
         };
         let Some(item) = next else { return };
+        shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
-        shared.space.notify_one();
+        shared.started.fetch_add(1, Ordering::Relaxed);
         let change = execute(&shared, item).await;
         shared.outbox.push(change).await;
+        shared.active.fetch_sub(1, Ordering::AcqRel);
+        shared.space.notify_one();
     }
 }
 
@@ -49,6 +46,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
 pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     let Buffered { claimed, cancel } = item;
     let row = claimed.row;
+    let not_due_for = claimed.not_due_for;
     let lease = claimed.lease;
     let settings = &shared.source.settings;
     let release = |lease| SetState {
@@ -97,9 +95,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
             lease,
         };
     };
-    let now = Utc::now();
-    if row.run_at > now + FUTURE_TOLERANCE {
-        let run_in = (row.run_at - now).to_std().unwrap_or_default();
+    if let Some(run_in) = not_due_for {
         return SetState {
             lease,
             change: StateChange::Release {

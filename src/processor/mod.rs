@@ -1,6 +1,7 @@
 //! The processor: for each source, a set of named roles on River's split.
 //!
-//! - [`producer`] claims `batch_size` rows ahead into a bounded local buffer;
+//! - [`producer`] claims what the free slots will start, plus a look-ahead sized by how
+//!   fast the slots take rows, into a local buffer;
 //! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
@@ -245,7 +246,14 @@ pub(crate) struct Shared {
     buffer_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Buffered>>,
     /// Rows in the buffer (the channel is unbounded; the producer bounds it by this).
     buffered: AtomicUsize,
-    /// Signalled when a slot takes a row, so the producer can claim into the room.
+    /// This processor's part of every lease token it writes
+    /// ([`crate::command::LeaseToken::owned_by`]).
+    owner: uuid::Uuid,
+    /// Rows a slot is executing right now.
+    active: AtomicUsize,
+    /// Rows the slots have taken since the start, for the producer's pace.
+    started: std::sync::atomic::AtomicU64,
+    /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
 }
@@ -314,6 +322,9 @@ impl SourceWorker {
             buffer_tx,
             buffer_rx: tokio::sync::Mutex::new(buffer_rx),
             buffered: AtomicUsize::new(0),
+            owner: uuid::Uuid::new_v4(),
+            active: AtomicUsize::new(0),
+            started: Default::default(),
             space: Notify::new(),
             outbox: outbox.clone(),
         });

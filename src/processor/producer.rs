@@ -1,16 +1,24 @@
-//! The producer: claims due rows ahead of the execution slots into a bounded local
-//! buffer, so a slot that frees up takes its next row from memory instead of waiting on
-//! a round trip.
+//! The producer: claims what the execution slots will start, plus a short look-ahead,
+//! into a local buffer, so a slot that frees up takes its next row from memory.
 //!
-//! Each claim asks for `batch_size` rows, and up to the engine's
-//! [`crate::engine::QueueOps::claims_in_flight`] claims run
-//! at once while the buffer has room for them, so at least one claim is in flight while
-//! the buffer drains. A claim that returns rows is followed by another at once (a short
-//! claim under `SKIP LOCKED` contention does not mean the table is empty); an empty one
-//! waits for a wake-up (an in-process schedule, a PostgreSQL NOTIFY) or the polling
-//! interval. Outcomes waiting in the completer's outbox are stamped by the same
-//! statement as the next claim. Buffered rows are leased like running ones and renewed
-//! alike; on shutdown they are released at once with their attempt given back.
+//! Claim what you will start (SPEC §9). The rows one worker holds — running, buffered and
+//! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
+//! take while the next claim is on its way (the smoothed rate at which slots take rows ×
+//! the smoothed claim round trip, doubled), never more than `batch_size` × the claims in
+//! flight. Slow handlers therefore hold only the rows they run — a killed replica charges
+//! an attempt to little more than its running commands, and idle replicas get the rest —
+//! while a backlog of fast commands keeps whole batches in flight as before.
+//!
+//! Up to the engine's [`crate::engine::QueueOps::claims_in_flight`] claims run at once;
+//! while other processors hold leases at the head of the queue (looked at about once a
+//! second while claims return rows) only one does, because every claim steps over the rows
+//! the others hold and fewer claims step over them fewer times. A claim that returns rows
+//! is followed by another at once (a short claim under `SKIP LOCKED` contention does not
+//! mean the table is empty); an empty one waits for a wake-up (an in-process schedule, a
+//! PostgreSQL NOTIFY) or the polling interval. Outcomes waiting in the completer's outbox
+//! are stamped by the same statement as the next claim. Buffered rows are leased like
+//! running ones and renewed alike; on shutdown they are released at once with their
+//! attempt given back.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,13 +32,76 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Buffered, RunOptions, Shared, completer};
 use crate::command::LeaseToken;
-use crate::engine::CommandSetStateAndClaimParams;
-use crate::engine::{ClaimParams, ClaimedRow};
+use crate::engine::{
+    ClaimParams, ClaimedRow, CommandSetStateAndClaimParams, LeaseOthersAtHeadParams,
+};
 use crate::error::Result;
 
-/// Rows the buffer holds: enough for every claim in flight, never fewer than the slots.
+/// The most rows one worker holds: its slots plus the largest look-ahead (a batch for
+/// every claim in flight). Sizes the completer's outbox.
 pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32, claims: usize) -> usize {
-    (batch_size as usize * claims).max(concurrency as usize)
+    concurrency as usize + batch_size as usize * claims
+}
+
+/// How often the producer looks for other processors' leases while it is busy.
+const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long one sighting of another processor's lease keeps the producer at one claim.
+const SHARING_HOLDS_FOR: Duration = Duration::from_secs(3);
+
+/// How fast the slots take rows and how long a claim takes, both smoothed; their product
+/// is the look-ahead (Little's law: what the slots consume during one claim).
+#[derive(Debug)]
+struct Pace {
+    /// Rows the slots take per second.
+    rate: f64,
+    /// Seconds one claim takes, send to answer.
+    latency: f64,
+    sampled_at: Instant,
+    sampled_started: u64,
+}
+
+impl Pace {
+    /// Rate samples closer together than this are too noisy to use.
+    const MIN_SAMPLE: Duration = Duration::from_millis(10);
+
+    fn new(now: Instant, started: u64) -> Pace {
+        Pace {
+            rate: 0.0,
+            latency: 0.0,
+            sampled_at: now,
+            sampled_started: started,
+        }
+    }
+
+    fn claim_took(&mut self, took: Duration) {
+        let took = took.as_secs_f64();
+        self.latency = if self.latency == 0.0 {
+            took
+        } else {
+            0.8 * self.latency + 0.2 * took
+        };
+    }
+
+    fn sample(&mut self, started: u64, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.sampled_at);
+        if elapsed < Self::MIN_SAMPLE {
+            return;
+        }
+        let rate = started.saturating_sub(self.sampled_started) as f64 / elapsed.as_secs_f64();
+        self.rate = 0.7 * self.rate + 0.3 * rate;
+        self.sampled_at = now;
+        self.sampled_started = started;
+    }
+
+    /// Rows to hold beyond the slots, at most `max`.
+    fn look_ahead(&self, max: usize) -> usize {
+        let rows = self.rate * self.latency * 2.0;
+        if rows.is_finite() && rows > 0.0 {
+            (rows as usize).min(max)
+        } else {
+            0
+        }
+    }
 }
 
 /// Why the producer stopped.
@@ -50,9 +121,12 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) -> Result<Stopped> {
     let settings = &shared.source.settings;
-    let batch = settings.batch_size.max(1);
+    let batch = settings.batch_size.max(1) as usize;
+    let slots = settings.concurrency.max(1) as usize;
     let in_flight = shared.source.backend.claims_in_flight().max(1);
-    let capacity = buffer_capacity(batch, settings.concurrency, in_flight);
+    let max_look_ahead = batch * in_flight;
+    let mut pace = Pace::new(Instant::now(), shared.started.load(Ordering::Relaxed));
+    let mut sharing = Sharing::new(&shared, batch);
     let poll = if options.until_idle {
         settings.polling_interval().min(Duration::from_millis(250))
     } else {
@@ -68,12 +142,20 @@ pub(crate) async fn run(
         if shutdown.is_cancelled() {
             break Stopped::Shutdown;
         }
-        while want
-            && claims.len() < in_flight
-            && shared.buffered.load(Ordering::Acquire) + reserved + batch as usize <= capacity
-        {
-            reserved += batch as usize;
-            claims.push(claim(&shared, batch));
+        let now = Instant::now();
+        pace.sample(shared.started.load(Ordering::Relaxed), now);
+        let in_flight_now = if sharing.seen(now) { 1 } else { in_flight };
+        let target = slots + pace.look_ahead(max_look_ahead);
+        while want && claims.len() < in_flight_now {
+            let held = shared.active.load(Ordering::Acquire)
+                + shared.buffered.load(Ordering::Acquire)
+                + reserved;
+            let Some(room) = target.checked_sub(held).filter(|room| *room > 0) else {
+                break;
+            };
+            let limit = room.min(batch);
+            reserved += limit;
+            claims.push(claim(&shared, limit as u32));
         }
         if !want && claims.is_empty() && options.until_idle && shared.leases.len() == 0 {
             match idle_activity(&shared).await {
@@ -97,10 +179,14 @@ pub(crate) async fn run(
             }
         }
         tokio::select! {
-            Some((result, limit)) = claims.next(), if !claims.is_empty() => {
+            Some((result, limit, took)) = claims.next(), if !claims.is_empty() => {
                 reserved -= limit as usize;
+                pace.claim_took(took);
                 match result {
                     Ok(rows) => {
+                        if !rows.is_empty() {
+                            sharing.check(&shared).await;
+                        }
                         db_pause = Duration::from_millis(200);
                         let claimed = rows.len();
                         shared.source.stats.claimed(claimed as u64);
@@ -131,7 +217,7 @@ pub(crate) async fn run(
         }
     };
     // Claims already sent still lease their rows: buffer them, so shutdown releases them.
-    while let Some((result, _)) = claims.next().await {
+    while let Some((result, _, _)) = claims.next().await {
         if let Ok(rows) = result {
             shared.source.stats.claimed(rows.len() as u64);
             buffer(&shared, rows);
@@ -140,7 +226,61 @@ pub(crate) async fn run(
     Ok(stopped)
 }
 
-type ClaimOutcome = (Result<Vec<(ClaimedRow, Instant)>>, u32);
+/// A claim's rows (each with the instant its lease lapses at the latest), the limit it
+/// asked for and how long it took.
+type ClaimOutcome = (Result<Vec<(ClaimedRow, Instant)>>, u32, Duration);
+
+/// Whether other processors hold leases at the head of the queue: looked at once per
+/// [`SHARING_CHECK_EVERY`] while claims return rows; a sighting lasts
+/// [`SHARING_HOLDS_FOR`].
+struct Sharing {
+    params: LeaseOthersAtHeadParams,
+    checked_at: Option<Instant>,
+    until: Option<Instant>,
+}
+
+impl Sharing {
+    fn new(shared: &Shared, batch: usize) -> Sharing {
+        let (low, high) = LeaseToken::owner_range(shared.owner);
+        Sharing {
+            params: LeaseOthersAtHeadParams {
+                window: u32::try_from(batch * 4).unwrap_or(u32::MAX),
+                low,
+                high,
+            },
+            checked_at: None,
+            until: None,
+        }
+    }
+
+    fn seen(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+
+    async fn check(&mut self, shared: &Shared) {
+        let now = Instant::now();
+        if self
+            .checked_at
+            .is_some_and(|at| now.saturating_duration_since(at) < SHARING_CHECK_EVERY)
+        {
+            return;
+        }
+        self.checked_at = Some(now);
+        match shared
+            .source
+            .backend
+            .lease_others_at_head(&self.params)
+            .await
+        {
+            Ok(0) => {}
+            Ok(_) => self.until = Some(now + SHARING_HOLDS_FOR),
+            // Only a pacing hint: the claims report real trouble.
+            Err(err) => {
+                tracing::debug!(source = %shared.source.name, error = %err, "cannot look for other processors' leases")
+            }
+        }
+    }
+}
 
 /// One claim of up to `limit` rows, each with the instant its lease lapses at the latest.
 async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
@@ -149,7 +289,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         limit,
         lease: settings.lease(),
         processing_delay: Duration::from_secs(settings.processing_delay_seconds),
-        token: LeaseToken::new(),
+        token: LeaseToken::owned_by(shared.owner),
         types: shared.types.clone(),
     };
     // Outcomes waiting to be stamped ride along: one round trip, one commit.
@@ -182,6 +322,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
     (
         result.map(|rows| rows.into_iter().map(|row| (row, expires)).collect()),
         limit,
+        sent.elapsed(),
     )
 }
 

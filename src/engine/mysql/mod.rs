@@ -20,8 +20,8 @@ use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
-    SetState, SweepParams, marks,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams, marks,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -525,6 +525,26 @@ impl QueueOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         super::decode_activity(&row)
+    }
+
+    async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let sql = format!(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS others FROM ( \
+                   SELECT `LockToken`, `LockedUntil` FROM {t} \
+                   WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` <= {now} \
+                   ORDER BY `RunAt` LIMIT ?) AS head \
+               WHERE head.`LockedUntil` > {now} AND NOT (head.`LockToken` BETWEEN ? AND ?)",
+            now = NOW,
+            t = self.t
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(params.window))
+            .bind(params.low.to_string())
+            .bind(params.high.to_string())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
+        super::decode_count(&row, "others")
     }
 
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {

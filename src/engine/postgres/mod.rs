@@ -24,8 +24,8 @@ use super::decode::{Decoder, text_columns};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
-    SetState, SweepParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
@@ -680,6 +680,25 @@ impl QueueOps for PgDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         super::decode_activity(&row)
+    }
+
+    async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let sql = format!(
+            r#"SELECT count(*) AS others FROM (
+                   SELECT "LockToken", "LockedUntil" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" <= now()
+                   ORDER BY "RunAt", "Id" LIMIT $1) AS head
+               WHERE head."LockedUntil" > now() AND NOT (head."LockToken" BETWEEN $2 AND $3)"#,
+            t = self.t
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(params.window))
+            .bind(params.low.0)
+            .bind(params.high.0)
+            .fetch_one(&self.work)
+            .await
+            .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
+        super::decode_count(&row, "others")
     }
 
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {

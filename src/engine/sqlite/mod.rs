@@ -24,8 +24,8 @@ use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams, Lifecycle, QueueOps,
-    SetState, SweepParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
 };
 use crate::command::{CommandId, CommandRow, NewCommand, RunAt, format_timestamp, parse_timestamp};
 use crate::error::{Error, Result};
@@ -107,7 +107,7 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10))
-           RETURNING *"#
+           RETURNING *, {NOW} AS "IcqNow""#
     )
 }
 
@@ -433,11 +433,22 @@ impl SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        Ok(super::leased_rows(
-            &self.table,
-            params.token,
-            rows.iter().map(decode_row),
-        ))
+        let mut claimed =
+            super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
+        // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
+        // sorts as due is decided on the database's clock, never the worker's.
+        let now = rows
+            .first()
+            .and_then(|row| row.try_get::<String, _>("IcqNow").ok())
+            .and_then(|text| parse_timestamp(&text));
+        if let Some(now) = now {
+            for row in &mut claimed {
+                if row.row.run_at > now {
+                    row.not_due_for = (row.row.run_at - now).to_std().ok();
+                }
+            }
+        }
+        Ok(claimed)
     }
 
     async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
@@ -583,6 +594,27 @@ impl QueueOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
         super::decode_activity(&row)
+    }
+
+    async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let sql = format!(
+            r#"SELECT count(*) AS others FROM (
+                   SELECT "LockToken", "LockedUntil" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" <= {now}
+                   ORDER BY "RunAt" LIMIT ?1) AS head
+               WHERE head."LockedUntil" > {now} AND head."LockedUntil" < ':'
+                 AND NOT (head."LockToken" BETWEEN ?2 AND ?3)"#,
+            now = NOW,
+            t = self.t
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(params.window))
+            .bind(params.low.to_string())
+            .bind(params.high.to_string())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
+        super::decode_count(&row, "others")
     }
 
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
