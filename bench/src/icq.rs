@@ -251,11 +251,13 @@ where
 /// concurrent `icq work --until-idle --config icq.yaml` processes, first spawn to last exit.
 async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts, replicas: usize) -> Result<f64> {
     let config = dir.join("icq.yaml");
+    let handler = match &opts.handler_url {
+        Some(endpoint) => format!("http: {{ url: \"{endpoint}\" }}"),
+        None => "noop: true".to_owned(),
+    };
     std::fs::write(
         &config,
-        format!(
-            "sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    noop: true\n"
-        ),
+        format!("sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    {handler}\n"),
     )?;
     let start = Instant::now();
     let mut children = Vec::new();

@@ -10,6 +10,7 @@ mod db;
 mod graphile;
 mod icq;
 mod plain;
+mod slow;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -62,6 +63,14 @@ pub struct Opts {
     /// row is labelled `icq x<N>` and counts rows claimed more than once.
     #[arg(long, default_value_t = 4)]
     pub icq_replicas: usize,
+    /// Run icq with a handler that takes this many milliseconds (an http handler posting
+    /// to an endpoint the bench serves, which answers after the delay) instead of no-op;
+    /// icq only (`--peers icq`). 0: the no-op handler.
+    #[arg(long, default_value_t = 0)]
+    pub handler_ms: u64,
+    /// The endpoint of `--handler-ms` once it is served.
+    #[arg(skip)]
+    pub handler_url: Option<String>,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,
@@ -140,7 +149,14 @@ where
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let opts = Opts::parse();
+    let mut opts = Opts::parse();
+    if opts.handler_ms > 0 {
+        anyhow::ensure!(
+            opts.peers == [Peer::Icq],
+            "--handler-ms measures icq alone: pass --peers icq"
+        );
+        opts.handler_url = Some(slow::serve(Duration::from_millis(opts.handler_ms)).await?);
+    }
     anyhow::ensure!(opts.jobs > 0, "--jobs must be at least 1");
     anyhow::ensure!(opts.runs > 0, "--runs must be at least 1");
     let engines = opts
@@ -199,13 +215,14 @@ async fn main() -> Result<()> {
                 ));
             }
             if opts.icq_replicas > 1 && opts.peers.contains(&Peer::Icq) {
-                let bin = &bins[0];
-                let label = format!("icq x{}", opts.icq_replicas);
-                eprintln!("-- {label} ({})", engine.name());
-                let drain = icq::run(bin, *engine, &opts, opts.icq_replicas)
-                    .await
-                    .map_err(|e| e.context(format!("{label} on {} failed", engine.name())))?;
-                rows.push(row(&label, engine.name(), &bin.version, opts.jobs, &drain));
+                for bin in &bins {
+                    let label = format!("{} x{}", bin.label, opts.icq_replicas);
+                    eprintln!("-- {label} ({})", engine.name());
+                    let drain = icq::run(bin, *engine, &opts, opts.icq_replicas)
+                        .await
+                        .map_err(|e| e.context(format!("{label} on {} failed", engine.name())))?;
+                    rows.push(row(&label, engine.name(), &bin.version, opts.jobs, &drain));
+                }
             }
         }
         ratios(&mut rows);

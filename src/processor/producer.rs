@@ -3,9 +3,9 @@
 //!
 //! Claim what you will start (SPEC §9). The rows one worker holds — running, buffered and
 //! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
-//! take while the next claim is on its way (the smoothed rate at which slots take rows ×
-//! the smoothed claim round trip, doubled), never more than `batch_size` × the claims in
-//! flight. Slow handlers therefore hold only the rows they run — a killed replica charges
+//! take during the next few claims (the smoothed rate at which slots take rows × the
+//! smoothed claim round trip × 4), never more than `batch_size` × the claims in flight; a
+//! claim waits until a quarter of that is free unless a slot is starving. Slow handlers therefore hold only the rows they run — a killed replica charges
 //! an attempt to little more than its running commands, and idle replicas get the rest —
 //! while a backlog of fast commands keeps whole batches in flight as before.
 //!
@@ -42,6 +42,10 @@ use crate::error::Result;
 pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32, claims: usize) -> usize {
     concurrency as usize + batch_size as usize * claims
 }
+
+/// The look-ahead covers what the slots take during this many claim round trips, so a
+/// claim can wait until a quarter of it is free instead of chasing every freed slot.
+const LOOK_AHEAD_CLAIMS: f64 = 4.0;
 
 /// How often the producer looks for other processors' leases while it is busy.
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -95,7 +99,7 @@ impl Pace {
 
     /// Rows to hold beyond the slots, at most `max`.
     fn look_ahead(&self, max: usize) -> usize {
-        let rows = self.rate * self.latency * 2.0;
+        let rows = self.rate * self.latency * LOOK_AHEAD_CLAIMS;
         if rows.is_finite() && rows > 0.0 {
             (rows as usize).min(max)
         } else {
@@ -150,7 +154,13 @@ pub(crate) async fn run(
             let held = shared.active.load(Ordering::Acquire)
                 + shared.buffered.load(Ordering::Acquire)
                 + reserved;
-            let Some(room) = target.checked_sub(held).filter(|room| *room > 0) else {
+            // A slot waiting on an empty buffer is served at once; otherwise a claim waits
+            // until a quarter of the target is free, so fast commands are claimed in
+            // batches rather than one round trip per freed slot.
+            let starving = shared.buffered.load(Ordering::Acquire) == 0
+                && shared.active.load(Ordering::Acquire) < slots;
+            let least = if starving { 1 } else { (target / 4).max(1) };
+            let Some(room) = target.checked_sub(held).filter(|room| *room >= least) else {
                 break;
             };
             let limit = room.min(batch);
