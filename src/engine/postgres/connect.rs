@@ -78,7 +78,7 @@ pub(crate) struct Servers {
 /// sqlx options per host, set up for `pooler`.
 pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
     let shown = || redact_url(url);
-    let Some(scheme_end) = url.find("://") else {
+    let Some((one_host_urls, attrs_written)) = split_hosts(url) else {
         let options =
             PgConnectOptions::from_str(url).map_err(Error::db(format!("parsing {}", shown())))?;
         return Ok(Servers {
@@ -89,26 +89,18 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
             attrs: SessionAttrs::Any,
         });
     };
-    let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
-    let (userinfo, host_list) = authority.split_at(hosts_start);
-    let (tail, attrs_written) = take_session_attrs(tail);
-    let labels: Vec<&str> = host_list.split(',').collect();
-    if labels.len() > 1 && labels.iter().any(|h| h.is_empty()) {
+    if one_host_urls.len() > 1 && one_host_urls.iter().any(|(label, _)| label.is_empty()) {
         return Err(Error::Usage(format!(
             "{}: an empty host in the host list (write `h1:5432,h2:5433`)",
             shown()
         )));
     }
-    let mut hosts = Vec::with_capacity(labels.len());
-    for label in &labels {
-        let one = format!("{scheme}://{userinfo}{label}{tail}");
+    let mut hosts = Vec::with_capacity(one_host_urls.len());
+    for (label, one) in one_host_urls {
         let options = PgConnectOptions::from_str(&one)
             .map_err(Error::db(format!("parsing host `{label}` of {}", shown())))?;
         hosts.push(Host {
-            label: (*label).to_string(),
+            label,
             options: tune(options, pooler),
         });
     }
@@ -125,6 +117,29 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         }
     };
     Ok(Servers { hosts, attrs })
+}
+
+/// A URL of libpq's form cut into one URL per host, each with the host's label
+/// (`host:port` as written), and the value of `target_session_attrs`, which is taken out
+/// of every URL (sqlx does not know it). `None` for a URL without `://`.
+pub(crate) fn split_hosts(url: &str) -> Option<(Vec<(String, String)>, Option<String>)> {
+    let scheme_end = url.find("://")?;
+    let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
+    let (userinfo, host_list) = authority.split_at(hosts_start);
+    let (tail, attrs) = take_session_attrs(tail);
+    let urls = host_list
+        .split(',')
+        .map(|label| {
+            (
+                label.to_string(),
+                format!("{scheme}://{userinfo}{label}{tail}"),
+            )
+        })
+        .collect();
+    Some((urls, attrs))
 }
 
 /// The URL's path and query without `target_session_attrs` (which sqlx does not know),

@@ -32,6 +32,8 @@ mod admin;
 mod connect;
 mod cursor;
 
+pub(crate) use connect::split_hosts;
+
 use std::sync::Arc;
 use std::time::Duration;
 
