@@ -275,11 +275,19 @@ pub(crate) fn write_config(dir: &Path, name: &str, url: &str, settings: &str) ->
     path
 }
 
+/// The `icq` binary under test: cargo's, or `$ICQ_TEST_BIN` (a copy taken right after
+/// the build, where several checkouts share one target directory).
+pub(crate) fn icq_bin() -> PathBuf {
+    std::env::var_os("ICQ_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_icq")))
+}
+
 /// Starts `icq work --config <config> <extra…>` with its stderr in `<dir>/<name>.log`.
 pub(crate) fn start_worker(config: &Path, extra: &[&str], dir: &Path, name: &str) -> Guarded {
     let log = dir.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).expect("create the worker log");
-    let child = Command::new(env!("CARGO_BIN_EXE_icq"))
+    let child = Command::new(icq_bin())
         .arg("work")
         .arg("--config")
         .arg(config)

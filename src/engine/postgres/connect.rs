@@ -119,10 +119,14 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
     Ok(Servers { hosts, attrs })
 }
 
+/// One URL per host of a multi-host URL, each with the host's label (`host:port`), and
+/// the URL's `target_session_attrs`.
+pub(crate) type HostUrls = (Vec<(String, String)>, Option<String>);
+
 /// A URL of libpq's form cut into one URL per host, each with the host's label
 /// (`host:port` as written), and the value of `target_session_attrs`, which is taken out
 /// of every URL (sqlx does not know it). `None` for a URL without `://`.
-pub(crate) fn split_hosts(url: &str) -> Option<(Vec<(String, String)>, Option<String>)> {
+pub(crate) fn split_hosts(url: &str) -> Option<HostUrls> {
     let scheme_end = url.find("://")?;
     let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
