@@ -615,6 +615,28 @@ async fn drain_survives_promotion_of_a_synchronous_standby() {
             worker.log_text()
         );
     }
+    // Operator commands read the same URL: with the first host down they find the new
+    // primary too.
+    let out = Command::new(icq_bin())
+        .args(["pending", "--format", "json", "--config"])
+        .arg(&config)
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run icq pending");
+    assert!(
+        out.status.success(),
+        "icq pending on the multi-host URL after the failover: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pending: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("icq pending --format json");
+    assert!(
+        pending.to_string().contains("fleet"),
+        "icq pending should report the source: {pending}"
+    );
     eprintln!(
         "failover: {COMMANDS} commands, {REPLICAS} replicas, drained in {:.1} s; \
          {done_at_failover} done at the failover, {} held; paused {:.2} s from the stop \
