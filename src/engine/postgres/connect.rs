@@ -403,12 +403,19 @@ impl Failover {
             loop {
                 poke.notified().await;
                 let mut delay = Duration::from_millis(50);
-                loop {
+                for round in 0u64.. {
                     let Some(this) = weak.upgrade() else {
                         return;
                     };
                     if this.look().await {
                         break;
+                    }
+                    // Said once, then every 20 rounds (about 10 s): an outage is long.
+                    if round % 20 == 0 {
+                        tracing::warn!(
+                            hosts = this.servers.hosts.len(),
+                            "no writable PostgreSQL server among the URL's hosts yet; looking again"
+                        );
                     }
                     drop(this);
                     tokio::time::sleep(delay).await;
@@ -441,10 +448,6 @@ impl Failover {
                 }
             }
         }
-        tracing::warn!(
-            hosts = n,
-            "no writable PostgreSQL server among the URL's hosts yet; looking again"
-        );
         false
     }
 
