@@ -446,7 +446,39 @@ async fn drain_survives_promotion_of_a_synchronous_standby() {
         "the standby never became a synchronous streaming standby"
     );
 
-    table_with_commands(&primary.url("postgres"), COMMANDS).await;
+    table_with_commands(&primary.url("postgres"), COMMANDS - 1).await;
+    // The standby listed first is skipped: a write through the library lands on the
+    // primary. With `target_session_attrs=any` the standby is taken, and the write fails
+    // read-only (SQLSTATE 25006).
+    let table = icq::TableName::default();
+    let standby_first = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres",
+        standby.port, primary.port
+    );
+    let queue = icq::Queue::connect("fleet", &standby_first, &table, &Default::default())
+        .await
+        .expect("connect with the standby listed first");
+    queue
+        .schedule(&icq::NewCommand::new(
+            "fleet.noop",
+            serde_json::json!({"first": true}),
+        ))
+        .await
+        .expect("a write with the standby listed first reaches the primary");
+    queue.close().await;
+    let any = format!("{standby_first}?target_session_attrs=any");
+    let queue = icq::Queue::connect("fleet", &any, &table, &Default::default())
+        .await
+        .expect("connect to the first host that answers");
+    let refused = queue
+        .schedule(&icq::NewCommand::new("fleet.noop", serde_json::json!({})))
+        .await
+        .expect_err("a write on the standby");
+    assert!(
+        format!("{refused:?}").contains("25006"),
+        "expected a read-only error: {refused:?}"
+    );
+    queue.close().await;
     let url = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
         primary.port, standby.port
