@@ -258,7 +258,8 @@ fn mask_name_values(text: &str) -> String {
 /// The secrets a URL holds: its password and the values of its secret-looking query
 /// parameters, both as written and percent-decoded.
 fn secrets_of(url: &str) -> Vec<String> {
-    let Ok(parsed) = url::Url::parse(url) else {
+    let Ok(parsed) = url::Url::parse(url).or_else(|_| url::Url::parse(&first_host_only(url)))
+    else {
         return Vec::new();
     };
     let mut secrets = Vec::new();
@@ -285,6 +286,28 @@ fn secrets_of(url: &str) -> Vec<String> {
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets.dedup();
     secrets
+}
+
+/// A libpq multi-host URL (`postgres://u:p@h1:5432,h2:5433/db`) with its host list cut
+/// to the first host, so the URL parser reads its user information and query (the
+/// secrets are the same for every host). Any other text is returned unchanged.
+fn first_host_only(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
+    match authority[hosts_start..].find(',') {
+        Some(comma) => format!(
+            "{}{}{}",
+            &url[..start + hosts_start],
+            &authority[hosts_start..hosts_start + comma],
+            &rest[authority_end..]
+        ),
+        None => url.to_string(),
+    }
 }
 
 /// Masks, inside `text` (e.g. a driver's message), every occurrence of the secrets that
@@ -380,6 +403,28 @@ mod tests {
             redact_url("sqlite:app.db?mode=rwc&key=abc"),
             "sqlite:app.db?mode=rwc&key=***"
         );
+    }
+
+    #[test]
+    fn multi_host_urls_are_masked_in_every_form() {
+        let url =
+            "postgres://app:s3cret@h1:5432,h2:5433/db?target_session_attrs=read-write&password=p2";
+        let shown = redact_url(url);
+        assert_eq!(
+            shown,
+            "postgres://app:***@h1:5432,h2:5433/db?target_session_attrs=read-write&password=***"
+        );
+        let text = "password authentication failed: s3cret / p2 rejected by h2:5433";
+        let masked = redact_in(text, url);
+        assert!(
+            !masked.contains("s3cret") && !masked.contains("p2 "),
+            "{masked}"
+        );
+        assert_eq!(
+            first_host_only("postgres://u:p@[::1]:5432,h2/db"),
+            "postgres://u:p@[::1]:5432/db"
+        );
+        assert_eq!(first_host_only("postgres://h1,h2"), "postgres://h1");
     }
 
     #[test]

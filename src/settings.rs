@@ -83,6 +83,50 @@ pub struct Settings {
     /// handlers. Turn it on when several workers with different handler sets share one
     /// table.
     pub claim_only_handled_types: bool,
+    /// What sits between icq and a PostgreSQL server: `session` (the default: a direct
+    /// connection, or PgBouncer in session mode, which works as direct) or `transaction`
+    /// (PgBouncer in transaction mode: no LISTEN, so wake-ups come from polling, and no
+    /// server-side prepared statements: every statement runs in its own transaction on
+    /// the unnamed statement). Other engines ignore it.
+    pub pooler: Pooler,
+}
+
+/// The connection pooler in front of a PostgreSQL source (`pooler:` in a source's
+/// settings).
+///
+/// # Examples
+///
+/// ```
+/// use icq::settings::Pooler;
+///
+/// let settings: icq::Settings = serde_yaml::from_str("pooler: transaction")?;
+/// assert_eq!(settings.pooler, Pooler::Transaction);
+/// assert_eq!(icq::Settings::default().pooler, Pooler::Session);
+/// assert!(serde_yaml::from_str::<icq::Settings>("pooler: statement").is_err());
+/// # Ok::<(), serde_yaml::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    /// A direct connection, or a pooler that gives each client one server connection for
+    /// its whole session (PgBouncer's `pool_mode = session`): LISTEN and prepared
+    /// statements work.
+    #[default]
+    Session,
+    /// A pooler that may hand each transaction to a different server connection
+    /// (PgBouncer's `pool_mode = transaction`): icq does not LISTEN (it polls every
+    /// `polling_interval_seconds`) and runs each statement in an explicit transaction
+    /// on the unnamed statement, never a named prepared one.
+    Transaction,
+}
+
+impl fmt::Display for Pooler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        })
+    }
 }
 
 impl Default for Settings {
@@ -99,6 +143,7 @@ impl Default for Settings {
             polling_interval_seconds: 2.0,
             concurrency: 8,
             claim_only_handled_types: false,
+            pooler: Pooler::Session,
         }
     }
 }

@@ -176,6 +176,7 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         // up to four claims, two stamps, lease renewals and the sweep run side by side.
         max_connections: (source.settings.concurrency / 2).clamp(4, 32)
             + crate::engine::MAX_CLAIMS_IN_FLIGHT as u32,
+        pooler: source.settings.pooler,
         ..ConnectOptions::default()
     };
     let backend = crate::engine::connect(source.url.expose(), &source.table, &options)

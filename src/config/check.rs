@@ -107,13 +107,29 @@ pub(crate) fn check_database_url(url: &str) -> Result<Engine, String> {
     }
     let engine = Engine::from_url(url).map_err(|err| err.to_string())?;
     if engine != Engine::Sqlite {
-        let parsed = url::Url::parse(url)
-            .map_err(|err| format!("the database URL is not a valid URL: {err}"))?;
-        if !parsed.has_host() {
-            return Err(format!(
-                "the database URL has no host; write {}://user@host/database",
-                parsed.scheme()
-            ));
+        // A PostgreSQL URL may list several hosts (libpq's `h1:5432,h2:5433`): each is
+        // checked as a URL of its own.
+        let hosts = match engine {
+            Engine::Postgres => crate::engine::postgres::split_hosts(url)
+                .map(|(hosts, _)| hosts.into_iter().map(|(_, one)| one).collect())
+                .unwrap_or_else(|| vec![url.to_string()]),
+            _ => vec![url.to_string()],
+        };
+        let n = hosts.len();
+        for (i, one) in hosts.iter().enumerate() {
+            let which = if n > 1 {
+                format!(" (host {} of {n})", i + 1)
+            } else {
+                String::new()
+            };
+            let parsed = url::Url::parse(one)
+                .map_err(|err| format!("the database URL is not a valid URL{which}: {err}"))?;
+            if !parsed.has_host() {
+                return Err(format!(
+                    "the database URL has no host{which}; write {}://user@host/database",
+                    parsed.scheme()
+                ));
+            }
         }
     }
     Ok(engine)

@@ -319,6 +319,43 @@ fn bad_url_scheme() {
 }
 
 #[test]
+fn several_postgres_hosts_are_checked_one_by_one() {
+    let config = parse_text(
+        "sources:\n  - name: a\n    url: 'postgres://u:hunter2@h1:5432,h2:5433/x?target_session_attrs=read-write'\n",
+    )
+    .unwrap();
+    assert_eq!(config.sources.len(), 1);
+    let message =
+        error("sources:\n  - name: a\n    url: 'postgres://u:hunter2@h1:5432,h2:99999/x'\n");
+    assert!(
+        message.starts_with(
+            "3:10: sources[0].url: the database URL is not a valid URL (host 2 of 2): invalid port"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+#[test]
+fn pooler_is_session_or_transaction() {
+    let config = parse_text(&format!(
+        "{ONE_SOURCE}    settings:\n      pooler: transaction\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        config.sources[0].settings.pooler,
+        crate::settings::Pooler::Transaction
+    );
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings:\n      pooler: statement\n"
+    ));
+    assert!(
+        message.contains("sources[0].settings.pooler: unknown variant `statement`, expected `session` or `transaction`"),
+        "{message}"
+    );
+}
+
+#[test]
 fn bad_table_name() {
     let message = error(&format!("{ONE_SOURCE}    table: \"Jobs; DROP\"\n"));
     assert!(

@@ -382,6 +382,7 @@ impl<T: Lifecycle + QueueOps + AdminOps> Backend for T {}
 /// let options = ConnectOptions {
 ///     max_connections: 4,
 ///     acquire_timeout: Duration::from_secs(2),
+///     ..ConnectOptions::default()
 /// };
 /// assert_eq!(ConnectOptions::default().max_connections, 10);
 /// # let _ = options;
@@ -392,6 +393,8 @@ pub struct ConnectOptions {
     pub max_connections: u32,
     /// How long to wait for a connection before failing.
     pub acquire_timeout: Duration,
+    /// The pooler in front of a PostgreSQL server (the source's `pooler` setting).
+    pub pooler: crate::settings::Pooler,
 }
 
 impl Default for ConnectOptions {
@@ -399,6 +402,7 @@ impl Default for ConnectOptions {
         ConnectOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            pooler: crate::settings::Pooler::Session,
         }
     }
 }

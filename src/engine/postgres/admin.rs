@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::{PgDriver, decode_row};
+use super::{BEGIN, PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::AdminOps;
 use crate::engine::admin::decode_state_count;
@@ -65,13 +65,15 @@ fn list_condition(state: ListState) -> String {
 impl PgDriver {
     /// Wakes idle processors listening on this table's channel.
     async fn notify_waiters(&self) -> Result<()> {
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(crate::schema::notify_channel(&self.table))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(
-                self.ctx("notifying processors of requeued commands"),
-            ))?;
+        on_pool!(self, self.pool, BEGIN, |e| sqlx::query(
+            "SELECT pg_notify($1, '')"
+        )
+        .bind(crate::schema::notify_channel(&self.table))
+        .execute(e))
+        .await
+        .map_err(Error::db(
+            self.ctx("notifying processors of requeued commands"),
+        ))?;
         Ok(())
     }
 }
@@ -79,10 +81,12 @@ impl PgDriver {
 #[async_trait]
 impl AdminOps for PgDriver {
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
-        sqlx::query_scalar("SELECT now()")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("reading the database clock")))
+        on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
+            "SELECT now()"
+        )
+        .fetch_one(e))
+        .await
+        .map_err(self.db("reading the database clock"))
     }
 
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
@@ -101,10 +105,10 @@ impl AdminOps for PgDriver {
                    count(*) FILTER (WHERE "ProcessedAt" IS NOT NULL) AS completed
                FROM {t} {group}"#
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("counting commands by state")))?;
+        let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(e))
+        .await
+        .map_err(self.db("counting commands by state"))?;
         rows.iter()
             .map(|row| decode_state_count(row, params.by_type))
             .collect()
@@ -121,16 +125,16 @@ impl AdminOps for PgDriver {
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT $2"#
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
             .bind(&params.type_name)
             .bind(i64::from(params.limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("listing dead letters")))?;
+            .fetch_all(e))
+        .await
+        .map_err(self.db("listing dead letters"))?;
         rows.iter()
             .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(Error::db(self.ctx("decoding a dead letter")))
+            .map_err(self.db("decoding a dead letter"))
     }
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
@@ -138,13 +142,13 @@ impl AdminOps for PgDriver {
         let t = &self.t;
         let ids: Vec<Uuid> = ids.iter().filter_map(CommandId::as_uuid).collect();
         let sql = format!(r#"SELECT * FROM {t} WHERE "Id" = ANY($1) ORDER BY "CreatedAt", "Id""#);
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
             .bind(ids)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("reading commands")))?;
+            .fetch_all(e))
+        .await
+        .map_err(self.db("reading commands"))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
@@ -165,12 +169,11 @@ impl AdminOps for PgDriver {
         if let Some(after) = after.flatten() {
             query = query.bind(after);
         }
-        let rows = query
-            .fetch_all(&self.pool)
+        let rows = on_pool!(self, self.pool, BEGIN, |e| query.fetch_all(e))
             .await
-            .map_err(Error::db(self.ctx("listing commands")))?;
+            .map_err(self.db("listing commands"))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
@@ -182,13 +185,15 @@ impl AdminOps for PgDriver {
                               "LockToken" = NULL, "LockedUntil" = NULL
                WHERE "Id" = ANY($1) AND {PENDING} AND {UNLEASED}"#
         );
-        Ok(sqlx::query(AssertSqlSafe(sql))
-            .bind(ids)
-            .bind(CANCELLED)
-            .execute(&self.pool)
+        Ok(
+            on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+                .bind(ids)
+                .bind(CANCELLED)
+                .execute(e))
             .await
-            .map_err(Error::db(self.ctx("cancelling commands")))?
-            .rows_affected())
+            .map_err(self.db("cancelling commands"))?
+            .rows_affected(),
+        )
     }
 
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
@@ -224,12 +229,14 @@ impl AdminOps for PgDriver {
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
         let t = &self.t;
         let sql = format!("SELECT count(*) FROM {t} WHERE {DEAD_FILTER}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(filter.dead_before)
-            .bind(&filter.type_name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("counting dead letters")))?;
+        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
+            AssertSqlSafe(sql)
+        )
+        .bind(filter.dead_before)
+        .bind(&filter.type_name)
+        .fetch_one(e))
+        .await
+        .map_err(self.db("counting dead letters"))?;
         Ok(n.max(0) as u64)
     }
 
@@ -246,14 +253,14 @@ impl AdminOps for PgDriver {
                UPDATE {t} AS c SET {REQUEUE_SET}
                FROM batch WHERE c."Id" = batch."Id""#
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let done = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
             .bind(params.filter.dead_before)
             .bind(&params.filter.type_name)
             .bind(i64::from(params.limit))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("requeueing dead letters")))?
-            .rows_affected();
+            .execute(e))
+        .await
+        .map_err(self.db("requeueing dead letters"))?
+        .rows_affected();
         if done > 0 {
             self.notify_waiters().await?;
         }
@@ -264,11 +271,13 @@ impl AdminOps for PgDriver {
         let t = &self.t;
         let (condition, _) = finished(filter.kind);
         let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(filter.before)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("counting finished commands")))?;
+        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
+            AssertSqlSafe(sql)
+        )
+        .bind(filter.before)
+        .fetch_one(e))
+        .await
+        .map_err(self.db("counting finished commands"))?;
         Ok(n.max(0) as u64)
     }
 
@@ -279,12 +288,12 @@ impl AdminOps for PgDriver {
             r#"DELETE FROM {t} WHERE "Id" IN (
                    SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT $2)"#
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let done = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
             .bind(params.filter.before)
             .bind(i64::from(params.limit))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("purging finished commands")))?;
+            .execute(e))
+        .await
+        .map_err(self.db("purging finished commands"))?;
         Ok(done.rows_affected())
     }
 }

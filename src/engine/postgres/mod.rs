@@ -2,18 +2,44 @@
 //!
 //! Claims use `FOR UPDATE SKIP LOCKED` so replicas never wait on each other; outcome
 //! stamps take arrays (`unnest`) so a whole batch is one statement; wake-ups come from the
-//! migration's statement-level trigger through `LISTEN`.
+//! migration's statement-level trigger through `LISTEN`. Which server, through what
+//! pooler, and finding the writable one again after a failover: [`connect`].
+
+/// Runs `$run` (`|e| query.fetch_all(e)`) on `$pool`: directly, or, behind a transaction
+/// pooler (`pooler: transaction`), inside its own transaction opened by `$begin`, so
+/// the parse and the execution that sqlx sends in two round trips reach one server
+/// connection. Yields `Result<_, sqlx::Error>`.
+macro_rules! on_pool {
+    ($driver:expr, $pool:expr, $begin:expr, |$e:ident| $run:expr) => {
+        async {
+            if $driver.pooler == crate::settings::Pooler::Transaction {
+                let mut tx = $pool.begin_with($begin).await?;
+                let out = {
+                    let $e = &mut *tx;
+                    $run.await?
+                };
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(out)
+            } else {
+                let $e = &$pool;
+                $run.await
+            }
+        }
+    };
+}
 
 mod admin;
+mod connect;
 mod cursor;
+
+pub(crate) use connect::split_hosts;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row, ValueRef};
-use std::str::FromStr;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -31,6 +57,15 @@ use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
+use crate::settings::Pooler;
+
+/// How the processor's own statements begin in transaction pooling: the transaction
+/// carries `synchronous_commit = off`, which a `SET` on the connection cannot (the next
+/// transaction may run on another server connection).
+const WORK_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
+/// How every other statement begins in transaction pooling.
+const BEGIN: &str = "BEGIN";
 
 /// A PostgreSQL source: its pool, table and prepared SQL text.
 pub struct PgDriver {
@@ -43,7 +78,10 @@ pub struct PgDriver {
     pub(crate) table: TableName,
     /// The quoted, possibly schema-qualified table name.
     pub(crate) t: String,
-    url: String,
+    /// Which server of the URL is in use, and the watcher that moves to another.
+    failover: Arc<connect::Failover>,
+    /// The pooler in front of the server (the source's `pooler` setting).
+    pooler: Pooler,
     sql: Sql,
     /// Where the next unfiltered claim starts in the poll index.
     cursor: cursor::ClaimCursor,
@@ -413,50 +451,94 @@ impl PgDriver {
         }
     }
 
-    /// Connects a pool to `url` for `table`.
+    /// Connects a pool to `url` for `table`: to the writable server of a URL listing
+    /// several hosts, set up for the pooler `options` names (see [`connect`]).
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            // A broken connection fails its statement and is replaced; pinging before
-            // every acquire would double the round trips of the hot path.
-            .test_before_acquire(false)
-            .connect(url)
+        let servers = connect::parse(url, options.pooler)?;
+        let failover = connect::Failover::start(url, servers).await?;
+        let pooler = options.pooler;
+        let (max, acquire) = (options.max_connections, options.acquire_timeout);
+        let pool = failover
+            .pool_options(max, acquire, false, pooler)
+            .connect_with(failover.current_options())
             .await
-            .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
-        if let Some(schema) = table.schema() {
-            // A table in a schema that does not exist is a different mistake from a
-            // missing table (to_regclass says NULL for both): say which.
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-                    .bind(schema)
-                    .fetch_one(&pool)
-                    .await
-                    .map_err(Error::db(format!("looking up the schema of {table}")))?;
-            if !exists {
-                pool.close().await;
-                return Err(Error::schema_missing(table, Engine::Postgres));
+            .map_err(Error::db(format!("connecting to {}", redact_url(url))));
+        let pool = match pool {
+            Ok(pool) => pool,
+            Err(err) => {
+                failover.stop();
+                return Err(err);
             }
-        }
-        let work_options = PgConnectOptions::from_str(url)
-            .map_err(Error::db(format!("parsing {}", redact_url(url))))?
-            .options([("synchronous_commit", "off")]);
-        let work = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .test_before_acquire(false)
-            .connect_lazy_with(work_options);
+        };
+        failover.adopt(&pool);
+        let work = failover
+            .pool_options(max, acquire, true, pooler)
+            .connect_lazy_with(failover.current_options());
+        failover.adopt(&work);
         let t = table.quoted(Engine::Postgres);
-        Ok(PgDriver {
+        let driver = PgDriver {
             pool,
             work,
             table: table.clone(),
             sql: Sql::new(&t),
             t,
-            url: url.to_owned(),
+            failover,
+            pooler,
             cursor: cursor::ClaimCursor::default(),
             listener: std::sync::Mutex::new(None),
-        })
+        };
+        if let Err(err) = driver.check_connection(url, table).await {
+            driver.close().await;
+            return Err(err);
+        }
+        Ok(driver)
+    }
+
+    /// What `connect` checks once connected: no transaction pooler unless the setting
+    /// says so, and the table's schema exists.
+    async fn check_connection(&self, url: &str, table: &TableName) -> Result<()> {
+        if self.pooler == Pooler::Session {
+            let pooling =
+                connect::transaction_pooling(&self.pool, &self.failover.current_options())
+                    .await
+                    .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+            if pooling {
+                return Err(Error::Usage(format!(
+                    "{}: the server hands consecutive statements of one connection to \
+                     different server connections (a pooler in transaction mode, such as \
+                     PgBouncer's `pool_mode = transaction`), where LISTEN and prepared \
+                     statements cannot work: set `pooler: transaction` in this source's \
+                     `settings:` (icq then polls and uses no server-side prepared \
+                     statements), or use the pooler's session mode",
+                    redact_url(url)
+                )));
+            }
+        }
+        if let Some(schema) = table.schema() {
+            // A table in a schema that does not exist is a different mistake from a
+            // missing table (to_regclass says NULL for both): say which.
+            let query = sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            )
+            .bind(schema);
+            let exists = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
+                .await
+                .map_err(Error::db(format!("looking up the schema of {table}")))?;
+            if !exists {
+                return Err(Error::schema_missing(table, Engine::Postgres));
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps a statement's error, telling the failover watcher about it first (an error
+    /// that looks like a lost server makes it look for the writable one).
+    fn db(&self, what: &str) -> impl FnOnce(sqlx::Error) -> Error + '_ {
+        let wrap = Error::db(self.ctx(what));
+        move |err| {
+            self.failover.saw(&err);
+            wrap(err)
+        }
     }
 
     fn ctx(&self, what: &str) -> String {
@@ -518,11 +600,23 @@ impl PgDriver {
 impl QueueOps for PgDriver {
     async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
         let command = params.command;
+        if self.pooler == Pooler::Transaction {
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(self.db("scheduling a command"))?;
+            let id = insert_with(&mut tx, &self.sql.insert, &self.table, command).await?;
+            tx.commit()
+                .await
+                .map_err(self.db("committing a scheduled command"))?;
+            return Ok(id);
+        }
         let mut conn = self
             .pool
             .acquire()
             .await
-            .map_err(Error::db(self.ctx("scheduling a command")))?;
+            .map_err(self.db("scheduling a command"))?;
         insert_with(&mut conn, &self.sql.insert, &self.table, command).await
     }
 
@@ -545,7 +639,7 @@ impl QueueOps for PgDriver {
         }
         self.copy_in(commands)
             .await
-            .map_err(Error::db(self.ctx("scheduling commands in bulk")))?;
+            .map_err(self.db("scheduling commands in bulk"))?;
         Ok(commands.iter().map(|c| c.id.clone()).collect())
     }
 
@@ -562,10 +656,9 @@ impl QueueOps for PgDriver {
         } else if let Some((run_at, id)) = after {
             query = query.bind(run_at).bind(id);
         }
-        let rows = query
-            .fetch_all(&self.work)
+        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
             .await
-            .map_err(Error::db(self.ctx("claiming due commands")))?;
+            .map_err(self.db("claiming due commands"))?;
         Ok(self.claimed(&rows, params))
     }
 
@@ -587,9 +680,9 @@ impl QueueOps for PgDriver {
         } else if let Some((run_at, id)) = after {
             query = query.bind(run_at).bind(id);
         }
-        let rows = query.fetch_all(&self.work).await.map_err(Error::db(
-            self.ctx("stamping outcomes and claiming due commands"),
-        ))?;
+        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+            .await
+            .map_err(self.db("stamping outcomes and claiming due commands"))?;
         let stamped = rows
             .first()
             .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())
@@ -608,11 +701,10 @@ impl QueueOps for PgDriver {
             return Ok(None);
         };
         let sql = format!(r#"SELECT * FROM {} WHERE "Id" = $1"#, self.t);
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(uuid)
-            .fetch_optional(&self.pool)
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(uuid);
+        let row = on_pool!(self, self.pool, BEGIN, |e| query.fetch_optional(e))
             .await
-            .map_err(Error::db(self.ctx("reading a command")))?;
+            .map_err(self.db("reading a command"))?;
         row.as_ref()
             .map(|r| decode_row(r).map_err(Error::db(self.ctx("decoding a command"))))
             .transpose()
@@ -621,24 +713,23 @@ impl QueueOps for PgDriver {
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
         let query = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()));
-        let done = StampArrays::new(changes)
-            .bind(query)
-            .execute(&self.work)
+        let query = StampArrays::new(changes).bind(query);
+        let done = on_pool!(self, self.work, WORK_BEGIN, |e| query.execute(e))
             .await
-            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+            .map_err(self.db("stamping outcomes"))?;
         Ok(done.rows_affected())
     }
 
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let (ids, tokens) = lease_arrays(leases.iter());
-        let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
+        let query = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(ids)
             .bind(tokens)
-            .bind(lease.as_secs_f64())
-            .fetch_all(&self.work)
+            .bind(lease.as_secs_f64());
+        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
             .await
-            .map_err(Error::db(self.ctx("extending leases")))?;
+            .map_err(self.db("extending leases"))?;
         rows.iter()
             .map(|row| {
                 Ok(Lease {
@@ -652,7 +743,11 @@ impl QueueOps for PgDriver {
 
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
         let ctx = || self.ctx("deleting old completed commands");
-        let mut tx = self.work.begin().await.map_err(Error::db(ctx()))?;
+        let begin = match self.pooler {
+            Pooler::Session => self.work.begin().await,
+            Pooler::Transaction => self.work.begin_with(WORK_BEGIN).await,
+        };
+        let mut tx = begin.map_err(self.db("deleting old completed commands"))?;
         // One replica sweeps at a time: the others skip the round instead of deleting the
         // same rows side by side.
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
@@ -675,10 +770,10 @@ impl QueueOps for PgDriver {
     }
 
     async fn activity(&self) -> Result<Activity> {
-        let row = sqlx::query(AssertSqlSafe(self.sql.activity.clone()))
-            .fetch_one(&self.work)
+        let query = sqlx::query(AssertSqlSafe(self.sql.activity.clone()));
+        let row = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_one(e))
             .await
-            .map_err(Error::db(self.ctx("counting due commands")))?;
+            .map_err(self.db("counting due commands"))?;
         super::decode_activity(&row)
     }
 
@@ -709,9 +804,8 @@ impl QueueOps for PgDriver {
                FROM generate_series(1::bigint, $1::bigint)"#,
             self.t
         );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(i64::try_from(rows).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(i64::try_from(rows).unwrap_or(i64::MAX));
+        on_pool!(self, self.pool, BEGIN, |e| query.execute(e))
             .await
             .map_err(Error::db(
                 self.ctx("inserting completed rows for the benchmark"),
@@ -731,11 +825,11 @@ impl Lifecycle for PgDriver {
     }
 
     async fn table_exists(&self) -> Result<bool> {
-        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-            .bind(&self.t)
-            .fetch_one(&self.pool)
+        let query =
+            sqlx::query_scalar::<_, Option<String>>("SELECT to_regclass($1)::text").bind(&self.t);
+        let found = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
             .await
-            .map_err(Error::db(self.ctx("looking up the commands table")))?;
+            .map_err(self.db("looking up the commands table"))?;
         Ok(found.is_some())
     }
 
@@ -749,23 +843,55 @@ impl Lifecycle for PgDriver {
     }
 
     async fn listen(&self, notify: Arc<Notify>) -> Result<bool> {
+        if self.pooler == Pooler::Transaction {
+            tracing::info!(
+                table = %self.table,
+                "pooler: transaction: no LISTEN (a transaction pooler cannot keep one) and \
+                 no server-side prepared statements; new commands are found by polling \
+                 every polling_interval_seconds"
+            );
+            return Ok(false);
+        }
         let channel = crate::schema::notify_channel(&self.table);
-        let mut listener = PgListener::connect(&self.url)
+        // A pool of one that follows the failover: when its connection is lost, the
+        // listener reconnects through it (to the server in use then; never to one in
+        // recovery) and LISTENs again.
+        let pool = self
+            .failover
+            .pool_options(1, Duration::from_secs(10), false, self.pooler)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(self.failover.current_options());
+        self.failover.adopt(&pool);
+        let mut listener = PgListener::connect_with(&pool)
             .await
-            .map_err(Error::db(self.ctx("opening the LISTEN connection")))?;
+            .map_err(self.db("opening the LISTEN connection"))?;
+        listener.ignore_pool_close_event(true);
         listener
             .listen(&channel)
             .await
-            .map_err(Error::db(self.ctx("subscribing to insert notifications")))?;
+            .map_err(self.db("subscribing to insert notifications"))?;
         let table = self.table.to_string();
+        let failover = self.failover.clone();
         let task = tokio::spawn(async move {
             loop {
-                match listener.recv().await {
-                    Ok(_) => notify.notify_one(),
+                match listener.try_recv().await {
+                    Ok(Some(_)) => notify.notify_one(),
+                    Ok(None) => {
+                        // Reconnected on the next call, to the server in use then.
+                        tracing::warn!(table, "LISTEN connection lost; reconnecting");
+                        failover.poke();
+                        // Anything committed while disconnected is found by this claim.
+                        notify.notify_one();
+                    }
                     Err(err) => {
-                        tracing::warn!(table, error = %err, "LISTEN connection lost; reconnecting");
+                        tracing::warn!(
+                            table,
+                            error = %crate::redact::redact_text(&err.to_string()),
+                            "cannot LISTEN; trying again"
+                        );
+                        failover.saw(&err);
                         tokio::time::sleep(Duration::from_secs(1)).await;
-                        // Anything committed while disconnected is found by this wake-up's claim.
                         notify.notify_one();
                     }
                 }
@@ -776,6 +902,7 @@ impl Lifecycle for PgDriver {
         {
             old.abort();
         }
+        tracing::debug!(table = %self.table, server = %self.failover.current_label(), "LISTEN on");
         Ok(true)
     }
 
@@ -785,6 +912,7 @@ impl Lifecycle for PgDriver {
         {
             task.abort();
         }
+        self.failover.stop();
         self.work.close().await;
         self.pool.close().await;
     }
