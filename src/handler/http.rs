@@ -9,6 +9,10 @@
 //! or the timeout fails the attempt, with the status and a bounded excerpt of the body in
 //! `LastError`.
 //!
+//! Memory is bounded whatever the endpoint answers: a 2xx or 3xx body is never read, and
+//! of any other only the first [`BODY_EXCERPT_BYTES`] (plus one, to know it was longer)
+//! are read, chunk by chunk; the connection is then dropped with the rest unread.
+//!
 //! Redirects are never followed: a 3xx fails the attempt (`HTTP 302 redirect to ... not
 //! followed: icq POSTs only to the configured URL`). Following one would either turn the
 //! POST into a bodiless GET (301/302/303) and report a command delivered that never was,
@@ -206,6 +210,8 @@ impl Handler for HttpHandler {
             })?;
         let status = response.status();
         if status.is_success() {
+            // The body is never read: dropping the response closes the connection
+            // instead of draining whatever the endpoint sends.
             return Ok(());
         }
         if status.is_redirection() {
@@ -228,7 +234,7 @@ impl Handler for HttpHandler {
                 status.as_u16()
             )));
         }
-        let body = response.bytes().await.unwrap_or_default();
+        let body = read_prefix(response, BODY_EXCERPT_BYTES + 1).await;
         let mut message = format!("HTTP {status}");
         let body = excerpt(&body);
         if !body.is_empty() {
@@ -237,6 +243,24 @@ impl Handler for HttpHandler {
         }
         Err(HandlerError::retry(message))
     }
+}
+
+/// At most `limit` bytes from the start of `response`'s body, read chunk by chunk; the
+/// rest is never read (the response is dropped, which closes the connection), so a
+/// gigabyte error page costs one network chunk of memory, not a gigabyte. A body that
+/// fails midway keeps what arrived.
+async fn read_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(limit.min(8 * 1024));
+    while kept.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    kept
 }
 
 fn redacted(url: &reqwest::Url) -> String {
