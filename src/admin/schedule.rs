@@ -363,7 +363,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
 /// ```
 /// use icq::admin::{InputLimit, read_jobs};
 ///
-/// let file = "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": \"long enough\"}\n";
+/// let file = "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": \"longer than forty bytes\"}\n";
 /// let limit = InputLimit { bytes: 40, raise_with: "--max-input-bytes" };
 /// let err = read_jobs(file.as_bytes(), "jobs.jsonl", &limit).unwrap_err();
 /// assert!(err.to_string().starts_with("jobs.jsonl:2: the line is larger than 40 bytes"), "{err}");

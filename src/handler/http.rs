@@ -474,6 +474,56 @@ mod tests {
         );
     }
 
+    /// Answers one request with `status` and an endless chunked body; the task ends,
+    /// with the number of body bytes written, once the client hangs up.
+    async fn endless(status: &'static str) -> (String, tokio::task::JoinHandle<u64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/h", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = format!("HTTP/1.1 {status}\r\ntransfer-encoding: chunked\r\n\r\n");
+            let _ = stream.write_all(head.as_bytes()).await;
+            let chunk = [b"10000\r\n".as_slice(), &[b'x'; 0x10000], b"\r\n"].concat();
+            let mut sent = 0u64;
+            while stream.write_all(&chunk).await.is_ok() {
+                sent += 0x10000;
+            }
+            sent
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn issue_20_endless_bodies_are_never_read_past_the_excerpt() {
+        for status in ["200 OK", "500 Internal Server Error", "404 Not Found"] {
+            let (url, server) = endless(status).await;
+            let outcome = handler(&url, &[]).handle(job()).await;
+            match status {
+                "200 OK" => assert_eq!(outcome, Ok(())),
+                _ => {
+                    let message = outcome.unwrap_err().message;
+                    assert!(
+                        message.starts_with(&format!("HTTP {status}: xxx")),
+                        "{message}"
+                    );
+                    assert!(message.ends_with("x…"), "{message}");
+                }
+            }
+            // The handler hung up: the endless body stops within a few MB of socket
+            // buffers.
+            let sent = tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .expect("the connection was dropped")
+                .unwrap();
+            assert!(sent < 64 * 1024 * 1024, "{status}: {sent} bytes were read");
+        }
+    }
+
     #[tokio::test]
     async fn http_url_secrets_never_reach_last_error_or_debug() {
         // Nothing listens on this port (bound, then closed).
