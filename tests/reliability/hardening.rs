@@ -486,3 +486,52 @@ fn issue_20_deep_yaml_is_refused_in_well_under_a_second() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_20_queued_log_lines_are_flushed_at_exit() {
+    const COMMANDS: usize = 500;
+    let db = TestDb::with_table("sqlite", "flush").await;
+    let t = table(&db);
+    let rows: Vec<String> = (0..COMMANDS)
+        .map(|k| format!("('t', '{{\"n\": {k}}}')"))
+        .collect();
+    db.execute(&format!(
+        "INSERT INTO {t} (\"Type\", \"Payload\") VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "lite",
+        &db.url,
+        "{ polling_interval_seconds: 0.2 }",
+        "  t:\n    noop: true\n",
+    );
+    // A healthy sink (a file) and a burst of trace lines: none is dropped, and the last
+    // one, written just before exit, is there.
+    let log = dir.path().join("worker.log");
+    let status = Command::new(icq_bin())
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .env_remove("ICQ_LOG_QUEUE_LINES")
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "trace")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(completed(&db).await, COMMANDS as i64);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("stopped") && last.contains(&format!("succeeded={COMMANDS}")),
+        "the last line logged is missing; the log ends with: {last}"
+    );
+    assert!(!text.contains("log lines were dropped"), "{last}");
+    assert!(text.lines().count() > COMMANDS, "a burst of trace lines");
+}
