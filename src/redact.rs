@@ -163,6 +163,17 @@ fn encode_query_value(text: &str) -> String {
     out
 }
 
+/// True when a key found in free text names a secret: as a whole, or its last bracketed
+/// part (`options[password]`, `[key`).
+fn is_secret_key(name: &str) -> bool {
+    let last = name
+        .rsplit('[')
+        .next()
+        .unwrap_or(name)
+        .trim_end_matches(']');
+    is_secret_name(name) || is_secret_name(last)
+}
+
 /// Masks the value of every `name%3Dvalue` (an `=` percent-encoded inside a query value,
 /// as in `options=-c%20password%3Ds3cret`) whose name is secret-looking. The name starts
 /// after a non-name character or a `%XX` escape (`-c%20password`); the value runs as in
@@ -318,7 +329,7 @@ fn mask_name_values(text: &str) -> String {
         let name = &before[name_start..];
         out.push_str(before);
         out.push('=');
-        if is_secret_name(&percent_decode(name)) && !after.starts_with('=') {
+        if is_secret_key(&percent_decode(name)) && !after.starts_with('=') {
             let end = after
                 .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#'))
                 .unwrap_or(after.len());
@@ -579,6 +590,7 @@ mod tests {
             "see postgres://u@h/d?options=-c%20password%3D***&x=1."
         );
         assert_eq!(redact_text("100%3D and a%3Db"), "100%3D and a%3Db");
+        assert_eq!(redact_text("[key=abc] (token=t)"), "[key=***] (token=***)");
     }
 
     /// Properties: a URL's secrets never survive redaction in any form; escaped text holds
