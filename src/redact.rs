@@ -126,9 +126,102 @@ fn redact_query(query: &str) -> String {
                 out.push('=');
                 out.push_str(MASK);
             }
-            _ => out.push_str(pair),
+            Some((name, value)) => match redact_nested(value) {
+                Some(masked) => {
+                    out.push_str(name);
+                    out.push('=');
+                    out.push_str(&masked);
+                }
+                None => out.push_str(pair),
+            },
+            None => out.push_str(pair),
         }
     }
+    out
+}
+
+/// A query value that holds secrets of its own, masked and re-encoded: libpq's
+/// `options=-c%20password%3Ds3cret` (`-c password=s3cret` once decoded), or a URL with a
+/// password passed as a parameter. `None` when the decoded value holds no secret.
+fn redact_nested(value: &str) -> Option<String> {
+    let decoded = percent_decode(&value.replace('+', " "));
+    let masked = redact_text(&decoded);
+    (masked != decoded).then(|| encode_query_value(&masked))
+}
+
+/// Percent-encodes what a query value cannot hold as is (blanks, `&`, `=`, `#`, `%`,
+/// `+`, controls, non-ASCII); the mask's `*` stays readable.
+fn encode_query_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~*!$'(),;:@/?[]".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+/// True when a key found in free text names a secret: as a whole, or its last bracketed
+/// part (`options[password]`, `[key`).
+fn is_secret_key(name: &str) -> bool {
+    let last = name
+        .rsplit('[')
+        .next()
+        .unwrap_or(name)
+        .trim_end_matches(']');
+    is_secret_name(name) || is_secret_name(last)
+}
+
+/// Masks the value of every `name%3Dvalue` (an `=` percent-encoded inside a query value,
+/// as in `options=-c%20password%3Ds3cret`) whose name is secret-looking. The name starts
+/// after a non-name character or a `%XX` escape (`-c%20password`); the value runs as in
+/// [`mask_name_values`].
+fn mask_encoded_name_values(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("%3d") {
+        return text.to_owned();
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut done = 0;
+    let mut search = 0;
+    while let Some(found) = lower[search..].find("%3d") {
+        let eq = search + found;
+        let mut name_start = eq;
+        while name_start > 0 {
+            let c = bytes[name_start - 1];
+            let escape_ends_here = name_start >= 3
+                && bytes[name_start - 3] == b'%'
+                && bytes[name_start - 2].is_ascii_hexdigit()
+                && c.is_ascii_hexdigit();
+            if escape_ends_here || !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.')) {
+                break;
+            }
+            name_start -= 1;
+        }
+        let name = &text[name_start..eq];
+        let after = eq + 3;
+        search = after;
+        if !is_secret_name(name) {
+            continue;
+        }
+        let end = text[after..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#'))
+            .map_or(text.len(), |i| after + i);
+        let (value, punctuation) = split_trailing(&text[after..end]);
+        out.push_str(&text[done..after]);
+        if value.is_empty() || value.starts_with(MASK) {
+            out.push_str(value);
+        } else {
+            out.push_str(MASK);
+        }
+        out.push_str(punctuation);
+        done = end;
+        search = end;
+    }
+    out.push_str(&text[done..]);
     out
 }
 
@@ -186,7 +279,7 @@ fn split_trailing(stretch: &str) -> (&str, &str) {
 /// and the value of every `name=value` pair whose name `is_secret_name` (query
 /// parameters, but also libpq-style `password=...` settings). Everything else is kept.
 pub fn redact_text(text: &str) -> String {
-    mask_name_values(&mask_userinfo(text))
+    mask_encoded_name_values(&mask_name_values(&mask_userinfo(text)))
 }
 
 /// Masks the password of every `scheme://user:password@host` in `text`.
@@ -221,7 +314,9 @@ fn mask_userinfo(text: &str) -> String {
 /// `#` or blank (masking too much rather than too little), except for closing
 /// punctuation at its very end (see [`trailing_punctuation`]).
 fn mask_name_values(text: &str) -> String {
-    let is_name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    // `[`, `]` and `%` too: `options[password]=` and `options%5Bpassword%5D=` are names.
+    let is_name_char =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '[' | ']' | '%');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(eq) = rest.find('=') {
@@ -234,7 +329,7 @@ fn mask_name_values(text: &str) -> String {
         let name = &before[name_start..];
         out.push_str(before);
         out.push('=');
-        if is_secret_name(name) && !after.starts_with('=') {
+        if is_secret_key(&percent_decode(name)) && !after.starts_with('=') {
             let end = after
                 .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#'))
                 .unwrap_or(after.len());
@@ -503,6 +598,44 @@ mod tests {
             clean_stored_text("line 1\r\nline 2\n\tindented\x1b[2J\x07"),
             "line 1\nline 2\n\tindented\\u{1b}[2J\\u{7}"
         );
+    }
+
+    #[test]
+    fn secrets_inside_libpq_options_are_masked() {
+        // Issue 20: `options` carries `-c password=...` to the server.
+        assert_eq!(
+            redact_url("postgres://u@h/d?options=-c%20password%3DS3cr%21t&sslmode=disable"),
+            "postgres://u@h/d?options=-c%20password%3D***&sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/d?options=-c+work_mem%3D4MB+-c+db_password%3DS3"),
+            "postgres://u@h/d?options=-c%20work_mem%3D4MB%20-c%20db_password%3D***"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/d?options=--password=S3&options[password]=S4"),
+            "postgres://u@h/d?options=--password%3D***&options[password]=***"
+        );
+        // Not secret: kept as written.
+        let plain = "postgres://u@h/d?options=-c%20search_path%3Dapp%2Cpublic";
+        assert_eq!(redact_url(plain), plain);
+        // The same inside free text (a driver's message, an unparseable URL).
+        for text in [
+            "cannot connect to postgres://u@h/d?options=-c%20password%3DS3cr3t: refused",
+            "postgres://u@h/d?options=-c%20PWD%3dS3cr3t&x=1",
+            "options=-c password=S3cr3t",
+            "postgres://u@h/d?options%5Bpassword%5D=S3cr3t",
+            "postgres://u@[h/d?options[password]=S3cr3t",
+        ] {
+            let masked = redact_text(text);
+            assert!(!masked.contains("S3cr3t"), "{text} -> {masked}");
+            assert!(masked.contains(MASK), "{masked}");
+        }
+        assert_eq!(
+            redact_text("see postgres://u@h/d?options=-c%20password%3DS3cr3t&x=1."),
+            "see postgres://u@h/d?options=-c%20password%3D***&x=1."
+        );
+        assert_eq!(redact_text("100%3D and a%3Db"), "100%3D and a%3Db");
+        assert_eq!(redact_text("[key=abc] (token=t)"), "[key=***] (token=***)");
     }
 
     /// Properties: a URL's secrets never survive redaction in any form; escaped text holds

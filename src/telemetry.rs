@@ -11,7 +11,16 @@
 //! by `source`; `execution_seconds` (histogram by `source`, `type`, `outcome`); and
 //! `pending` (gauge by `source`, `state` = `due` | `running`).
 //!
-//! **Logs**: [`escaping_fields`] formats the fields of text log lines with every control
+//! **Logs**: [`init_logging`] installs the subscriber on stderr through a non-blocking,
+//! lossy writer (tracing-appender): a line is handed to a writer thread through a bounded
+//! queue of [`LOG_QUEUE_LINES`] (`ICQ_LOG_QUEUE_LINES` sets another length), and when that is full (stderr is a pipe nobody reads, a
+//! stalled terminal) the line is dropped and counted, never waited for. Logging therefore
+//! never blocks the runtime: commands keep running and SIGTERM is honoured however stuck
+//! stderr is. Dropped lines are the `icq_log_lines_dropped_total` counter, and once the
+//! sink drains a warning says how many were lost. The [`LogGuard`] flushes what is queued
+//! at exit, waiting at most [`FLUSH_WITHIN`].
+//!
+//! [`escaping_fields`] formats the fields of text log lines with every control
 //! character escaped, so text a handler controls (its stderr, a response body) cannot
 //! forge a log line.
 
@@ -49,6 +58,138 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the recorder's upkeep (histogram bucket maintenance) runs.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Log lines queued for the writer thread before new ones are dropped (a few MB of
+/// text); [`LOG_QUEUE_ENV`] sets another number.
+pub const LOG_QUEUE_LINES: usize = 8_192;
+
+/// The variable that sets how many log lines may wait for stderr (1 to 1,000,000).
+pub const LOG_QUEUE_ENV: &str = "ICQ_LOG_QUEUE_LINES";
+
+/// The queue length in effect: [`LOG_QUEUE_ENV`] when it holds a number from 1 to
+/// 1,000,000, else [`LOG_QUEUE_LINES`].
+fn log_queue_lines() -> usize {
+    std::env::var(LOG_QUEUE_ENV)
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .filter(|lines| (1..=1_000_000).contains(lines))
+        .unwrap_or(LOG_QUEUE_LINES)
+}
+
+/// The longest [`LogGuard`] waits at exit for queued lines to reach stderr.
+pub const FLUSH_WITHIN: Duration = Duration::from_secs(2);
+
+/// How often dropped log lines are counted into the metric (and, once stderr drains,
+/// reported).
+const DROPPED_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The counter of log lines dropped because stderr did not take them.
+pub const DROPPED_LINES_METRIC: &str = "icq_log_lines_dropped_total";
+
+/// Keeps the log writer thread alive; dropping it reports the lines lost, if any, and
+/// flushes the queue within [`FLUSH_WITHIN`] (never longer, even if stderr is blocked).
+pub struct LogGuard {
+    guard: Option<tracing_appender::non_blocking::WorkerGuard>,
+    dropped: tracing_appender::non_blocking::ErrorCounter,
+    watch: Option<tokio::task::JoinHandle<()>>,
+    reported: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+        let dropped = self.dropped.dropped_lines();
+        let reported = self.reported.load(std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!(DROPPED_LINES_METRIC).absolute(dropped as u64);
+        if dropped > reported {
+            tracing::warn!(
+                dropped = dropped - reported,
+                total = dropped,
+                "log lines were dropped: stderr did not take them fast enough"
+            );
+        }
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        // The guard's own drop waits up to ~1.1 s and then prints to stdout, which could
+        // block too: drop it on a thread of its own and stop waiting after FLUSH_WITHIN.
+        let (done, flushed) = std::sync::mpsc::channel();
+        let flushing = std::thread::Builder::new()
+            .name("icq-log-flush".into())
+            .spawn(move || {
+                drop(guard);
+                let _ = done.send(());
+            });
+        if flushing.is_ok() {
+            let _ = flushed.recv_timeout(FLUSH_WITHIN);
+        }
+    }
+}
+
+/// Installs the log subscriber on stderr, text or JSON lines (`RUST_LOG` filters, default
+/// `icq=info`), writing through a non-blocking lossy writer (see the module docs). Call
+/// once, inside the runtime; keep the guard until the process is about to exit.
+pub fn init_logging(json: bool) -> LogGuard {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(log_queue_lines())
+        .thread_name("icq-log")
+        .finish(std::io::stderr());
+    let dropped = writer.error_counter();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour)
+        .with_writer(writer)
+        // A failed write is reported with `eprintln!`, which panics when stderr is
+        // closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
+        .log_internal_errors(false);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        // Escaped fields: handler stderr and response bodies cannot forge log lines.
+        builder.fmt_fields(escaping_fields()).try_init()
+    };
+    let reported = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watch = tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|runtime| runtime.spawn(watch_dropped(dropped.clone(), reported.clone())));
+    LogGuard {
+        guard: Some(guard),
+        dropped,
+        watch,
+        reported,
+    }
+}
+
+/// Every [`DROPPED_CHECK_EVERY`]: sets the dropped-lines counter, and once a check finds
+/// no new drops after some (the sink drained), warns how many were lost.
+async fn watch_dropped(
+    dropped: tracing_appender::non_blocking::ErrorCounter,
+    reported: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let mut last = 0;
+    loop {
+        tokio::time::sleep(DROPPED_CHECK_EVERY).await;
+        let now = dropped.dropped_lines();
+        metrics::counter!(DROPPED_LINES_METRIC).absolute(now as u64);
+        let told = reported.load(std::sync::atomic::Ordering::Relaxed);
+        if now == last && now > told {
+            tracing::warn!(
+                dropped = now - told,
+                total = now,
+                "log lines were dropped: stderr did not take them fast enough"
+            );
+            reported.store(now, std::sync::atomic::Ordering::Relaxed);
+        }
+        last = now;
+    }
+}
 
 /// Installs the Prometheus recorder as the global metrics recorder and starts serving it on
 /// `addr` (`GET /metrics`). Call once per process, inside the runtime. Returns the address
@@ -107,6 +248,10 @@ fn describe() {
     metrics::describe_gauge!(
         "icq_internal_commands_pending",
         "Pending rows by state (due, running)"
+    );
+    metrics::describe_counter!(
+        DROPPED_LINES_METRIC,
+        "Log lines dropped because stderr did not take them (never waited for)"
     );
 }
 

@@ -43,7 +43,8 @@ pub use requeue::{
     REQUEUE_BATCH, RequeuePlan, RequeueReport, RequeueTarget, plan_requeue, requeue,
 };
 pub use schedule::{
-    SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source, parse_jobs, schedule, schedule_many,
+    DEFAULT_MAX_INPUT_BYTES, InputLimit, SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source,
+    parse_jobs, read_jobs, read_limited, schedule, schedule_many,
 };
 pub use show::{ShownCommand, show};
 

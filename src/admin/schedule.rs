@@ -1,4 +1,11 @@
 //! `icq schedule`: one command, or many from a JSON Lines document, into one source.
+//!
+//! Input is read with a bound: [`read_limited`] reads at most an [`InputLimit`] of a
+//! payload (`@/dev/zero` fails after the limit, not when the kernel kills the process),
+//! and [`read_jobs`] streams a JSON Lines document line by line, no line longer than the
+//! limit, so memory holds one line and the commands parsed so far, never the whole file.
+
+use std::io::{BufRead, Read};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -42,6 +49,68 @@ use super::Progress;
 /// # }
 /// ```
 pub const SCHEDULE_CHUNK: usize = 1000;
+
+/// The default [`InputLimit`]: 16 MiB, what MySQL and MariaDB accept in one packet by
+/// default (`max_allowed_packet`), far above any sensible payload.
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The most bytes one input may hold: one payload, or one line of a JSON Lines document.
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::{DEFAULT_MAX_INPUT_BYTES, InputLimit, read_limited};
+///
+/// let limit = InputLimit { bytes: 8, raise_with: "--max-input-bytes" };
+/// assert_eq!(read_limited(&b"{\"a\":1}"[..], &limit, "--payload")?, b"{\"a\":1}");
+/// let err = read_limited(std::io::repeat(0), &limit, "the payload file /dev/zero").unwrap_err();
+/// assert_eq!(err.exit_code(), 2);
+/// assert!(err.to_string().contains("larger than 8 bytes"), "{err}");
+/// assert!(err.to_string().contains("--max-input-bytes"), "{err}");
+/// assert_eq!(InputLimit::default().bytes, DEFAULT_MAX_INPUT_BYTES);
+/// # Ok::<(), icq::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimit {
+    /// The most bytes.
+    pub bytes: u64,
+    /// How the caller's user raises the limit (a flag, a variable), named in the error.
+    pub raise_with: &'static str,
+}
+
+impl Default for InputLimit {
+    fn default() -> Self {
+        InputLimit {
+            bytes: DEFAULT_MAX_INPUT_BYTES,
+            raise_with: "InputLimit::bytes",
+        }
+    }
+}
+
+impl InputLimit {
+    fn exceeded(&self, what: &str) -> Error {
+        Error::Usage(format!(
+            "{what} is larger than {} bytes, the input limit; nothing was read past it and \
+             nothing was scheduled (raise the limit with {})",
+            self.bytes, self.raise_with
+        ))
+    }
+}
+
+/// Reads all of `reader` (a payload file, stdin), failing with [`Error::Usage`] as soon as
+/// it holds more than `limit.bytes`: memory never holds more than the limit. `origin`
+/// names the input in errors. See [`InputLimit`]'s example.
+pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    reader
+        .take(limit.bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(Error::io(format!("reading {origin}")))?;
+    if bytes.len() as u64 > limit.bytes {
+        return Err(limit.exceeded(origin));
+    }
+    Ok(bytes)
+}
 
 /// The one source a command is scheduled into: scheduling needs an unambiguous target.
 ///
@@ -254,7 +323,8 @@ struct JobLine {
 /// Parses a JSON Lines document of commands: one object per line,
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
 /// "tenant_id"?, "correlation_id"?}`; blank lines are skipped. The first bad line is an
-/// [`Error::Usage`] naming `origin` and the line number.
+/// [`Error::Usage`] naming `origin` and the line number. A text already in memory has no
+/// line limit; to read a file or stdin, stream it through [`read_jobs`].
 ///
 /// # Examples
 ///
@@ -276,26 +346,66 @@ struct JobLine {
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
+    let unlimited = InputLimit {
+        bytes: u64::MAX,
+        ..InputLimit::default()
+    };
+    read_jobs(text.as_bytes(), origin, &unlimited)
+}
+
+/// Reads a JSON Lines document of commands (see [`parse_jobs`] for the format) from
+/// `reader` one line at a time: a line longer than `limit.bytes` fails at once with
+/// [`Error::Usage`] naming its number and the limit, after reading no more of it than the
+/// limit, so a file without line breaks (`/dev/zero`) costs the limit, not all memory.
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::{InputLimit, read_jobs};
+///
+/// let file = "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": \"longer than forty bytes\"}\n";
+/// let limit = InputLimit { bytes: 40, raise_with: "--max-input-bytes" };
+/// let err = read_jobs(file.as_bytes(), "jobs.jsonl", &limit).unwrap_err();
+/// assert!(err.to_string().starts_with("jobs.jsonl:2: the line is larger than 40 bytes"), "{err}");
+///
+/// let roomy = InputLimit { bytes: 1024, ..limit };
+/// assert_eq!(read_jobs(file.as_bytes(), "jobs.jsonl", &roomy)?.len(), 2);
+/// # Ok::<(), icq::Error>(())
+/// ```
+pub fn read_jobs(
+    mut reader: impl BufRead,
+    origin: &str,
+    limit: &InputLimit,
+) -> Result<Vec<NewCommand>> {
     let mut commands = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
+    let mut line = Vec::new();
+    let mut number = 0usize;
+    loop {
+        number += 1;
+        line.clear();
+        // Room for the limit and a `\r\n` after it.
+        let cap = limit.bytes.saturating_add(2);
+        let read = (&mut reader)
+            .take(cap)
+            .read_until(b'\n', &mut line)
+            .map_err(Error::io(format!("reading {origin}")))?;
+        if read == 0 {
+            break;
+        }
+        let ended = line.last() == Some(&b'\n');
+        if ended {
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+        }
+        if (!ended && read as u64 == cap) || line.len() as u64 > limit.bytes {
+            return Err(limit.exceeded(&format!("{origin}:{number}: the line")));
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let number = index + 1;
-        let job: JobLine = serde_json::from_str(line)
-            .map_err(|e| Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled")))?;
-        let command = NewCommand::new(job.type_name, job.payload)
-            .run_at(job.run_at.map_or(RunAt::Now, RunAt::At))
-            .context(Context {
-                user_id: job.user_id,
-                roles: job.roles,
-                tenant_id: job.tenant_id,
-                correlation_id: job.correlation_id,
-            });
-        command
-            .validate()
-            .map_err(|e| Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled")))?;
-        commands.push(command);
+        commands.push(parse_job_line(&line, origin, number)?);
     }
     if commands.is_empty() {
         return Err(Error::Usage(format!(
@@ -303,6 +413,24 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
         )));
     }
     Ok(commands)
+}
+
+/// One line of a JSON Lines document as a validated command.
+fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled"))
+    };
+    let job: JobLine = serde_json::from_slice(line).map_err(|e| bad(&e))?;
+    let command = NewCommand::new(job.type_name, job.payload)
+        .run_at(job.run_at.map_or(RunAt::Now, RunAt::At))
+        .context(Context {
+            user_id: job.user_id,
+            roles: job.roles,
+            tenant_id: job.tenant_id,
+            correlation_id: job.correlation_id,
+        });
+    command.validate().map_err(|e| bad(&e))?;
+    Ok(command)
 }
 
 #[cfg(test)]
@@ -336,5 +464,47 @@ mod tests {
         );
         let err = parse_jobs("{\"type\":\"a\",\"payload\":1,\"typo\":1}", "f").unwrap_err();
         assert!(err.to_string().contains("unknown field `typo`"), "{err}");
+    }
+
+    #[test]
+    fn input_limits_stop_reading_at_the_limit() {
+        let limit = InputLimit {
+            bytes: 1024,
+            raise_with: "--max-input-bytes",
+        };
+        // An endless line: refused after reading the limit (the test would not end
+        // otherwise), naming the line and how to raise the limit.
+        let endless = std::io::BufReader::new(std::io::repeat(b' '));
+        let err = read_jobs(endless, "stdin", &limit).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert_eq!(
+            err.to_string(),
+            "stdin:1: the line is larger than 1024 bytes, the input limit; nothing was read \
+             past it and nothing was scheduled (raise the limit with --max-input-bytes)"
+        );
+        // Exactly at the limit, with or without a final line break or a `\r`: accepted.
+        let job = "{\"type\":\"a\",\"payload\":\"";
+        let full = format!("{job}{}\"}}", "x".repeat(1024 - job.len() - 2));
+        assert_eq!(full.len(), 1024);
+        for text in [full.clone(), format!("{full}\n"), format!("{full}\r\n\n")] {
+            assert_eq!(read_jobs(text.as_bytes(), "f", &limit).unwrap().len(), 1);
+        }
+        let over = format!("{full}\n{full} \n");
+        let err = read_jobs(over.as_bytes(), "f", &limit).unwrap_err();
+        assert!(
+            err.to_string().starts_with("f:2: the line is larger"),
+            "{err}"
+        );
+
+        assert_eq!(
+            read_limited(&[b'x'; 1024][..], &limit, "p").unwrap().len(),
+            1024
+        );
+        let err = read_limited(std::io::repeat(0), &limit, "the payload file /dev/zero");
+        assert!(
+            err.unwrap_err()
+                .to_string()
+                .starts_with("the payload file /dev/zero is larger than 1024 bytes"),
+        );
     }
 }

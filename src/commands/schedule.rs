@@ -1,5 +1,10 @@
 //! `icq schedule`: enqueue one command from the command line, or many from a JSON Lines
 //! file.
+//!
+//! Input is bounded: a `--payload @FILE` (or `@-`) and every `--from-file` line may hold
+//! at most `--max-input-bytes` (default 16 MiB; `ICQ_MAX_INPUT_BYTES`), read no further
+//! than that, and `--from-file` is streamed line by line. Over the limit is exit 2 with
+//! a message naming the flag.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,6 +71,53 @@ pub struct ScheduleArgs {
         conflicts_with_all = ["type_name", "payload", "at", "delay", "user_id", "roles", "tenant_id", "correlation_id"]
     )]
     pub from_file: Option<PathBuf>,
+
+    /// The most bytes of a --payload (@FILE and @- included) and of each --from-file
+    /// line, e.g. 1048576, 512KiB, 64MiB; larger input is refused before it is all read.
+    #[arg(
+        long,
+        env = MAX_INPUT_ENV,
+        value_name = "BYTES",
+        default_value = "16MiB",
+        value_parser = parse_byte_size
+    )]
+    pub max_input_bytes: u64,
+}
+
+/// The variable that sets `--max-input-bytes`.
+pub const MAX_INPUT_ENV: &str = "ICQ_MAX_INPUT_BYTES";
+
+/// How the user raises the input limit, as errors name it.
+const RAISE_WITH: &str = "--max-input-bytes or ICQ_MAX_INPUT_BYTES";
+
+/// A size in bytes: a whole number with an optional unit (B, KiB, MiB, GiB, or K, M, G
+/// read as binary multiples too), at least 1.
+pub fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{text}` is not a size: write bytes, or a number with KiB, MiB or GiB \
+                 (e.g. 16MiB)"
+            ));
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size: write a whole number, e.g. 16MiB"))?;
+    match number.checked_mul(multiplier) {
+        Some(0) => Err("must be at least 1 byte".into()),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("`{text}` is too large")),
+    }
 }
 
 /// Runs `icq schedule`.
@@ -99,19 +151,20 @@ enum Input {
 
 impl Input {
     fn read(args: ScheduleArgs) -> crate::Result<Input> {
+        let limit = admin::InputLimit {
+            bytes: args.max_input_bytes,
+            raise_with: RAISE_WITH,
+        };
         if let Some(path) = args.from_file {
-            let (text, origin) = if path.as_os_str() == "-" {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                    .map_err(Error::io("reading commands from stdin"))?;
-                (text, "stdin".to_owned())
+            let commands = if path.as_os_str() == "-" {
+                admin::read_jobs(std::io::stdin().lock(), "stdin", &limit)?
             } else {
                 let origin = path.display().to_string();
-                let text = std::fs::read_to_string(&path)
-                    .map_err(Error::io(format!("reading {origin}")))?;
-                (text, origin)
+                let file =
+                    std::fs::File::open(&path).map_err(Error::io(format!("reading {origin}")))?;
+                admin::read_jobs(std::io::BufReader::new(file), &origin, &limit)?
             };
-            return Ok(Input::Many(admin::parse_jobs(&text, &origin)?));
+            return Ok(Input::Many(commands));
         }
         let (Some(type_name), Some(payload)) = (args.type_name, args.payload) else {
             return Err(Error::Usage(
@@ -123,7 +176,7 @@ impl Input {
             (None, Some(delay)) => RunAt::After(delay),
             (None, None) => RunAt::Now,
         };
-        let command = NewCommand::new(type_name, super::parse::read_payload(&payload)?)
+        let command = NewCommand::new(type_name, read_payload(&payload, &limit)?)
             .run_at(run_at)
             .context(Context {
                 user_id: args.user_id,
@@ -133,5 +186,62 @@ impl Input {
             });
         command.validate()?;
         Ok(Input::One(command))
+    }
+}
+
+/// The `--payload` argument as JSON: the text itself, `@-` for stdin, or `@FILE`, none of
+/// them read past `limit`.
+fn read_payload(argument: &str, limit: &admin::InputLimit) -> crate::Result<serde_json::Value> {
+    let (bytes, origin) = match argument.strip_prefix('@') {
+        Some("-") => {
+            let origin = "the payload on stdin".to_owned();
+            (
+                admin::read_limited(std::io::stdin().lock(), limit, &origin)?,
+                origin,
+            )
+        }
+        Some(path) => {
+            let origin = format!("the payload file {path}");
+            let file = std::fs::File::open(path)
+                .map_err(Error::io(format!("reading the payload file {path}")))?;
+            (admin::read_limited(file, limit, &origin)?, origin)
+        }
+        None => {
+            let origin = "--payload".to_owned();
+            (
+                admin::read_limited(argument.as_bytes(), limit, &origin)?,
+                origin,
+            )
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Usage(format!(
+            "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
+             or @file to read one)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_take_binary_units() {
+        assert_eq!(parse_byte_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_byte_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_byte_size("512 KiB"), Ok(512 << 10));
+        assert_eq!(parse_byte_size("2g"), Ok(2 << 30));
+        for bad in [
+            "",
+            "MiB",
+            "1.5MiB",
+            "-1",
+            "10 parsecs",
+            "0",
+            "99999999999999999999GiB",
+        ] {
+            assert!(parse_byte_size(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -85,27 +85,10 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the log subscriber on stderr in `format` (`RUST_LOG` filters, default
-/// `icq=info`).
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        // tracing-subscriber reports a failed write with `eprintln!`, which panics when
-        // stderr is closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
-        .log_internal_errors(false);
-    let _ = match format {
-        // Escaped fields: handler stderr and response bodies cannot forge log lines.
-        LogFormat::Text => builder
-            .fmt_fields(crate::telemetry::escaping_fields())
-            .try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Installs the log subscriber on stderr in `format`: see
+/// [`crate::telemetry::init_logging`] (non-blocking; keep the guard until exit).
+fn init_logging(format: LogFormat) -> crate::telemetry::LogGuard {
+    crate::telemetry::init_logging(format == LogFormat::Json)
 }
 
 /// Cancels `token` on SIGINT or SIGTERM; a second signal exits at once.
@@ -137,7 +120,7 @@ fn stop_on_signals(token: CancellationToken) {
 
 /// Runs the processor until a signal (or idle, with `--until-idle`).
 pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
-    init_logging(args.effective_log_format(global.format));
+    let _logs = init_logging(args.effective_log_format(global.format));
     let work = crate::worker::Work::open(&global.source_request()).await?;
     let gauges = match args.metrics_addr {
         Some(addr) => {

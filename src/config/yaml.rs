@@ -60,6 +60,15 @@ impl<'a> Document<'a> {
     /// Checks the syntax and refuses duplicate keys; `Ok(false)` means the document is
     /// empty (nothing but comments, or `null`).
     pub(crate) fn check(&self) -> Result<bool, String> {
+        if let Err(deep) = scan_depth(self.text, MAX_DEPTH) {
+            let column = self.columns.original_column(deep.line, deep.column);
+            return Err(format!(
+                "{}:{column}: invalid YAML: nested more than {MAX_DEPTH} levels deep; an icq \
+                 configuration needs a handful (sources[0].settings.batch_size is 4), so this \
+                 is not one",
+                deep.line
+            ));
+        }
         let ours = Cell::new(false);
         let de = serde_yaml::Deserializer::from_str(self.text);
         match (Check { ours: &ours }).deserialize(de) {
@@ -131,6 +140,147 @@ impl<'a> Document<'a> {
         };
         mask_passwords(&text)
     }
+}
+
+/// The deepest nesting of collections a configuration may have. A real one needs five or
+/// six levels; serde_yaml stops at 128, but only after the whole document was parsed into
+/// events, which for a 200 KB `[[[[…` costs tens of seconds of CPU.
+pub(crate) const MAX_DEPTH: usize = 64;
+
+/// Where [`scan_depth`] found the nesting too deep (1-based line and column of the
+/// expanded text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooDeep {
+    pub(crate) line: usize,
+    pub(crate) column: usize,
+}
+
+/// Estimates the nesting depth of a YAML text in one linear pass, before any parser sees
+/// it, and fails at the first point deeper than `max`.
+///
+/// The estimate never undercounts the depth a parser would reach: block collections are
+/// counted by an indentation stack plus the `- ` and `? ` indicators that open nested
+/// collections on one line, flow collections by their open brackets (outside quoted
+/// scalars, comments and block scalars). It may overcount (a stray `[` in a plain
+/// scalar), which only matters for a document nested close to `max` anyway.
+pub(crate) fn scan_depth(text: &str, max: usize) -> Result<(), TooDeep> {
+    // Columns of the enclosing block collections.
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    // Inside a multi-line quoted scalar: the quote character.
+    let mut quoted: Option<u8> = None;
+    // Inside a block scalar (`|`, `>`): lines indented more than this are its text.
+    let mut block_scalar: Option<usize> = None;
+    for (index, line) in text.split('\n').enumerate() {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|&&b| b == b' ').count();
+        let blank = bytes[indent..].iter().all(|b| b.is_ascii_whitespace());
+        if let Some(parent) = block_scalar {
+            if blank || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        let mut at = indent;
+        let mut inline = 0usize;
+        if quoted.is_none() && flow == 0 {
+            if blank || bytes.get(indent) == Some(&b'#') {
+                continue;
+            }
+            while indents.last().is_some_and(|&top| top >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            // `- - - x` and `? ? x`: each indicator opens one more collection.
+            while at < bytes.len()
+                && matches!(bytes[at], b'-' | b'?')
+                && bytes.get(at + 1).is_none_or(|b| b.is_ascii_whitespace())
+            {
+                inline += 1;
+                at += 1;
+                while bytes.get(at).is_some_and(|b| b.is_ascii_whitespace()) {
+                    at += 1;
+                }
+            }
+        }
+        let deep = |column: usize, flow: usize, inline: usize| {
+            (indents.len() + inline + flow > max).then_some(TooDeep {
+                line: index + 1,
+                column: column + 1,
+            })
+        };
+        if let Some(deep) = deep(at, flow, inline) {
+            return Err(deep);
+        }
+        // What precedes a token: a quote opens a scalar only where a scalar may start.
+        let mut previous = b' ';
+        while at < bytes.len() {
+            let byte = bytes[at];
+            if let Some(quote) = quoted {
+                if byte == b'\\' && quote == b'"' {
+                    at += 2;
+                    continue;
+                }
+                if byte == quote {
+                    if quote == b'\'' && bytes.get(at + 1) == Some(&b'\'') {
+                        at += 2;
+                        continue;
+                    }
+                    quoted = None;
+                    previous = byte;
+                }
+                at += 1;
+                continue;
+            }
+            match byte {
+                b'"' | b'\''
+                    if matches!(
+                        previous,
+                        b' ' | b'\t' | b'[' | b'{' | b',' | b':' | b'-' | b'?'
+                    ) =>
+                {
+                    quoted = Some(byte);
+                }
+                b'#' if matches!(previous, b' ' | b'\t') => break,
+                b'[' | b'{' => {
+                    flow += 1;
+                    if let Some(deep) = deep(at, flow, inline) {
+                        return Err(deep);
+                    }
+                }
+                b']' | b'}' => flow = flow.saturating_sub(1),
+                b'|' | b'>'
+                    if flow == 0
+                        && matches!(previous, b' ' | b'\t' | b':')
+                        && block_scalar_header(&bytes[at + 1..]) =>
+                {
+                    block_scalar = Some(indent);
+                    break;
+                }
+                _ => {}
+            }
+            if !matches!(byte, b' ' | b'\t') || !matches!(previous, b':' | b',') {
+                previous = byte;
+            }
+            at += 1;
+        }
+    }
+    Ok(())
+}
+
+/// True when `rest` (what follows a `|` or `>`) is the rest of a block scalar's header:
+/// chomping and indentation indicators, then nothing but blanks or a comment.
+fn block_scalar_header(rest: &[u8]) -> bool {
+    let indicators = rest
+        .iter()
+        .take_while(|b| matches!(b, b'+' | b'-' | b'0'..=b'9'))
+        .count();
+    let rest = &rest[indicators..];
+    let spaces = rest
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\r'))
+        .count();
+    spaces == rest.len() || (spaces > 0 && rest[spaces] == b'#')
 }
 
 /// Masks the password of every `scheme://user:password@host` in `text` as `***`, and the
@@ -444,6 +594,48 @@ mod tests {
         let err = doc_check("handlers:\n  a:\n    noop: true\n  a:\n    noop: true\n").unwrap_err();
         assert!(
             err.starts_with("4:3: handlers: key `a` appears twice"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn depth_is_estimated_without_undercounting() {
+        let depth = |text: &str| {
+            (0..=80)
+                .find(|&max| scan_depth(text, max).is_ok())
+                .unwrap_or(usize::MAX)
+        };
+        assert_eq!(depth("a: 1\n"), 1);
+        assert_eq!(depth("a:\n  b:\n    c: [1, {d: 2}]\n"), 5);
+        assert_eq!(depth("- - - x\n"), 4);
+        assert_eq!(depth("a: \"[[[[\"\nb: '{{{{'\nc: x # [[[[\n"), 1);
+        assert_eq!(depth("a: |\n  [[[[\n    {{{{\nb: >-\n  [[[[\n"), 1);
+        assert_eq!(depth("a: \"multi\n  line [[[[ \\\" still\"\nb: 1\n"), 1);
+        assert_eq!(depth("a: don't [x]\n"), 2);
+        let config = "sources:\n  - name: shop\n    url: sqlite:x.db\n    settings: { batch_size: 5 }\n\
+                      handlers:\n  t:\n    exec: [\"/bin/sh\", \"-c\", \"echo '[' >&2\"]\n";
+        assert!(depth(config) <= 6, "{}", depth(config));
+        // Deeper than the parser would go, in every style: refused where it starts.
+        let n = 100_000;
+        for (text, line) in [
+            (format!("a: {}{}", "[".repeat(n), "]".repeat(n)), 1),
+            (format!("a: {}1{}", "{a: ".repeat(n), "}".repeat(n)), 1),
+            (format!("a:\n{}x\n", "- ".repeat(n)), 2),
+        ] {
+            let deep = scan_depth(&text, MAX_DEPTH).unwrap_err();
+            assert_eq!(deep.line, line);
+        }
+    }
+
+    #[test]
+    fn deep_documents_are_refused_in_well_under_a_second() {
+        let n = 100_000;
+        let text = format!("sources: {}{}\n", "[".repeat(n), "]".repeat(n));
+        let started = std::time::Instant::now();
+        let err = doc_check(&text).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(
+            err.starts_with("1:") && err.contains("nested more than 64 levels deep"),
             "{err}"
         );
     }

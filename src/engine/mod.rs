@@ -12,6 +12,7 @@ pub mod mysql;
 pub mod postgres;
 pub(crate) mod probe;
 pub mod sqlite;
+pub(crate) mod url;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -416,6 +417,7 @@ pub async fn connect(
     table: &TableName,
     options: &ConnectOptions,
 ) -> Result<Arc<dyn Backend>> {
+    let url = &url::for_driver(url);
     probe::watch_connect(url, connect_driver(url, table, options)).await
 }
 

@@ -9,6 +9,10 @@
 //! or the timeout fails the attempt, with the status and a bounded excerpt of the body in
 //! `LastError`.
 //!
+//! Memory is bounded whatever the endpoint answers: a 2xx or 3xx body is never read, and
+//! of any other only the first [`BODY_EXCERPT_BYTES`] (plus one, to know it was longer)
+//! are read, chunk by chunk; the connection is then dropped with the rest unread.
+//!
 //! Redirects are never followed: a 3xx fails the attempt (`HTTP 302 redirect to ... not
 //! followed: icq POSTs only to the configured URL`). Following one would either turn the
 //! POST into a bodiless GET (301/302/303) and report a command delivered that never was,
@@ -206,6 +210,8 @@ impl Handler for HttpHandler {
             })?;
         let status = response.status();
         if status.is_success() {
+            // The body is never read: dropping the response closes the connection
+            // instead of draining whatever the endpoint sends.
             return Ok(());
         }
         if status.is_redirection() {
@@ -228,7 +234,7 @@ impl Handler for HttpHandler {
                 status.as_u16()
             )));
         }
-        let body = response.bytes().await.unwrap_or_default();
+        let body = read_prefix(response, BODY_EXCERPT_BYTES + 1).await;
         let mut message = format!("HTTP {status}");
         let body = excerpt(&body);
         if !body.is_empty() {
@@ -237,6 +243,24 @@ impl Handler for HttpHandler {
         }
         Err(HandlerError::retry(message))
     }
+}
+
+/// At most `limit` bytes from the start of `response`'s body, read chunk by chunk; the
+/// rest is never read (the response is dropped, which closes the connection), so a
+/// gigabyte error page costs one network chunk of memory, not a gigabyte. A body that
+/// fails midway keeps what arrived.
+async fn read_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(limit.min(8 * 1024));
+    while kept.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    kept
 }
 
 fn redacted(url: &reqwest::Url) -> String {
@@ -448,6 +472,56 @@ mod tests {
                 .message,
             "HTTP 500 Internal Server Error: database down\nretry later\\u{1b}[2J"
         );
+    }
+
+    /// Answers one request with `status` and an endless chunked body; the task ends,
+    /// with the number of body bytes written, once the client hangs up.
+    async fn endless(status: &'static str) -> (String, tokio::task::JoinHandle<u64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/h", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = format!("HTTP/1.1 {status}\r\ntransfer-encoding: chunked\r\n\r\n");
+            let _ = stream.write_all(head.as_bytes()).await;
+            let chunk = [b"10000\r\n".as_slice(), &[b'x'; 0x10000], b"\r\n"].concat();
+            let mut sent = 0u64;
+            while stream.write_all(&chunk).await.is_ok() {
+                sent += 0x10000;
+            }
+            sent
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn issue_20_endless_bodies_are_never_read_past_the_excerpt() {
+        for status in ["200 OK", "500 Internal Server Error", "404 Not Found"] {
+            let (url, server) = endless(status).await;
+            let outcome = handler(&url, &[]).handle(job()).await;
+            match status {
+                "200 OK" => assert_eq!(outcome, Ok(())),
+                _ => {
+                    let message = outcome.unwrap_err().message;
+                    assert!(
+                        message.starts_with(&format!("HTTP {status}: xxx")),
+                        "{message}"
+                    );
+                    assert!(message.ends_with("x…"), "{message}");
+                }
+            }
+            // The handler hung up: the endless body stops within a few MB of socket
+            // buffers.
+            let sent = tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .expect("the connection was dropped")
+                .unwrap();
+            assert!(sent < 64 * 1024 * 1024, "{status}: {sent} bytes were read");
+        }
     }
 
     #[tokio::test]

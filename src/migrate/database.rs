@@ -440,6 +440,7 @@ async fn with_connection(
     create_sqlite: bool,
     operation: Operation<'_>,
 ) -> Result<Outcome> {
+    let url = &crate::engine::url::for_driver(url);
     let database = redact_url(url);
     let connecting = format!("connecting to {database}");
     let bad_url = |err: sqlx::Error| {

@@ -201,6 +201,17 @@ fn every_command_without_leaks(
     migrations: &Path,
     parallel: bool,
 ) -> Vec<Output> {
+    every_command_without_leaks_logging(url, dir, migrations, parallel, None)
+}
+
+/// [`every_command_without_leaks`] with `RUST_LOG` set to `log` (unset for `None`).
+fn every_command_without_leaks_logging(
+    url: &str,
+    dir: &Path,
+    migrations: &Path,
+    parallel: bool,
+    log: Option<&str>,
+) -> Vec<Output> {
     let config = config_for(dir, url);
     let config = config.to_str().unwrap();
     let migrations = migrations.to_str().unwrap();
@@ -262,6 +273,9 @@ fn every_command_without_leaks(
         command.current_dir(dir).args(args);
         if let Some(url) = database_url {
             command.env("DATABASE_URL", url);
+        }
+        if let Some(log) = log {
+            command.env("RUST_LOG", log);
         }
         let out = command.output().unwrap();
         let (stdout, stderr) = text(&out);
@@ -389,6 +403,131 @@ async fn secrets_never_printed_for_a_reachable_database() {
         db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await + 4 >= 4,
         "purge may have removed completed rows"
     );
+}
+
+/// Issue 20: secrets in PostgreSQL parameters sqlx does not take (`PassWord`, any case;
+/// `sslpassword`), which sqlx logged with their value, and inside `options`
+/// (`-c%20password%3D…`, `options[password]=…`), which every error echoed. Every
+/// subcommand, at the default log level, at `warn` (sqlx's own warnings) and at `trace`
+/// (everything), on a reachable server (the parameters are dropped and the commands
+/// succeed) and an unreachable one.
+#[tokio::test(flavor = "multi_thread")]
+async fn issue_20_secrets_in_postgres_parameters_never_printed_at_any_log_level() {
+    let db = TestDb::new("postgres", "secrets20").await;
+    let dir = tempfile::tempdir().unwrap();
+    let migrations = migrations_dir(dir.path(), "postgres");
+    let plant = |base: &str, query: &str| {
+        let mut url = url::Url::parse(base).unwrap();
+        url.set_password(Some(USERINFO_SECRET)).unwrap();
+        format!("{url}?{query}&application_name=icqtest")
+    };
+    let unknown = format!(
+        "PassWord={QUERY_SECRET}&PASSWORD={QUERY_SECRET}&sslpassword={QUERY_SECRET}&SslPassword={QUERY_SECRET}"
+    );
+    let options = format!(
+        "options=-c%20password%3D{QUERY_SECRET}&options=-c+PWD%3d{QUERY_SECRET}&options[password]={QUERY_SECRET}"
+    );
+    for log in [None, Some("warn"), Some("trace")] {
+        // Reachable: the unknown secret parameters are dropped before sqlx sees them.
+        let url = plant(&db.url, &unknown);
+        let outputs =
+            every_command_without_leaks_logging(&url, dir.path(), &migrations, false, log);
+        for out in &outputs {
+            assert!(out.status.success(), "{log:?}: {}", text(out).1);
+        }
+        let more = other_commands_without_leaks(&url, dir.path(), log);
+        for out in &more[..more.len() - 1] {
+            assert!(
+                matches!(out.status.code(), Some(0 | 3)),
+                "{log:?}: {}",
+                text(out).1
+            );
+        }
+        // Unreachable, and a server that refuses the `options` (password is not a
+        // setting): errors, none naming a secret.
+        let down = plant(
+            "postgres://postgres@127.0.0.1:1/test",
+            &format!("{unknown}&{options}"),
+        );
+        let refused = plant(&db.url, &options);
+        for url in [down, refused] {
+            let outputs =
+                every_command_without_leaks_logging(&url, dir.path(), &migrations, true, log);
+            for out in &outputs {
+                assert!(!out.status.success(), "{log:?}: {}", text(out).1);
+            }
+            let (_, stderr) = text(&outputs[1]);
+            assert!(
+                stderr.contains("password%3D***") || stderr.contains("***"),
+                "{stderr}"
+            );
+            other_commands_without_leaks(&url, dir.path(), log);
+        }
+    }
+    // The warning that replaces sqlx's names the parameter, not its value.
+    let url = plant(&db.url, &unknown);
+    let config = config_for(dir.path(), &url);
+    let out = icq()
+        .current_dir(dir.path())
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ignoring the connect parameter") && stderr.contains("parameter=PassWord"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("ignoring unrecognized connect parameter"),
+        "{stderr}"
+    );
+}
+
+/// The subcommands [`every_command_without_leaks`] leaves out, each asserted not to leak:
+/// list, show, cancel, requeue, replay, quickstart, config check, the last with `url` in
+/// the configuration file.
+fn other_commands_without_leaks(url: &str, dir: &Path, log: Option<&str>) -> Vec<Output> {
+    let id = "00000000-0000-4000-8000-000000000000";
+    let config = config_for(dir, url);
+    let config = config.to_str().unwrap();
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["list", "--state", "dead", "--database-url", url],
+        vec!["show", id, "--format", "json", "--database-url", url],
+        vec![
+            "cancel",
+            "--type",
+            "nothing",
+            "--yes",
+            "--database-url",
+            url,
+        ],
+        vec!["requeue", "--all-dead", "--yes", "--database-url", url],
+        vec!["replay", id, "--database-url", url],
+        vec!["quickstart", "--format", "json", "--database-url", url],
+        vec!["config", "check", "--config", config],
+    ];
+    runs.iter()
+        .map(|args| {
+            let mut command = icq();
+            command.current_dir(dir).args(args);
+            if let Some(log) = log {
+                command.env("RUST_LOG", log);
+            }
+            let out = command.output().unwrap();
+            let (stdout, stderr) = text(&out);
+            for secret in [USERINFO_SECRET, QUERY_SECRET] {
+                assert!(
+                    !stdout.contains(secret) && !stderr.contains(secret),
+                    "{secret} leaked by `icq {}` (RUST_LOG={log:?}):\nstdout: {stdout}\nstderr: {stderr}",
+                    args.join(" ")
+                );
+            }
+            out
+        })
+        .collect()
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released).

@@ -7,6 +7,9 @@
 //! - [`crash_loop`]: 4 `icq work` processes draining 10,000 commands while a random one is
 //!   SIGKILLed and restarted 20 times: nothing lost, every duplicate explained by a kill.
 //! - [`faults`]: a SQLite source drained while another writer holds the write lock.
+//! - [`hardening`]: issue 20's memory and stall items: a gigabyte error body, a stderr
+//!   nobody reads, `@/dev/zero` and endless JSON Lines input, a configuration nested
+//!   100,000 deep.
 //! - [`lease`]: a handler outliving its lease runs once; SIGTERM kills a handler's whole
 //!   process group and hands the command over cleanly.
 //!
@@ -21,4 +24,5 @@ mod common;
 mod bad_rows;
 mod crash_loop;
 mod faults;
+mod hardening;
 mod lease;
