@@ -661,6 +661,71 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn exec_a_cancelled_program_is_reaped_before_the_drop_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("leader");
+        // `exec`: the pid written is the program's own, the group leader icq started.
+        let script = format!("echo $$ > '{}'; exec sleep 30", pidfile.display());
+        let handler = Arc::new(sh(&script, None));
+        let task = tokio::spawn({
+            let handler = handler.clone();
+            async move { handler.handle(job()).await }
+        });
+        let leader = pid_in(&pidfile).await;
+        assert!(alive(leader));
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        // Not merely killed: reaped, so not even a zombie is left.
+        assert!(
+            !Path::new(&format!("/proc/{leader}")).exists(),
+            "program {leader} was not reaped when its execution was dropped"
+        );
+    }
+
+    /// The parent-death signal fires when the *thread* that forked the program exits, and
+    /// the threads that poll executions come and go (tokio's pool threads retire): the
+    /// program is forked by a thread that lives as long as the process, so it runs on
+    /// after the thread that polled its start has exited, and dies with its execution.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn exec_a_program_outlives_the_thread_that_polled_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("leader");
+        let script = format!("echo $$ > '{}'; exec sleep 30", pidfile.display());
+        let handler = Arc::new(sh(&script, None));
+        let (runtime, execution, leader) = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut execution = Box::pin(async move { handler.handle(job()).await });
+            let leader = runtime.block_on(async {
+                tokio::select! {
+                    result = &mut execution => panic!("finished early: {result:?}"),
+                    leader = pid_in(&pidfile) => leader,
+                }
+            });
+            (runtime, execution, leader)
+        })
+        .join()
+        .unwrap();
+        // Were the signal tied to that thread, the program would be dead at once.
+        let watch_until = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < watch_until {
+            assert!(
+                alive(leader),
+                "program {leader} died with the thread that polled it"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        runtime.block_on(async move { drop(execution) });
+        assert!(
+            !Path::new(&format!("/proc/{leader}")).exists(),
+            "program {leader} outlived its dropped execution"
+        );
+    }
+
+    #[tokio::test]
     async fn exec_dropped_by_a_timeout_layer_kills_the_process_group() {
         use crate::handler::{Layer, TimeoutLayer};
         let dir = tempfile::tempdir().unwrap();

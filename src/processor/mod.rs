@@ -429,8 +429,8 @@ impl SourceWorker {
         let drain = async { while slots.join_next().await.is_some() {} };
         let cut_short = tokio::select! {
             biased;
-            () = hard_stop.cancelled() => Some("hard stop requested"),
             () = drain => None,
+            () = hard_stop.cancelled() => Some("hard stop requested"),
             () = tokio::time::sleep(self.options.shutdown_grace) => Some("shutdown grace ran out"),
         };
         if let Some(why) = cut_short {
