@@ -405,7 +405,21 @@ fn with_stderr(what: String, stderr: &str) -> String {
 #[async_trait]
 impl Handler for ExecHandler {
     async fn handle(&self, job: Job) -> HandlerResult {
-        let ctx = &job.context;
+        let Job {
+            id,
+            type_name,
+            payload,
+            attempt,
+            source,
+            context: ctx,
+        } = job;
+        // Serialized once, and the value dropped before the program starts: what waits
+        // for the program to read its stdin is the compact text alone, and it is dropped
+        // as soon as the program has read it, closed its stdin or exited.
+        let payload = {
+            let value = payload;
+            value.to_string()
+        };
         let mut command = Command::new(&self.argv[0]);
         command
             .args(&self.argv[1..])
@@ -415,10 +429,10 @@ impl Handler for ExecHandler {
             // The leader of a new process group, so the whole group can be killed.
             .process_group(0)
             .kill_on_drop(true)
-            .env("ICQ_COMMAND_ID", job.id.to_string())
-            .env("ICQ_COMMAND_TYPE", &job.type_name)
-            .env("ICQ_ATTEMPT", job.attempt.to_string())
-            .env("ICQ_SOURCE", job.source.as_ref())
+            .env("ICQ_COMMAND_ID", id.to_string())
+            .env("ICQ_COMMAND_TYPE", &type_name)
+            .env("ICQ_ATTEMPT", attempt.to_string())
+            .env("ICQ_SOURCE", source.as_ref())
             .env("ICQ_USER_ID", ctx.user_id.as_deref().unwrap_or(""))
             .env(
                 "ICQ_ROLES",
@@ -435,7 +449,6 @@ impl Handler for ExecHandler {
             .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
         let mut running = Running::new(child);
         let child = &mut running.child;
-        let payload = job.payload.to_string();
         let stdin = child.stdin.take();
         let feed = async move {
             if let Some(mut stdin) = stdin {
