@@ -434,8 +434,9 @@ impl SourceWorker {
             () = tokio::time::sleep(self.options.shutdown_grace) => Some("shutdown grace ran out"),
         };
         if let Some(why) = cut_short {
-            let running = leases.len();
-            tracing::warn!(source = %src.name, running, "{why}; stopping the commands still running");
+            // Leases still held: running commands and outcomes not yet stamped.
+            let held = leases.len();
+            tracing::warn!(source = %src.name, held, "{why}; stopping the commands still running");
             // Each execution's future is dropped: an exec handler's process group is
             // killed and its leader reaped before the slot pushes the release.
             leases.cancel_all();

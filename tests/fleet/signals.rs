@@ -344,3 +344,76 @@ mod sigkill {
         super::sigkill_of_the_worker_kills_its_exec_handlers("sqlite").await
     }
 }
+
+/// The embedding API: `RunOptions::hard_stop` alone (no `shutdown`) stops a processor whose
+/// exec handler would run 60 s, with a 600 s grace: `run` returns within seconds, the
+/// program is gone, and the row is pending again with its attempt given back.
+async fn hard_stop_alone_stops_the_processor(engine: &'static str) {
+    use icq::{Processor, Registry, RunOptions, Settings};
+    use tokio_util::sync::CancellationToken;
+
+    let db = TestDb::with_table(engine, "hard_stop_api").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pids");
+    let config = icq::config::SourceConfig {
+        name: "main".into(),
+        url: icq::config::DatabaseUrl::new(db.url.clone()),
+        table: Default::default(),
+        settings: Default::default(),
+        embedded: false,
+    };
+    let source = icq::sources::open_one(&config).await.unwrap();
+    insert(&db, 1).await;
+    let mut registry = Registry::new();
+    let script = format!("echo $$ >> '{}'; exec sleep 60", pidfile.display());
+    registry.insert_exec("sig.test", sh(script), None).unwrap();
+    let mut processor = Processor::new(registry);
+    processor.add_source(source.queue.source_handle(Settings {
+        polling_interval_seconds: 0.1,
+        ..Settings::default()
+    }));
+    let hard_stop = CancellationToken::new();
+    let options = RunOptions {
+        shutdown_grace: Duration::from_secs(600),
+        hard_stop: hard_stop.clone(),
+        ..RunOptions::default()
+    };
+    let run = tokio::spawn(async move { processor.run(options, CancellationToken::new()).await });
+    let pids = pids_in(&pidfile, 1).await;
+    assert!(alive(pids[0]));
+
+    let asked = Instant::now();
+    hard_stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returned after the hard stop")
+        .unwrap()
+        .unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    // Reaped before `run` returned: not even a zombie.
+    assert!(
+        !Path::new(&format!("/proc/{}", pids[0])).exists(),
+        "{engine}: the program outlived run"
+    );
+    let t = db.q("InternalCommands");
+    let (a, l, p) = (db.q("Attempts"), db.q("LockToken"), db.q("ProcessedAt"));
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {a} = 0 AND {l} IS NULL AND {p} IS NULL"
+        ))
+        .await,
+        1,
+        "{engine}: released with its attempt given back"
+    );
+}
+
+mod hard_stop_api {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::hard_stop_alone_stops_the_processor("sqlite").await
+    }
+}
