@@ -9,13 +9,14 @@
 //! does `icq work` exit, with 128 + the second signal's number (130 for a second Ctrl-C,
 //! 143 for SIGTERM), the shell's code for "ended by a signal", so a supervisor can tell a
 //! cut-short stop from a clean one. Later signals are only logged: the process never exits
-//! with a handler alive. SIGPIPE is ignored (Rust's runtime does so at startup; a closed
+//! with a handler alive. (With the database unreachable, the releases are retried only
+//! while the leases could be held; the rows then run again after their lease, as after a
+//! crash, but never alongside a handler of this worker.) SIGPIPE is ignored (Rust's runtime does so at startup; a closed
 //! pipe is an error on the write instead). SIGKILL cannot be caught: on Linux exec
 //! handlers die with the worker all the same (see [`crate::handler::exec`]).
 
-use std::time::Duration;
-
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
@@ -36,8 +37,9 @@ pub struct WorkArgs {
     #[arg(long, requires = "until_idle")]
     pub fail_on_dead: bool,
 
-    /// How long in-flight commands may run after SIGINT/SIGTERM before their leases are
-    /// released for another replica (0 to 86400).
+    /// How long in-flight commands may run after SIGINT/SIGTERM/SIGHUP/SIGQUIT before they
+    /// are stopped and their leases released for another replica; a second signal ends it
+    /// at once (0 to 86400).
     #[arg(
         long,
         default_value_t = 30.0,
