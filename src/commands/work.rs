@@ -1,8 +1,26 @@
 //! `icq work`: runs the processor for every configured source in the foreground.
+//!
+//! Signals. The first SIGINT, SIGTERM, SIGHUP or SIGQUIT (or SIGUSR1, SIGUSR2, SIGALRM,
+//! whose default would kill the worker on the spot and orphan its handlers) is a graceful
+//! stop: no new claims, claimed-but-unstarted rows released at once, running commands
+//! given `--grace-seconds`; then the exit code is 0. A second one ends the grace at once:
+//! the commands still running are stopped (an exec handler's process group killed and
+//! reaped), released with their attempt given back, every stamp written, and only then
+//! does `icq work` exit, with 128 + the second signal's number (130 for a second Ctrl-C,
+//! 143 for SIGTERM), the shell's code for "ended by a signal", so a supervisor can tell a
+//! cut-short stop from a clean one. Later signals are only logged: the process never exits
+//! with a handler alive. (With the database unreachable, the releases are retried only
+//! while the leases could be held; the rows then run again after their lease, as after a
+//! crash, but never alongside a handler of this worker.) SIGPIPE is ignored (Rust's runtime does so at startup; a closed
+//! pipe is an error on the write instead). SIGKILL cannot be caught: on Linux exec
+//! handlers die with the worker all the same (see [`crate::handler::exec`]).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::processor::RunOptions;
@@ -19,8 +37,9 @@ pub struct WorkArgs {
     #[arg(long, requires = "until_idle")]
     pub fail_on_dead: bool,
 
-    /// How long in-flight commands may run after SIGINT/SIGTERM before their leases are
-    /// released for another replica (0 to 86400).
+    /// How long in-flight commands may run after SIGINT/SIGTERM/SIGHUP/SIGQUIT before they
+    /// are stopped and their leases released for another replica; a second signal ends it
+    /// at once (0 to 86400).
     #[arg(
         long,
         default_value_t = 30.0,
@@ -91,31 +110,77 @@ fn init_logging(format: LogFormat) -> crate::telemetry::LogGuard {
     crate::telemetry::init_logging(format == LogFormat::Json)
 }
 
-/// Cancels `token` on SIGINT or SIGTERM; a second signal exits at once.
-fn stop_on_signals(token: CancellationToken) {
+/// The signals that stop `icq work`: graceful on the first, hard on the second.
+const STOP_SIGNALS: [(SignalKind, &str); 7] = [
+    (SignalKind::interrupt(), "SIGINT"),
+    (SignalKind::terminate(), "SIGTERM"),
+    (SignalKind::hangup(), "SIGHUP"),
+    (SignalKind::quit(), "SIGQUIT"),
+    (SignalKind::user_defined1(), "SIGUSR1"),
+    (SignalKind::user_defined2(), "SIGUSR2"),
+    (SignalKind::alarm(), "SIGALRM"),
+];
+
+/// Watches [`STOP_SIGNALS`]: the first cancels `graceful`, the second `hard` (and is
+/// recorded, for the exit code); later ones are logged. The handlers are installed before
+/// this returns, so none of these signals can kill the process from then on.
+fn stop_on_signals(
+    graceful: CancellationToken,
+    hard: CancellationToken,
+) -> std::io::Result<Arc<OnceLock<i32>>> {
+    let forced = Arc::new(OnceLock::new());
+    let mut streams = Vec::with_capacity(STOP_SIGNALS.len());
+    for (kind, name) in STOP_SIGNALS {
+        let stream = signal(kind).map_err(|err| {
+            std::io::Error::new(err.kind(), format!("cannot watch {name}: {err}"))
+        })?;
+        streams.push((stream, kind, name));
+    }
+    let received = futures::stream::select_all(
+        streams
+            .into_iter()
+            .map(|(stream, kind, name)| tokio_stream_of(stream).map(move |()| (kind, name))),
+    );
+    let recorded = forced.clone();
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot watch SIGTERM");
-                    return;
+        tokio::pin!(received);
+        let mut round = 0;
+        while let Some((kind, name)) = received.next().await {
+            round += 1;
+            match round {
+                1 => {
+                    tracing::info!(
+                        signal = name,
+                        "stopping: no new claims; finishing in-flight commands (a second signal stops them now)"
+                    );
+                    graceful.cancel();
                 }
-            };
-        for round in 0.. {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            if round == 0 {
-                tracing::info!("stopping: no new claims; finishing in-flight commands");
-                token.cancel();
-            } else {
-                tracing::warn!("second signal: exiting now; unfinished leases will expire");
-                std::process::exit(130);
+                2 => {
+                    tracing::warn!(
+                        signal = name,
+                        "second signal: stopping the commands still running, releasing their leases, then exiting"
+                    );
+                    let _ = recorded.set(128 + kind.as_raw_value());
+                    graceful.cancel();
+                    hard.cancel();
+                }
+                _ => {
+                    tracing::warn!(
+                        signal = name,
+                        "already stopping: the running commands are being stopped and their releases written"
+                    );
+                }
             }
         }
     });
+    Ok(forced)
+}
+
+/// A stream that yields once per delivery of `signal`.
+fn tokio_stream_of(
+    mut signal: tokio::signal::unix::Signal,
+) -> impl futures::Stream<Item = ()> + Unpin {
+    Box::pin(futures::stream::poll_fn(move |cx| signal.poll_recv(cx)))
 }
 
 /// Runs the processor until a signal (or idle, with `--until-idle`).
@@ -133,11 +198,12 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
         }
         None => None,
     };
-    let shutdown = CancellationToken::new();
-    stop_on_signals(shutdown.clone());
+    let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
+    let forced = stop_on_signals(shutdown.clone(), hard_stop.clone())?;
     let options = RunOptions {
         until_idle: args.until_idle,
         shutdown_grace: Duration::from_secs_f64(args.grace_seconds.max(0.0)),
+        hard_stop,
     };
     let progress = args.until_idle.then(|| {
         super::progress::RunProgress::start(
@@ -156,6 +222,15 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
         gauges.abort();
     }
     let summary = outcome?;
+    if let Some(&code) = forced.get() {
+        // Every handler is stopped and reaped and every stamp written: exiting now leaves
+        // nothing running.
+        tracing::warn!(
+            exit_code = code,
+            "stopped by a second signal: the commands cut short were released"
+        );
+        std::process::exit(code);
+    }
     let dead_lettered = summary.dead_lettered();
     if args.fail_on_dead && dead_lettered > 0 {
         return Err(crate::Error::DeadLettered {

@@ -9,9 +9,22 @@
 //! outlives the attempt: the group is killed with SIGKILL past the timeout (then the
 //! program is reaped before the failure is reported), when the execution is cancelled (its
 //! future dropped, e.g. by the processor after the shutdown grace), and once the program
-//! has exited (background processes it left behind). The outcome is the program's exit
-//! status: once it exits its pipes are read for at most [`EXIT_DRAIN`] more, so a
-//! background process holding stdout or stderr open cannot turn a success into a timeout.
+//! has exited (background processes it left behind). A cancelled execution kills the
+//! group and reaps the program before its future's drop returns (waiting at most
+//! [`REAP_WITHIN`]), so a processor that stops a command knows it is gone. The outcome is
+//! the program's exit status: once it exits its pipes are read for at most
+//! [`EXIT_DRAIN`] more, so a background process holding stdout or stderr open cannot turn
+//! a success into a timeout.
+//!
+//! On Linux the program also dies with the worker, however the worker ends (SIGKILL
+//! included): it is started with a parent-death signal (`PR_SET_PDEATHSIG`, SIGKILL) set
+//! before `exec`, from one spawner thread that lives as long as the process (the signal
+//! fires when the *thread* that forked the child exits, and tokio's pool threads can
+//! retire). A program started just as the worker dies finds itself orphaned after setting
+//! the signal and does not run. The signal reaches the program itself, not processes it
+//! started (a shell wrapper should `exec` its last command); setuid programs clear it. On
+//! other Unix systems there is no such signal: a killed worker's programs run on until
+//! they end by themselves.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -20,7 +33,7 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::{Handler, HandlerError, HandlerResult, Job};
@@ -201,37 +214,173 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The program's process group, killed with SIGKILL when this guard is dropped: an
-/// execution whose future is dropped (the processor aborting it after the shutdown grace,
-/// a timeout layer giving up) leaves no member of the group running, grandchildren
-/// included. Processes that leave the group themselves (`setsid`, `setpgid`) escape it.
-struct GroupGuard {
+/// How long dropping a running execution waits for its killed program to be reaped. A
+/// process killed with SIGKILL exits at once unless it is stuck in the kernel (an
+/// unreachable NFS mount); past this bound tokio reaps it later in the background.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert!(icq::handler::exec::REAP_WITHIN <= Duration::from_secs(1));
+/// ```
+pub const REAP_WITHIN: Duration = Duration::from_secs(1);
+
+/// The running program and its process group. Dropped before the program was reaped (an
+/// execution cancelled by the processor at a hard stop or after the grace, or given up by
+/// a timeout layer), it kills every member of the group with SIGKILL, grandchildren
+/// included, and reaps the program before the drop returns. Processes that leave the
+/// group themselves (`setsid`, `setpgid`) escape it.
+struct Running {
+    child: Child,
     group: Option<Pid>,
+    /// The program was reaped and its group killed: nothing is left to do on drop.
+    done: bool,
 }
 
-impl GroupGuard {
-    /// The group of `child`, which was started as the leader of a group of its own.
-    fn of(child: &tokio::process::Child) -> GroupGuard {
-        GroupGuard {
-            group: child
-                .id()
-                .and_then(|pid| i32::try_from(pid).ok())
-                .filter(|&pid| pid > 1)
-                .map(Pid::from_raw),
+impl Running {
+    /// `child`, which was started as the leader of a group of its own.
+    fn new(child: Child) -> Running {
+        let group = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|&pid| pid > 1)
+            .map(Pid::from_raw);
+        Running {
+            child,
+            group,
+            done: false,
         }
     }
 
     /// Sends SIGKILL to every member of the group (a group already gone is no error).
-    fn kill(&self) {
+    fn kill_group(&self) {
         if let Some(group) = self.group {
             let _ = killpg(group, Signal::SIGKILL);
         }
     }
+
+    /// Reaps the (killed) program, waiting at most [`REAP_WITHIN`] without an executor:
+    /// this runs in `drop`.
+    fn reap_blocking(&mut self) {
+        let give_up = std::time::Instant::now() + REAP_WITHIN;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if std::time::Instant::now() < give_up => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(None) => {
+                    tracing::warn!(
+                        pid = ?self.group,
+                        "a killed exec handler was not reaped within {REAP_WITHIN:?}; it is left to the runtime"
+                    );
+                    return;
+                }
+            }
+        }
+    }
 }
 
-impl Drop for GroupGuard {
+impl Drop for Running {
     fn drop(&mut self) {
-        self.kill();
+        if !self.done {
+            // The group is killed while its leader is unreaped, so the group id cannot
+            // have been reused.
+            self.kill_group();
+            self.reap_blocking();
+        }
+    }
+}
+
+/// Starts `command`. On Linux, from the spawner thread with the parent-death signal set
+/// (see the module documentation); elsewhere, here.
+async fn spawn(command: Command) -> std::io::Result<Child> {
+    #[cfg(target_os = "linux")]
+    {
+        pdeath::spawn(command).await
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut command = command;
+        command.spawn()
+    }
+}
+
+/// Linux: programs that die with their worker.
+#[cfg(target_os = "linux")]
+mod pdeath {
+    use std::io;
+    use std::sync::{Mutex, OnceLock, mpsc};
+
+    use tokio::process::{Child, Command};
+    use tokio::runtime::Handle;
+    use tokio::sync::oneshot;
+
+    /// A command to start, the runtime its pipes and exit status belong to, and where to
+    /// send the started child.
+    type Request = (Command, Handle, oneshot::Sender<io::Result<Child>>);
+
+    /// The spawner thread's queue. The thread waits on it for the life of the process
+    /// (the sender is never dropped), so the thread never exits while the process runs
+    /// and the parent-death signal fires only when the process ends.
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+
+    fn spawner() -> io::Result<&'static Mutex<mpsc::Sender<Request>>> {
+        if let Some(sender) = SPAWNER.get() {
+            return Ok(sender);
+        }
+        let (sender, requests) = mpsc::channel::<Request>();
+        // Two racing callers may both get here: the loser's thread sees its queue close
+        // at once and exits before it started anything.
+        let started = std::thread::Builder::new()
+            .name("icq-exec-spawner".into())
+            .spawn(move || {
+                for (mut command, runtime, reply) in requests {
+                    let _entered = runtime.enter();
+                    let _ = reply.send(command.spawn());
+                }
+            });
+        started.map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot start the spawner thread: {e}"))
+        })?;
+        Ok(SPAWNER.get_or_init(|| Mutex::new(sender)))
+    }
+
+    /// Starts `command` with `PR_SET_PDEATHSIG` = SIGKILL, from the spawner thread.
+    pub(super) async fn spawn(mut command: Command) -> io::Result<Child> {
+        die_with_parent(&mut command);
+        let runtime = Handle::try_current().map_err(io::Error::other)?;
+        let (reply, started) = oneshot::channel();
+        spawner()?
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .send((command, runtime, reply))
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        started
+            .await
+            .map_err(|_| io::Error::other("the spawner thread dropped the request"))?
+    }
+
+    /// Sets the parent-death signal in the child, between `fork` and `exec`.
+    #[allow(unsafe_code)]
+    fn die_with_parent(command: &mut Command) {
+        let parent = nix::unistd::getpid();
+        // SAFETY: the closure runs in the forked child of a multi-threaded process, where
+        // only async-signal-safe operations are allowed. It makes two system calls
+        // (prctl(2), getppid(2)) through nix's thin wrappers and builds its errors from raw
+        // errno values: it allocates nothing, takes no lock and touches no shared state.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                // The worker died between fork and prctl: the signal will never come, so
+                // do not run at all (the spawn fails; nobody is left to see it).
+                if nix::unistd::getppid() != parent {
+                    return Err(io::Error::from(nix::errno::Errno::ESRCH));
+                }
+                Ok(())
+            });
+        }
     }
 }
 
@@ -256,7 +405,21 @@ fn with_stderr(what: String, stderr: &str) -> String {
 #[async_trait]
 impl Handler for ExecHandler {
     async fn handle(&self, job: Job) -> HandlerResult {
-        let ctx = &job.context;
+        let Job {
+            id,
+            type_name,
+            payload,
+            attempt,
+            source,
+            context: ctx,
+        } = job;
+        // Serialized once, and the value dropped before the program starts: what waits
+        // for the program to read its stdin is the compact text alone, and it is dropped
+        // as soon as the program has read it, closed its stdin or exited.
+        let payload = {
+            let value = payload;
+            value.to_string()
+        };
         let mut command = Command::new(&self.argv[0]);
         command
             .args(&self.argv[1..])
@@ -266,10 +429,10 @@ impl Handler for ExecHandler {
             // The leader of a new process group, so the whole group can be killed.
             .process_group(0)
             .kill_on_drop(true)
-            .env("ICQ_COMMAND_ID", job.id.to_string())
-            .env("ICQ_COMMAND_TYPE", &job.type_name)
-            .env("ICQ_ATTEMPT", job.attempt.to_string())
-            .env("ICQ_SOURCE", job.source.as_ref())
+            .env("ICQ_COMMAND_ID", id.to_string())
+            .env("ICQ_COMMAND_TYPE", &type_name)
+            .env("ICQ_ATTEMPT", attempt.to_string())
+            .env("ICQ_SOURCE", source.as_ref())
             .env("ICQ_USER_ID", ctx.user_id.as_deref().unwrap_or(""))
             .env(
                 "ICQ_ROLES",
@@ -281,13 +444,11 @@ impl Handler for ExecHandler {
                 ctx.correlation_id.as_deref().unwrap_or(""),
             );
         let started = Instant::now();
-        let mut child = command
-            .spawn()
+        let child = spawn(command)
+            .await
             .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
-        // Declared after `child`, so dropped before it: the group is killed while its
-        // leader is still unreaped and the group id cannot have been reused.
-        let group = GroupGuard::of(&child);
-        let payload = job.payload.to_string();
+        let mut running = Running::new(child);
+        let child = &mut running.child;
         let stdin = child.stdin.take();
         let feed = async move {
             if let Some(mut stdin) = stdin {
@@ -337,11 +498,14 @@ impl Handler for ExecHandler {
         }
         // Nothing of the attempt outlives it: background processes the program left in
         // its group are killed too.
-        group.kill();
+        running.kill_group();
         drop((stdout, stderr));
         if timed_out {
             // The leader is dead or about to be: reap it before reporting.
-            let _ = child.wait().await;
+            let _ = running.child.wait().await;
+        }
+        running.done = true;
+        if timed_out {
             let limit = self.timeout.unwrap_or_default().as_secs_f64();
             return Err(HandlerError::retry(with_stderr(
                 format!("timed out after {limit:.1}s; process group killed"),
@@ -506,6 +670,71 @@ mod tests {
         assert!(
             dies_within(grandchild, Duration::from_secs(1)).await,
             "grandchild {grandchild} survived its cancelled execution"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_a_cancelled_program_is_reaped_before_the_drop_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("leader");
+        // `exec`: the pid written is the program's own, the group leader icq started.
+        let script = format!("echo $$ > '{}'; exec sleep 30", pidfile.display());
+        let handler = Arc::new(sh(&script, None));
+        let task = tokio::spawn({
+            let handler = handler.clone();
+            async move { handler.handle(job()).await }
+        });
+        let leader = pid_in(&pidfile).await;
+        assert!(alive(leader));
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        // Not merely killed: reaped, so not even a zombie is left.
+        assert!(
+            !Path::new(&format!("/proc/{leader}")).exists(),
+            "program {leader} was not reaped when its execution was dropped"
+        );
+    }
+
+    /// The parent-death signal fires when the *thread* that forked the program exits, and
+    /// the threads that poll executions come and go (tokio's pool threads retire): the
+    /// program is forked by a thread that lives as long as the process, so it runs on
+    /// after the thread that polled its start has exited, and dies with its execution.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn exec_a_program_outlives_the_thread_that_polled_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("leader");
+        let script = format!("echo $$ > '{}'; exec sleep 30", pidfile.display());
+        let handler = Arc::new(sh(&script, None));
+        let (runtime, execution, leader) = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut execution = Box::pin(async move { handler.handle(job()).await });
+            let leader = runtime.block_on(async {
+                tokio::select! {
+                    result = &mut execution => panic!("finished early: {result:?}"),
+                    leader = pid_in(&pidfile) => leader,
+                }
+            });
+            (runtime, execution, leader)
+        })
+        .join()
+        .unwrap();
+        // Were the signal tied to that thread, the program would be dead at once.
+        let watch_until = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < watch_until {
+            assert!(
+                alive(leader),
+                "program {leader} died with the thread that polled it"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        runtime.block_on(async move { drop(execution) });
+        assert!(
+            !Path::new(&format!("/proc/{leader}")).exists(),
+            "program {leader} outlived its dropped execution"
         );
     }
 

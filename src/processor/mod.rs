@@ -70,12 +70,63 @@ pub struct SourceHandle {
 /// assert!(drain.until_idle && !service.until_idle);
 /// assert_eq!(RunOptions::default().shutdown_grace, Duration::from_secs(30));
 /// ```
+///
+/// Ending the grace early (what `icq work` does on a second SIGINT/SIGTERM): cancel
+/// [`hard_stop`](RunOptions::hard_stop). The commands still running are stopped at once
+/// (an exec handler's process group killed and its leader reaped), released with their
+/// attempt given back, and `run` returns once every stamp is written:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// use std::time::{Duration, Instant};
+/// use icq::{NewCommand, Processor, Registry, RunOptions, Settings};
+/// use tokio_util::sync::CancellationToken;
+///
+/// let mut registry = Registry::new();
+/// registry.insert_exec("render", vec!["sleep".into(), "60".into()], None)?;
+/// let mut processor = Processor::new(registry);
+/// processor.add_source(queue.source_handle(Settings::default()));
+/// queue.schedule(&NewCommand::new("render", serde_json::json!({}))).await?;
+///
+/// let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
+/// let options = RunOptions {
+///     shutdown_grace: Duration::from_secs(600),
+///     hard_stop: hard_stop.clone(),
+///     ..RunOptions::default()
+/// };
+/// let worker = tokio::spawn({
+///     let shutdown = shutdown.clone();
+///     async move { processor.run(options, shutdown).await }
+/// });
+/// while queue.stats().snapshot().claimed == 0 {
+///     tokio::time::sleep(Duration::from_millis(10)).await;
+/// }
+/// let asked = Instant::now();
+/// shutdown.cancel(); // the first signal: the handler may run for up to 600 s more
+/// hard_stop.cancel(); // the second: stop it now
+/// worker.await??;
+/// assert!(asked.elapsed() < Duration::from_secs(10));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Return once nothing is due or running (later-scheduled rows do not count).
     pub until_idle: bool,
     /// How long in-flight commands may take to finish after shutdown is requested.
     pub shutdown_grace: Duration,
+    /// Ends the shutdown grace early: once cancelled, the processor stops claiming (as
+    /// the `shutdown` token does), stops every command still running at once (an exec
+    /// handler's process group is killed and reaped), releases them with their attempt
+    /// given back and returns after every stamp is written. The teardown waits for
+    /// whichever comes first, `shutdown_grace` or this token. Never cancelled by default.
+    pub hard_stop: CancellationToken,
 }
 
 impl Default for RunOptions {
@@ -83,6 +134,7 @@ impl Default for RunOptions {
         RunOptions {
             until_idle: false,
             shutdown_grace: Duration::from_secs(30),
+            hard_stop: CancellationToken::new(),
         }
     }
 }
@@ -334,14 +386,25 @@ impl SourceWorker {
             slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
         }
 
-        // Until-idle ends through the same teardown as a shutdown.
+        // Until-idle ends through the same teardown as a shutdown; a hard stop is a
+        // shutdown too (the caller's token is left as it is).
+        let shutdown = self.shutdown.child_token();
+        let hard_stop = self.options.hard_stop.clone();
+        let hard_stop_watch = tokio::spawn({
+            let (hard_stop, shutdown) = (hard_stop.clone(), shutdown.clone());
+            async move {
+                hard_stop.cancelled().await;
+                shutdown.cancel();
+            }
+        });
         let stopped = producer::run(
             shared.clone(),
             self.options.clone(),
             src.wake.clone(),
-            self.shutdown.clone(),
+            shutdown,
         )
         .await;
+        hard_stop_watch.abort();
 
         // Teardown: stop taking rows, give running commands their grace, then stop them.
         stop_taking.cancel();
@@ -372,12 +435,21 @@ impl SourceWorker {
         if released > 0 {
             tracing::info!(source = %src.name, released, "released the leases of claimed commands that had not started");
         }
-        let drained = tokio::time::timeout(self.options.shutdown_grace, async {
-            while slots.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(source = %src.name, "shutdown grace ran out; stopping the commands still running");
+        // The grace ends when the slots are done, when it runs out, or at a hard stop,
+        // whichever comes first.
+        let drain = async { while slots.join_next().await.is_some() {} };
+        let cut_short = tokio::select! {
+            biased;
+            () = drain => None,
+            () = hard_stop.cancelled() => Some("hard stop requested"),
+            () = tokio::time::sleep(self.options.shutdown_grace) => Some("shutdown grace ran out"),
+        };
+        if let Some(why) = cut_short {
+            // Leases still held: running commands and outcomes not yet stamped.
+            let held = leases.len();
+            tracing::warn!(source = %src.name, held, "{why}; stopping the commands still running");
+            // Each execution's future is dropped: an exec handler's process group is
+            // killed and its leader reaped before the slot pushes the release.
             leases.cancel_all();
             while slots.join_next().await.is_some() {}
         }

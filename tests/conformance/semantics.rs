@@ -797,6 +797,7 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
         RunOptions {
             until_idle: false,
             shutdown_grace: Duration::from_millis(200),
+            ..RunOptions::default()
         },
     );
     wait_notified(&started, "the handler started").await;
@@ -857,6 +858,7 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         RunOptions {
             until_idle: false,
             shutdown_grace: Duration::from_secs(30),
+            ..RunOptions::default()
         },
     );
     wait_notified(&started, "the first command started").await;

@@ -241,6 +241,7 @@ async fn process(
                     RunOptions {
                         until_idle: false,
                         shutdown_grace: Duration::from_secs(5),
+                        ..RunOptions::default()
                     },
                     stop,
                 )
