@@ -34,9 +34,9 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         let Some(item) = next else { return };
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
-        shared.started.fetch_add(1, Ordering::Relaxed);
         let change = execute(&shared, item).await;
         shared.outbox.push(change).await;
+        shared.finished.fetch_add(1, Ordering::Relaxed);
         shared.active.fetch_sub(1, Ordering::AcqRel);
         shared.space.notify_one();
     }

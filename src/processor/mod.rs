@@ -303,8 +303,8 @@ pub(crate) struct Shared {
     owner: uuid::Uuid,
     /// Rows a slot is executing right now.
     active: AtomicUsize,
-    /// Rows the slots have taken since the start, for the producer's pace.
-    started: std::sync::atomic::AtomicU64,
+    /// Rows the slots have finished since the start, for the producer's pace.
+    finished: std::sync::atomic::AtomicU64,
     /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
@@ -376,7 +376,7 @@ impl SourceWorker {
             buffered: AtomicUsize::new(0),
             owner: uuid::Uuid::new_v4(),
             active: AtomicUsize::new(0),
-            started: Default::default(),
+            finished: Default::default(),
             space: Notify::new(),
             outbox: outbox.clone(),
         });

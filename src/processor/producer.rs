@@ -3,7 +3,7 @@
 //!
 //! Claim what you will start (SPEC §9). The rows one worker holds — running, buffered and
 //! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
-//! take during the next few claims (the smoothed rate at which slots take rows × the
+//! take during the next few claims (the smoothed rate at which slots finish rows × the
 //! smoothed claim round trip × 4), never more than `batch_size` × the claims in flight; a
 //! claim waits until a quarter of that is free unless a slot is starving. Slow handlers therefore hold only the rows they run — a killed replica charges
 //! an attempt to little more than its running commands, and idle replicas get the rest —
@@ -56,24 +56,25 @@ const SHARING_HOLDS_FOR: Duration = Duration::from_secs(3);
 /// is the look-ahead (Little's law: what the slots consume during one claim).
 #[derive(Debug)]
 struct Pace {
-    /// Rows the slots take per second.
+    /// Rows the slots finish per second (finished, not taken: slots that start from
+    /// empty take a burst of rows at once, which says nothing about their pace).
     rate: f64,
     /// Seconds one claim takes, send to answer.
     latency: f64,
     sampled_at: Instant,
-    sampled_started: u64,
+    sampled_finished: u64,
 }
 
 impl Pace {
     /// Rate samples closer together than this are too noisy to use.
     const MIN_SAMPLE: Duration = Duration::from_millis(10);
 
-    fn new(now: Instant, started: u64) -> Pace {
+    fn new(now: Instant, finished: u64) -> Pace {
         Pace {
             rate: 0.0,
             latency: 0.0,
             sampled_at: now,
-            sampled_started: started,
+            sampled_finished: finished,
         }
     }
 
@@ -86,15 +87,15 @@ impl Pace {
         };
     }
 
-    fn sample(&mut self, started: u64, now: Instant) {
+    fn sample(&mut self, finished: u64, now: Instant) {
         let elapsed = now.saturating_duration_since(self.sampled_at);
         if elapsed < Self::MIN_SAMPLE {
             return;
         }
-        let rate = started.saturating_sub(self.sampled_started) as f64 / elapsed.as_secs_f64();
+        let rate = finished.saturating_sub(self.sampled_finished) as f64 / elapsed.as_secs_f64();
         self.rate = 0.7 * self.rate + 0.3 * rate;
         self.sampled_at = now;
-        self.sampled_started = started;
+        self.sampled_finished = finished;
     }
 
     /// Rows to hold beyond the slots, at most `max`.
@@ -129,7 +130,7 @@ pub(crate) async fn run(
     let slots = settings.concurrency.max(1) as usize;
     let in_flight = shared.source.backend.claims_in_flight().max(1);
     let max_look_ahead = batch * in_flight;
-    let mut pace = Pace::new(Instant::now(), shared.started.load(Ordering::Relaxed));
+    let mut pace = Pace::new(Instant::now(), shared.finished.load(Ordering::Relaxed));
     let mut sharing = Sharing::new(&shared, batch);
     let poll = if options.until_idle {
         settings.polling_interval().min(Duration::from_millis(250))
@@ -147,7 +148,7 @@ pub(crate) async fn run(
             break Stopped::Shutdown;
         }
         let now = Instant::now();
-        pace.sample(shared.started.load(Ordering::Relaxed), now);
+        pace.sample(shared.finished.load(Ordering::Relaxed), now);
         let in_flight_now = if sharing.seen(now) { 1 } else { in_flight };
         let target = slots + pace.look_ahead(max_look_ahead);
         while want && claims.len() < in_flight_now {
