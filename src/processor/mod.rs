@@ -18,6 +18,7 @@
 
 mod completer;
 mod executor;
+pub(crate) mod health;
 mod lease;
 mod producer;
 pub mod retry;

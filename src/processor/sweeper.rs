@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::SourceHandle;
+use super::{SourceHandle, health};
 use crate::engine::SweepParams;
 
 /// Rows deleted per statement.
@@ -23,7 +23,9 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
         };
         let mut deleted = 0u64;
         loop {
-            match source.backend.completed_delete_batch(&params).await {
+            let limit = health::call_deadline(source.settings.lease());
+            let call = source.backend.completed_delete_batch(&params);
+            match health::deadline(limit, "deleting old completed commands", call).await {
                 Ok(Some(n)) => {
                     deleted += n;
                     if n < u64::from(BATCH) || stop.is_cancelled() {
