@@ -28,8 +28,10 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Healing, Result};
 
-/// The longest pause between two tries of an error that heals.
-pub(crate) const RETRY_CAP: Duration = Duration::from_secs(2);
+/// The longest pause between two tries of an error that heals. Low: a try that finds
+/// the server still gone costs little (the pool's own connect retries run inside the
+/// call's deadline), and processing must resume within a few seconds of its return.
+pub(crate) const RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// The first pause after a failure.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
@@ -146,6 +148,35 @@ pub(crate) struct Health {
     failing: Option<(Instant, u32)>,
     /// When the current run of failures was last logged.
     logged: Option<Instant>,
+    /// Failures in a row on a connection the server had dropped.
+    dropped: u32,
+    /// When the last pause ends (or ended).
+    paused_until: Option<Instant>,
+}
+
+/// A failure handled within this time after a pause ended was waiting during the pause.
+const ALREADY_WAITED: Duration = Duration::from_millis(20);
+
+/// How many failures in a row on dropped connections are retried after the first pause.
+const DROPPED_RETRIES_AT_ONCE: u32 = 16;
+
+/// True when `err` says the connection was there but is gone (reset, closed, broken):
+/// a pooled connection the server or a proxy dropped, as opposed to one that could not be
+/// opened or did not answer.
+fn is_dropped_connection(err: &Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        err,
+        Error::Database { cause: sqlx::Error::Io(io), .. }
+            if matches!(
+                io.kind(),
+                ErrorKind::BrokenPipe
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::UnexpectedEof
+                    | ErrorKind::NotConnected
+            )
+    )
 }
 
 impl Health {
@@ -157,6 +188,8 @@ impl Health {
             until_idle,
             failing: None,
             logged: None,
+            dropped: 0,
+            paused_until: None,
         }
     }
 
@@ -174,6 +207,8 @@ impl Health {
             );
         }
         self.logged = None;
+        self.dropped = 0;
+        self.paused_until = None;
     }
 
     /// A call failed with `err`: how long to wait before the next try, or (with
@@ -201,15 +236,39 @@ impl Health {
                 hint,
             });
         }
-        let pause = pause(tries, healing, &mut rand::rng());
+        // A pooled connection the server (or a proxy) dropped fails at once; the next try
+        // opens a new one, so it is made at once too: after an outage the pool may hold
+        // several such connections, and backing off on each would delay the return by
+        // the cap per connection. A few in a row only: a server that drops every new
+        // connection gets the usual backoff.
+        let dropped = is_dropped_connection(&err);
+        self.dropped = if dropped { self.dropped + 1 } else { 0 };
+        let pause = if dropped && self.dropped <= DROPPED_RETRIES_AT_ONCE {
+            pause(1, healing, &mut rand::rng())
+        } else {
+            pause(tries, healing, &mut rand::rng())
+        };
+        // Calls that ran side by side (the producer's claims in flight) fail together, and
+        // their failures wait in line while the role pauses for the first: pausing again for
+        // each would stack the pauses (four claims in flight, four times the cap). A failure
+        // seen right as a pause ended was waiting during it, so it does not pause again.
+        let pause = match self.paused_until {
+            Some(end) if now <= end + ALREADY_WAITED => Duration::ZERO,
+            _ => {
+                self.paused_until = Some(now + pause);
+                pause
+            }
+        };
         let log_every = match healing {
             Healing::Never => UNHEALABLE_LOG_EVERY,
             _ => RETRY_LOG_EVERY,
         };
         if self
             .logged
-            .is_none_or(|at| now.duration_since(at) >= log_every)
+            .is_some_and(|at| now.duration_since(at) < log_every)
         {
+            tracing::debug!(source = %self.source, role = self.what, error = %err, tries, retry_in_ms = pause.as_millis() as u64, "database call failed again; retrying");
+        } else {
             self.logged = Some(now);
             let retry_in_ms = pause.as_millis() as u64;
             match healing {
@@ -294,10 +353,10 @@ mod tests {
     fn pauses_double_with_jitter_up_to_the_cap() {
         let mut rng = StdRng::seed_from_u64(3);
         for tries in 1..40 {
-            let expected = (0.1 * 2f64.powi(tries as i32 - 1)).min(2.0);
+            let expected = (0.1 * 2f64.powi(tries as i32 - 1)).min(1.0);
             let p = pause(tries, Healing::Retry, &mut rng).as_secs_f64();
-            assert!(p <= 2.0 + 1e-9, "{tries}: {p}");
-            assert!(p >= (expected * 0.8).min(2.0) - 1e-9, "{tries}: {p}");
+            assert!(p <= 1.0 + 1e-9, "{tries}: {p}");
+            assert!(p >= (expected * 0.8).min(1.0) - 1e-9, "{tries}: {p}");
         }
         assert_eq!(
             pause(40, Healing::Never, &mut rng),
@@ -320,7 +379,8 @@ mod tests {
             match health.failed_at(err(), now) {
                 Next::RetryAfter(pause) => {
                     check(pause);
-                    now += pause;
+                    // The pause, then the next call, which takes a moment to fail.
+                    now += pause + Duration::from_millis(30);
                 }
                 Next::GiveUp(err) => return Some((err, now - start)),
             }
@@ -364,6 +424,37 @@ mod tests {
             assert!(pause <= UNHEALABLE_CAP)
         });
         assert!(gave_up.is_none());
+    }
+
+    #[test]
+    fn failures_that_waited_during_a_pause_do_not_pause_again() {
+        let mut health = Health::new("orders".into(), "claim", false);
+        let mut start = Instant::now();
+        for _ in 0..10 {
+            // Each claim made after the pause, failing a second later.
+            let Next::RetryAfter(pause) = health.failed_at(refused(), start) else {
+                panic!("gave up")
+            };
+            assert!(pause > Duration::ZERO);
+            start += pause + Duration::from_secs(1);
+        }
+        let Next::RetryAfter(first) = health.failed_at(refused(), start) else {
+            panic!("gave up")
+        };
+        assert!(first > Duration::ZERO);
+        // Three claims that failed meanwhile, handled as the pause ends.
+        for _ in 0..3 {
+            let Next::RetryAfter(again) = health.failed_at(refused(), start + first) else {
+                panic!("gave up")
+            };
+            assert_eq!(again, Duration::ZERO);
+        }
+        // A claim made after the pause fails later: it pauses.
+        let later = start + first + Duration::from_secs(1);
+        let Next::RetryAfter(next) = health.failed_at(refused(), later) else {
+            panic!("gave up")
+        };
+        assert!(next > Duration::ZERO);
     }
 
     #[tokio::test]
