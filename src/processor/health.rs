@@ -152,6 +152,8 @@ pub(crate) struct Health {
     dropped: u32,
     /// When the last pause ends (or ended).
     paused_until: Option<Instant>,
+    /// When the last failure was seen.
+    last_failure: Option<Instant>,
 }
 
 /// A failure handled within this time after a pause ended was waiting during the pause.
@@ -190,11 +192,28 @@ impl Health {
             logged: None,
             dropped: 0,
             paused_until: None,
+            last_failure: None,
         }
     }
 
-    /// A call succeeded: the next failure starts from the first pause again.
-    pub(crate) fn succeeded(&mut self) {
+    /// A call succeeded; `worked` says whether it proves the role's calls work (a claim
+    /// that returned rows) or may have succeeded only for lack of work (an empty claim:
+    /// on MariaDB/MySQL a claim that finds no row to lock never reaches the `UPDATE` a
+    /// read-only user is denied, while the claim beside it that locked the row fails).
+    /// A proof, or an empty success [`UNHEALABLE_GRACE`] after the last failure, ends the
+    /// run of failures: the next one starts from the first pause again.
+    pub(crate) fn succeeded(&mut self, worked: bool) {
+        self.succeeded_at(worked, Instant::now());
+    }
+
+    /// [`Health::succeeded`] at `now`.
+    fn succeeded_at(&mut self, worked: bool, now: Instant) {
+        let quiet = self
+            .last_failure
+            .is_none_or(|at| now.duration_since(at) >= UNHEALABLE_GRACE);
+        if !worked && !quiet {
+            return;
+        }
         if let Some((since, tries)) = self.failing.take()
             && self.logged.is_some()
         {
@@ -209,6 +228,7 @@ impl Health {
         self.logged = None;
         self.dropped = 0;
         self.paused_until = None;
+        self.last_failure = None;
     }
 
     /// A call failed with `err`: how long to wait before the next try, or (with
@@ -221,6 +241,7 @@ impl Health {
 
     /// [`Health::failed`] at `now`.
     fn failed_at(&mut self, err: Error, now: Instant) -> Next {
+        self.last_failure = Some(now);
         let (since, tries) = self.failing.get_or_insert((now, 0));
         *tries += 1;
         let (since, tries) = (*since, *tries);
@@ -244,9 +265,9 @@ impl Health {
         let dropped = is_dropped_connection(&err);
         self.dropped = if dropped { self.dropped + 1 } else { 0 };
         let pause = if dropped && self.dropped <= DROPPED_RETRIES_AT_ONCE {
-            pause(1, healing, &mut rand::rng())
+            pause(1, healing, self.until_idle, &mut rand::rng())
         } else {
-            pause(tries, healing, &mut rand::rng())
+            pause(tries, healing, self.until_idle, &mut rand::rng())
         };
         // Calls that ran side by side (the producer's claims in flight) fail together, and
         // their failures wait in line while the role pauses for the first: pausing again for
@@ -298,8 +319,9 @@ impl Health {
 /// The pause before try `tries + 1`: [`FIRST_PAUSE`] doubling, times a jitter in
 /// [0.8, 1.2], capped at [`RETRY_CAP`] for errors that heal and [`UNHEALABLE_CAP`] for
 /// the others.
-fn pause(tries: u32, healing: Healing, rng: &mut impl Rng) -> Duration {
-    let cap = if healing.heals() {
+fn pause(tries: u32, healing: Healing, until_idle: bool, rng: &mut impl Rng) -> Duration {
+    // `--until-idle` gives up on what cannot heal after a few seconds: short pauses until then.
+    let cap = if healing.heals() || until_idle {
         RETRY_CAP
     } else {
         UNHEALABLE_CAP
@@ -354,12 +376,12 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(3);
         for tries in 1..40 {
             let expected = (0.1 * 2f64.powi(tries as i32 - 1)).min(1.0);
-            let p = pause(tries, Healing::Retry, &mut rng).as_secs_f64();
+            let p = pause(tries, Healing::Retry, false, &mut rng).as_secs_f64();
             assert!(p <= 1.0 + 1e-9, "{tries}: {p}");
             assert!(p >= (expected * 0.8).min(1.0) - 1e-9, "{tries}: {p}");
         }
         assert_eq!(
-            pause(40, Healing::Never, &mut rng),
+            pause(40, Healing::Never, false, &mut rng),
             UNHEALABLE_CAP,
             "errors that do not heal are retried less often"
         );
@@ -393,7 +415,7 @@ mod tests {
         let mut health = Health::new("orders".into(), "claim", true);
         let (err, waited) = drive(&mut health, permission_denied, 100, |_| {}).expect("gave up");
         assert!(
-            waited >= UNHEALABLE_GRACE && waited < UNHEALABLE_GRACE + UNHEALABLE_CAP,
+            waited >= UNHEALABLE_GRACE && waited < UNHEALABLE_GRACE + 2 * RETRY_CAP,
             "{waited:?}"
         );
         assert_eq!((err.kind(), err.exit_code()), ("database", 1));
@@ -410,7 +432,7 @@ mod tests {
             assert!(pause <= RETRY_CAP)
         });
         assert!(gave_up.is_none(), "never gives up on what heals");
-        health.succeeded();
+        health.succeeded(true);
         match health.failed(refused()) {
             Next::RetryAfter(pause) => assert!(pause <= FIRST_PAUSE * 2, "{pause:?}"),
             Next::GiveUp(err) => panic!("gave up on {err}"),
@@ -424,6 +446,31 @@ mod tests {
             assert!(pause <= UNHEALABLE_CAP)
         });
         assert!(gave_up.is_none());
+    }
+
+    #[test]
+    fn empty_claims_between_failures_do_not_restart_the_count() {
+        let mut health = Health::new("orders".into(), "claim", true);
+        let start = Instant::now();
+        let mut now = start;
+        let err = loop {
+            match health.failed_at(permission_denied(), now) {
+                Next::RetryAfter(pause) => now += pause + Duration::from_millis(30),
+                Next::GiveUp(err) => break err,
+            }
+            // The claim beside it found nothing to lock and succeeded.
+            health.succeeded_at(false, now);
+            now += Duration::from_millis(5);
+        };
+        assert!(
+            now - start < UNHEALABLE_GRACE + 2 * RETRY_CAP,
+            "{:?}",
+            now - start
+        );
+        assert_eq!(err.kind(), "database");
+        // A quiet spell of empty claims does end the run.
+        health.succeeded_at(false, now + UNHEALABLE_GRACE);
+        assert!(health.failing.is_none());
     }
 
     #[test]

@@ -103,8 +103,8 @@ pub(crate) async fn run(
                 reserved -= limit as usize;
                 match result {
                     Ok(rows) => {
-                        db_health.succeeded();
                         let claimed = rows.len();
+                        db_health.succeeded(claimed > 0);
                         shared.source.stats.claimed(claimed as u64);
                         buffer(&shared, rows);
                         want = claimed > 0;
