@@ -270,3 +270,92 @@ async fn sqlite_a_read_only_database_fails_the_drain() {
         Duration::from_secs(10),
     );
 }
+
+/// A long-running processor with two sources: the table of one is dropped under it (a
+/// missing table does not heal), the other keeps processing; `--until-idle` on the broken
+/// source alone fails with `kind: database` and the server's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_table_stops_only_its_own_source() {
+    use icq::{ConnectOptions, NewCommand, Processor, Queue, Registry, RunOptions, Settings};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let broken = TestDb::with_table("postgres", "dropped_table").await;
+    let fine = TestDb::with_table("sqlite", "fine").await;
+    let connect = |name: &'static str, url: String| async move {
+        Queue::connect(name, &url, &Default::default(), &ConnectOptions::default())
+            .await
+            .unwrap()
+    };
+    let gone = connect("gone", broken.url.clone()).await;
+    let alive = connect("alive", fine.url.clone()).await;
+    broken.execute("DROP TABLE \"InternalCommands\"").await;
+    let commands: Vec<NewCommand> = (0..20)
+        .map(|i| NewCommand::new("errors.test", serde_json::json!({ "i": i })))
+        .collect();
+    alive.schedule_many(&commands).await.unwrap();
+    let processor = |queues: &[&Queue]| {
+        let mut registry = Registry::new();
+        registry
+            .insert("errors.test", Arc::new(icq::handler::Noop))
+            .unwrap();
+        let mut processor = Processor::new(registry);
+        let settings = Settings {
+            polling_interval_seconds: 0.1,
+            ..Settings::default()
+        };
+        for queue in queues {
+            processor.add_source(queue.source_handle(settings.clone()));
+        }
+        processor
+    };
+
+    let both = processor(&[&gone, &alive]);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { both.run(RunOptions::default(), stop).await }
+    });
+    let started = Instant::now();
+    while alive.stats().snapshot().succeeded < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the other source kept processing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Well past the until-idle grace: a long-running worker does not give up.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!run.is_finished(), "the processor keeps running");
+    stop.cancel();
+    run.await.unwrap().expect("a clean shutdown");
+    let (t, p) = (fine.q("InternalCommands"), fine.q("ProcessedAt"));
+    assert_eq!(
+        fine.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+            .await,
+        20
+    );
+
+    let drain = processor(&[&gone]);
+    let started = Instant::now();
+    let options = RunOptions {
+        until_idle: true,
+        ..RunOptions::default()
+    };
+    let err = drain
+        .run(options, CancellationToken::new())
+        .await
+        .expect_err("a drain of a missing table fails");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((err.kind(), err.exit_code()), ("database", 1), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("relation \"InternalCommands\" does not exist"),
+        "{message}"
+    );
+    assert!(message.contains("icq migrate run"), "{message}");
+}
