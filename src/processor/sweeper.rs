@@ -13,6 +13,9 @@ use crate::engine::SweepParams;
 /// Rows deleted per statement.
 const BATCH: u32 = 1000;
 
+/// How long one batch may take before its connection is abandoned as dead.
+const SWEEP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Sweeps now and then every interval until `stop` is cancelled.
 pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
     let name: Arc<str> = source.name.clone();
@@ -23,7 +26,8 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
         };
         let mut deleted = 0u64;
         loop {
-            let limit = health::call_deadline(source.settings.lease());
+            // Not latency-bound (and a batch delete may take a while): the longest deadline.
+            let limit = SWEEP_DEADLINE;
             let call = source.backend.completed_delete_batch(&params);
             match health::deadline(limit, "deleting old completed commands", call).await {
                 Ok(Some(n)) => {
