@@ -144,6 +144,192 @@ pub enum Error {
     /// complete, or the run was interrupted).
     #[error("{0}")]
     Bench(String),
+
+    /// `icq work --until-idle` gave up on a database error that retrying cannot fix
+    /// (permission denied, a missing table or column, a read-only database, a failed
+    /// login: see [`Error::healing`]) after a short bounded retry (exit code 1, kind
+    /// `database`). The message holds the server's own and what to do about it.
+    #[error(
+        "source `{source_name}`: {cause}; retrying cannot fix this (still failing after {tries} tries over {seconds:.1} s); hint: {hint}"
+    )]
+    CannotHeal {
+        /// The configured source.
+        source_name: String,
+        /// The last error, as the driver reported it (already redacted).
+        cause: Box<Error>,
+        /// How many times the operation was tried.
+        tries: u32,
+        /// For how long it was tried.
+        seconds: f64,
+        /// What to do about it.
+        hint: String,
+    },
+}
+
+/// How a failed database call can heal: what the processor does next (see
+/// [`Error::healing`]).
+///
+/// # Examples
+///
+/// ```
+/// use icq::error::Healing;
+///
+/// assert!(Healing::Retry.heals() && Healing::Reconnect.heals() && !Healing::Never.heals());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Healing {
+    /// It heals by itself: the connection was refused or reset, the server is starting or
+    /// shutting down, a serialization failure, a deadlock, a lock or statement timeout, or
+    /// too many connections. Retry with a capped, jittered backoff.
+    Retry,
+    /// The server answered but is the wrong one for writes (PostgreSQL SQLSTATE 25006 on a
+    /// server in recovery): heals on a new connection to the writable host, after a failover.
+    Reconnect,
+    /// Retrying cannot fix it: permission denied, a missing table or column, a read-only
+    /// SQLite file or MariaDB/MySQL `read_only` server, a failed login, a statement the
+    /// server rejects. Someone has to act; `--until-idle` fails after a short retry.
+    Never,
+}
+
+impl Healing {
+    /// True for [`Healing::Retry`] and [`Healing::Reconnect`]. See [`Healing`]'s example.
+    pub fn heals(self) -> bool {
+        !matches!(self, Healing::Never)
+    }
+}
+
+/// How an error with this PostgreSQL SQLSTATE heals (by its class, the first two
+/// characters, with a few exceptions).
+fn postgres_healing(code: &str) -> Healing {
+    match code {
+        // read_only_sql_transaction: a server in recovery; the failover finds the primary.
+        "25006" => Healing::Reconnect,
+        // idle_in_transaction_session_timeout, idle_session_timeout: the session ended.
+        "25P03" | "57P05" => Healing::Retry,
+        // invalid_password / invalid_authorization_specification.
+        _ if code.starts_with("28") => Healing::Never,
+        // 08 connection exception, 40 serialization failure / deadlock, 53 insufficient
+        // resources (too many connections, disk full), 55 lock not available, 57 operator
+        // intervention (shutdown, cannot connect now, statement timeout), 58 system error.
+        _ if ["08", "40", "53", "55", "57", "58"]
+            .iter()
+            .any(|class| code.starts_with(class)) =>
+        {
+            Healing::Retry
+        }
+        // 42 (insufficient privilege, undefined table or column), 3D (no such database),
+        // 3F (no such schema), 22/23 (data), and anything else.
+        _ => Healing::Never,
+    }
+}
+
+/// How an error with this MariaDB/MySQL error number heals.
+fn mysql_healing(number: u16) -> Healing {
+    match number {
+        // Too many connections, out of memory, shutdown in progress, aborted connection,
+        // network read/write errors, max_user_connections, lock wait timeout, deadlock,
+        // resource limits, query interrupted, re-prepare needed, connection killed,
+        // statement timeouts (MariaDB max_statement_time, MySQL max_execution_time), idle
+        // disconnect, and the client library's lost-connection numbers.
+        1040
+        | 1041
+        | 1053
+        | 1152..=1161
+        | 1203
+        | 1205
+        | 1213
+        | 1226
+        | 1317
+        | 1615
+        | 1927
+        | 1969
+        | 3024
+        | 4031
+        | 2002
+        | 2003
+        | 2006
+        | 2013 => Healing::Retry,
+        // Access denied (1044, 1045), command/column denied (1142, 1143), unknown table or
+        // column (1146, 1054), unknown database (1049), read_only (1290, 1792, 1836), ...
+        _ => Healing::Never,
+    }
+}
+
+/// How an error with this SQLite (extended) result code heals.
+fn sqlite_healing(code: i64) -> Healing {
+    match code & 0xff {
+        // SQLITE_NOMEM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_PROTOCOL.
+        5 | 6 | 7 | 10 | 13 | 15 => Healing::Retry,
+        // SQLITE_ERROR (no such table/column), SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN,
+        // SQLITE_CORRUPT, SQLITE_AUTH, SQLITE_NOTADB, ...
+        _ => Healing::Never,
+    }
+}
+
+/// How a driver error heals.
+fn sqlx_healing(cause: &sqlx::Error) -> Healing {
+    match cause {
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                postgres_healing(pg.code())
+            } else if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                mysql_healing(my.number())
+            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                let code = db.code().and_then(|c| c.parse().ok()).unwrap_or(1);
+                sqlite_healing(code)
+            } else {
+                Healing::Retry
+            }
+        }
+        // The statement's columns do not match what icq expects: a schema problem.
+        sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::Configuration(_) => Healing::Never,
+        // I/O, TLS, protocol, pool timeouts, a crashed SQLite worker, ...
+        _ => Healing::Retry,
+    }
+}
+
+/// What to do about an error that does not heal: the hint of [`Error::CannotHeal`].
+pub(crate) fn unhealable_hint(err: &Error) -> String {
+    let text = err.to_string().to_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    if has(&[
+        "permission denied",
+        "command denied",
+        "access denied for user",
+        "not authorized",
+    ]) && !has(&["password"])
+    {
+        "the database user of this source lacks a privilege on the commands table: grant it \
+         SELECT, INSERT, UPDATE and DELETE on the table (PostgreSQL: `GRANT SELECT, INSERT, \
+         UPDATE, DELETE ON <table> TO <role>`; MariaDB/MySQL: `GRANT SELECT, INSERT, UPDATE, \
+         DELETE ON <db>.<table> TO <user>`)"
+            .into()
+    } else if has(&["password", "authentication", "access denied"]) {
+        "the server refused the login: check the user and password in the source's url (and \
+         the server's pg_hba.conf or the user's allowed hosts)"
+            .into()
+    } else if has(&[
+        "does not exist",
+        "doesn't exist",
+        "no such table",
+        "no such column",
+        "unknown column",
+    ]) {
+        "the commands table (or a column icq needs) is missing: create or upgrade it with \
+         `icq migrate run` against this source's database, or fix `table:`"
+            .into()
+    } else if has(&["read-only", "read only", "readonly", "read_only"]) {
+        "the database accepts no writes (a read-only file or mount, a server with \
+         `read_only` set, or a replica): point the source at a writable database"
+            .into()
+    } else {
+        "the server rejects icq's statements and retrying does not change that: fix the cause \
+         in the message, then run again"
+            .into()
+    }
 }
 
 impl From<sqlx::migrate::MigrateError> for Error {
@@ -278,8 +464,8 @@ impl Error {
 
     /// A stable, machine-readable name for what kind of error this is: the `kind` of the
     /// `--format json` error document (`usage`, `config`, `not_found`, `connection`,
-    /// `database`, `table_missing`, `migration`, `io`, `malformed_row`, `dead_lettered`,
-    /// `bench`).
+    /// `database` (also [`Error::CannotHeal`]), `table_missing`, `migration`, `io`,
+    /// `malformed_row`, `dead_lettered`, `bench`).
     ///
     /// # Examples
     ///
@@ -304,6 +490,44 @@ impl Error {
             Error::MalformedRow { .. } => "malformed_row",
             Error::DeadLettered { .. } => "dead_lettered",
             Error::Bench(_) => "bench",
+            Error::CannotHeal { .. } => "database",
+        }
+    }
+
+    /// How this error heals: retried with backoff ([`Healing::Retry`]), after a reconnect
+    /// to the writable host ([`Healing::Reconnect`]: PostgreSQL's read-only SQLSTATE 25006),
+    /// or not at all ([`Healing::Never`]: permission denied, a missing table or column, a
+    /// read-only SQLite file or MariaDB/MySQL server, a failed login). The processor retries
+    /// what heals; `icq work --until-idle` fails on the rest after a short bounded retry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> icq::Result<()> {
+    /// use icq::Error;
+    /// use icq::error::Healing;
+    ///
+    /// let refused = Error::db("claiming commands")(sqlx::Error::PoolTimedOut);
+    /// assert_eq!(refused.healing(), Healing::Retry);
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.map_err(Error::db("opening"))?;
+    /// let missing = sqlx::query("SELECT * FROM missing").execute(&pool).await;
+    /// let err = missing.map_err(Error::db("claiming commands")).unwrap_err();
+    /// assert_eq!(err.healing(), Healing::Never);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn healing(&self) -> Healing {
+        match self {
+            Error::Database { cause, .. } => sqlx_healing(cause),
+            Error::Connect { .. } => Healing::Retry,
+            Error::CannotHeal { .. }
+            | Error::TableMissing { .. }
+            | Error::Usage(_)
+            | Error::Config { .. }
+            | Error::ConfigCheck { .. } => Healing::Never,
+            _ => Healing::Retry,
         }
     }
 
@@ -483,6 +707,92 @@ mod tests {
         for (err, kind, code) in cases {
             assert_eq!((err.kind(), err.exit_code()), (kind, code), "{err}");
         }
+    }
+
+    #[test]
+    fn postgres_codes_heal_by_class() {
+        for code in [
+            "08006", "40001", "40P01", "53300", "55P03", "57P01", "57P03", "57014",
+        ] {
+            assert_eq!(postgres_healing(code), Healing::Retry, "{code}");
+        }
+        assert_eq!(postgres_healing("25006"), Healing::Reconnect);
+        for code in [
+            "42501", "42P01", "42703", "28P01", "28000", "3D000", "3F000", "23505",
+        ] {
+            assert_eq!(postgres_healing(code), Healing::Never, "{code}");
+        }
+    }
+
+    #[test]
+    fn mysql_numbers_heal_when_transient() {
+        for number in [1040, 1053, 1205, 1213, 1226, 1927, 1969, 2006, 2013] {
+            assert_eq!(mysql_healing(number), Healing::Retry, "{number}");
+        }
+        for number in [1044, 1045, 1142, 1143, 1146, 1054, 1049, 1290, 1792] {
+            assert_eq!(mysql_healing(number), Healing::Never, "{number}");
+        }
+    }
+
+    #[test]
+    fn sqlite_codes_heal_when_busy() {
+        // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_BUSY_SNAPSHOT (extended), SQLITE_IOERR_READ.
+        for code in [5, 6, 517, 266] {
+            assert_eq!(sqlite_healing(code), Healing::Retry, "{code}");
+        }
+        // SQLITE_ERROR, SQLITE_READONLY, SQLITE_READONLY_DBMOVED, SQLITE_CANTOPEN, SQLITE_AUTH.
+        for code in [1, 8, 1032, 14, 23] {
+            assert_eq!(sqlite_healing(code), Healing::Never, "{code}");
+        }
+    }
+
+    #[test]
+    fn driver_errors_without_a_server_code_heal_unless_the_schema_is_wrong() {
+        let lost = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(sqlx_healing(&lost), Healing::Retry);
+        assert_eq!(sqlx_healing(&sqlx::Error::PoolTimedOut), Healing::Retry);
+        assert_eq!(
+            sqlx_healing(&sqlx::Error::ColumnNotFound("LockToken".into())),
+            Healing::Never
+        );
+        let table = Error::TableMissing {
+            source_name: "s".into(),
+            table: "t".into(),
+            engine: "postgres",
+            missing_schema: None,
+        };
+        assert_eq!(table.healing(), Healing::Never);
+        let refused = Error::Connect {
+            context: "c".into(),
+            reason: "connection refused (127.0.0.1:1)".into(),
+            hint: String::new(),
+        };
+        assert_eq!(refused.healing(), Healing::Retry);
+    }
+
+    #[test]
+    fn cannot_heal_is_a_database_error_with_a_hint() {
+        let cause = Error::Database {
+            context: "claiming due commands (InternalCommands)".into(),
+            cause: sqlx::Error::Protocol("permission denied for table InternalCommands".into()),
+        };
+        let hint = unhealable_hint(&cause);
+        assert!(hint.contains("GRANT"), "{hint}");
+        let err = Error::CannotHeal {
+            source_name: "orders".into(),
+            cause: Box::new(cause),
+            tries: 4,
+            seconds: 3.2,
+            hint,
+        };
+        assert_eq!((err.kind(), err.exit_code()), ("database", 1));
+        let text = err.to_string();
+        assert!(
+            text.starts_with("source `orders`: claiming due commands"),
+            "{text}"
+        );
+        assert!(text.contains("permission denied for table"), "{text}");
+        assert!(text.contains("4 tries over 3.2 s"), "{text}");
     }
 
     #[test]

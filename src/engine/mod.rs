@@ -398,6 +398,26 @@ pub struct ConnectOptions {
     pub pooler: crate::settings::Pooler,
 }
 
+impl ConnectOptions {
+    /// The pool options every driver starts from: these limits, no ping before each
+    /// acquire (a broken connection fails its statement and is replaced; pinging first
+    /// would double the round trips of the hot path), and the release check that closes a
+    /// connection whose call the processor abandoned at its deadline instead of leaving it
+    /// half-read in the pool or stuck on a dead socket
+    /// (`crate::processor::health::release_check`).
+    pub(crate) fn pool<DB: sqlx::Database>(&self) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::<DB>::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .after_release(|conn, _| {
+                Box::pin(crate::processor::health::release_check::<DB::Connection>(
+                    conn,
+                ))
+            })
+    }
+}
+
 impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {

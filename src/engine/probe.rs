@@ -1,7 +1,10 @@
 //! Reaching the server before the pool gives up: a connection that takes longer than
 //! [`PROBE_AFTER`] is checked with a plain TCP connect, so a refused port or an
 //! unresolvable host fails at once with its cause, and a mistyped URL (an unescaped `@`
-//! in the password) gets a hint.
+//! in the password) gets a hint. A server that answers but refuses the login with an error
+//! the pool would retry until its timeout (PostgreSQL's `too many connections`) is logged
+//! in to once more on the side, so its own message is reported at once instead of `pool
+//! timed out`.
 
 use std::time::Duration;
 
@@ -38,7 +41,46 @@ pub(crate) async fn watch_connect<T>(
             }
         }
     }
+    tokio::select! {
+        result = &mut connecting => return result.map_err(explain),
+        refused = handshake(url) => {
+            if let Some(err) = refused {
+                return Err(explain(err));
+            }
+        }
+    }
     connecting.await.map_err(explain)
+}
+
+/// Logs in to a PostgreSQL server once, on a connection of its own, and returns the
+/// server's refusal, if it refuses for a reason that will not pass while the pool waits:
+/// the pool retries `too many connections` (SQLSTATE 53300, also a role's or database's
+/// `CONNECTION LIMIT`) until its acquire timeout and then reports only `pool timed out`,
+/// hiding the server's message. A server that is starting up (57P03) is waited for;
+/// nothing is returned for other engines (their pools report the server's error at once),
+/// for a URL the probe does not apply to, or when the login works (the pool is slow for
+/// another reason and is awaited).
+async fn handshake(url: &str) -> Option<Error> {
+    use sqlx::Connection;
+
+    probe_target(url)?;
+    if Engine::from_url(url).ok()? != Engine::Postgres {
+        return None;
+    }
+    let login = tokio::time::timeout(PROBE_TIMEOUT, sqlx::PgConnection::connect(url)).await;
+    match login {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            None
+        }
+        Ok(Err(sqlx::Error::Database(db))) if db.code().as_deref() != Some("57P03") => {
+            Some(Error::Database {
+                context: format!("connecting to {}", crate::redact::redact_url(url)),
+                cause: sqlx::Error::Database(db),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Checks that the server a database URL names accepts TCP connections, within

@@ -21,6 +21,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::health;
 use super::lease::Leases;
 use super::stats::Stats;
 use crate::engine::CommandSetStateManyParams;
@@ -177,9 +178,9 @@ impl Completer {
         let started = Instant::now();
         let mut pause = Duration::from_millis(100);
         loop {
-            match self
-                .backend
-                .command_set_state_many(&CommandSetStateManyParams { changes: &batch })
+            let params = CommandSetStateManyParams { changes: &batch };
+            let call = self.backend.command_set_state_many(&params);
+            match health::deadline(health::call_deadline(self.lease), "stamping outcomes", call)
                 .await
             {
                 Ok(stamped) => {
@@ -189,7 +190,7 @@ impl Completer {
                 Err(err) if started.elapsed() + pause < self.lease => {
                     tracing::warn!(source = %self.source, error = %err, retry_in_ms = pause.as_millis() as u64, "could not stamp outcomes; retrying");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    pause = (pause * 2).min(health::RETRY_CAP);
                 }
                 Err(err) => {
                     tracing::error!(

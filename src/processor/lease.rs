@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::health;
 use crate::command::CommandId;
 use crate::engine::{Backend, Lease, LeaseExtendManyParams};
 
@@ -167,7 +168,11 @@ pub(crate) async fn renew_loop(
                     leases: chunk.to_vec(),
                     lease,
                 };
-                let extend = backend.lease_extend_many(&params);
+                let extend = health::deadline(
+                    health::call_deadline(lease),
+                    "extending leases",
+                    backend.lease_extend_many(&params),
+                );
                 tokio::pin!(extend);
                 let outcome = loop {
                     tokio::select! {

@@ -19,6 +19,7 @@
 
 mod completer;
 mod executor;
+pub(crate) mod health;
 mod lease;
 mod producer;
 pub mod retry;

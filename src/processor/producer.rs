@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Buffered, RunOptions, Shared, completer};
+use super::{Buffered, RunOptions, Shared, completer, health};
 use crate::command::LeaseToken;
 use crate::engine::{
     ClaimParams, ClaimedRow, CommandSetStateAndClaimParams, LeaseOthersAtHeadParams,
@@ -141,7 +141,9 @@ pub(crate) async fn run(
     let mut reserved = 0usize;
     let mut want = true;
     let mut next_poll = Instant::now() + poll;
-    let mut db_pause = Duration::from_millis(200);
+    let mut db_health =
+        health::Health::new(shared.source.name.clone(), "claim", options.until_idle);
+    let mut gave_up = None;
 
     let stopped = loop {
         if shutdown.is_cancelled() {
@@ -198,8 +200,8 @@ pub(crate) async fn run(
                         if !rows.is_empty() {
                             sharing.check(&shared).await;
                         }
-                        db_pause = Duration::from_millis(200);
                         let claimed = rows.len();
+                        db_health.succeeded(claimed > 0);
                         shared.source.stats.claimed(claimed as u64);
                         buffer(&shared, rows);
                         want = claimed > 0;
@@ -208,12 +210,17 @@ pub(crate) async fn run(
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(source = %shared.source.name, error = %err, retry_in_ms = db_pause.as_millis() as u64, "claim failed; retrying");
+                        let pause = match db_health.failed(err) {
+                            health::Next::RetryAfter(pause) => pause,
+                            health::Next::GiveUp(err) => {
+                                gave_up = Some(err);
+                                break Stopped::Shutdown;
+                            }
+                        };
                         tokio::select! {
-                            _ = tokio::time::sleep(db_pause) => {}
+                            _ = tokio::time::sleep(pause) => {}
                             _ = shutdown.cancelled() => {}
                         }
-                        db_pause = (db_pause * 2).min(Duration::from_secs(30));
                         want = true;
                     }
                 }
@@ -234,7 +241,7 @@ pub(crate) async fn run(
             buffer(&shared, rows);
         }
     }
-    Ok(stopped)
+    gave_up.map_or(Ok(stopped), Err)
 }
 
 /// A claim's rows (each with the instant its lease lapses at the latest), the limit it
@@ -277,12 +284,9 @@ impl Sharing {
             return;
         }
         self.checked_at = Some(now);
-        match shared
-            .source
-            .backend
-            .lease_others_at_head(&self.params)
-            .await
-        {
+        let limit = health::call_deadline(shared.source.settings.lease());
+        let looking = shared.source.backend.lease_others_at_head(&self.params);
+        match health::deadline(limit, "looking for other processors' leases", looking).await {
             Ok(0) => {}
             Ok(_) => self.until = Some(now + SHARING_HOLDS_FOR),
             // Only a pacing hint: the claims report real trouble.
@@ -308,16 +312,16 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
     let sent = Instant::now();
     let expires = sent + params.lease;
     let backend = &shared.source.backend;
+    let limit_call = health::call_deadline(params.lease);
     let result = if stamps.is_empty() {
-        backend.command_claim(&params).await
+        health::deadline(limit_call, "claiming", backend.command_claim(&params)).await
     } else {
-        match backend
-            .command_set_state_and_claim(&CommandSetStateAndClaimParams {
-                changes: &stamps,
-                claim: &params,
-            })
-            .await
-        {
+        let both = CommandSetStateAndClaimParams {
+            changes: &stamps,
+            claim: &params,
+        };
+        let call = backend.command_set_state_and_claim(&both);
+        match health::deadline(limit_call, "stamping and claiming", call).await {
             Ok((stamped, rows)) => {
                 completer::count(&shared.source.name, &shared.source.stats, &stamps, stamped);
                 completer::settled(&shared.leases, &shared.outbox, &stamps);
@@ -351,14 +355,14 @@ fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
 /// claims when `claim_only_handled_types` is on (the others wait for the worker that has
 /// their handler, and must not keep this one running).
 async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
+    let limit = health::call_deadline(shared.source.settings.lease());
+    let backend = &shared.source.backend;
     let Some(types) = &shared.types else {
-        return shared.source.backend.activity().await;
+        return health::deadline(limit, "counting due commands", backend.activity()).await;
     };
-    let counts = shared
-        .source
-        .backend
-        .state_count(&crate::engine::admin::StateCountParams { by_type: true })
-        .await?;
+    let params = crate::engine::admin::StateCountParams { by_type: true };
+    let counting = backend.state_count(&params);
+    let counts = health::deadline(limit, "counting due commands", counting).await?;
     let mut activity = crate::engine::Activity::default();
     for count in counts {
         if count

@@ -7,11 +7,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::SourceHandle;
+use super::{SourceHandle, health};
 use crate::engine::SweepParams;
 
 /// Rows deleted per statement.
 const BATCH: u32 = 1000;
+
+/// How long one batch may take before its connection is abandoned as dead.
+const SWEEP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Sweeps now and then every interval until `stop` is cancelled.
 pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
@@ -23,7 +26,10 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
         };
         let mut deleted = 0u64;
         loop {
-            match source.backend.completed_delete_batch(&params).await {
+            // Not latency-bound (and a batch delete may take a while): the longest deadline.
+            let limit = SWEEP_DEADLINE;
+            let call = source.backend.completed_delete_batch(&params);
+            match health::deadline(limit, "deleting old completed commands", call).await {
                 Ok(Some(n)) => {
                     deleted += n;
                     if n < u64::from(BATCH) || stop.is_cancelled() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::Notify;
 
@@ -255,10 +255,8 @@ impl MySqlDriver {
             Some(rest) => format!("mysql:{rest}"),
             None => url.to_owned(),
         };
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .test_before_acquire(false)
+        let pool = options
+            .pool::<sqlx::MySql>()
             .connect(&normalized)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;

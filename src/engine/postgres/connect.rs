@@ -325,12 +325,15 @@ impl Failover {
         let attrs = self.servers.attrs;
         let poke = self.poke.clone();
         let sync_off = work && pooler == Pooler::Session;
-        let mut options = PgPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(acquire)
-            // A broken connection fails its statement and is replaced; pinging before
-            // every acquire would double the round trips of the hot path.
-            .test_before_acquire(false)
+        // The pool every engine gets (no ping before acquire; a connection abandoned by
+        // a call's deadline is checked when it comes back), with PostgreSQL's checks.
+        let pool = super::super::ConnectOptions {
+            max_connections: max,
+            acquire_timeout: acquire,
+            ..super::super::ConnectOptions::default()
+        };
+        let mut options = pool
+            .pool::<sqlx::Postgres>()
             .after_connect(move |conn, _meta| {
                 let poke = poke.clone();
                 Box::pin(async move {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
+    SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Row, ValueRef};
 use tokio::sync::Notify;
@@ -340,10 +340,9 @@ impl SqliteDriver {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(30));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(options.max_connections.clamp(1, 8))
-            .acquire_timeout(options.acquire_timeout)
-            .test_before_acquire(false);
+        let pool = options
+            .pool::<sqlx::Sqlite>()
+            .max_connections(options.max_connections.clamp(1, 8));
         // Switching a fresh file to WAL while another process opens it returns
         // SQLITE_BUSY without waiting on the busy timeout (two workers started together):
         // try again for a few seconds rather than fail the start.
