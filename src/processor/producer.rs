@@ -5,8 +5,9 @@
 //! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
 //! take during the next few claims (the smoothed rate at which slots finish rows × the
 //! smoothed claim round trip × 4), never more than `batch_size` × the claims in flight; a
-//! claim waits until a quarter of that is free unless a slot is starving. Slow handlers therefore hold only the rows they run — a killed replica charges
-//! an attempt to little more than its running commands, and idle replicas get the rest —
+//! claim waits until half of that (at most a batch) is free unless a slot is starving.
+//! Slow handlers therefore hold only the rows they run — a killed replica charges an
+//! attempt to little more than its running commands, and idle replicas get the rest —
 //! while a backlog of fast commands keeps whole batches in flight as before.
 //!
 //! Up to the engine's [`crate::engine::QueueOps::claims_in_flight`] claims run at once;
@@ -43,8 +44,8 @@ pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32, claims: usize) 
     concurrency as usize + batch_size as usize * claims
 }
 
-/// The look-ahead covers what the slots take during this many claim round trips, so a
-/// claim can wait until a quarter of it is free instead of chasing every freed slot.
+/// The look-ahead covers what the slots finish during this many claim round trips, so a
+/// claim can wait for room instead of chasing every freed slot.
 const LOOK_AHEAD_CLAIMS: f64 = 4.0;
 
 /// How often the producer looks for other processors' leases while it is busy.
@@ -158,11 +159,15 @@ pub(crate) async fn run(
                 + shared.buffered.load(Ordering::Acquire)
                 + reserved;
             // A slot waiting on an empty buffer is served at once; otherwise a claim waits
-            // until a quarter of the target is free, so fast commands are claimed in
-            // batches rather than one round trip per freed slot.
+            // until half the target (at most a whole batch) is free: every claim costs a
+            // round trip and a commit, so fast commands travel in full batches.
             let starving = shared.buffered.load(Ordering::Acquire) == 0
                 && shared.active.load(Ordering::Acquire) < slots;
-            let least = if starving { 1 } else { (target / 4).max(1) };
+            let least = if starving {
+                1
+            } else {
+                (target / 2).clamp(1, batch)
+            };
             let Some(room) = target.checked_sub(held).filter(|room| *room >= least) else {
                 break;
             };
