@@ -667,8 +667,9 @@ mod tests {
         // What the processor does to an execution still running after the grace period.
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
+        // SIGKILL is immediate; the bound only allows for a loaded machine's scheduling.
         assert!(
-            dies_within(grandchild, Duration::from_secs(1)).await,
+            dies_within(grandchild, Duration::from_secs(5)).await,
             "grandchild {grandchild} survived its cancelled execution"
         );
     }

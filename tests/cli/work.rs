@@ -94,9 +94,9 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
     );
 }
 
-/// SIGTERM with one command running and two claimed but not started (concurrency 1,
-/// all three in one claim): the running one finishes within the grace, the two buffered
-/// ones are released with their attempt given back, and the worker exits 0.
+/// SIGTERM with one command running and two not started (concurrency 1): the running one
+/// finishes within the grace, the two others end pending with no attempt charged (released
+/// if they were buffered), and the worker exits 0.
 async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) {
     let db = TestDb::with_table(engine, "sigterm").await;
     let dir = tempfile::tempdir().unwrap();
@@ -130,11 +130,9 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         db.q("LockToken"),
     );
     let leased = format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while db.scalar_i64(&leased).await < 3 {
-        assert!(Instant::now() < deadline, "all three rows claimed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The worker claims its one free slot plus a look-ahead paced by finished commands
+    // (0 before any finished): the other two are buffered or not claimed yet; either
+    // way SIGTERM must leave them pending with no attempt charged.
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
     let status = worker.wait().unwrap();
     assert!(status.success(), "exit 0 after SIGTERM, got {status:?}");
@@ -158,7 +156,7 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         ))
         .await,
         2,
-        "the two buffered commands were released with their attempt given back"
+        "the two commands that never started are pending with no attempt charged"
     );
 
     // Past the grace period, the unfinished command's lease is released, not left to expire.

@@ -867,12 +867,10 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         db.q("LockToken"),
         db.q("Attempts"),
     );
-    let leased = format!("SELECT COUNT(*) FROM {t} WHERE {lock} IS NOT NULL");
-    eventually(Duration::from_secs(10), "all four rows claimed", || {
-        let (db, sql) = (&db, &leased);
-        async move { db.scalar_i64(sql).await == 4 }
-    })
-    .await;
+    // A worker claims its free slots plus a look-ahead paced by the commands it finishes
+    // (SPEC §9): with its one slot blocked from the start the look-ahead is 0, so the
+    // other three may be buffered or not claimed at all. Either way, shutdown must leave
+    // them pending, unleased and with no attempt charged while the first still runs.
     let running = runs.lock().unwrap()[0].clone();
     stop.cancel();
 
@@ -883,7 +881,7 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
     );
     eventually(
         Duration::from_secs(10),
-        "the three buffered rows released while the first still runs",
+        "the three rows that never started released (or never claimed) while the first still runs",
         || {
             let (db, sql) = (&db, &given_back);
             async move { db.scalar_i64(sql).await == 3 }
