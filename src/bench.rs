@@ -68,6 +68,11 @@ const CLAIM_WARMUP: usize = 3;
 /// Retained rows inserted per call of the engine's fill statement.
 const FILL_CHUNK: u64 = 50_000;
 
+/// The most commands one run enqueues in bulk: the batch is built in memory (about 1 KB a
+/// command with its payload and parameters), so a larger `--jobs` is refused up front
+/// instead of aborting on allocation with the scratch tables in place.
+pub const MAX_JOBS: u64 = 10_000_000;
+
 /// Tries at dropping the scratch table before giving up.
 const DROP_ATTEMPTS: u32 = 3;
 
@@ -150,10 +155,20 @@ pub async fn run(
     if options.jobs == 0 {
         return Err(Error::Usage("--jobs must be at least 1".into()));
     }
+    if options.jobs > MAX_JOBS {
+        return Err(Error::Usage(format!(
+            "--jobs {} is more than one run enqueues ({MAX_JOBS}): the batch is built in \
+             memory; run several benchmarks or pass a smaller --jobs",
+            options.jobs
+        )));
+    }
     if options.concurrency == Some(0) {
         return Err(Error::Usage("--concurrency must be at least 1".into()));
     }
     let engine = options.url.engine()?;
+    if engine == Engine::Sqlite {
+        sqlite_file_exists(&options.url).await?;
+    }
     let mut scratch = Vec::with_capacity(SCRATCH_TABLES);
     let created = tokio::select! {
         created = create_scratch_tables(options, engine, &mut scratch) => created,
@@ -194,6 +209,30 @@ pub async fn run(
         None => outcome,
         Some(err) => Err(drop_failed(&left_behind, err, outcome.err())),
     }
+}
+
+/// Refuses a SQLite URL whose file does not exist and that does not ask for it to be
+/// created: sqlx would fail with "unable to open database file", which does not say that
+/// `?mode=rwc` is the fix.
+async fn sqlite_file_exists(url: &DatabaseUrl) -> Result<()> {
+    use sqlx::migrate::MigrateDatabase as _;
+    let text = url.expose();
+    if text.contains("mode=rwc") || text.contains(":memory:") || text.contains("mode=memory") {
+        return Ok(());
+    }
+    let exists = sqlx::Sqlite::database_exists(text)
+        .await
+        .map_err(Error::db("checking the SQLite database file"))?;
+    if exists {
+        return Ok(());
+    }
+    let separator = if text.contains('?') { '&' } else { '?' };
+    Err(Error::Usage(format!(
+        "the SQLite database file {} does not exist; add {separator}mode=rwc to the URL to \
+         create it ({}{separator}mode=rwc)",
+        crate::redact::redact_url(text),
+        crate::redact::redact_url(text)
+    )))
 }
 
 /// Scratch tables per run: the one the commands go through, and the two the claim phase

@@ -8,7 +8,7 @@
 //!
 //! The `icq` binary is a thin layer over this library: every subcommand parses its
 //! arguments, calls one function here and renders the result. A service that embeds the
-//! queue builds it without the CLI: `cargo add icq --no-default-features`.
+//! queue builds it without the CLI: `cargo add icq-queue --no-default-features`.
 //!
 //! The public surface: [`Queue`] (connect, schedule, schedule inside your transaction,
 //! bulk scheduling), [`Processor`] with [`Handler`]s (typed ones through

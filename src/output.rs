@@ -344,6 +344,22 @@ impl Render for ShownCommand {
     }
 }
 
+/// The command that shows the page after `report`, for people: written on stderr by
+/// `icq list` (its own line, so it neither wraps into the table's summary nor mixes into a
+/// pipe's result). `None` on the last page.
+pub fn next_page_hint(report: &ListReport) -> Option<String> {
+    let state = serde_json::to_value(report.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    report.next_after.as_ref().map(|next| {
+        format!(
+            "Next page: icq list --state {state} --after {}",
+            escape_for_log(next.as_str())
+        )
+    })
+}
+
 impl Render for ListReport {
     fn human(&self, style: &Style) -> String {
         let state = serde_json::to_value(self.state)
@@ -360,12 +376,6 @@ impl Render for ListReport {
             self.total.max(self.commands.len() as u64),
             self.source
         ));
-        if let Some(next) = &self.next_after {
-            text.push_str(&format!(
-                " Next page: icq list --state {state} --after {}",
-                escape_for_log(next.as_str())
-            ));
-        }
         text
     }
 

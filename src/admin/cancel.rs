@@ -213,18 +213,19 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
         ));
     }
     let per_source = locate_checked(sources, ids, "cancelled", |row, state| match state {
+        // One clause each, without `;`: refusals are joined with "; ".
         State::Completed => Err(format!(
-            "command {} is completed; there is nothing left to cancel",
+            "command {} is completed, so there is nothing left to cancel",
             row.id
         )),
         State::Dead => Err(format!(
-            "command {} is already a dead letter; delete it with `icq purge --dead-letters` \
-             or run it again with `icq requeue {}`",
+            "command {} is already a dead letter (delete it with `icq purge --dead-letters` \
+             or run it again with `icq requeue {}`)",
             row.id, row.id
         )),
         State::Running => Err(format!(
-            "command {} is running (leased until {}); its handler is executing, so it \
-             cannot be cancelled; it ends completed, retried or dead",
+            "command {} is running, so it cannot be cancelled (its handler is executing, \
+             leased until {}, and it ends completed, retried or dead)",
             row.id,
             row.locked_until
                 .map_or_else(|| "now".to_owned(), crate::command::format_timestamp)

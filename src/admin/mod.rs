@@ -137,12 +137,21 @@ pub(super) struct Located {
 }
 
 impl Located {
-    /// The ids of `wanted` that no source holds, or `None` when every one was found.
+    /// The ids of `wanted` that no source holds, or `None` when every one was found. A
+    /// UUID matches in any spelling `uuid` parses (`{105C235B-…}` is the row PostgreSQL
+    /// returns as `105c235b-…`): the engine already matched it as the same value.
     pub(super) fn missing(&self, wanted: &[CommandId]) -> Option<Vec<CommandId>> {
         let found: HashSet<&CommandId> = self.rows.iter().map(|(_, row)| &row.id).collect();
+        let found_uuids: HashSet<uuid::Uuid> = self
+            .rows
+            .iter()
+            .filter_map(|(_, row)| row.id.as_uuid())
+            .collect();
         let missing: Vec<CommandId> = wanted
             .iter()
-            .filter(|id| !found.contains(id))
+            .filter(|id| {
+                !found.contains(id) && !id.as_uuid().is_some_and(|u| found_uuids.contains(&u))
+            })
             .cloned()
             .collect();
         (!missing.is_empty()).then_some(missing)

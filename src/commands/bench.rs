@@ -21,7 +21,7 @@ pub struct BenchArgs {
     /// Commands enqueued in bulk and drained (a tenth of this, at least 100, is also
     /// enqueued one transaction per command first).
     #[arg(long, default_value_t = 20_000, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=crate::bench::MAX_JOBS))]
     pub jobs: u64,
 
     /// Execution slots of the drain worker (default: the settings default, 8).

@@ -30,8 +30,11 @@ Examples:
 Exit codes:
   0  shown
   1  database error (unreachable, table missing)
-  2  usage or configuration error (an id that is not a UUID)
-  3  no command has that id")]
+  2  usage or configuration error (an empty id, or one longer than 255 characters)
+  3  no command has that id
+
+Ids are matched as stored (another writer's `job-1` too); a UUID matches in any case and
+with or without braces where the Id column is a uuid (PostgreSQL).")]
     Show(ShowArgs),
 }
 
@@ -51,7 +54,8 @@ pub struct ListArgs {
 /// Arguments of `icq dead-letters show`.
 #[derive(Debug, Clone, Args)]
 pub struct ShowArgs {
-    /// The command id (a UUID).
+    /// The command id, as stored (any text up to 255 characters; a UUID in any case or
+    /// in braces on PostgreSQL).
     #[arg(value_name = "ID")]
     pub id: CommandId,
 }

@@ -1,5 +1,6 @@
 //! `icq list [--state S] [--type T] [--limit N] [--after ID | --before TIME]`: one page of
-//! commands in a state, in the state's order, with the id that starts the next page.
+//! commands in a state, in the state's order, with the id that starts the next page (in a
+//! table, the next page's command is a note on stderr: a pipe gets the rows alone).
 
 use chrono::{DateTime, Utc};
 use clap::Args;
@@ -49,9 +50,15 @@ pub async fn run(args: ListArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         after: args.after,
         before: args.before,
     };
-    let result = admin::list(&sources, &request)
-        .await
-        .and_then(|report| output::emit(global.format, &report));
+    let result = admin::list(&sources, &request).await.and_then(|report| {
+        output::emit(global.format, &report)?;
+        if global.format == output::Format::Table
+            && let Some(hint) = output::next_page_hint(&report)
+        {
+            output::note(&hint);
+        }
+        Ok(())
+    });
     admin::close(&sources).await;
     Ok(result?)
 }

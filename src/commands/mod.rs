@@ -140,7 +140,7 @@ pub enum Command {
     Config(config::ConfigCommand),
 
     /// Print the icq(1) man page, or write every page into a directory.
-    #[command(hide = true, after_help = man::MAN)]
+    #[command(after_help = man::MAN)]
     Man(man::ManArgs),
 }
 

@@ -395,7 +395,9 @@ async fn migrator_for(url: &str, dir: &Path) -> Result<Migrator> {
             dir.display()
         )));
     }
-    if let Some(foreign) = scan(dir)?
+    let files = scan(dir)?;
+    refuse_duplicate_versions(&files, dir)?;
+    if let Some(foreign) = files
         .into_iter()
         .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != engine))
     {
@@ -408,6 +410,27 @@ async fn migrator_for(url: &str, dir: &Path) -> Result<Migrator> {
         )));
     }
     Ok(Migrator::new(dir.to_path_buf()).await?)
+}
+
+/// Two files that apply (or two that revert) one version: sqlx would apply the first and
+/// then fail or report the version as applied, so neither `run` nor `info` would be true to
+/// the directory. Refused naming both files, as sqlx-cli refuses.
+fn refuse_duplicate_versions(files: &[super::ExistingMigration], dir: &Path) -> Result<()> {
+    let mut seen: BTreeMap<(i64, bool), &Path> = BTreeMap::new();
+    for file in files {
+        let key = (file.version, file.migration_type.is_down_migration());
+        if let Some(first) = seen.insert(key, &file.path) {
+            return Err(Error::Usage(format!(
+                "{} and {} both have version {}; each version must be one migration \
+                 (rename one of them to a new version), so nothing was done in {}",
+                first.display(),
+                file.path.display(),
+                file.version,
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn sql_server_unsupported() -> Error {

@@ -4,12 +4,16 @@
 //! Fitting never wraps a cell one character per line: ids and times stay whole, the
 //! columns marked as shrinkable (an error text, a type name) are cut with `…` to what
 //! the width leaves them, in the order they were marked, and when even that is too wide
-//! the columns marked as droppable (attempts, a time) are left out of the table (the
-//! tab-separated and JSON forms always have every column). The width is `$COLUMNS`, else
+//! columns leave the table: first those with nothing to show (every cell `-` or empty, an
+//! unused "Last error"), then the ones marked as droppable (attempts, a time), so the
+//! useful columns are the ones that fit (the tab-separated and JSON forms always have every
+//! column). Widths are display widths (a CJK character or an emoji takes two columns), as
+//! comfy-table measures them. The width is `$COLUMNS`, else
 //! the terminal's, else [`FALLBACK_WIDTH`] (a terminal reporting 0 columns, `script`,
 //! many CI runners).
 
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, modifiers, presets};
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 use super::Style;
 use crate::redact::escape_for_log;
@@ -195,16 +199,26 @@ impl Grid {
                 let widest = shown
                     .iter()
                     .flat_map(|row| row[i].iter())
-                    .map(|line| line.chars().count())
+                    .map(|line| line.width())
                     .max()
                     .unwrap_or(0);
-                widest.max(column.header.chars().count())
+                widest.max(column.header.width())
             })
             .collect();
-        let mut droppable: Vec<usize> = (0..self.columns.len())
-            .filter(|i| self.columns[*i].drop_rank.is_some())
+        // Columns with nothing to show go first, then the droppable ones in rank order.
+        let empty = |i: usize| {
+            !self.rows.is_empty()
+                && self
+                    .rows
+                    .iter()
+                    .all(|row| matches!(row[i].trim(), "" | "-"))
+        };
+        let mut droppable: Vec<usize> = (1..self.columns.len()).filter(|i| empty(*i)).collect();
+        let mut marked: Vec<usize> = (0..self.columns.len())
+            .filter(|i| self.columns[*i].drop_rank.is_some() && !droppable.contains(i))
             .collect();
-        droppable.sort_by_key(|i| self.columns[*i].drop_rank);
+        marked.sort_by_key(|i| self.columns[*i].drop_rank);
+        droppable.extend(marked);
         let mut keep = vec![true; self.columns.len()];
         let mut dropping = droppable.into_iter();
         loop {
@@ -238,7 +252,7 @@ impl Grid {
             let min = self.columns[i]
                 .shrink_to
                 .unwrap_or(0)
-                .max(self.columns[i].header.chars().count())
+                .max(self.columns[i].header.width())
                 .min(limits[i]);
             limits[i] = limits[i].saturating_sub(now - width).max(min);
         }
@@ -264,24 +278,42 @@ fn cell_lines(text: &str, multiline: bool) -> Vec<String> {
     }
 }
 
-/// `line` in pieces of at most `limit` characters (a multi-line cell shows everything).
+/// `line` in pieces at most `limit` columns wide (a multi-line cell shows everything).
 fn wrap(line: &str, limit: usize) -> Vec<String> {
-    let chars: Vec<char> = line.chars().collect();
-    if chars.len() <= limit || limit == 0 {
+    if line.width() <= limit || limit == 0 {
         return vec![line.to_owned()];
     }
-    chars
-        .chunks(limit)
-        .map(|piece| piece.iter().collect())
-        .collect()
+    let mut pieces = vec![String::new()];
+    let mut used = 0;
+    for c in line.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > limit && used > 0 {
+            pieces.push(String::new());
+            used = 0;
+        }
+        if let Some(piece) = pieces.last_mut() {
+            piece.push(c);
+        }
+        used += w;
+    }
+    pieces
 }
 
-/// `line` cut to `limit` characters, the last one `…`.
+/// `line` cut to at most `limit` columns, the last one `…`.
 fn cut(line: &str, limit: usize) -> String {
-    if line.chars().count() <= limit {
+    if line.width() <= limit {
         return line.to_owned();
     }
-    let kept: String = line.chars().take(limit.saturating_sub(1)).collect();
+    let mut kept = String::new();
+    let mut used = 0;
+    for c in line.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w + 1 > limit {
+            break;
+        }
+        kept.push(c);
+        used += w;
+    }
     format!("{}…", kept.trim_end())
 }
 
@@ -314,7 +346,7 @@ mod tests {
     }
 
     fn widest(text: &str) -> usize {
-        text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+        text.lines().map(|l| l.width()).max().unwrap_or(0)
     }
 
     #[test]
@@ -349,5 +381,60 @@ mod tests {
             lines[1]
         );
         assert_eq!(lines[1].split('\t').count(), 4);
+    }
+
+    /// Issue 23: a listing leaves out an error column with nothing in it before its run
+    /// time (80 columns) and its attempts (92 columns).
+    #[test]
+    fn an_empty_column_leaves_before_useful_ones() {
+        let mut grid = Grid::new(vec![
+            Column::whole("Id"),
+            Column::shrinkable("Type", 6, 1),
+            Column::whole("State").droppable(1),
+            Column::whole("Attempts").right().droppable(0),
+            Column::whole("Run at").droppable(2),
+            Column::shrinkable("Last error", 10, 0),
+        ]);
+        for _ in 0..2 {
+            grid.push(vec![
+                "0b6f0c9e-8d57-4c1e-9a64-1f2b3c4d5e6f".into(),
+                "orders.send_receipt".into(),
+                "due".into(),
+                "0".into(),
+                "2026-12-04 15:46:51Z".into(),
+                "-".into(),
+            ]);
+        }
+        let table = grid.table(&style(), 80);
+        assert!(widest(&table) <= 80, "{table}");
+        assert!(table.contains("Run at"), "{table}");
+        assert!(table.contains("2026-12-04 15:46:51Z"), "{table}");
+        assert!(!table.contains("Last error"), "{table}");
+        let table = grid.table(&style(), 92);
+        assert!(table.contains("Attempts"), "{table}");
+        assert!(table.contains("Run at"), "{table}");
+        assert!(!table.contains("Last error"), "{table}");
+        // Wide enough for everything: the empty column stays.
+        assert!(grid.table(&style(), 200).contains("Last error"));
+    }
+
+    /// Display width, not characters: double-width text is fitted as such.
+    #[test]
+    fn wide_characters_count_twice() {
+        let mut grid = Grid::new(vec![
+            Column::whole("Id"),
+            Column::shrinkable("Last error", 4, 0),
+        ]);
+        grid.push(vec![
+            "0b6f0c9e-8d57-4c1e-9a64-1f2b3c4d5e6f".into(),
+            "接続がリセットされました。メールリレーとの通信中に".into(),
+        ]);
+        for width in [60, 70, 80] {
+            let table = grid.table(&style(), width);
+            assert!(widest(&table) <= width, "{width}:\n{table}");
+            assert_eq!(table.lines().count(), 5, "{width}:\n{table}");
+        }
+        assert_eq!(cut("接続がリセット", 5), "接続…");
+        assert_eq!(wrap("接続がリ", 4), ["接続", "がリ"]);
     }
 }

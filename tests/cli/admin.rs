@@ -1070,15 +1070,25 @@ async fn list_effects(engine: &'static str) {
     );
     assert_eq!(ids_of(&old), [DONE_OLD]);
 
-    let text = ok(
+    // Issue 23: the next page's command is its own line on stderr (whole, and not mixed
+    // into a pipe's result); the summary stays with the table.
+    let run = on(
         &db,
         &[
             "list", "--state", "dead", "--limit", "1", "--format", "table",
         ],
     );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (text, note) = (run.stdout, run.stderr);
     assert!(
-        text.contains(&format!("Showing 1 of 2 dead commands in source default. Next page: icq list --state dead --after {DEAD_NEW}")),
+        text.contains("Showing 1 of 2 dead commands in source default."),
         "{text}"
+    );
+    assert!(!text.contains("Next page"), "{text}");
+    assert!(
+        note.lines()
+            .any(|l| l == format!("Next page: icq list --state dead --after {DEAD_NEW}")),
+        "{note}"
     );
     let err = fails(&db, &["list", "--after", UNKNOWN], 3);
     assert!(err.contains(UNKNOWN), "{err}");
@@ -1111,6 +1121,24 @@ async fn cancel_effects(engine: &'static str) {
         let err = fails(&db, &["cancel", id, DUE, "-y"], 2);
         assert!(err.contains(why), "{id}: {err}");
     }
+    // Issue 23: two refusals read as two clauses and the consequence, nothing run together.
+    let both = fails(&db, &["cancel", RUNNING, DEAD_OLD, "-y"], 2);
+    let clauses: Vec<&str> = both.trim_end().split("; ").collect();
+    assert_eq!(clauses.len(), 3, "{both}");
+    assert!(
+        clauses[0].starts_with(&format!(
+            "error: command {RUNNING} is running, so it cannot be cancelled ("
+        )),
+        "{both}"
+    );
+    assert_eq!(
+        clauses[1],
+        format!(
+            "command {DEAD_OLD} is already a dead letter (delete it with `icq purge --dead-letters` or run it again with `icq requeue {DEAD_OLD}`)"
+        ),
+        "{both}"
+    );
+    assert_eq!(clauses[2], "nothing was cancelled", "{both}");
     fails(&db, &["cancel", UNKNOWN, "-y"], 3);
     let off_terminal = fails(&db, &["cancel", DUE], 2);
     assert!(off_terminal.contains("--yes"), "{off_terminal}");
@@ -1633,4 +1661,26 @@ async fn listings_in_a_pipe_are_tab_separated() {
     );
     let table = with_columns(&db, None, &["pending", "--format", "table"]);
     assert!(table.stdout.contains('╭'), "{}", table.stdout);
+}
+
+/// Issue 23: on PostgreSQL (a `uuid` column) an id in upper case or in braces is the same
+/// value: `show` finds it and `requeue` requeues it.
+#[tokio::test]
+async fn uuid_spellings_on_postgres() {
+    let db = seeded("postgres", "uuid_spellings").await;
+    let upper = DEAD_OLD.to_uppercase();
+    let braced = format!("{{{upper}}}");
+    for spelling in [upper.as_str(), braced.as_str()] {
+        let shown = json_of(&db, &["show", spelling]);
+        assert_eq!(shown["id"], DEAD_OLD, "{spelling}");
+        assert_eq!(shown["state"], "dead", "{spelling}");
+    }
+    assert_eq!(
+        json_of(&db, &["requeue", &braced, "-y"]),
+        json!({"requeued": 1})
+    );
+    let requeued = format!("{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NULL");
+    assert_eq!(count(&db, &requeued).await, 1);
+    let err = fails(&db, &["show", &UNKNOWN.to_uppercase()], 3);
+    assert!(err.contains(&UNKNOWN.to_uppercase()), "{err}");
 }

@@ -16,6 +16,7 @@ mod manual;
 mod migrate;
 mod migrate_database;
 mod operator;
+mod papercuts;
 mod production;
 mod properties;
 mod quickstart;
