@@ -11,7 +11,9 @@
 //! Every state test follows the product contract and [`crate::State`]: a row with
 //! `ProcessedAt` set is completed; otherwise a row with `DeadLetteredAt` set is dead;
 //! otherwise it is pending — running while its lease is live, else due when
-//! `RunAt <= now`, else scheduled.
+//! `RunAt <= now` or `RunAt` is NULL (no time makes such a row due, so the claim takes it
+//! at once to dead-letter it, and the counts show it where the claim finds it), else
+//! scheduled.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -35,7 +37,7 @@ pub struct StateCount {
     /// The command type, when counting by type.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,
-    /// Pending, no live lease, `RunAt <= now`.
+    /// Pending, no live lease, `RunAt <= now` or NULL.
     pub due: u64,
     /// Pending, no live lease, `RunAt > now`.
     pub scheduled: u64,

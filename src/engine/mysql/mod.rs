@@ -114,7 +114,7 @@ impl Sql {
                    CAST(COALESCE(SUM(`LockedUntil` > {NOW}), 0) AS SIGNED) AS running \
                  FROM {t} \
                  WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
-                   AND (`RunAt` <= {NOW} OR `LockedUntil` > {NOW})"
+                   AND (`RunAt` <= {NOW} OR `RunAt` IS NULL OR `LockedUntil` > {NOW})"
             )
             .into(),
         }
@@ -134,13 +134,21 @@ fn claim_select_sql(t: &str, types: usize, except: usize) -> String {
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
     }
+    // The second part: a few pending rows whose `RunAt` is NULL (another program relaxed
+    // NOT NULL), which no time makes due: claimed as they are, dead-lettered by the
+    // executor naming the column. A seek on the `RunAt` index.
     format!(
-        "SELECT `Id` FROM {t} \
+        "(SELECT `Id` FROM {t} \
          WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
            AND `RunAt` <= {NOW} \
            AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
-           AND `CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND{filter} \
-         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED"
+           AND (`CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND OR `CreatedAt` IS NULL){filter} \
+         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED) \
+         UNION ALL \
+         (SELECT `Id` FROM {t} \
+         WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` IS NULL \
+           AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+         LIMIT 10 FOR UPDATE SKIP LOCKED)"
     )
 }
 
@@ -225,9 +233,14 @@ fn optional_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> Option<DateTi
 }
 
 fn required_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> DateTime<Utc> {
-    d.get::<_, chrono::NaiveDateTime>(row, column)
-        .map(|naive| naive.and_utc())
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+    match d.get::<_, Option<chrono::NaiveDateTime>>(row, column) {
+        Some(Some(naive)) => naive.and_utc(),
+        Some(None) => {
+            d.defect(column, "NULL");
+            DateTime::<Utc>::UNIX_EPOCH
+        }
+        None => DateTime::<Utc>::UNIX_EPOCH,
+    }
 }
 
 /// Decodes a row read with [`COLUMNS`] column by column; only an unreadable `Id` fails
@@ -240,7 +253,7 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
-    out.attempts = d.get::<_, i32>(row, "Attempts").unwrap_or_default();
+    out.attempts = super::decode::attempts(&mut d, row);
     out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
@@ -320,7 +333,8 @@ impl MySqlDriver {
         }
         let update = format!(
             "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
-             `Attempts` = LEAST(`Attempts`, 2147483646) + 1 WHERE `Id` IN ({})",
+             `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
+             ELSE `Attempts` END WHERE `Id` IN ({})",
             marks(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(update))

@@ -78,16 +78,19 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 ///
 /// SQLite compares text as text, so a `RunAt` or `CreatedAt` another program wrote as
 /// `'tomorrow'` sorts after every real timestamp and would never be due: rows whose
-/// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) are claimed as well, a
-/// few at a time from the same index, and the executor dead-letters them with the
-/// column named. A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
+/// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) or is NULL (another
+/// program relaxed NOT NULL) are claimed as well, a few at a time from the same index,
+/// and the executor dead-letters them with the column named; a NULL `CreatedAt` is no
+/// reason to wait. `Attempts` counts the claim only when it is a count below `i32::MAX`
+/// (NULL, negative and huge counts stay as stored, for the executor to name). A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
 /// it would otherwise look held forever, so the row is claimed and the lease rewritten.
 /// Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
 fn claim_sql(t: &str, type_filter: &str) -> String {
     format!(
         r#"UPDATE {t}
            SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
-               "Attempts" = MIN("Attempts", 2147483646) + 1
+               "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
+                                 ELSE "Attempts" END
            WHERE "Id" IN (
                SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
@@ -95,7 +98,7 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                      AND "RunAt" <= {NOW}
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
                      AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
-                          OR "CreatedAt" >= ':'){type_filter}
+                          OR "CreatedAt" >= ':' OR "CreatedAt" IS NULL){type_filter}
                      AND typeof("Id") = 'text'
                    ORDER BY "RunAt"
                    LIMIT ?4)
@@ -103,7 +106,7 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND "RunAt" >= ':'
+                     AND ("RunAt" >= ':' OR "RunAt" IS NULL)
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10))
@@ -121,18 +124,24 @@ fn except_filter(n: usize) -> String {
     format!("\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))")
 }
 
-/// Whether a row's `Id` is not text (a BLOB another program wrote): such a row can be
-/// neither leased nor stamped by id. Text sorts before BLOBs, so this is a seek on the
-/// primary key.
+/// Whether a row's `Id` is not text (a BLOB another program wrote, or NULL, which a
+/// table without `NOT NULL` on its primary key takes): such a row can be neither leased
+/// nor stamped by id. Text sorts before BLOBs and NULL before everything, so this is two
+/// seeks on the primary key.
 const UNUSABLE_IDS_EXIST: &str = r#"SELECT EXISTS (SELECT 1 FROM {t} WHERE "Id" >= X''
+    AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL)
+    OR EXISTS (SELECT 1 FROM {t} WHERE "Id" IS NULL
     AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL)"#;
 
 /// Dead-letters the pending rows [`UNUSABLE_IDS_EXIST`] finds, saying why.
 const UNUSABLE_IDS_DEAD: &str = r#"UPDATE {t}
     SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL,
-        "LastError" = 'icq cannot use this row: its Id is a ' || typeof("Id") || ' (X''' ||
-                      hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
-    WHERE "Id" >= X'' AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+        "LastError" = CASE WHEN "Id" IS NULL
+            THEN 'icq cannot use this row: its Id is NULL, so it can be neither leased nor stamped; ids are text'
+            ELSE 'icq cannot use this row: its Id is a ' || typeof("Id") || ' (X''' ||
+                 hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
+            END
+    WHERE ("Id" >= X'' OR "Id" IS NULL) AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 /// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
 const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
@@ -185,7 +194,8 @@ impl Sql {
                        COALESCE(SUM(CASE WHEN "LockedUntil" > {NOW} THEN 1 ELSE 0 END), 0) AS running
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "LockedUntil" > {NOW})"#
+                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL
+                          OR "LockedUntil" > {NOW})"#
             )
             .into(),
             unusable_ids_exist: UNUSABLE_IDS_EXIST.replace("{t}", t).into(),
@@ -281,18 +291,44 @@ fn required_time(d: &mut Decoder, row: &SqliteRow, column: &str) -> DateTime<Utc
     }
 }
 
-/// The row's `Id` as stored; a BLOB another program wrote is shown as `X'…'` and is a
-/// defect (the claim skips such rows and dead-letters them by their key).
+/// The row's `Id` as stored; a BLOB another program wrote, or text that is not valid
+/// UTF-8, is shown as `X'…'` and is a defect (the claim skips BLOBs and dead-letters
+/// them by their key; invalid text it dead-letters by its bytes, [`UNREADABLE_ID_DEAD`]).
+/// A NULL id is shown as `NULL`.
 fn stored_id(d: &mut Decoder, row: &SqliteRow) -> std::result::Result<CommandId, sqlx::Error> {
-    text_id(row).or_else(|err| match row.try_get::<Vec<u8>, _>("Id") {
-        Ok(bytes) => {
-            let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
-            d.defect("Id", "a BLOB, not text");
-            Ok(CommandId::stored(format!("X'{hex}'")))
+    text_id(row).or_else(|err| {
+        if row.try_get_raw("Id").is_ok_and(|raw| raw.is_null()) {
+            d.defect("Id", "NULL");
+            return Ok(CommandId::stored("NULL".to_owned()));
         }
-        Err(_) => Err(err),
+        match row.try_get::<Vec<u8>, _>("Id") {
+            Ok(bytes) => {
+                let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
+                let text = row
+                    .try_get_raw("Id")
+                    .is_ok_and(|raw| sqlx::TypeInfo::name(&*raw.type_info()) == "TEXT");
+                d.defect(
+                    "Id",
+                    if text {
+                        "text that is not valid UTF-8 (ids are UTF-8 text)"
+                    } else {
+                        "a BLOB, not text"
+                    },
+                );
+                Ok(CommandId::stored(format!("X'{hex}'")))
+            }
+            Err(_) => Err(err),
+        }
     })
 }
+
+/// Dead-letters the claimed row whose `Id` is text that is not valid UTF-8, by its bytes
+/// (`?1`, a BLOB cast back to text: the same bytes, so the primary key finds it) and the
+/// claim's token (`?2`), with `?3` as the reason. Such a row cannot be named by the
+/// stamps, which carry ids as UTF-8 JSON text.
+const UNREADABLE_ID_DEAD: &str = r#"UPDATE {t}
+    SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL, "LastError" = ?3
+    WHERE "Id" = CAST(?1 AS TEXT) AND "LockToken" = ?2"#;
 
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column; only an unreadable
 /// `Id` fails it (the row could not be stamped anyway).
@@ -304,8 +340,7 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
-    let attempts = d.get::<_, i64>(row, "Attempts").unwrap_or_default();
-    out.attempts = attempts.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+    out.attempts = super::decode::attempts(&mut d, row);
     out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
@@ -435,6 +470,8 @@ impl SqliteDriver {
             .map_err(Error::db(self.ctx("claiming due commands")))?;
         let mut claimed =
             super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
+        self.dead_letter_unreadable_ids(conn, params, &rows, &mut claimed)
+            .await?;
         // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
         // sorts as due is decided on the database's clock, never the worker's.
         let now = rows
@@ -449,6 +486,48 @@ impl SqliteDriver {
             }
         }
         Ok(claimed)
+    }
+
+    /// Settles, within the claim, the claimed rows whose `Id` is text that is not valid
+    /// UTF-8 (no stamp could name them, so each would otherwise be claimed again every
+    /// lease, forever), and drops them from `claimed`.
+    async fn dead_letter_unreadable_ids(
+        &self,
+        conn: &mut SqliteConnection,
+        params: &ClaimParams,
+        rows: &[SqliteRow],
+        claimed: &mut Vec<ClaimedRow>,
+    ) -> Result<()> {
+        let unreadable: Vec<Vec<u8>> = rows
+            .iter()
+            .filter(|row| row.try_get::<String, _>("Id").is_err())
+            .filter_map(|row| row.try_get::<Vec<u8>, _>("Id").ok())
+            .collect();
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        let sql = UNREADABLE_ID_DEAD
+            .replace("{t}", &self.t)
+            .replace("{NOW}", NOW);
+        for bytes in unreadable {
+            let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
+            let reason = format!(
+                "row cannot be processed: column Id: text that is not valid UTF-8 (X'{hex}'), so \
+                 no stamp can name it; ids are UTF-8 text"
+            );
+            tracing::warn!(table = %self.table, id = %format!("X'{hex}'"), "command dead-lettered: its Id is not valid UTF-8");
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(bytes)
+                .bind(params.token.to_string())
+                .bind(reason)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(
+                    self.ctx("dead-lettering a row whose Id is not UTF-8"),
+                ))?;
+        }
+        claimed.retain(|c| !c.row.defects.iter().any(|d| d.starts_with("column Id:")));
+        Ok(())
     }
 
     async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
