@@ -53,12 +53,12 @@ impl Decoder {
         self.take(column, result)
     }
 
-    /// Parses a JSON document stored as text.
-    pub(crate) fn json_text(&mut self, column: &str, text: Option<String>) -> serde_json::Value {
+    /// Parses a JSON document borrowed from the row (no copy of its text is made).
+    pub(crate) fn json_str(&mut self, column: &str, text: Option<&str>) -> serde_json::Value {
         match text {
             None => serde_json::Value::Null,
             Some(text) => self
-                .take(column, serde_json::from_str(&text))
+                .take(column, serde_json::from_str(text))
                 .unwrap_or(serde_json::Value::Null),
         }
     }

@@ -40,6 +40,9 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         let Some(item) = next else { return };
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
+        shared
+            .buffered_bytes
+            .fetch_sub(item.claimed.payload_bytes, Ordering::AcqRel);
         shared.started.fetch_add(1, Ordering::Relaxed);
         let change = execute(&shared, item).await;
         shared.outbox.push(change).await;

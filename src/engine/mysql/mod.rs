@@ -243,13 +243,21 @@ fn required_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> DateTime<Utc>
     }
 }
 
+/// The payload's size in bytes as the row holds it (its text), for the producer's
+/// buffered-bytes budget; 0 when it is not text.
+pub(crate) fn payload_bytes(row: &MySqlRow) -> usize {
+    row.try_get_unchecked::<&str, _>("Payload")
+        .map_or(0, str::len)
+}
+
 /// Decodes a row read with [`COLUMNS`] column by column; only an unreadable `Id` fails
 /// it (the row could not be stamped anyway).
 pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx::Error> {
     let mut d = Decoder::default();
     let mut out = CommandRow::placeholder(text_id(row)?);
-    let payload = d.get::<_, String>(row, "Payload");
-    out.payload = d.json_text("Payload", payload);
+    // Borrowed: the payload's text is parsed where the row holds it, never copied first.
+    let payload = d.get::<_, &str>(row, "Payload");
+    out.payload = d.json_str("Payload", payload);
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
@@ -356,10 +364,13 @@ impl MySqlDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
+        // Consumed in order: each raw row is dropped once decoded, so a claim of large
+        // payloads never holds every raw row and every decoded one at once.
         Ok(super::leased_rows(
             &self.table,
             params.token,
-            rows.iter().map(decode_row),
+            rows.into_iter()
+                .map(|row| (decode_row(&row), payload_bytes(&row))),
         ))
     }
 

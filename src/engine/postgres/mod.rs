@@ -300,6 +300,15 @@ async fn insert_with(
     Ok(command.id.clone())
 }
 
+/// The payload's size in bytes as the row holds it (jsonb's binary form), for the
+/// producer's buffered-bytes budget.
+pub(crate) fn payload_bytes(row: &PgRow) -> usize {
+    row.try_get_raw("Payload")
+        .ok()
+        .and_then(|value| value.as_bytes().ok().map(<[u8]>::len))
+        .unwrap_or(0)
+}
+
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column: a column that
 /// cannot be decoded (an infinite timestamp, a payload nested deeper than the JSON
 /// decoder goes) becomes a defect of the row rather than an error of the statement.
@@ -449,7 +458,11 @@ impl StampArrays {
 impl PgDriver {
     /// Decodes claimed rows; one without a readable id is logged and left to its lease.
     fn claimed(&self, rows: &[PgRow], params: &ClaimParams) -> Vec<ClaimedRow> {
-        let claimed = super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
+        let claimed = super::leased_rows(
+            &self.table,
+            params.token,
+            rows.iter().map(|row| (decode_row(row), payload_bytes(row))),
+        );
         if params.types.is_none() {
             self.cursor.advance(&claimed, params.limit);
         }

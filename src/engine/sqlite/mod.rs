@@ -330,13 +330,21 @@ const UNREADABLE_ID_DEAD: &str = r#"UPDATE {t}
     SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL, "LastError" = ?3
     WHERE "Id" = CAST(?1 AS TEXT) AND "LockToken" = ?2"#;
 
+/// The payload's size in bytes as the row holds it (its text), for the producer's
+/// buffered-bytes budget; 0 when it is not text.
+pub(crate) fn payload_bytes(row: &SqliteRow) -> usize {
+    row.try_get_unchecked::<&str, _>("Payload")
+        .map_or(0, str::len)
+}
+
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column; only an unreadable
 /// `Id` fails it (the row could not be stamped anyway).
 pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
     let mut d = Decoder::default();
     let mut out = CommandRow::placeholder(stored_id(&mut d, row)?);
-    let payload = d.get::<_, String>(row, "Payload");
-    out.payload = d.json_text("Payload", payload);
+    // Borrowed: the payload's text is parsed where the row holds it, never copied first.
+    let payload = d.get::<_, &str>(row, "Payload");
+    out.payload = d.json_str("Payload", payload);
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
@@ -468,16 +476,24 @@ impl SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        let mut claimed =
-            super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
-        self.dead_letter_unreadable_ids(conn, params, &rows, &mut claimed)
-            .await?;
         // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
         // sorts as due is decided on the database's clock, never the worker's.
         let now = rows
             .first()
             .and_then(|row| row.try_get::<String, _>("IcqNow").ok())
             .and_then(|text| parse_timestamp(&text));
+        let unreadable = self.dead_letter_unreadable_ids(conn, params, &rows).await?;
+        // Consumed in order: each raw row is dropped once decoded, so a claim of large
+        // payloads never holds every raw row and every decoded one at once.
+        let mut claimed = super::leased_rows(
+            &self.table,
+            params.token,
+            rows.into_iter()
+                .map(|row| (decode_row(&row), payload_bytes(&row))),
+        );
+        if unreadable {
+            claimed.retain(|c| !c.row.defects.iter().any(|d| d.starts_with("column Id:")));
+        }
         if let Some(now) = now {
             for row in &mut claimed {
                 if row.row.run_at > now {
@@ -490,21 +506,20 @@ impl SqliteDriver {
 
     /// Settles, within the claim, the claimed rows whose `Id` is text that is not valid
     /// UTF-8 (no stamp could name them, so each would otherwise be claimed again every
-    /// lease, forever), and drops them from `claimed`.
+    /// lease, forever); says whether there were any, to drop from the claimed rows.
     async fn dead_letter_unreadable_ids(
         &self,
         conn: &mut SqliteConnection,
         params: &ClaimParams,
         rows: &[SqliteRow],
-        claimed: &mut Vec<ClaimedRow>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let unreadable: Vec<Vec<u8>> = rows
             .iter()
             .filter(|row| row.try_get::<String, _>("Id").is_err())
             .filter_map(|row| row.try_get::<Vec<u8>, _>("Id").ok())
             .collect();
         if unreadable.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let sql = UNREADABLE_ID_DEAD
             .replace("{t}", &self.t)
@@ -526,8 +541,7 @@ impl SqliteDriver {
                     self.ctx("dead-lettering a row whose Id is not UTF-8"),
                 ))?;
         }
-        claimed.retain(|c| !c.row.defects.iter().any(|d| d.starts_with("column Id:")));
-        Ok(())
+        Ok(true)
     }
 
     async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
