@@ -774,6 +774,7 @@ bad_row_tests! {
     work_until_idle_returns_despite_a_null_id_row: [sqlite];
     work_until_idle_returns_despite_an_invalid_utf8_id_row: [sqlite];
     work_until_idle_returns_despite_a_null_run_at_row: [postgres, sqlite, mysql];
+    invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works: [sqlite];
     text_attempts_settles: [sqlite];
     minus_infinity_run_at_is_dead_lettered_without_panic: [postgres];
     dead_row_with_infinite_run_at_is_listed_shown_and_requeued: [postgres];
@@ -1332,4 +1333,51 @@ async fn work_until_idle_returns_despite_a_garbage_created_at_row(engine: &'stat
 
 async fn work_until_idle_returns_despite_a_blob_id_row(engine: &'static str) {
     until_idle_returns(engine, "idleblob", vec![("Id", "X'DEADBEEF'".into())]).await;
+}
+
+/// SQLite: one row whose `Type` is invalid UTF-8 made `pending --by-type` and
+/// `cancel --type` fail for the whole table ("invalid utf-8 sequence"). The row is
+/// counted under its type with the invalid bytes escaped, and the other types still
+/// count and cancel.
+async fn invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works(engine: &'static str) {
+    let db = TestDb::with_table(engine, "badutf8type").await;
+    let t = table(&db);
+    db.execute(&format!(
+        "INSERT INTO {t} (\"Type\", \"Payload\") VALUES (CAST(X'6A6F62FF2D31' AS TEXT), '{{}}'), \
+         ('good', '{{}}'), ('good', '{{}}')"
+    ))
+    .await;
+    let by_type = icq_cli(&db.url, &["pending", "--by-type", "--format", "json"]);
+    by_type.assert_success();
+    let counts = by_type.json();
+    let text = counts.to_string();
+    assert!(
+        text.contains(r"job\\xFF-1"),
+        "the bad type is counted, escaped: {text}"
+    );
+    let good = counts
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|c| c["type"] == "good")
+        .unwrap_or_else(|| panic!("the good type is counted: {text}"));
+    assert_eq!(good["due"], 2, "{text}");
+    icq_cli(&db.url, &["pending", "--by-type"]).assert_success();
+    let cancel = icq_cli(&db.url, &["cancel", "--type", "good", "--yes"]);
+    cancel.assert_success();
+    let pending_good = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE \"Type\" = 'good' AND \"DeadLetteredAt\" IS NULL"
+        ))
+        .await;
+    assert_eq!(
+        pending_good, 0,
+        "cancel --type good cancelled both good rows"
+    );
+    let bad_pending = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE \"Type\" <> 'good' AND \"DeadLetteredAt\" IS NULL"
+        ))
+        .await;
+    assert_eq!(bad_pending, 1, "the other type is left alone");
 }
