@@ -775,6 +775,7 @@ bad_row_tests! {
     work_until_idle_returns_despite_an_invalid_utf8_id_row: [sqlite];
     work_until_idle_returns_despite_a_null_run_at_row: [postgres, sqlite, mysql];
     invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works: [sqlite];
+    unrepresentable_times_are_listed_truthfully: [postgres];
     text_attempts_settles: [sqlite];
     minus_infinity_run_at_is_dead_lettered_without_panic: [postgres];
     dead_row_with_infinite_run_at_is_listed_shown_and_requeued: [postgres];
@@ -1380,4 +1381,91 @@ async fn invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works(engine: &
         ))
         .await;
     assert_eq!(bad_pending, 1, "the other type is left alone");
+}
+
+/// PostgreSQL: `list` showed unrepresentable times (NULL, `infinity`, year 294276) as
+/// 1970-01-01, called them due while `pending` counted them scheduled, and its "showing
+/// 6" disagreed with the 7 rows listed. Now each row's state agrees with the counts, the
+/// unreadable time is shown as such, and the footer counts every listed row.
+async fn unrepresentable_times_are_listed_truthfully(engine: &'static str) {
+    let db = TestDb::with_table(engine, "badtimes").await;
+    relax_not_null(&db, &["RunAt"]).await;
+    let t = table(&db);
+    db.execute(&format!(
+        "INSERT INTO {t} (\"Type\", \"Payload\", \"RunAt\") VALUES \
+         ('now', '{{}}', now()), ('null', '{{}}', NULL), ('inf', '{{}}', 'infinity'), \
+         ('neginf', '{{}}', '-infinity'), ('far', '{{}}', '294276-01-01 00:00:00+00'), \
+         ('tomorrow', '{{}}', now() + interval '1 day'), ('bc', '{{}}', '4713-01-01 BC')"
+    ))
+    .await;
+    let pending = icq_cli(&db.url, &["pending", "--format", "json"]);
+    pending.assert_success();
+    let counts = &pending.json()[0];
+    assert_eq!(
+        (counts["due"].as_u64(), counts["scheduled"].as_u64()),
+        (Some(4), Some(3)),
+        "NULL, -infinity, 4713 BC and now are due; tomorrow, infinity and 294276 are scheduled: {counts}"
+    );
+    let listed = icq_cli(&db.url, &["list", "--state", "pending", "--format", "json"]);
+    listed.assert_success();
+    let page = listed.json();
+    let commands = page["commands"].as_array().expect("commands");
+    assert_eq!(commands.len(), 7, "{page}");
+    assert_eq!(
+        page["total"], 7,
+        "the footer's total counts every row: {page}"
+    );
+    let state_of = |name: &str| {
+        commands
+            .iter()
+            .find(|c| c["type"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {page}"))
+    };
+    for (name, state, unreadable) in [
+        ("now", "due", false),
+        ("null", "due", true),
+        ("neginf", "due", true),
+        ("bc", "due", false),
+        ("tomorrow", "scheduled", false),
+        ("inf", "scheduled", true),
+        ("far", "scheduled", true),
+    ] {
+        let c = state_of(name);
+        assert_eq!(c["state"], state, "{name}: {c}");
+        assert_eq!(
+            c["unreadable"] == serde_json::json!(["RunAt"]),
+            unreadable,
+            "{name}: unreadable columns named: {c}"
+        );
+    }
+    for state in ["due", "scheduled"] {
+        let out = icq_cli(&db.url, &["list", "--state", state, "--format", "json"]);
+        out.assert_success();
+        assert_eq!(
+            out.json()["commands"].as_array().map(Vec::len),
+            counts[state].as_u64().map(|n| n as usize),
+            "list --state {state} lists what pending counts"
+        );
+    }
+    let table_out = icq_cli(
+        &db.url,
+        &["list", "--state", "pending", "--format", "table"],
+    );
+    table_out.assert_success();
+    assert!(
+        !table_out.stdout.contains("1970-01-01"),
+        "no placeholder time is shown:\n{}",
+        table_out.stdout
+    );
+    assert_eq!(
+        table_out.stdout.matches("(unreadable)").count(),
+        4,
+        "{}",
+        table_out.stdout
+    );
+    assert!(
+        table_out.stdout.contains("Showing 7 of 7 pending"),
+        "{}",
+        table_out.stdout
+    );
 }

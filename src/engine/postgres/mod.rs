@@ -365,8 +365,30 @@ fn time(row: &PgRow, column: &str) -> std::result::Result<Option<DateTime<Utc>>,
     }
 }
 
+/// Where a time icq cannot represent sorts, as a placeholder on the same side of "now"
+/// as the stored value, so the row's state (and the listing's) agrees with what the
+/// SQL (claims, counts) decides: `infinity` and years past chrono's range sort after
+/// every instant, `-infinity` and years before it before.
+fn unrepresentable(row: &PgRow, column: &str) -> DateTime<Utc> {
+    let later = row
+        .try_get_raw(column)
+        .ok()
+        .filter(|raw| raw.format() == PgValueFormat::Binary)
+        .and_then(|raw| <i64 as sqlx::Decode<sqlx::Postgres>>::decode(raw).ok())
+        .is_some_and(|micros| micros > 0);
+    if later {
+        DateTime::<Utc>::MAX_UTC
+    } else {
+        DateTime::<Utc>::MIN_UTC
+    }
+}
+
 fn optional_time(d: &mut Decoder, row: &PgRow, column: &str) -> Option<DateTime<Utc>> {
-    d.take(column, time(row, column)).flatten()
+    match d.take(column, time(row, column)) {
+        Some(at) => at,
+        // Set, but not representable: still set (a completed row stays completed).
+        None => Some(unrepresentable(row, column)),
+    }
 }
 
 fn required_time(d: &mut Decoder, row: &PgRow, column: &str) -> DateTime<Utc> {
@@ -376,7 +398,7 @@ fn required_time(d: &mut Decoder, row: &PgRow, column: &str) -> DateTime<Utc> {
             d.defect(column, "NULL");
             DateTime::<Utc>::UNIX_EPOCH
         }
-        None => DateTime::<Utc>::UNIX_EPOCH,
+        None => unrepresentable(row, column),
     }
 }
 
