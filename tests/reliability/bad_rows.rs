@@ -776,6 +776,8 @@ bad_row_tests! {
     work_until_idle_returns_despite_a_null_run_at_row: [postgres, sqlite, mysql];
     invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works: [sqlite];
     unrepresentable_times_are_listed_truthfully: [postgres];
+    number_as_text_run_at_is_dead_lettered_within_one_lease: [sqlite];
+    work_until_idle_returns_despite_a_number_as_text_run_at_row: [sqlite];
     text_attempts_settles: [sqlite];
     minus_infinity_run_at_is_dead_lettered_without_panic: [postgres];
     dead_row_with_infinite_run_at_is_listed_shown_and_requeued: [postgres];
@@ -1468,4 +1470,26 @@ async fn unrepresentable_times_are_listed_truthfully(engine: &'static str) {
         "{}",
         table_out.stdout
     );
+}
+
+/// SQLite: text `RunAt` `2461000.5` (a Julian day to SQLite's date functions) sorted as
+/// text after every timestamp, so it was never claimed, while `list` showed it due on
+/// 1970-01-29. It is dead-lettered, naming the column and the value.
+async fn number_as_text_run_at_is_dead_lettered_within_one_lease(engine: &'static str) {
+    attack(engine, "julianday", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "'2461000.5'".into())],
+            Expect::Dead(vec![
+                "column RunAt: `2461000.5` is text but not an ISO-8601 time",
+            ]),
+        )
+        .watched()
+    })
+    .await;
+}
+
+async fn work_until_idle_returns_despite_a_number_as_text_run_at_row(engine: &'static str) {
+    until_idle_returns(engine, "idlejulian", vec![("RunAt", "'2461000.5'".into())]).await;
 }

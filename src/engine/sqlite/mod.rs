@@ -42,6 +42,9 @@ pub struct SqliteDriver {
     /// The quoted table name.
     pub(crate) t: String,
     sql: Sql,
+    /// When [`MISSORTED_RUN_AT_DEAD`] last ran (it scans the scheduled rows, so it runs
+    /// at most twice per lease period, not with every claim).
+    missorted_scanned_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 struct Sql {
@@ -142,6 +145,27 @@ const UNUSABLE_IDS_DEAD: &str = r#"UPDATE {t}
                  hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
             END
     WHERE ("Id" >= X'' OR "Id" IS NULL) AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+
+/// Dead-letters pending rows whose `RunAt` is text that sorts after now, is not an
+/// ISO-8601 time, and reads as a number of Unix seconds already past — a number stored
+/// as text such as `'2461000.5'` (a Julian day to SQLite's date functions; 1970-01-29 as
+/// Unix seconds): icq reads it as due, but text compares as text, so no claim would
+/// ever find it. (Unix seconds as text still ahead, `'4102444800'`, stay scheduled: text
+/// order and instant agree until then.) A scan of the scheduled part of the poll index
+/// (`RunAt` is in it), a hundred rows at a time. Integer and real times compare below
+/// text and are claimed as due, so they are never touched here.
+const MISSORTED_RUN_AT_DEAD: &str = r#"UPDATE {t}
+    SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL,
+        "LastError" = 'row cannot be processed: column RunAt: `' || substr("RunAt", 1, 64) ||
+            '` is text but not an ISO-8601 time: read as Unix seconds it is already due, yet as text it sorts after every timestamp, so no claim would find it (a Julian day? SQLite''s date functions read numbers so); store ISO-8601 UTC text or an INTEGER/REAL number of Unix seconds'
+    WHERE "Id" IN (SELECT "Id" FROM {t}
+        WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+          AND "RunAt" > {NOW} AND "RunAt" < ':'
+          AND typeof("RunAt") = 'text'
+          AND "RunAt" NOT GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*'
+          AND CAST("RunAt" AS REAL) <= CAST(strftime('%s', 'now') AS REAL)
+          AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
+        LIMIT 100)"#;
 
 /// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
 const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
@@ -420,6 +444,7 @@ impl SqliteDriver {
             table: table.clone(),
             sql: Sql::new(&t),
             t,
+            missorted_scanned_at: std::sync::Mutex::new(None),
         })
     }
 
@@ -444,6 +469,34 @@ impl SqliteDriver {
             if done.rows_affected() > 0 {
                 tracing::warn!(table = %self.table, rows = done.rows_affected(), "dead-lettered rows whose Id is not text");
             }
+        }
+        Ok(())
+    }
+
+    /// Runs [`MISSORTED_RUN_AT_DEAD`] when it has not run for half a lease period, so such
+    /// a row settles within one lease (and at once when a processor starts).
+    async fn dead_letter_missorted_run_at(&self, lease: Duration) -> Result<()> {
+        {
+            let mut at = self
+                .missorted_scanned_at
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if at.is_some_and(|at| at.elapsed() < lease / 2) {
+                return Ok(());
+            }
+            *at = Some(std::time::Instant::now());
+        }
+        let sql = MISSORTED_RUN_AT_DEAD
+            .replace("{t}", &self.t)
+            .replace("{NOW}", NOW);
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("looking for RunAt text that is not a time"),
+            ))?;
+        if done.rows_affected() > 0 {
+            tracing::warn!(table = %self.table, rows = done.rows_affected(), "dead-lettered rows whose RunAt is text that is not a time");
         }
         Ok(())
     }
@@ -604,6 +657,7 @@ impl QueueOps for SqliteDriver {
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         self.dead_letter_unusable_ids().await?;
+        self.dead_letter_missorted_run_at(params.lease).await?;
         let mut conn = self
             .pool
             .acquire()
@@ -618,6 +672,7 @@ impl QueueOps for SqliteDriver {
     ) -> Result<(u64, Vec<ClaimedRow>)> {
         let (changes, params) = (params.changes, params.claim);
         self.dead_letter_unusable_ids().await?;
+        self.dead_letter_missorted_run_at(params.lease).await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
