@@ -83,7 +83,10 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 /// `'tomorrow'` sorts after every real timestamp and would never be due: rows whose
 /// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) or is NULL (another
 /// program relaxed NOT NULL) are claimed as well, a few at a time from the same index,
-/// and the executor dead-letters them with the column named; a NULL `CreatedAt` is no
+/// and the executor dead-letters them with the column named (the NULLs in an arm of
+/// their own: `OR "RunAt" IS NULL` would turn the seek into a scan of every pending row,
+/// while `IS NULL` alone is a seek, or nothing at all on a NOT NULL column); a NULL
+/// `CreatedAt` is no
 /// reason to wait. `Attempts` counts the claim only when it is a count below `i32::MAX`
 /// (NULL, negative and huge counts stay as stored, for the executor to name). A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
 /// it would otherwise look held forever, so the row is claimed and the lease rewritten.
@@ -109,7 +112,15 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" >= ':' OR "RunAt" IS NULL)
+                     AND "RunAt" >= ':'
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
+                     AND typeof("Id") = 'text'
+                   LIMIT 10)
+               UNION ALL
+               SELECT "Id" FROM (
+                   SELECT "Id" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                     AND "RunAt" IS NULL
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10))
