@@ -484,6 +484,21 @@ pub trait CommandType: Serialize + serde::de::DeserializeOwned + Send + Sync + '
     const TYPE: &'static str;
 }
 
+/// The column names of `defects` (each `column <name>: <reason>`), in order, once each.
+pub(crate) fn unreadable_columns(defects: &[String]) -> Vec<String> {
+    let mut columns: Vec<String> = Vec::new();
+    for defect in defects {
+        if let Some((name, _)) = defect
+            .strip_prefix("column ")
+            .and_then(|rest| rest.split_once(':'))
+            && !columns.iter().any(|c| c == name)
+        {
+            columns.push(name.to_owned());
+        }
+    }
+    columns
+}
+
 /// One row of the commands table, every column decoded.
 ///
 /// # Examples

@@ -172,6 +172,11 @@ pub fn raw(text: &str) -> Result<()> {
     }
 }
 
+/// What a listing shows for a value icq could not read (the reason is in the row's last
+/// error, or its defects): never the placeholder the decoder left, which would read as a
+/// real time (1970-01-01).
+const UNREADABLE: &str = "(unreadable)";
+
 fn time(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -302,6 +307,21 @@ impl Render for ShownCommand {
 
     fn grid(&self) -> Option<Grid> {
         let r = &self.row;
+        let unreadable = crate::command::unreadable_columns(&r.defects);
+        let time = |column: &str, at: DateTime<Utc>| {
+            if unreadable.iter().any(|c| c == column) {
+                UNREADABLE.to_owned()
+            } else {
+                time(at)
+            }
+        };
+        let opt_time = |column: &str, at: Option<DateTime<Utc>>| {
+            if unreadable.iter().any(|c| c == column) {
+                UNREADABLE.to_owned()
+            } else {
+                opt_time(at)
+            }
+        };
         let payload =
             serde_json::to_string_pretty(&r.payload).unwrap_or_else(|_| r.payload.to_string());
         let roles = if r.roles.is_empty() {
@@ -315,16 +335,19 @@ impl Render for ShownCommand {
             ("State", self.state.as_str().to_owned()),
             ("Type", r.type_name.clone()),
             ("Attempts", r.attempts.to_string()),
-            ("Created at", time(r.created_at)),
-            ("Run at", time(r.run_at)),
-            ("Processed at", opt_time(r.processed_at)),
-            ("Dead lettered at", opt_time(r.dead_lettered_at)),
+            ("Created at", time("CreatedAt", r.created_at)),
+            ("Run at", time("RunAt", r.run_at)),
+            ("Processed at", opt_time("ProcessedAt", r.processed_at)),
+            (
+                "Dead lettered at",
+                opt_time("DeadLetteredAt", r.dead_lettered_at),
+            ),
             (
                 "Lock token",
                 r.lock_token
                     .map_or_else(|| "-".to_owned(), |t| t.to_string()),
             ),
-            ("Locked until", opt_time(r.locked_until)),
+            ("Locked until", opt_time("LockedUntil", r.locked_until)),
             ("User id", opt(r.user_id.as_deref())),
             ("Roles", roles),
             ("Tenant id", opt(r.tenant_id.as_deref())),
@@ -393,13 +416,23 @@ impl Render for ListReport {
             Column::whole(when).droppable(2),
             Column::shrinkable("Last error", 10, 0),
         ]);
+        let key_column = match self.state {
+            crate::engine::admin::ListState::Dead => "DeadLetteredAt",
+            crate::engine::admin::ListState::Completed => "ProcessedAt",
+            _ => "RunAt",
+        };
         for c in &self.commands {
+            let when = if c.unreadable.iter().any(|col| col == key_column) {
+                UNREADABLE.to_owned()
+            } else {
+                c.key_time(self.state).map_or_else(|| "-".to_owned(), time)
+            };
             grid.push(vec![
                 c.id.as_str().to_owned(),
                 c.type_name.clone(),
                 c.state.as_str().to_owned(),
                 c.attempts.to_string(),
-                c.key_time(self.state).map_or_else(|| "-".to_owned(), time),
+                when,
                 c.last_error.clone().unwrap_or_else(|| "-".to_owned()),
             ]);
         }

@@ -89,11 +89,17 @@ pub struct ListedCommand {
     pub dead_lettered_at: Option<DateTime<Utc>>,
     /// `LastError`, with what icq could not read in the row when it has defects.
     pub last_error: Option<String>,
+    /// The columns icq could not read (NULL where a value is required, an instant it
+    /// cannot represent, ...): their fields above hold placeholders, which listings show
+    /// as `unreadable`, not as a time. Empty (and left out of JSON) for a healthy row.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 impl ListedCommand {
     fn new(row: CommandRow, now: DateTime<Utc>) -> ListedCommand {
         let state = row.state(now);
+        let unreadable = crate::command::unreadable_columns(&row.defects);
         let last_error = match row.defect_summary() {
             None => row.last_error,
             Some(defects) => Some(match row.last_error {
@@ -112,6 +118,7 @@ impl ListedCommand {
             processed_at: row.processed_at,
             dead_lettered_at: row.dead_lettered_at,
             last_error,
+            unreadable,
         }
     }
 

@@ -11,7 +11,9 @@
 //! Every state test follows the product contract and [`crate::State`]: a row with
 //! `ProcessedAt` set is completed; otherwise a row with `DeadLetteredAt` set is dead;
 //! otherwise it is pending — running while its lease is live, else due when
-//! `RunAt <= now`, else scheduled.
+//! `RunAt <= now` or `RunAt` is NULL (no time makes such a row due, so the claim takes it
+//! at once to dead-letter it, and the counts show it where the claim finds it), else
+//! scheduled.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -35,7 +37,7 @@ pub struct StateCount {
     /// The command type, when counting by type.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,
-    /// Pending, no live lease, `RunAt <= now`.
+    /// Pending, no live lease, `RunAt <= now` or NULL.
     pub due: u64,
     /// Pending, no live lease, `RunAt > now`.
     pub scheduled: u64,
@@ -312,6 +314,19 @@ pub trait AdminOps: Send + Sync + 'static {
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64>;
 }
 
+/// `bytes` as text, each byte of an invalid UTF-8 sequence written `\xNN`
+/// (`b"job\xff-1"` is shown `job\xFF-1`).
+pub(crate) fn escape_invalid_utf8(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// Decodes one row of an engine's state-count query: the five counts, and `type` when
 /// counting by type.
 pub(crate) fn decode_state_count<R>(row: &R, by_type: bool) -> Result<StateCount>
@@ -319,15 +334,22 @@ where
     R: sqlx::Row,
     i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
     String: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    Vec<u8>: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
 {
     use super::decode_count as count;
     Ok(StateCount {
         type_name: if by_type {
-            Some(
-                row.try_get("type")
-                    .map_err(crate::Error::db("decoding a type"))?,
-            )
+            // A `Type` that is not valid UTF-8 (SQLite stores any bytes as text) is shown
+            // with its invalid bytes escaped as `\xNN`, never failing the whole count.
+            let name = match row.try_get::<String, _>("type") {
+                Ok(name) => name,
+                Err(err) => match row.try_get::<Vec<u8>, _>("type") {
+                    Ok(bytes) => escape_invalid_utf8(&bytes),
+                    Err(_) => return Err(crate::Error::db("decoding a type")(err)),
+                },
+            };
+            Some(name)
         } else {
             None
         },

@@ -53,12 +53,12 @@ impl Decoder {
         self.take(column, result)
     }
 
-    /// Parses a JSON document stored as text.
-    pub(crate) fn json_text(&mut self, column: &str, text: Option<String>) -> serde_json::Value {
+    /// Parses a JSON document borrowed from the row (no copy of its text is made).
+    pub(crate) fn json_str(&mut self, column: &str, text: Option<&str>) -> serde_json::Value {
         match text {
             None => serde_json::Value::Null,
             Some(text) => self
-                .take(column, serde_json::from_str(&text))
+                .take(column, serde_json::from_str(text))
                 .unwrap_or(serde_json::Value::Null),
         }
     }
@@ -85,6 +85,43 @@ where
     out.roles = Context::parse_roles(roles.as_deref());
     out.tenant_id = d.get::<R, Option<String>>(row, "TenantId").flatten();
     out.correlation_id = d.get::<R, Option<String>>(row, "CorrelationId").flatten();
+}
+
+/// Decodes `Attempts`: a count that fits `i32`. NULL, a value beyond 32 bits or one that
+/// is not a number is a defect naming what was stored (the claim leaves such a value as
+/// it is), so the row is dead-lettered saying what was wrong rather than as a row that
+/// used up its attempts. A negative count decodes as stored; the executor refuses it.
+pub(crate) fn attempts<R>(d: &mut Decoder, row: &R) -> i32
+where
+    R: Row,
+    Option<i64>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i32>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    let value = match row.try_get::<Option<i64>, _>("Attempts") {
+        Ok(value) => Ok(value),
+        Err(first) => row
+            .try_get::<Option<i32>, _>("Attempts")
+            .map(|v| v.map(i64::from))
+            .map_err(|_| first),
+    };
+    match value {
+        Ok(Some(n)) => i32::try_from(n).unwrap_or_else(|_| {
+            d.defect(
+                "Attempts",
+                format!("{n} is out of range (an attempt count is 0 to 2147483647)"),
+            );
+            0
+        }),
+        Ok(None) => {
+            d.defect("Attempts", "NULL (an attempt count is 0 or more)");
+            0
+        }
+        Err(err) => {
+            d.defect("Attempts", err);
+            0
+        }
+    }
 }
 
 /// A lease token stored as text: another program's token that is not a UUID is shown as

@@ -122,6 +122,9 @@ pub struct ClaimedRow {
     /// back with `RunAt` rewritten instead of running it early. Never decided by the
     /// worker's clock, which may be off.
     pub not_due_for: Option<Duration>,
+    /// The payload's size as the claim read it (its text; PostgreSQL's jsonb bytes): the
+    /// producer's estimate of what the row holds in memory while it waits in the buffer.
+    pub payload_bytes: usize,
 }
 
 /// What a stamp does to one leased row. Every kind clears the lease.
@@ -213,11 +216,12 @@ pub(crate) fn bounded(text: &str, max: usize) -> String {
 pub(crate) fn leased_rows(
     table: &TableName,
     token: LeaseToken,
-    decoded: impl Iterator<Item = std::result::Result<CommandRow, sqlx::Error>>,
+    decoded: impl Iterator<Item = (std::result::Result<CommandRow, sqlx::Error>, usize)>,
 ) -> Vec<ClaimedRow> {
     decoded
-        .filter_map(|row| match row {
+        .filter_map(|(row, payload_bytes)| match row {
             Ok(row) => Some(ClaimedRow {
+                payload_bytes,
                 lease: Lease {
                     id: row.id.clone(),
                     token,

@@ -324,7 +324,8 @@ where
     Fut: Future<Output = HandlerResult> + Send + 'static,
 {
     async fn handle(&self, job: Job) -> HandlerResult {
-        let command: C = serde_json::from_value(job.payload.clone()).map_err(|e| {
+        // Deserialized from a borrow: the job keeps its payload and no deep copy is made.
+        let command = <C as serde::Deserialize>::deserialize(&job.payload).map_err(|e| {
             HandlerError::terminal(format!("payload does not match {}: {e}", C::TYPE))
         })?;
         (self.function)(command, job).await

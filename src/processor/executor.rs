@@ -7,6 +7,12 @@
 //! pass to another worker. A row that cannot run — undecodable columns, no handler, past
 //! `max_attempts` — is dead-lettered on its own without running anything; a panic, an
 //! error and a timeout each consume one attempt.
+//!
+//! `Attempts` written by another program is taken at its word only when it is a count:
+//! NULL, a value outside `i32` (decoding defects) and a negative count are dead-lettered
+//! with the reason instead of granting extra attempts, and a count already beyond
+//! `max_attempts` says so rather than blaming a crash. The payload moves from the claimed
+//! row into the [`Job`] (never copied), so the executor holds each payload once.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -34,6 +40,9 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         let Some(item) = next else { return };
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
+        shared
+            .buffered_bytes
+            .fetch_sub(item.claimed.payload_bytes, Ordering::AcqRel);
         let change = execute(&shared, item).await;
         shared.outbox.push(change).await;
         shared.finished.fetch_add(1, Ordering::Relaxed);
@@ -45,7 +54,8 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
 /// Runs one buffered row and says what to stamp.
 pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     let Buffered { claimed, cancel } = item;
-    let row = claimed.row;
+    let mut row = claimed.row;
+    let payload = std::mem::take(&mut row.payload);
     let not_due_for = claimed.not_due_for;
     let lease = claimed.lease;
     let settings = &shared.source.settings;
@@ -56,6 +66,9 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     if cancel.is_cancelled() {
         return release(lease);
     }
+    // The claim counts an attempt only on a count in 0..i32::MAX-1, so a negative count
+    // arrives as stored (and is refused below rather than granting extra attempts).
+    let stored_attempts = row.attempts;
     let attempts = u32::try_from(row.attempts).unwrap_or(0).max(1);
     let dead = |error: String| {
         tracing::warn!(
@@ -71,6 +84,29 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     if let Some(defects) = row.defect_summary() {
         return SetState {
             change: dead(defects),
+            lease,
+        };
+    }
+    if stored_attempts < 0 {
+        let error = format!(
+            "row cannot be processed: column Attempts: {stored_attempts} is negative (an attempt \
+             count is 0 or more); icq does not guess how many attempts are left, so it did not run \
+             the command (set Attempts to 0 and requeue it to run it)"
+        );
+        return SetState {
+            change: dead(error),
+            lease,
+        };
+    }
+    if attempts > settings.max_attempts.saturating_add(1) {
+        let error = format!(
+            "not run: Attempts is {attempts} with this claim, beyond max_attempts ({}); the row \
+             was written or left with more attempts than this source grants, not used up by \
+             this processor",
+            settings.max_attempts
+        );
+        return SetState {
+            change: dead(error),
             lease,
         };
     }
@@ -106,7 +142,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     let job = Job {
         id: row.id.clone(),
         type_name: row.type_name.clone(),
-        payload: row.payload.clone(),
+        payload,
         attempt: attempts,
         source: shared.source.name.clone(),
         context: row.context(),

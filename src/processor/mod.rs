@@ -299,6 +299,8 @@ pub(crate) struct Shared {
     buffer_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Buffered>>,
     /// Rows in the buffer (the channel is unbounded; the producer bounds it by this).
     buffered: AtomicUsize,
+    /// Payload bytes of the rows in the buffer (the producer's byte budget).
+    buffered_bytes: AtomicUsize,
     /// This processor's part of every lease token it writes
     /// ([`crate::command::LeaseToken::owned_by`]).
     owner: uuid::Uuid,
@@ -375,6 +377,7 @@ impl SourceWorker {
             buffer_tx,
             buffer_rx: tokio::sync::Mutex::new(buffer_rx),
             buffered: AtomicUsize::new(0),
+            buffered_bytes: AtomicUsize::new(0),
             owner: uuid::Uuid::new_v4(),
             active: AtomicUsize::new(0),
             finished: Default::default(),

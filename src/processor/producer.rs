@@ -20,6 +20,16 @@
 //! are stamped by the same statement as the next claim. Buffered rows are leased like
 //! running ones and renewed alike; on shutdown they are released at once with their
 //! attempt given back.
+//!
+//! Bytes as well as rows: the buffer holds at most about [`BUFFERED_PAYLOAD_BYTES`] of
+//! payloads (as the claims read them) plus one claim. While the buffered payloads reach
+//! the budget the producer claims only for a starving slot, and each claim asks for no
+//! more rows than the budget's room at the average payload size of recent claims, so a
+//! backlog of 20 MB payloads is claimed one row at a time while small ones still come in
+//! whole batches. The estimate is the length the claim already read (no extra work on
+//! the hot path). A worker therefore holds, in payload bytes, about
+//! `concurrency × P + BUFFERED_PAYLOAD_BYTES + max(P, batch_size × p̄)` where `P` is the
+//! largest payload and `p̄` the recent average.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,6 +54,10 @@ pub(crate) fn buffer_capacity(batch_size: u32, concurrency: u32, claims: usize) 
     concurrency as usize + batch_size as usize * claims
 }
 
+/// The payload bytes the buffer (claimed, not yet started rows) holds before the
+/// producer stops claiming ahead.
+pub(crate) const BUFFERED_PAYLOAD_BYTES: usize = 16 << 20;
+
 /// The look-ahead covers what the slots finish during this many claim round trips, so a
 /// claim can wait for room instead of chasing every freed slot.
 const LOOK_AHEAD_CLAIMS: f64 = 4.0;
@@ -64,6 +78,8 @@ struct Pace {
     latency: f64,
     sampled_at: Instant,
     sampled_finished: u64,
+    /// Payload bytes per claimed row, smoothed (0 until a claim returned rows).
+    row_bytes: f64,
 }
 
 impl Pace {
@@ -76,6 +92,30 @@ impl Pace {
             latency: 0.0,
             sampled_at: now,
             sampled_finished: finished,
+            row_bytes: 0.0,
+        }
+    }
+
+    fn claimed_bytes(&mut self, rows: usize, bytes: usize) {
+        if rows == 0 {
+            return;
+        }
+        let per_row = bytes as f64 / rows as f64;
+        // Up at once, down slowly: one large payload is enough to be careful.
+        self.row_bytes = if per_row >= self.row_bytes {
+            per_row
+        } else {
+            0.8 * self.row_bytes + 0.2 * per_row
+        };
+    }
+
+    /// How many rows of average size fit in `room` payload bytes: one until a claim has
+    /// returned rows (their size is unknown; the first claim costs one round trip more).
+    fn rows_in(&self, room: usize) -> usize {
+        if self.row_bytes <= 0.0 {
+            1
+        } else {
+            (room as f64 / self.row_bytes.max(1.0)) as usize
         }
     }
 
@@ -171,7 +211,17 @@ pub(crate) async fn run(
             let Some(room) = target.checked_sub(held).filter(|room| *room >= least) else {
                 break;
             };
-            let limit = room.min(batch);
+            // The byte budget: rows of the recent average size that fit in what the
+            // buffer may still hold (claims in flight count at that size too); a starving
+            // slot is always served one row.
+            let held_bytes = shared.buffered_bytes.load(Ordering::Acquire)
+                + (reserved as f64 * pace.row_bytes) as usize;
+            let fit = pace.rows_in(BUFFERED_PAYLOAD_BYTES.saturating_sub(held_bytes));
+            let fit = if starving { fit.max(1) } else { fit };
+            if fit == 0 {
+                break;
+            }
+            let limit = room.min(batch).min(fit);
             reserved += limit;
             claims.push(claim(&shared, limit as u32));
         }
@@ -207,6 +257,7 @@ pub(crate) async fn run(
                         }
                         let claimed = rows.len();
                         db_health.succeeded(claimed > 0);
+                        pace.claimed_bytes(claimed, rows.iter().map(|(row, _)| row.payload_bytes).sum());
                         shared.source.stats.claimed(claimed as u64);
                         buffer(&shared, rows);
                         want = claimed > 0;
@@ -349,9 +400,12 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
 fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
     for (claimed, expires) in rows {
         let cancel = shared.leases.hold(&claimed.lease, expires);
+        let bytes = claimed.payload_bytes;
         shared.buffered.fetch_add(1, Ordering::AcqRel);
+        shared.buffered_bytes.fetch_add(bytes, Ordering::AcqRel);
         if shared.buffer_tx.send(Buffered { claimed, cancel }).is_err() {
             shared.buffered.fetch_sub(1, Ordering::AcqRel);
+            shared.buffered_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 }

@@ -76,6 +76,9 @@ struct Hostile {
     /// The type is longer than a table line (lines are then not bounded: the type column
     /// is never wrapped).
     long_type: bool,
+    /// Columns whose NOT NULL another program's migration relaxed before any row is
+    /// written ([`relax_not_null`]).
+    relaxed: &'static [&'static str],
 }
 
 impl Hostile {
@@ -105,7 +108,14 @@ impl Hostile {
             watch: Duration::ZERO,
             first_good_id: None,
             long_type: false,
+            relaxed: &[],
         }
+    }
+
+    /// Relaxes NOT NULL on `columns` before the rows are written.
+    fn relaxed(mut self, columns: &'static [&'static str]) -> Hostile {
+        self.relaxed = columns;
+        self
     }
 
     fn long_type(mut self) -> Hostile {
@@ -306,6 +316,72 @@ async fn process(
     }
 }
 
+/// Drops NOT NULL from `columns` of the commands table, as another program's migration
+/// might: `ALTER TABLE` where the engine has it; on SQLite (which cannot alter a column)
+/// the empty table is recreated from its own DDL without the constraint, with its indexes.
+async fn relax_not_null(db: &TestDb, columns: &[&str]) {
+    if columns.is_empty() {
+        return;
+    }
+    let t = table(db);
+    match db.engine {
+        "postgres" => {
+            for column in columns {
+                db.execute(&format!(
+                    "ALTER TABLE {t} ALTER COLUMN {} DROP NOT NULL",
+                    db.q(column)
+                ))
+                .await;
+            }
+        }
+        "mysql" => {
+            for column in columns {
+                let definition = match *column {
+                    "Attempts" => "INT NULL DEFAULT 0",
+                    _ => "DATETIME(6) NULL DEFAULT (UTC_TIMESTAMP(6))",
+                };
+                db.execute(&format!(
+                    "ALTER TABLE {t} MODIFY {} {definition}",
+                    db.q(column)
+                ))
+                .await;
+            }
+        }
+        _ => {
+            let ddl = texts(
+                db,
+                "SELECT sql FROM sqlite_master WHERE tbl_name = 'InternalCommands' \
+                 AND sql IS NOT NULL ORDER BY type = 'table' DESC",
+            )
+            .await;
+            let mut statements = vec![format!("DROP TABLE {t}")];
+            for (i, sql) in ddl.into_iter().flatten().enumerate() {
+                if i > 0 {
+                    statements.push(sql);
+                    continue;
+                }
+                let relaxed: Vec<String> = sql
+                    .lines()
+                    .map(|line| {
+                        let named = columns
+                            .iter()
+                            .any(|c| line.trim_start().starts_with(&format!("\"{c}\"")));
+                        if named {
+                            line.replace("NOT NULL", "")
+                        } else {
+                            line.to_owned()
+                        }
+                    })
+                    .collect();
+                let relaxed = relaxed.join("\n");
+                assert_ne!(relaxed, sql, "NOT NULL found on {columns:?} in {sql}");
+                statements.push(relaxed);
+            }
+            db.execute(&statements.join(";\n")).await;
+        }
+    }
+}
+
 /// Inserts the good rows with known lowercase UUID ids.
 async fn insert_good(db: &TestDb, first: Option<&str>) -> Vec<String> {
     let mut ids: Vec<String> = (0..GOOD)
@@ -334,6 +410,7 @@ async fn insert_good(db: &TestDb, first: Option<&str>) -> Vec<String> {
 async fn check(db: &TestDb, hostile: &Hostile, concurrency: u32, tag: &str) {
     let engine = db.engine;
     let what = format!("{engine}/{tag}/concurrency {concurrency}");
+    relax_not_null(db, hostile.relaxed).await;
     let good_ids = insert_good(db, hostile.first_good_id.as_deref()).await;
     let sql = insert_sql(db, &hostile.columns);
     if let Err(err) = try_execute(db, &sql).await {
@@ -686,7 +763,21 @@ bad_row_tests! {
     case_variant_ids_are_distinct_rows: [sqlite, mysql];
     blob_id_is_dead_lettered_alone: [sqlite];
     max_int_attempts_is_dead_lettered_without_failing_the_claim: [postgres, sqlite, mysql];
-    negative_attempts_settles: [postgres, sqlite, mysql];
+    negative_attempts_is_dead_lettered_naming_the_count: [postgres, sqlite, mysql];
+    min_int_attempts_is_dead_lettered_not_retried_2_pow_31_times: [postgres, sqlite, mysql];
+    null_attempts_is_dead_lettered_naming_the_column: [postgres, sqlite, mysql];
+    attempts_beyond_32_bits_is_dead_lettered_naming_the_value: [sqlite];
+    null_run_at_is_dead_lettered_within_one_lease: [postgres, sqlite, mysql];
+    null_created_at_is_dead_lettered_within_one_lease: [postgres, sqlite, mysql];
+    null_run_at_is_counted_and_listed_as_due: [postgres, sqlite, mysql];
+    invalid_utf8_text_id_is_dead_lettered_within_one_lease: [sqlite];
+    work_until_idle_returns_despite_a_null_id_row: [sqlite];
+    work_until_idle_returns_despite_an_invalid_utf8_id_row: [sqlite];
+    work_until_idle_returns_despite_a_null_run_at_row: [postgres, sqlite, mysql];
+    invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works: [sqlite];
+    unrepresentable_times_are_listed_truthfully: [postgres];
+    number_as_text_run_at_is_dead_lettered_within_one_lease: [sqlite];
+    work_until_idle_returns_despite_a_number_as_text_run_at_row: [sqlite];
     text_attempts_settles: [sqlite];
     minus_infinity_run_at_is_dead_lettered_without_panic: [postgres];
     dead_row_with_infinite_run_at_is_listed_shown_and_requeued: [postgres];
@@ -765,20 +856,141 @@ async fn max_int_attempts_is_dead_lettered_without_failing_the_claim(engine: &'s
             db,
             Some(HOSTILE_ID),
             vec![("Attempts", "2147483647".into())],
-            Expect::Dead(vec!["gave up after"]),
+            Expect::Dead(vec!["Attempts is 2147483647", "beyond max_attempts (5)"]),
         )
     })
     .await;
 }
 
-async fn negative_attempts_settles(engine: &'static str) {
+/// A negative count is unusable, not a grant of extra attempts: dead-lettered at once,
+/// never run, the reason naming the stored count (it was 8–9 runs with `max_attempts` 5).
+async fn negative_attempts_is_dead_lettered_naming_the_count(engine: &'static str) {
     attack(engine, "negattempts", |db| {
         Hostile::new(
             db,
             Some(HOSTILE_ID),
             vec![("Attempts", "-5".into())],
-            Expect::Settles(vec![]),
+            Expect::Dead(vec!["column Attempts: -5 is negative"]),
         )
+        .watched()
+    })
+    .await;
+}
+
+/// `Attempts = -2147483648` retried about 2³¹ times with `ICQ_ATTEMPT` 1.
+async fn min_int_attempts_is_dead_lettered_not_retried_2_pow_31_times(engine: &'static str) {
+    attack(engine, "minattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "-2147483648".into())],
+            Expect::Dead(vec!["column Attempts: -2147483648 is negative"]),
+        )
+        .watched()
+    })
+    .await;
+}
+
+/// A row that never ran, with NULL `Attempts`, was dead-lettered as "gave up after
+/// 2147483646 attempts: the last lease expired...": the reason must say what was wrong.
+async fn null_attempts_is_dead_lettered_naming_the_column(engine: &'static str) {
+    attack(engine, "nullattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "NULL".into())],
+            Expect::Dead(vec!["column Attempts: NULL"]),
+        )
+        .relaxed(&["Attempts"])
+        .watched()
+    })
+    .await;
+}
+
+/// SQLite's INTEGER holds 64 bits: such a count was saturated into "gave up after
+/// 2147483646 attempts" before.
+async fn attempts_beyond_32_bits_is_dead_lettered_naming_the_value(engine: &'static str) {
+    attack(engine, "bigattempts", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("Attempts", "1099511627776".into())],
+            Expect::Dead(vec!["column Attempts: 1099511627776 is out of range"]),
+        )
+        .watched()
+    })
+    .await;
+}
+
+/// NULL `RunAt` (another program's migration relaxed NOT NULL) stayed pending forever
+/// on all three engines. With a 2 s lease, watched for three more lease periods.
+async fn null_run_at_is_dead_lettered_within_one_lease(engine: &'static str) {
+    attack(engine, "nullrunat", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "NULL".into())],
+            Expect::Dead(vec!["column RunAt: NULL"]),
+        )
+        .relaxed(&["RunAt"])
+        .watched()
+    })
+    .await;
+}
+
+async fn null_created_at_is_dead_lettered_within_one_lease(engine: &'static str) {
+    attack(engine, "nullcreated", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("CreatedAt", "NULL".into())],
+            Expect::Dead(vec!["column CreatedAt: NULL"]),
+        )
+        .relaxed(&["CreatedAt"])
+        .watched()
+    })
+    .await;
+}
+
+/// `pending` left the NULL-`RunAt` row out of every count: it is due (the claim takes it
+/// at once), and `list --state due` shows it with the column named.
+async fn null_run_at_is_counted_and_listed_as_due(engine: &'static str) {
+    let db = TestDb::with_table(engine, "nullrunatcount").await;
+    relax_not_null(&db, &["RunAt"]).await;
+    let columns = vec![
+        ("Id", lit(&db, HOSTILE_ID)),
+        ("Type", lit(&db, "good")),
+        ("Payload", lit(&db, "{}")),
+        ("RunAt", "NULL".to_owned()),
+    ];
+    db.execute(&insert_sql(&db, &columns)).await;
+    let pending = icq_cli(&db.url, &["pending", "--format", "json"]);
+    pending.assert_success();
+    let counts = &pending.json()[0];
+    assert_eq!(
+        counts["due"], 1,
+        "{engine}: the NULL-RunAt row is due: {counts}"
+    );
+    let listed = icq_cli(&db.url, &["list", "--state", "due", "--format", "json"]);
+    listed.assert_success();
+    let text = listed.json().to_string();
+    assert!(
+        text.contains(HOSTILE_ID) && text.contains("column RunAt: NULL"),
+        "{engine}: `list --state due` shows the row and names the column: {text}"
+    );
+}
+
+async fn invalid_utf8_text_id_is_dead_lettered_within_one_lease(engine: &'static str) {
+    attack(engine, "badutf8id", |db| {
+        Hostile::new(
+            db,
+            None,
+            vec![("Id", "CAST(X'6A6F62FF2D31' AS TEXT)".into())],
+            Expect::Dead(vec![
+                "column Id: text that is not valid UTF-8 (X'6A6F62FF2D31')",
+            ]),
+        )
+        .watched()
     })
     .await;
 }
@@ -1031,7 +1243,19 @@ async fn huge_handler_error_does_not_fail_the_stamp_for_others(engine: &'static 
 /// `icq work --until-idle` (the binary, as CI scripts run it) over 20 good rows and one
 /// hostile row: it must return, exit 0, within 30 s, with the good rows completed.
 async fn until_idle_returns(engine: &'static str, tag: &str, hostile: Vec<(&'static str, String)>) {
+    until_idle_settles(engine, tag, &[], hostile).await;
+}
+
+/// [`until_idle_returns`] on a table whose `relaxed` columns take NULL; afterwards no
+/// row is left pending (every bad row settled).
+async fn until_idle_settles(
+    engine: &'static str,
+    tag: &str,
+    relaxed: &[&str],
+    hostile: Vec<(&'static str, String)>,
+) {
     let db = TestDb::with_table(engine, tag).await;
+    relax_not_null(&db, relaxed).await;
     let good_ids = insert_good(&db, None).await;
     let mut columns = vec![("Type", lit(&db, "good")), ("Payload", lit(&db, "{}"))];
     columns.extend(hostile);
@@ -1064,6 +1288,41 @@ async fn until_idle_returns(engine: &'static str, tag: &str, hostile: Vec<(&'sta
         "{engine}/{tag}: `icq work --until-idle` exited {status:?} after {:?}\n{tail}",
         started.elapsed()
     );
+    let pending = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {} IS NULL AND {} IS NULL",
+            table(&db),
+            db.q("ProcessedAt"),
+            db.q("DeadLetteredAt")
+        ))
+        .await;
+    assert_eq!(pending, 0, "{engine}/{tag}: every row settled\n{tail}");
+}
+
+/// A NULL `Id` (SQLite takes one in a primary key declared without NOT NULL) stayed due
+/// forever and kept `--until-idle` running.
+async fn work_until_idle_returns_despite_a_null_id_row(engine: &'static str) {
+    until_idle_settles(engine, "idlenullid", &["Id"], vec![("Id", "NULL".into())]).await;
+}
+
+/// An `Id` that is invalid UTF-8 text was re-claimed every lease forever.
+async fn work_until_idle_returns_despite_an_invalid_utf8_id_row(engine: &'static str) {
+    until_idle_returns(
+        engine,
+        "idlebadutf8",
+        vec![("Id", "CAST(X'6A6F62FF2D31' AS TEXT)".into())],
+    )
+    .await;
+}
+
+async fn work_until_idle_returns_despite_a_null_run_at_row(engine: &'static str) {
+    until_idle_settles(
+        engine,
+        "idlenullrunat",
+        &["RunAt"],
+        vec![("RunAt", "NULL".into())],
+    )
+    .await;
 }
 
 async fn work_until_idle_returns_despite_a_garbage_created_at_row(engine: &'static str) {
@@ -1077,4 +1336,160 @@ async fn work_until_idle_returns_despite_a_garbage_created_at_row(engine: &'stat
 
 async fn work_until_idle_returns_despite_a_blob_id_row(engine: &'static str) {
     until_idle_returns(engine, "idleblob", vec![("Id", "X'DEADBEEF'".into())]).await;
+}
+
+/// SQLite: one row whose `Type` is invalid UTF-8 made `pending --by-type` and
+/// `cancel --type` fail for the whole table ("invalid utf-8 sequence"). The row is
+/// counted under its type with the invalid bytes escaped, and the other types still
+/// count and cancel.
+async fn invalid_utf8_type_is_counted_escaped_and_cancel_by_type_works(engine: &'static str) {
+    let db = TestDb::with_table(engine, "badutf8type").await;
+    let t = table(&db);
+    db.execute(&format!(
+        "INSERT INTO {t} (\"Type\", \"Payload\") VALUES (CAST(X'6A6F62FF2D31' AS TEXT), '{{}}'), \
+         ('good', '{{}}'), ('good', '{{}}')"
+    ))
+    .await;
+    let by_type = icq_cli(&db.url, &["pending", "--by-type", "--format", "json"]);
+    by_type.assert_success();
+    let counts = by_type.json();
+    let text = counts.to_string();
+    assert!(
+        text.contains(r"job\\xFF-1"),
+        "the bad type is counted, escaped: {text}"
+    );
+    let good = counts
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|c| c["type"] == "good")
+        .unwrap_or_else(|| panic!("the good type is counted: {text}"));
+    assert_eq!(good["due"], 2, "{text}");
+    icq_cli(&db.url, &["pending", "--by-type"]).assert_success();
+    let cancel = icq_cli(&db.url, &["cancel", "--type", "good", "--yes"]);
+    cancel.assert_success();
+    let pending_good = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE \"Type\" = 'good' AND \"DeadLetteredAt\" IS NULL"
+        ))
+        .await;
+    assert_eq!(
+        pending_good, 0,
+        "cancel --type good cancelled both good rows"
+    );
+    let bad_pending = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE \"Type\" <> 'good' AND \"DeadLetteredAt\" IS NULL"
+        ))
+        .await;
+    assert_eq!(bad_pending, 1, "the other type is left alone");
+}
+
+/// PostgreSQL: `list` showed unrepresentable times (NULL, `infinity`, year 294276) as
+/// 1970-01-01, called them due while `pending` counted them scheduled, and its "showing
+/// 6" disagreed with the 7 rows listed. Now each row's state agrees with the counts, the
+/// unreadable time is shown as such, and the footer counts every listed row.
+async fn unrepresentable_times_are_listed_truthfully(engine: &'static str) {
+    let db = TestDb::with_table(engine, "badtimes").await;
+    relax_not_null(&db, &["RunAt"]).await;
+    let t = table(&db);
+    db.execute(&format!(
+        "INSERT INTO {t} (\"Type\", \"Payload\", \"RunAt\") VALUES \
+         ('now', '{{}}', now()), ('null', '{{}}', NULL), ('inf', '{{}}', 'infinity'), \
+         ('neginf', '{{}}', '-infinity'), ('far', '{{}}', '294276-01-01 00:00:00+00'), \
+         ('tomorrow', '{{}}', now() + interval '1 day'), ('bc', '{{}}', '4713-01-01 BC')"
+    ))
+    .await;
+    let pending = icq_cli(&db.url, &["pending", "--format", "json"]);
+    pending.assert_success();
+    let counts = &pending.json()[0];
+    assert_eq!(
+        (counts["due"].as_u64(), counts["scheduled"].as_u64()),
+        (Some(4), Some(3)),
+        "NULL, -infinity, 4713 BC and now are due; tomorrow, infinity and 294276 are scheduled: {counts}"
+    );
+    let listed = icq_cli(&db.url, &["list", "--state", "pending", "--format", "json"]);
+    listed.assert_success();
+    let page = listed.json();
+    let commands = page["commands"].as_array().expect("commands");
+    assert_eq!(commands.len(), 7, "{page}");
+    assert_eq!(
+        page["total"], 7,
+        "the footer's total counts every row: {page}"
+    );
+    let state_of = |name: &str| {
+        commands
+            .iter()
+            .find(|c| c["type"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {page}"))
+    };
+    for (name, state, unreadable) in [
+        ("now", "due", false),
+        ("null", "due", true),
+        ("neginf", "due", true),
+        ("bc", "due", false),
+        ("tomorrow", "scheduled", false),
+        ("inf", "scheduled", true),
+        ("far", "scheduled", true),
+    ] {
+        let c = state_of(name);
+        assert_eq!(c["state"], state, "{name}: {c}");
+        assert_eq!(
+            c["unreadable"] == serde_json::json!(["RunAt"]),
+            unreadable,
+            "{name}: unreadable columns named: {c}"
+        );
+    }
+    for state in ["due", "scheduled"] {
+        let out = icq_cli(&db.url, &["list", "--state", state, "--format", "json"]);
+        out.assert_success();
+        assert_eq!(
+            out.json()["commands"].as_array().map(Vec::len),
+            counts[state].as_u64().map(|n| n as usize),
+            "list --state {state} lists what pending counts"
+        );
+    }
+    let table_out = icq_cli(
+        &db.url,
+        &["list", "--state", "pending", "--format", "table"],
+    );
+    table_out.assert_success();
+    assert!(
+        !table_out.stdout.contains("1970-01-01"),
+        "no placeholder time is shown:\n{}",
+        table_out.stdout
+    );
+    assert_eq!(
+        table_out.stdout.matches("(unreadable)").count(),
+        4,
+        "{}",
+        table_out.stdout
+    );
+    assert!(
+        table_out.stdout.contains("Showing 7 of 7 pending"),
+        "{}",
+        table_out.stdout
+    );
+}
+
+/// SQLite: text `RunAt` `2461000.5` (a Julian day to SQLite's date functions) sorted as
+/// text after every timestamp, so it was never claimed, while `list` showed it due on
+/// 1970-01-29. It is dead-lettered, naming the column and the value.
+async fn number_as_text_run_at_is_dead_lettered_within_one_lease(engine: &'static str) {
+    attack(engine, "julianday", |db| {
+        Hostile::new(
+            db,
+            Some(HOSTILE_ID),
+            vec![("RunAt", "'2461000.5'".into())],
+            Expect::Dead(vec![
+                "column RunAt: `2461000.5` is text but not an ISO-8601 time",
+            ]),
+        )
+        .watched()
+    })
+    .await;
+}
+
+async fn work_until_idle_returns_despite_a_number_as_text_run_at_row(engine: &'static str) {
+    until_idle_returns(engine, "idlejulian", vec![("RunAt", "'2461000.5'".into())]).await;
 }

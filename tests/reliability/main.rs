@@ -10,6 +10,8 @@
 //! - [`hardening`]: issue 20's memory and stall items: a gigabyte error body, a stderr
 //!   nobody reads, `@/dev/zero` and endless JSON Lines input, a configuration nested
 //!   100,000 deep.
+//! - [`payload_memory`]: issue 20's payload items: large payloads keep `icq work`'s
+//!   peak RSS within the bound the README states.
 //! - [`lease`]: a handler outliving its lease runs once; SIGTERM kills a handler's whole
 //!   process group and hands the command over cleanly.
 //!
@@ -26,3 +28,4 @@ mod crash_loop;
 mod faults;
 mod hardening;
 mod lease;
+mod payload_memory;

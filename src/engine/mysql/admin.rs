@@ -66,7 +66,9 @@ fn list_condition(state: ListState) -> String {
     let unleased = unleased();
     match state {
         ListState::Pending => PENDING.to_owned(),
-        ListState::Due => format!("{PENDING} AND {unleased} AND `RunAt` <= {NOW}"),
+        ListState::Due => {
+            format!("{PENDING} AND {unleased} AND (`RunAt` <= {NOW} OR `RunAt` IS NULL)")
+        }
         ListState::Scheduled => format!("{PENDING} AND {unleased} AND `RunAt` > {NOW}"),
         ListState::Running => format!("{PENDING} AND `LockedUntil` > {NOW}"),
         ListState::Dead => DEAD.to_owned(),
@@ -172,7 +174,9 @@ impl AdminOps for MySqlDriver {
             "SELECT {select} \
                {} AS due, {} AS scheduled, {} AS running, {} AS dead, {} AS completed \
              FROM {t} {group}",
-            sum(&format!("{PENDING} AND {unleased} AND `RunAt` <= {NOW}")),
+            sum(&format!(
+                "{PENDING} AND {unleased} AND (`RunAt` <= {NOW} OR `RunAt` IS NULL)"
+            )),
             sum(&format!("{PENDING} AND {unleased} AND `RunAt` > {NOW}")),
             sum(&format!("{PENDING} AND COALESCE(`LockedUntil` > {NOW}, 0)")),
             sum(DEAD),

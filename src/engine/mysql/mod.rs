@@ -114,7 +114,7 @@ impl Sql {
                    CAST(COALESCE(SUM(`LockedUntil` > {NOW}), 0) AS SIGNED) AS running \
                  FROM {t} \
                  WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
-                   AND (`RunAt` <= {NOW} OR `LockedUntil` > {NOW})"
+                   AND (`RunAt` <= {NOW} OR `RunAt` IS NULL OR `LockedUntil` > {NOW})"
             )
             .into(),
         }
@@ -134,13 +134,21 @@ fn claim_select_sql(t: &str, types: usize, except: usize) -> String {
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
     }
+    // The second part: a few pending rows whose `RunAt` is NULL (another program relaxed
+    // NOT NULL), which no time makes due: claimed as they are, dead-lettered by the
+    // executor naming the column. A seek on the `RunAt` index.
     format!(
-        "SELECT `Id` FROM {t} \
+        "(SELECT `Id` FROM {t} \
          WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
            AND `RunAt` <= {NOW} \
            AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
-           AND `CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND{filter} \
-         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED"
+           AND (`CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND OR `CreatedAt` IS NULL){filter} \
+         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED) \
+         UNION ALL \
+         (SELECT `Id` FROM {t} \
+         WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` IS NULL \
+           AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+         LIMIT 10 FOR UPDATE SKIP LOCKED)"
     )
 }
 
@@ -225,9 +233,21 @@ fn optional_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> Option<DateTi
 }
 
 fn required_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> DateTime<Utc> {
-    d.get::<_, chrono::NaiveDateTime>(row, column)
-        .map(|naive| naive.and_utc())
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+    match d.get::<_, Option<chrono::NaiveDateTime>>(row, column) {
+        Some(Some(naive)) => naive.and_utc(),
+        Some(None) => {
+            d.defect(column, "NULL");
+            DateTime::<Utc>::UNIX_EPOCH
+        }
+        None => DateTime::<Utc>::UNIX_EPOCH,
+    }
+}
+
+/// The payload's size in bytes as the row holds it (its text), for the producer's
+/// buffered-bytes budget; 0 when it is not text.
+pub(crate) fn payload_bytes(row: &MySqlRow) -> usize {
+    row.try_get_unchecked::<&str, _>("Payload")
+        .map_or(0, str::len)
 }
 
 /// Decodes a row read with [`COLUMNS`] column by column; only an unreadable `Id` fails
@@ -235,12 +255,13 @@ fn required_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> DateTime<Utc>
 pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx::Error> {
     let mut d = Decoder::default();
     let mut out = CommandRow::placeholder(text_id(row)?);
-    let payload = d.get::<_, String>(row, "Payload");
-    out.payload = d.json_text("Payload", payload);
+    // Borrowed: the payload's text is parsed where the row holds it, never copied first.
+    let payload = d.get::<_, &str>(row, "Payload");
+    out.payload = d.json_str("Payload", payload);
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
-    out.attempts = d.get::<_, i32>(row, "Attempts").unwrap_or_default();
+    out.attempts = super::decode::attempts(&mut d, row);
     out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
@@ -318,7 +339,8 @@ impl MySqlDriver {
         }
         let update = format!(
             "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
-             `Attempts` = LEAST(`Attempts`, 2147483646) + 1 WHERE `Id` IN ({})",
+             `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
+             ELSE `Attempts` END WHERE `Id` IN ({})",
             marks(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(update))
@@ -340,10 +362,13 @@ impl MySqlDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
+        // Consumed in order: each raw row is dropped once decoded, so a claim of large
+        // payloads never holds every raw row and every decoded one at once.
         Ok(super::leased_rows(
             &self.table,
             params.token,
-            rows.iter().map(decode_row),
+            rows.into_iter()
+                .map(|row| (decode_row(&row), payload_bytes(&row))),
         ))
     }
 

@@ -54,7 +54,9 @@ fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
 fn list_condition(state: ListState) -> String {
     match state {
         ListState::Pending => PENDING.to_owned(),
-        ListState::Due => format!(r#"{PENDING} AND {UNLEASED} AND "RunAt" <= now()"#),
+        ListState::Due => {
+            format!(r#"{PENDING} AND {UNLEASED} AND ("RunAt" <= now() OR "RunAt" IS NULL)"#)
+        }
         ListState::Scheduled => format!(r#"{PENDING} AND {UNLEASED} AND "RunAt" > now()"#),
         ListState::Running => format!(r#"{PENDING} AND "LockedUntil" > now()"#),
         ListState::Dead => DEAD.to_owned(),
@@ -98,7 +100,7 @@ impl AdminOps for PgDriver {
         };
         let sql = format!(
             r#"SELECT {select}
-                   count(*) FILTER (WHERE {PENDING} AND {UNLEASED} AND "RunAt" <= now()) AS due,
+                   count(*) FILTER (WHERE {PENDING} AND {UNLEASED} AND ("RunAt" <= now() OR "RunAt" IS NULL)) AS due,
                    count(*) FILTER (WHERE {PENDING} AND {UNLEASED} AND "RunAt" > now()) AS scheduled,
                    count(*) FILTER (WHERE {PENDING} AND "LockedUntil" > now()) AS running,
                    count(*) FILTER (WHERE {DEAD}) AS dead,

@@ -107,23 +107,36 @@ struct Sql {
     copy: String,
 }
 
-/// The claim's selection: the due prefix in `RunAt` order, skipping rows other claimers
-/// hold (`$1` limit, `$3` processing delay; `type_filter` may add `$5` or another).
+/// The claim's selection, two CTEs: `due`, the due prefix in `RunAt` order, skipping rows
+/// other claimers hold (`$1` limit, `$3` processing delay; `type_filter` may add `$5` or
+/// another), and `unusable`, a few pending rows whose `RunAt` is NULL (another program's
+/// migration relaxed NOT NULL): no time ever makes them due, so they are claimed as they
+/// are and the executor dead-letters them naming the column. Both are seeks in the poll
+/// index (NULLs sort last in it). A NULL `CreatedAt` is no reason to wait either.
 fn due_sql(t: &str, type_filter: &str) -> String {
     format!(
-        r#"SELECT "Id" FROM {t}
+        r#"due AS (
+           SELECT "Id" FROM {t}
            WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
              AND "RunAt" <= now()
              AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-             AND "CreatedAt" <= now() - make_interval(secs => $3){type_filter}
+             AND ("CreatedAt" <= now() - make_interval(secs => $3) OR "CreatedAt" IS NULL){type_filter}
            ORDER BY "RunAt", "Id"
            LIMIT $1
-           FOR UPDATE SKIP LOCKED"#
+           FOR UPDATE SKIP LOCKED),
+           unusable AS (
+           SELECT "Id" FROM {t}
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" IS NULL
+             AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
+           LIMIT 10
+           FOR UPDATE SKIP LOCKED)"#
     )
 }
 
-/// The claim's update of the selected rows (`$2` token, `$4` lease). `Attempts`
-/// saturates below `i32::MAX` so a hostile value cannot fail the statement.
+/// The claim's update of the selected rows (`$2` token, `$4` lease). `Attempts` counts
+/// the claim only when it is a count below `i32::MAX`: NULL, a negative count and the
+/// maximum are left as they are, so the executor sees (and names) what was stored
+/// instead of a saturated or grown count, and a hostile value cannot fail the statement.
 ///
 /// The rows are found by primary key (`= ANY(ARRAY(…))`), not by joining `due`: for a
 /// claim of more than ~100 rows the planner hashed a join against a sequential scan of
@@ -133,15 +146,16 @@ fn lease_sql(t: &str) -> String {
     format!(
         r#"UPDATE {t} AS c
            SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
-               "Attempts" = LEAST(c."Attempts", 2147483646) + 1
-           WHERE c."Id" = ANY(ARRAY(SELECT "Id" FROM due))
+               "Attempts" = CASE WHEN c."Attempts" BETWEEN 0 AND 2147483646
+                                 THEN c."Attempts" + 1 ELSE c."Attempts" END
+           WHERE c."Id" = ANY(ARRAY(SELECT "Id" FROM due UNION ALL SELECT "Id" FROM unusable))
            RETURNING c.*"#
     )
 }
 
 /// The claim on its own.
 fn claim_sql(t: &str, type_filter: &str) -> String {
-    format!("WITH due AS ({}) {}", due_sql(t, type_filter), lease_sql(t))
+    format!("WITH {} {}", due_sql(t, type_filter), lease_sql(t))
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, from
@@ -172,7 +186,7 @@ fn set_state_sql(t: &str, first: usize) -> String {
 fn stamp_claim_sql(t: &str, type_filter: &str) -> String {
     format!(
         r#"WITH stamped AS ({} RETURNING 1),
-                due AS ({}),
+                {},
                 claimed AS ({})
            SELECT n.stamped AS "icq_stamped", claimed.*
            FROM (SELECT count(*) AS stamped FROM stamped) AS n LEFT JOIN claimed ON true"#,
@@ -217,7 +231,7 @@ impl Sql {
                           count(*) FILTER (WHERE "LockedUntil" > now()) AS running
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= now() OR "LockedUntil" > now())"#
+                     AND ("RunAt" <= now() OR "RunAt" IS NULL OR "LockedUntil" > now())"#
             )
             .into(),
             copy: format!(
@@ -286,6 +300,15 @@ async fn insert_with(
     Ok(command.id.clone())
 }
 
+/// The payload's size in bytes as the row holds it (jsonb's binary form), for the
+/// producer's buffered-bytes budget.
+pub(crate) fn payload_bytes(row: &PgRow) -> usize {
+    row.try_get_raw("Payload")
+        .ok()
+        .and_then(|value| value.as_bytes().ok().map(<[u8]>::len))
+        .unwrap_or(0)
+}
+
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column: a column that
 /// cannot be decoded (an infinite timestamp, a payload nested deeper than the JSON
 /// decoder goes) becomes a defect of the row rather than an error of the statement.
@@ -298,7 +321,7 @@ pub(crate) fn decode_row(row: &PgRow) -> std::result::Result<CommandRow, sqlx::E
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
-    out.attempts = d.get::<_, i32>(row, "Attempts").unwrap_or_default();
+    out.attempts = super::decode::attempts(&mut d, row);
     out.lock_token = d
         .get::<_, Option<Uuid>>(row, "LockToken")
         .flatten()
@@ -342,8 +365,30 @@ fn time(row: &PgRow, column: &str) -> std::result::Result<Option<DateTime<Utc>>,
     }
 }
 
+/// Where a time icq cannot represent sorts, as a placeholder on the same side of "now"
+/// as the stored value, so the row's state (and the listing's) agrees with what the
+/// SQL (claims, counts) decides: `infinity` and years past chrono's range sort after
+/// every instant, `-infinity` and years before it before.
+fn unrepresentable(row: &PgRow, column: &str) -> DateTime<Utc> {
+    let later = row
+        .try_get_raw(column)
+        .ok()
+        .filter(|raw| raw.format() == PgValueFormat::Binary)
+        .and_then(|raw| <i64 as sqlx::Decode<sqlx::Postgres>>::decode(raw).ok())
+        .is_some_and(|micros| micros > 0);
+    if later {
+        DateTime::<Utc>::MAX_UTC
+    } else {
+        DateTime::<Utc>::MIN_UTC
+    }
+}
+
 fn optional_time(d: &mut Decoder, row: &PgRow, column: &str) -> Option<DateTime<Utc>> {
-    d.take(column, time(row, column)).flatten()
+    match d.take(column, time(row, column)) {
+        Some(at) => at,
+        // Set, but not representable: still set (a completed row stays completed).
+        None => Some(unrepresentable(row, column)),
+    }
 }
 
 fn required_time(d: &mut Decoder, row: &PgRow, column: &str) -> DateTime<Utc> {
@@ -353,7 +398,7 @@ fn required_time(d: &mut Decoder, row: &PgRow, column: &str) -> DateTime<Utc> {
             d.defect(column, "NULL");
             DateTime::<Utc>::UNIX_EPOCH
         }
-        None => DateTime::<Utc>::UNIX_EPOCH,
+        None => unrepresentable(row, column),
     }
 }
 
@@ -435,7 +480,11 @@ impl StampArrays {
 impl PgDriver {
     /// Decodes claimed rows; one without a readable id is logged and left to its lease.
     fn claimed(&self, rows: &[PgRow], params: &ClaimParams) -> Vec<ClaimedRow> {
-        let claimed = super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
+        let claimed = super::leased_rows(
+            &self.table,
+            params.token,
+            rows.iter().map(|row| (decode_row(row), payload_bytes(row))),
+        );
         if params.types.is_none() {
             self.cursor.advance(&claimed, params.limit);
         }

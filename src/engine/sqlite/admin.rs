@@ -68,7 +68,9 @@ fn list_condition(state: ListState) -> String {
     match state {
         ListState::Pending => PENDING.to_owned(),
         ListState::Due => {
-            format!(r#"{PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':')"#)
+            format!(
+                r#"{PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL)"#
+            )
         }
         ListState::Scheduled => {
             format!(r#"{PENDING} AND {unleased} AND "RunAt" > {NOW} AND "RunAt" < ':'"#)
@@ -148,7 +150,7 @@ impl AdminOps for SqliteDriver {
         };
         let sql = format!(
             r#"SELECT {select}
-                   COALESCE(SUM({PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':')), 0) AS due,
+                   COALESCE(SUM({PENDING} AND {unleased} AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL)), 0) AS due,
                    COALESCE(SUM({PENDING} AND {unleased} AND "RunAt" > {NOW} AND "RunAt" < ':'), 0) AS scheduled,
                    COALESCE(SUM({PENDING} AND COALESCE("LockedUntil" > {NOW}, 0)), 0) AS running,
                    COALESCE(SUM({DEAD}), 0) AS dead,

@@ -42,6 +42,9 @@ pub struct SqliteDriver {
     /// The quoted table name.
     pub(crate) t: String,
     sql: Sql,
+    /// When [`MISSORTED_RUN_AT_DEAD`] last ran (it scans the scheduled rows, so it runs
+    /// at most twice per lease period, not with every claim).
+    missorted_scanned_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 struct Sql {
@@ -78,16 +81,22 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 ///
 /// SQLite compares text as text, so a `RunAt` or `CreatedAt` another program wrote as
 /// `'tomorrow'` sorts after every real timestamp and would never be due: rows whose
-/// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) are claimed as well, a
-/// few at a time from the same index, and the executor dead-letters them with the
-/// column named. A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
+/// `RunAt` sorts after `'9999'` (text from `':'` on, or a BLOB) or is NULL (another
+/// program relaxed NOT NULL) are claimed as well, a few at a time from the same index,
+/// and the executor dead-letters them with the column named (the NULLs in an arm of
+/// their own: `OR "RunAt" IS NULL` would turn the seek into a scan of every pending row,
+/// while `IS NULL` alone is a seek, or nothing at all on a NOT NULL column); a NULL
+/// `CreatedAt` is no
+/// reason to wait. `Attempts` counts the claim only when it is a count below `i32::MAX`
+/// (NULL, negative and huge counts stay as stored, for the executor to name). A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
 /// it would otherwise look held forever, so the row is claimed and the lease rewritten.
 /// Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
 fn claim_sql(t: &str, type_filter: &str) -> String {
     format!(
         r#"UPDATE {t}
            SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
-               "Attempts" = MIN("Attempts", 2147483646) + 1
+               "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
+                                 ELSE "Attempts" END
            WHERE "Id" IN (
                SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
@@ -95,7 +104,7 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                      AND "RunAt" <= {NOW}
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
                      AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
-                          OR "CreatedAt" >= ':'){type_filter}
+                          OR "CreatedAt" >= ':' OR "CreatedAt" IS NULL){type_filter}
                      AND typeof("Id") = 'text'
                    ORDER BY "RunAt"
                    LIMIT ?4)
@@ -104,6 +113,14 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" >= ':'
+                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
+                     AND typeof("Id") = 'text'
+                   LIMIT 10)
+               UNION ALL
+               SELECT "Id" FROM (
+                   SELECT "Id" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                     AND "RunAt" IS NULL
                      AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10))
@@ -121,18 +138,45 @@ fn except_filter(n: usize) -> String {
     format!("\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))")
 }
 
-/// Whether a row's `Id` is not text (a BLOB another program wrote): such a row can be
-/// neither leased nor stamped by id. Text sorts before BLOBs, so this is a seek on the
-/// primary key.
+/// Whether a row's `Id` is not text (a BLOB another program wrote, or NULL, which a
+/// table without `NOT NULL` on its primary key takes): such a row can be neither leased
+/// nor stamped by id. Text sorts before BLOBs and NULL before everything, so this is two
+/// seeks on the primary key.
 const UNUSABLE_IDS_EXIST: &str = r#"SELECT EXISTS (SELECT 1 FROM {t} WHERE "Id" >= X''
+    AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL)
+    OR EXISTS (SELECT 1 FROM {t} WHERE "Id" IS NULL
     AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL)"#;
 
 /// Dead-letters the pending rows [`UNUSABLE_IDS_EXIST`] finds, saying why.
 const UNUSABLE_IDS_DEAD: &str = r#"UPDATE {t}
     SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL,
-        "LastError" = 'icq cannot use this row: its Id is a ' || typeof("Id") || ' (X''' ||
-                      hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
-    WHERE "Id" >= X'' AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+        "LastError" = CASE WHEN "Id" IS NULL
+            THEN 'icq cannot use this row: its Id is NULL, so it can be neither leased nor stamped; ids are text'
+            ELSE 'icq cannot use this row: its Id is a ' || typeof("Id") || ' (X''' ||
+                 hex(substr("Id", 1, 64)) || '''), not text, so it can be neither leased nor stamped; ids are text'
+            END
+    WHERE ("Id" >= X'' OR "Id" IS NULL) AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+
+/// Dead-letters pending rows whose `RunAt` is text that sorts after now, is not an
+/// ISO-8601 time, and reads as a number of Unix seconds already past — a number stored
+/// as text such as `'2461000.5'` (a Julian day to SQLite's date functions; 1970-01-29 as
+/// Unix seconds): icq reads it as due, but text compares as text, so no claim would
+/// ever find it. (Unix seconds as text still ahead, `'4102444800'`, stay scheduled: text
+/// order and instant agree until then.) A scan of the scheduled part of the poll index
+/// (`RunAt` is in it), a hundred rows at a time. Integer and real times compare below
+/// text and are claimed as due, so they are never touched here.
+const MISSORTED_RUN_AT_DEAD: &str = r#"UPDATE {t}
+    SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL,
+        "LastError" = 'row cannot be processed: column RunAt: `' || substr("RunAt", 1, 64) ||
+            '` is text but not an ISO-8601 time: read as Unix seconds it is already due, yet as text it sorts after every timestamp, so no claim would find it (a Julian day? SQLite''s date functions read numbers so); store ISO-8601 UTC text or an INTEGER/REAL number of Unix seconds'
+    WHERE "Id" IN (SELECT "Id" FROM {t}
+        WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+          AND "RunAt" > {NOW} AND "RunAt" < ':'
+          AND typeof("RunAt") = 'text'
+          AND "RunAt" NOT GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*'
+          AND CAST("RunAt" AS REAL) <= CAST(strftime('%s', 'now') AS REAL)
+          AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
+        LIMIT 100)"#;
 
 /// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
 const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
@@ -185,7 +229,8 @@ impl Sql {
                        COALESCE(SUM(CASE WHEN "LockedUntil" > {NOW} THEN 1 ELSE 0 END), 0) AS running
                    FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "LockedUntil" > {NOW})"#
+                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL
+                          OR "LockedUntil" > {NOW})"#
             )
             .into(),
             unusable_ids_exist: UNUSABLE_IDS_EXIST.replace("{t}", t).into(),
@@ -281,17 +326,50 @@ fn required_time(d: &mut Decoder, row: &SqliteRow, column: &str) -> DateTime<Utc
     }
 }
 
-/// The row's `Id` as stored; a BLOB another program wrote is shown as `X'…'` and is a
-/// defect (the claim skips such rows and dead-letters them by their key).
+/// The row's `Id` as stored; a BLOB another program wrote, or text that is not valid
+/// UTF-8, is shown as `X'…'` and is a defect (the claim skips BLOBs and dead-letters
+/// them by their key; invalid text it dead-letters by its bytes, [`UNREADABLE_ID_DEAD`]).
+/// A NULL id is shown as `NULL`.
 fn stored_id(d: &mut Decoder, row: &SqliteRow) -> std::result::Result<CommandId, sqlx::Error> {
-    text_id(row).or_else(|err| match row.try_get::<Vec<u8>, _>("Id") {
-        Ok(bytes) => {
-            let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
-            d.defect("Id", "a BLOB, not text");
-            Ok(CommandId::stored(format!("X'{hex}'")))
+    text_id(row).or_else(|err| {
+        if row.try_get_raw("Id").is_ok_and(|raw| raw.is_null()) {
+            d.defect("Id", "NULL");
+            return Ok(CommandId::stored("NULL".to_owned()));
         }
-        Err(_) => Err(err),
+        match row.try_get::<Vec<u8>, _>("Id") {
+            Ok(bytes) => {
+                let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
+                let text = row
+                    .try_get_raw("Id")
+                    .is_ok_and(|raw| sqlx::TypeInfo::name(&*raw.type_info()) == "TEXT");
+                d.defect(
+                    "Id",
+                    if text {
+                        "text that is not valid UTF-8 (ids are UTF-8 text)"
+                    } else {
+                        "a BLOB, not text"
+                    },
+                );
+                Ok(CommandId::stored(format!("X'{hex}'")))
+            }
+            Err(_) => Err(err),
+        }
     })
+}
+
+/// Dead-letters the claimed row whose `Id` is text that is not valid UTF-8, by its bytes
+/// (`?1`, a BLOB cast back to text: the same bytes, so the primary key finds it) and the
+/// claim's token (`?2`), with `?3` as the reason. Such a row cannot be named by the
+/// stamps, which carry ids as UTF-8 JSON text.
+const UNREADABLE_ID_DEAD: &str = r#"UPDATE {t}
+    SET "DeadLetteredAt" = {NOW}, "LockToken" = NULL, "LockedUntil" = NULL, "LastError" = ?3
+    WHERE "Id" = CAST(?1 AS TEXT) AND "LockToken" = ?2"#;
+
+/// The payload's size in bytes as the row holds it (its text), for the producer's
+/// buffered-bytes budget; 0 when it is not text.
+pub(crate) fn payload_bytes(row: &SqliteRow) -> usize {
+    row.try_get_unchecked::<&str, _>("Payload")
+        .map_or(0, str::len)
 }
 
 /// Decodes a full row (`SELECT *` or `RETURNING *`) column by column; only an unreadable
@@ -299,13 +377,13 @@ fn stored_id(d: &mut Decoder, row: &SqliteRow) -> std::result::Result<CommandId,
 pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
     let mut d = Decoder::default();
     let mut out = CommandRow::placeholder(stored_id(&mut d, row)?);
-    let payload = d.get::<_, String>(row, "Payload");
-    out.payload = d.json_text("Payload", payload);
+    // Borrowed: the payload's text is parsed where the row holds it, never copied first.
+    let payload = d.get::<_, &str>(row, "Payload");
+    out.payload = d.json_str("Payload", payload);
     text_columns(&mut d, row, &mut out);
     out.created_at = required_time(&mut d, row, "CreatedAt");
     out.run_at = required_time(&mut d, row, "RunAt");
-    let attempts = d.get::<_, i64>(row, "Attempts").unwrap_or_default();
-    out.attempts = attempts.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+    out.attempts = super::decode::attempts(&mut d, row);
     out.lock_token = text_token(d.get::<_, Option<String>>(row, "LockToken").flatten());
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
@@ -376,6 +454,7 @@ impl SqliteDriver {
             table: table.clone(),
             sql: Sql::new(&t),
             t,
+            missorted_scanned_at: std::sync::Mutex::new(None),
         })
     }
 
@@ -400,6 +479,34 @@ impl SqliteDriver {
             if done.rows_affected() > 0 {
                 tracing::warn!(table = %self.table, rows = done.rows_affected(), "dead-lettered rows whose Id is not text");
             }
+        }
+        Ok(())
+    }
+
+    /// Runs [`MISSORTED_RUN_AT_DEAD`] when it has not run for half a lease period, so such
+    /// a row settles within one lease (and at once when a processor starts).
+    async fn dead_letter_missorted_run_at(&self, lease: Duration) -> Result<()> {
+        {
+            let mut at = self
+                .missorted_scanned_at
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if at.is_some_and(|at| at.elapsed() < lease / 2) {
+                return Ok(());
+            }
+            *at = Some(std::time::Instant::now());
+        }
+        let sql = MISSORTED_RUN_AT_DEAD
+            .replace("{t}", &self.t)
+            .replace("{NOW}", NOW);
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("looking for RunAt text that is not a time"),
+            ))?;
+        if done.rows_affected() > 0 {
+            tracing::warn!(table = %self.table, rows = done.rows_affected(), "dead-lettered rows whose RunAt is text that is not a time");
         }
         Ok(())
     }
@@ -432,14 +539,24 @@ impl SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        let mut claimed =
-            super::leased_rows(&self.table, params.token, rows.iter().map(decode_row));
         // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
         // sorts as due is decided on the database's clock, never the worker's.
         let now = rows
             .first()
             .and_then(|row| row.try_get::<String, _>("IcqNow").ok())
             .and_then(|text| parse_timestamp(&text));
+        let unreadable = self.dead_letter_unreadable_ids(conn, params, &rows).await?;
+        // Consumed in order: each raw row is dropped once decoded, so a claim of large
+        // payloads never holds every raw row and every decoded one at once.
+        let mut claimed = super::leased_rows(
+            &self.table,
+            params.token,
+            rows.into_iter()
+                .map(|row| (decode_row(&row), payload_bytes(&row))),
+        );
+        if unreadable {
+            claimed.retain(|c| !c.row.defects.iter().any(|d| d.starts_with("column Id:")));
+        }
         if let Some(now) = now {
             for row in &mut claimed {
                 if row.row.run_at > now {
@@ -448,6 +565,46 @@ impl SqliteDriver {
             }
         }
         Ok(claimed)
+    }
+
+    /// Settles, within the claim, the claimed rows whose `Id` is text that is not valid
+    /// UTF-8 (no stamp could name them, so each would otherwise be claimed again every
+    /// lease, forever); says whether there were any, to drop from the claimed rows.
+    async fn dead_letter_unreadable_ids(
+        &self,
+        conn: &mut SqliteConnection,
+        params: &ClaimParams,
+        rows: &[SqliteRow],
+    ) -> Result<bool> {
+        let unreadable: Vec<Vec<u8>> = rows
+            .iter()
+            .filter(|row| row.try_get::<String, _>("Id").is_err())
+            .filter_map(|row| row.try_get::<Vec<u8>, _>("Id").ok())
+            .collect();
+        if unreadable.is_empty() {
+            return Ok(false);
+        }
+        let sql = UNREADABLE_ID_DEAD
+            .replace("{t}", &self.t)
+            .replace("{NOW}", NOW);
+        for bytes in unreadable {
+            let hex: String = bytes.iter().take(64).map(|b| format!("{b:02X}")).collect();
+            let reason = format!(
+                "row cannot be processed: column Id: text that is not valid UTF-8 (X'{hex}'), so \
+                 no stamp can name it; ids are UTF-8 text"
+            );
+            tracing::warn!(table = %self.table, id = %format!("X'{hex}'"), "command dead-lettered: its Id is not valid UTF-8");
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(bytes)
+                .bind(params.token.to_string())
+                .bind(reason)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(
+                    self.ctx("dead-lettering a row whose Id is not UTF-8"),
+                ))?;
+        }
+        Ok(true)
     }
 
     async fn set_state_on(&self, conn: &mut SqliteConnection, changes: &[SetState]) -> Result<u64> {
@@ -510,6 +667,7 @@ impl QueueOps for SqliteDriver {
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         self.dead_letter_unusable_ids().await?;
+        self.dead_letter_missorted_run_at(params.lease).await?;
         let mut conn = self
             .pool
             .acquire()
@@ -524,6 +682,7 @@ impl QueueOps for SqliteDriver {
     ) -> Result<(u64, Vec<ClaimedRow>)> {
         let (changes, params) = (params.changes, params.claim);
         self.dead_letter_unusable_ids().await?;
+        self.dead_letter_missorted_run_at(params.lease).await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
