@@ -613,6 +613,7 @@ async fn time_claim(backend: &dyn Backend) -> Result<f64> {
         processing_delay: Duration::from_secs(settings.processing_delay_seconds),
         token: LeaseToken::new(),
         types: None,
+        queues: None,
     };
     let started = Instant::now();
     let claimed = backend.command_claim(&params).await?;

@@ -339,7 +339,19 @@ pub struct NewCommand {
     pub run_at: RunAt,
     /// The captured scheduling context.
     pub context: Context,
+    /// The named queue (`Queue`; schema version 2). `"default"` unless set.
+    pub queue: String,
+    /// `Priority` (schema version 2): lower runs first among due rows of one queue; 0
+    /// unless set.
+    pub priority: i16,
+    /// `UniqueKey` (schema version 2): at most one pending row per key in a table.
+    pub unique_key: Option<String>,
+    /// `TraceParent` (schema version 2): the W3C `traceparent` of the scheduler's span.
+    pub trace_parent: Option<String>,
 }
+
+/// The queue a command goes to when none is named.
+pub const DEFAULT_QUEUE: &str = "default";
 
 impl NewCommand {
     /// A command of `type_name` with `payload`, due now, with an empty context.
@@ -360,6 +372,10 @@ impl NewCommand {
             payload,
             run_at: RunAt::Now,
             context: Context::default(),
+            queue: DEFAULT_QUEUE.to_owned(),
+            priority: 0,
+            unique_key: None,
+            trace_parent: None,
         }
     }
 
@@ -559,6 +575,16 @@ pub struct CommandRow {
     pub tenant_id: Option<String>,
     /// `CorrelationId`.
     pub correlation_id: Option<String>,
+    /// `Queue` (`"default"` on a version-1 table).
+    pub queue: String,
+    /// `Priority` (0 on a version-1 table).
+    pub priority: i16,
+    /// `UniqueKey`.
+    pub unique_key: Option<String>,
+    /// `TraceParent`.
+    pub trace_parent: Option<String>,
+    /// `Snoozes`: how many times a handler asked to run later (0 on a version-1 table).
+    pub snoozes: i32,
     /// Columns that could not be decoded, each with the reason (empty for a healthy row).
     /// A claimed row with defects is dead-lettered without running; listings show it with
     /// the column's value replaced by a neutral placeholder.
@@ -585,6 +611,11 @@ impl CommandRow {
             roles: Vec::new(),
             tenant_id: None,
             correlation_id: None,
+            queue: DEFAULT_QUEUE.to_owned(),
+            priority: 0,
+            unique_key: None,
+            trace_parent: None,
+            snoozes: 0,
             defects: Vec::new(),
         }
     }
@@ -599,7 +630,8 @@ impl CommandRow {
     /// #     created_at: chrono::Utc::now(), run_at: chrono::Utc::now(), attempts: 0,
     /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
     /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
-    /// #     correlation_id: None, defects,
+    /// #     correlation_id: None, queue: "default".into(), priority: 0, unique_key: None,
+    /// #     trace_parent: None, snoozes: 0, defects,
     /// # };
     /// // `row(defects)` builds a CommandRow with the given `defects`.
     /// assert_eq!(row(vec![]).defect_summary(), None);
@@ -641,7 +673,8 @@ impl CommandRow {
     /// #     created_at: Utc::now(), run_at: Utc::now(), attempts: 0,
     /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
     /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
-    /// #     correlation_id: None, defects: vec![],
+    /// #     correlation_id: None, queue: "default".into(), priority: 0, unique_key: None,
+    /// #     trace_parent: None, snoozes: 0, defects: vec![],
     /// # };
     /// let now = Utc::now();
     /// row.run_at = now + Duration::hours(1);

@@ -145,7 +145,7 @@ pub async fn run(args: ScheduleArgs, global: &GlobalArgs) -> anyhow::Result<()> 
 
 /// What to schedule, validated.
 enum Input {
-    One(NewCommand),
+    One(Box<NewCommand>),
     Many(Vec<NewCommand>),
 }
 
@@ -185,7 +185,7 @@ impl Input {
                 correlation_id: args.correlation_id,
             });
         command.validate()?;
-        Ok(Input::One(command))
+        Ok(Input::One(Box::new(command)))
     }
 }
 

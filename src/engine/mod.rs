@@ -44,6 +44,11 @@ pub struct ClaimParams {
     pub token: LeaseToken,
     /// Claim only these types (`claim_only_handled_types`); `None` claims every type.
     pub types: Option<Arc<[String]>>,
+    /// Claim only rows of these queues (a worker's configured `queues:`, or one of them);
+    /// `None` claims every queue. Rows come in `Priority`, `RunAt`, `Id` order on a
+    /// version-2 table (`RunAt`, `Id` on version 1, which has no queues: `Some` is refused
+    /// there before any claim is made).
+    pub queues: Option<Arc<[String]>>,
 }
 
 /// One command to insert on its own.
@@ -150,6 +155,12 @@ pub enum StateChange {
         /// Where to move `RunAt`, when it should move.
         run_in: Option<Duration>,
     },
+    /// The handler asked to run later (SPEC §8 snooze): `RunAt = now + delay`, the attempt
+    /// the claim consumed is given back, `Snoozes` grows by one, `LastError` is kept.
+    Snooze {
+        /// Delay before it is due again.
+        delay: Duration,
+    },
 }
 
 /// One row's stamp: the lease that guards it and the change.
@@ -169,6 +180,7 @@ impl SetState {
             StateChange::Retry { .. } => 1,
             StateChange::Dead { .. } => 2,
             StateChange::Release { .. } => 3,
+            StateChange::Snooze { .. } => 4,
         }
     }
 
@@ -177,6 +189,7 @@ impl SetState {
         match &self.change {
             StateChange::Retry { delay, .. } => Some(delay.as_secs_f64()),
             StateChange::Release { run_in } => run_in.map(|d| d.as_secs_f64()),
+            StateChange::Snooze { delay } => Some(delay.as_secs_f64()),
             _ => None,
         }
     }
@@ -257,6 +270,14 @@ pub struct LeaseOthersAtHeadParams {
     pub high: LeaseToken,
 }
 
+/// Which leases to check (the processor's running commands), to learn of the ones lost:
+/// an operator cancelled the row (`icq cancel`), or another claim took it over.
+#[derive(Debug, Clone)]
+pub struct LeaseCheckManyParams {
+    /// The leases (id and token) this processor believes it holds.
+    pub leases: Vec<Lease>,
+}
+
 /// Counts used to decide whether a processor is idle.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Activity {
@@ -282,9 +303,17 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// Runs a DDL script (the embedded default creating its table on first use).
     async fn schema_apply(&self, ddl: &str) -> Result<()>;
 
-    /// Starts listening for inserts committed by any client, signalling `notify` on each.
-    /// Returns `false` where the engine has no such mechanism (the poll covers it).
-    async fn listen(&self, notify: Arc<Notify>) -> Result<bool>;
+    /// The schema version of the table: 1 (the original table) or 2 (queues, priorities,
+    /// unique keys, trace context; SPEC §8). Looked up once (by whether the `Queue` column
+    /// exists) and remembered; a table that does not exist yet counts as the version icq
+    /// would create, and is looked up again next time.
+    async fn schema_version(&self) -> Result<u32>;
+
+    /// Starts listening for inserts committed by any client, signalling `notify` on each,
+    /// and for operators cancelling running commands (`icq cancel`), signalling
+    /// `cancelled` on each (the processor then checks its leases at once). Returns `false`
+    /// where the engine has no such mechanism (the poll and the lease check cover it).
+    async fn listen(&self, notify: Arc<Notify>, cancelled: Arc<Notify>) -> Result<bool>;
 
     /// Closes the connection pool.
     async fn close(&self);
@@ -344,6 +373,13 @@ pub trait QueueOps: Send + Sync + 'static {
     /// MySQL `GET_LOCK`) and this one should skip the round.
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>>;
 
+    /// Of `leases`, the ones still held (the row is pending and its `LockToken` is still
+    /// the lease's token); the others were lost: cancelled by an operator or claimed by
+    /// another processor. A read, cheap enough to run every second or two.
+    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>> {
+        Ok(params.leases.clone())
+    }
+
     /// How many rows are due and running right now.
     async fn activity(&self) -> Result<Activity>;
 
@@ -356,6 +392,38 @@ pub trait QueueOps: Send + Sync + 'static {
     /// few set-based statements, for `icq bench`'s claim measurement with a large
     /// retained history. Not part of the queue path.
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()>;
+}
+
+/// A driver's remembered [`Lifecycle::schema_version`] (0 until looked up).
+#[derive(Debug, Default)]
+pub(crate) struct SchemaVersionCache(std::sync::atomic::AtomicU32);
+
+impl SchemaVersionCache {
+    /// The remembered version, or else `look_up()`'s answer: `Some(has_queue_column)`
+    /// for an existing table (remembered), `None` for a missing one (not remembered).
+    pub(crate) async fn get<F>(&self, look_up: F) -> Result<u32>
+    where
+        F: std::future::Future<Output = Result<Option<bool>>>,
+    {
+        use std::sync::atomic::Ordering;
+        let known = self.0.load(Ordering::Acquire);
+        if known != 0 {
+            return Ok(known);
+        }
+        match look_up.await? {
+            Some(has_queue) => {
+                let version = if has_queue { 2 } else { 1 };
+                self.0.store(version, Ordering::Release);
+                Ok(version)
+            }
+            None => Ok(crate::schema::SCHEMA_VERSION),
+        }
+    }
+
+    /// Forgets the remembered version (after a DDL script changed the table).
+    pub(crate) fn forget(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// Runs a DDL script (several statements) on `executor`: creating or dropping a table.

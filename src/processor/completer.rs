@@ -223,7 +223,7 @@ pub(crate) fn count(source: &str, stats: &Stats, batch: &[SetState], stamped: u6
             StateChange::Completed => completed += 1,
             StateChange::Retry { .. } => retried += 1,
             StateChange::Dead { .. } => dead += 1,
-            StateChange::Release { .. } => {}
+            StateChange::Release { .. } | StateChange::Snooze { .. } => {}
         }
     }
     let mut stale = (batch.len() as u64).saturating_sub(stamped);

@@ -362,6 +362,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         processing_delay: Duration::from_secs(settings.processing_delay_seconds),
         token: LeaseToken::owned_by(shared.owner),
         types: shared.types.clone(),
+        queues: None,
     };
     // Outcomes waiting to be stamped ride along: one round trip, one commit.
     let stamps = shared.outbox.take(completer::MAX_BATCH);

@@ -14,7 +14,11 @@ use super::SourceHandle;
 /// Subscribes the source's wake-up signal to the engine's insert notifications, where
 /// there are any. A failure is logged and polling covers it.
 pub(crate) async fn listen(source: &SourceHandle) {
-    match source.backend.listen(source.wake.clone()).await {
+    match source
+        .backend
+        .listen(source.wake.clone(), std::sync::Arc::new(tokio::sync::Notify::new()))
+        .await
+    {
         Ok(true) => tracing::debug!(source = %source.name, "listening for inserts"),
         // No LISTEN here (another engine, or a transaction pooler, which the driver
         // reports itself): polling finds new commands.

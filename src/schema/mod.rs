@@ -61,6 +61,26 @@ pub fn notify_channel(table: &TableName) -> String {
     format!("icq_{}", table.name())
 }
 
+/// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
+/// context; SPEC §8). Version 1 is the original table.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// Renders the version-1 DDL (the table before queues, priorities and unique keys) for
+/// `engine` and `table`: what older migrations created. Tests and upgrade checks use it;
+/// new tables get [`render`].
+pub fn render_v1(engine: Engine, table: &TableName) -> Ddl {
+    let up = match engine {
+        Engine::Postgres => include_str!("../../templates/migrations/v1/postgres.up.sql"),
+        Engine::Sqlite => include_str!("../../templates/migrations/v1/sqlite.up.sql"),
+        Engine::Mysql => include_str!("../../templates/migrations/v1/mysql.up.sql"),
+        Engine::SqlServer => include_str!("../../templates/migrations/v1/sqlserver.up.sql"),
+    };
+    Ddl {
+        up: fill(up, engine, table),
+        down: render(engine, table).down,
+    }
+}
+
 /// Renders the DDL for `engine` and `table`. See [`Ddl`]'s example for applying it.
 ///
 /// # Examples
@@ -110,6 +130,8 @@ fn fill(template: &str, engine: Engine, table: &TableName) -> String {
         .replace("{{table}}", &table.quoted(engine))
         .replace("{{table_unqualified}}", &engine.quote_ident(table.name()))
         .replace("{{ix_poll}}", &index("_Poll"))
+        .replace("{{ix_queue_poll}}", &index("_QueuePoll"))
+        .replace("{{ix_unique_key}}", &index("_UniqueKey"))
         .replace("{{ix_retention}}", &index("_Retention"))
         .replace("{{ix_dead_letters}}", &index("_DeadLetters"))
         .replace("{{pk}}", &table.derived(engine, "PK_", ""))

@@ -267,6 +267,7 @@ pub(crate) fn params(limit: u32) -> ClaimParams {
         processing_delay: Duration::ZERO,
         token: LeaseToken::new(),
         types: None,
+        queues: None,
     }
 }
 

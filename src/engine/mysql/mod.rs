@@ -43,6 +43,8 @@ pub struct MySqlDriver {
     /// The quoted table name.
     pub(crate) t: String,
     sql: Sql,
+    /// The table's schema version, once looked up.
+    version: super::SchemaVersionCache,
 }
 
 struct Sql {
@@ -302,6 +304,7 @@ impl MySqlDriver {
             table: table.clone(),
             sql: Sql::new(&t),
             t,
+            version: Default::default(),
         })
     }
 
@@ -625,7 +628,29 @@ impl Lifecycle for MySqlDriver {
         Ok(found > 0)
     }
 
+    async fn schema_version(&self) -> Result<u32> {
+        self.version
+            .get(async {
+                if !self.table_exists().await? {
+                    return Ok(None);
+                }
+                let found: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM information_schema.columns \
+                     WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? \
+                       AND column_name = 'Queue'",
+                )
+                .bind(self.table.schema())
+                .bind(self.table.name())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("looking up the table's schema version")))?;
+                Ok(Some(found > 0))
+            })
+            .await
+    }
+
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        self.version.forget();
         super::run_script(
             &self.pool,
             ddl.to_owned(),
@@ -634,7 +659,7 @@ impl Lifecycle for MySqlDriver {
         .await
     }
 
-    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
+    async fn listen(&self, _notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
         Ok(false)
     }
 

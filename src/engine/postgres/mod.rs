@@ -85,6 +85,8 @@ pub struct PgDriver {
     sql: Sql,
     /// Where the next unfiltered claim starts in the poll index.
     cursor: cursor::ClaimCursor,
+    /// The table's schema version, once looked up.
+    version: super::SchemaVersionCache,
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -534,6 +536,7 @@ impl PgDriver {
             failover,
             pooler,
             cursor: cursor::ClaimCursor::default(),
+            version: Default::default(),
             listener: std::sync::Mutex::new(None),
         };
         if let Err(err) = driver.check_connection(url, table).await {
@@ -882,7 +885,25 @@ impl Lifecycle for PgDriver {
         Ok(found.is_some())
     }
 
+    async fn schema_version(&self) -> Result<u32> {
+        self.version
+            .get(async {
+                let query = sqlx::query_scalar::<_, Option<bool>>(
+                    r#"SELECT EXISTS (SELECT 1 FROM pg_attribute
+                                      WHERE attrelid = c AND attname = 'Queue' AND NOT attisdropped)
+                       FROM to_regclass($1) AS c WHERE c IS NOT NULL"#,
+                )
+                .bind(&self.t);
+                on_pool!(self, self.pool, BEGIN, |e| query.fetch_optional(e))
+                    .await
+                    .map(Option::flatten)
+                    .map_err(self.db("looking up the table's schema version"))
+            })
+            .await
+    }
+
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        self.version.forget();
         super::run_script(
             &self.pool,
             ddl.to_owned(),
@@ -891,7 +912,7 @@ impl Lifecycle for PgDriver {
         .await
     }
 
-    async fn listen(&self, notify: Arc<Notify>) -> Result<bool> {
+    async fn listen(&self, notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
         if self.pooler == Pooler::Transaction {
             tracing::info!(
                 table = %self.table,
@@ -998,6 +1019,7 @@ mod tests {
             processing_delay: Duration::ZERO,
             token: LeaseToken::new(),
             types: None,
+            queues: None,
         };
         let mut query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params);
         if stamps {

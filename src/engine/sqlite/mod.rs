@@ -45,6 +45,8 @@ pub struct SqliteDriver {
     /// When [`MISSORTED_RUN_AT_DEAD`] last ran (it scans the scheduled rows, so it runs
     /// at most twice per lease period, not with every claim).
     missorted_scanned_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The table's schema version, once looked up.
+    version: super::SchemaVersionCache,
 }
 
 struct Sql {
@@ -455,6 +457,7 @@ impl SqliteDriver {
             sql: Sql::new(&t),
             t,
             missorted_scanned_at: std::sync::Mutex::new(None),
+            version: Default::default(),
         })
     }
 
@@ -819,7 +822,28 @@ impl Lifecycle for SqliteDriver {
         Ok(found > 0)
     }
 
+    async fn schema_version(&self) -> Result<u32> {
+        self.version
+            .get(async {
+                if !self.table_exists().await? {
+                    return Ok(None);
+                }
+                let schema = self.table.schema().unwrap_or("main");
+                let found: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pragma_table_info(?, ?) WHERE name = 'Queue'",
+                )
+                .bind(self.table.name())
+                .bind(schema)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("looking up the table's schema version")))?;
+                Ok(Some(found > 0))
+            })
+            .await
+    }
+
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
+        self.version.forget();
         super::run_script(
             &self.pool,
             ddl.to_owned(),
@@ -828,7 +852,7 @@ impl Lifecycle for SqliteDriver {
         .await
     }
 
-    async fn listen(&self, _notify: Arc<Notify>) -> Result<bool> {
+    async fn listen(&self, _notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
         Ok(false)
     }
 
