@@ -100,15 +100,22 @@ const COLORS: [&str; 6] = [
     "#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2",
 ];
 
-/// A line chart of `series` over the hour before `now`, as inline SVG (with a `<title>`
-/// for screen readers and the figures' last values in a legend).
+/// A line chart of `series` up to `now`, as inline SVG (with a `<title>` for screen
+/// readers and each series' last value in a legend). The time axis covers what was
+/// sampled: from the first sample (at least two minutes back) to the whole [`WINDOW`].
 pub fn chart(
     title: &'static str,
     unit: &'static str,
     series: &[Series],
     now: DateTime<Utc>,
 ) -> Html {
-    let start = now - chrono::Duration::from_std(WINDOW).unwrap_or(chrono::Duration::hours(1));
+    let window = chrono::Duration::from_std(WINDOW).unwrap_or(chrono::Duration::hours(1));
+    let first = series
+        .iter()
+        .filter_map(|(_, points)| points.first().map(|(at, _)| *at))
+        .min()
+        .unwrap_or(now);
+    let start = (now - window).max(first.min(now - chrono::Duration::minutes(2)));
     let span = (now - start).num_milliseconds().max(1) as f64;
     let peak = series
         .iter()
@@ -146,8 +153,12 @@ pub fn chart(
             .text(short_number(value))
             .raw("</text>");
     }
-    for (label, minutes) in [("-60 min", 60), ("-30 min", 30), ("now", 0)] {
-        let at = now - chrono::Duration::minutes(minutes);
+    let half = (now - start) / 2;
+    for (label, at) in [
+        (ago(now - start), start),
+        (ago(half), now - half),
+        ("now".to_owned(), now),
+    ] {
         svg.raw("<text class=\"tick\" x=\"")
             .text(format!("{:.1}", x(at)))
             .raw("\" y=\"")
@@ -200,6 +211,16 @@ pub fn chart(
     }
     svg.raw("</ul></figure>");
     svg
+}
+
+/// An axis label for a time before now: `-90 s`, `-12 min`.
+fn ago(span: chrono::Duration) -> String {
+    let seconds = span.num_seconds();
+    if seconds < 120 {
+        format!("-{seconds} s")
+    } else {
+        format!("-{} min", (seconds + 30) / 60)
+    }
 }
 
 /// The smallest of 1, 2, 5 × 10ⁿ at or above `value` (at least 1).

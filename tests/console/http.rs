@@ -61,12 +61,10 @@ fn listed_ids(page: &str) -> Vec<String> {
         .skip(1)
         .map(|rest| {
             let href = rest.split('"').next().expect("an href");
-            let id = href
-                .split("id=")
+            href.split("id=")
                 .nth(1)
                 .expect("an id parameter")
-                .to_owned();
-            id
+                .to_owned()
         })
         .collect()
 }
