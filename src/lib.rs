@@ -159,6 +159,8 @@ pub mod command;
 pub mod commands;
 pub mod config;
 #[cfg(feature = "cli")]
+pub(crate) mod console;
+#[cfg(feature = "cli")]
 pub(crate) mod demo;
 pub(crate) mod engine;
 pub mod error;
