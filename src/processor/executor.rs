@@ -148,8 +148,25 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         context: row.context(),
     };
     let context = job.context.clone();
+    let id_text = row.id.to_string();
+    let execution = crate::otel::Execution {
+        source: &shared.source.name,
+        queue: &row.queue,
+        type_name: &row.type_name,
+        id: &id_text,
+        attempt: attempts,
+        trace_parent: row.trace_parent.as_deref(),
+    };
+    let span = crate::otel::execution_span(&execution);
     let started = Instant::now();
-    let running = AssertUnwindSafe(with_context(context, handler.handle(job))).catch_unwind();
+    let running = tracing::Instrument::instrument(
+        AssertUnwindSafe(crate::otel::in_execution(
+            &span,
+            with_context(context, handler.handle(job)),
+        ))
+        .catch_unwind(),
+        span.clone(),
+    );
     let result = tokio::select! {
         biased;
         _ = cancel.cancelled() => {
@@ -169,10 +186,22 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         Err(err) if err.terminal => "terminal",
         Err(_) => "failed",
     };
+    let seconds = started.elapsed().as_secs_f64();
+    let error_type = match &result {
+        Ok(()) => None,
+        Err(err) if err.terminal => Some("terminal"),
+        Err(err) if err.message.starts_with("handler panicked") => Some("panic"),
+        Err(_) => Some("failed"),
+    };
+    if let Some(error_type) = error_type {
+        crate::otel::execution_failed(&span, error_type);
+    }
+    crate::otel::record_execution(&execution, error_type, seconds);
+    drop(span);
     shared
         .source
         .stats
-        .execution(&row.type_name, label, started.elapsed().as_secs_f64());
+        .execution(&row.type_name, label, seconds);
     let change = match result {
         Ok(()) => StateChange::Completed,
         Err(err) if err.terminal || attempts >= settings.max_attempts => dead(err.message),
