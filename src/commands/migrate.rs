@@ -50,7 +50,7 @@ pub struct AddArgs {
     #[arg(long, value_name = "ENGINE", value_parser = parse_engine)]
     pub engine: Option<Engine>,
 
-    /// Table to create, optionally schema-qualified [default: InternalCommands].
+    /// Table to create or upgrade, optionally schema-qualified [default: InternalCommands].
     #[arg(long, value_name = "NAME", value_parser = parse_table)]
     pub table: Option<TableName>,
 
@@ -237,10 +237,13 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     let files = plan.write()?;
     let added = Added::written(&plan, files);
     if let (PlanAction::Upgrade { from }, Format::Table) = (&plan.action, global.format) {
+        let apply = match plan.engine {
+            Engine::SqlServer => "with `sqlcmd -b -I`, DbUp or Flyway",
+            _ => "with `icq migrate run` (or `sqlx migrate run`)",
+        };
         output::note(&format!(
             "{} creates {} at schema version 1; the new migration upgrades it to version 2. \
-             Apply it with `icq migrate run` (or `sqlx migrate run`), then restart the workers \
-             to use queues and priorities",
+             Apply it {apply}, then restart the workers to use queues and priorities",
             from.display(),
             plan.table
         ));

@@ -672,7 +672,7 @@ pub fn upgrade_file_sql(
 pub struct AddOptions {
     /// The engine to write SQL for.
     pub engine: Engine,
-    /// The table to create.
+    /// The table to create (or upgrade).
     pub table: TableName,
     /// The migrations directory (see [`default_dir`]).
     pub dir: PathBuf,
