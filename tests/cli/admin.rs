@@ -646,6 +646,8 @@ async fn dead_letter_listing(engine: &'static str) {
             "dead_lettered_at",
             "id",
             "last_error",
+            "priority",
+            "queue",
             "source",
             "type"
         ]
@@ -678,6 +680,11 @@ async fn dead_letter_listing(engine: &'static str) {
             "roles": ["orders.write", "support"],
             "tenant_id": "acme",
             "correlation_id": "req-42",
+            "queue": "default",
+            "priority": 0,
+            "unique_key": null,
+            "trace_parent": null,
+            "snoozes": 0,
         })
     );
 }
@@ -840,9 +847,10 @@ async fn replay_effects(engine: &'static str) {
     let copy = replayed[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(
         replayed[0].as_object().unwrap().len(),
-        2,
-        "exactly from and id"
+        3,
+        "exactly from, id and existing"
     );
+    assert_eq!(replayed[0]["existing"], false);
 
     let copy_row = json_of(&db, &["dead-letters", "show", &copy]);
     assert_eq!(copy_row["type"], "webhooks.deliver");
@@ -1113,29 +1121,24 @@ async fn show_effects(engine: &'static str) {
 
 async fn cancel_effects(engine: &'static str) {
     let db = seeded(engine, "cancel").await;
-    for (id, why) in [
-        (RUNNING, "running"),
-        (DEAD_OLD, "already a dead letter"),
-        (DONE_OLD, "completed"),
-    ] {
+    for (id, why) in [(DEAD_OLD, "already a dead letter"), (DONE_OLD, "completed")] {
         let err = fails(&db, &["cancel", id, DUE, "-y"], 2);
         assert!(err.contains(why), "{id}: {err}");
     }
     // Issue 23: two refusals read as two clauses and the consequence, nothing run together.
-    let both = fails(&db, &["cancel", RUNNING, DEAD_OLD, "-y"], 2);
+    let both = fails(&db, &["cancel", RUNNING, DONE_OLD, DEAD_OLD, "-y"], 2);
     let clauses: Vec<&str> = both.trim_end().split("; ").collect();
     assert_eq!(clauses.len(), 3, "{both}");
-    assert!(
-        clauses[0].starts_with(&format!(
-            "error: command {RUNNING} is running, so it cannot be cancelled ("
-        )),
+    assert_eq!(
+        clauses[0],
+        format!(
+            "error: command {DEAD_OLD} is already a dead letter (delete it with `icq purge --dead-letters` or run it again with `icq requeue {DEAD_OLD}`)"
+        ),
         "{both}"
     );
     assert_eq!(
         clauses[1],
-        format!(
-            "command {DEAD_OLD} is already a dead letter (delete it with `icq purge --dead-letters` or run it again with `icq requeue {DEAD_OLD}`)"
-        ),
+        format!("command {DONE_OLD} is completed, so there is nothing left to cancel"),
         "{both}"
     );
     assert_eq!(clauses[2], "nothing was cancelled", "{both}");
@@ -1149,8 +1152,20 @@ async fn cancel_effects(engine: &'static str) {
     );
 
     assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{RUNNING}' AND {{LockToken}} IS NOT NULL")
+        )
+        .await,
+        1,
+        "the running row was not touched by the refused requests"
+    );
+    assert_eq!(
         json_of(&db, &["cancel", DUE, SCHEDULED, DUE, "-y"]),
-        json!({"cancelled": 2})
+        json!({"cancelled": 2, "were_running": 0, "commands": [
+            {"id": DUE, "was": "pending"},
+            {"id": SCHEDULED, "was": "pending"},
+        ]})
     );
     assert_eq!(
         count(
@@ -1189,7 +1204,7 @@ async fn cancel_effects(engine: &'static str) {
     );
     assert_eq!(
         json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
-        json!({"cancelled": 4})
+        json!({"cancelled": 4, "were_running": 0})
     );
     assert_eq!(
         count(
@@ -1201,7 +1216,7 @@ async fn cancel_effects(engine: &'static str) {
     );
     assert_eq!(
         json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
-        json!({"cancelled": 0})
+        json!({"cancelled": 0, "were_running": 0})
     );
     // A cancelled command is a dead letter like any other: it can be requeued.
     assert_eq!(
@@ -1226,7 +1241,7 @@ async fn a_foreign_row_can_be_listed_and_cancelled() {
     assert_eq!(ids_of(&due), ["Order-42/ABC"]);
     assert_eq!(
         json_of(&db, &["cancel", "Order-42/ABC", "-y"]),
-        json!({"cancelled": 1})
+        json!({"cancelled": 1, "were_running": 0, "commands": [{"id": "Order-42/ABC", "was": "pending"}]})
     );
     let shown = json_of(&db, &["show", "Order-42/ABC"]);
     assert_eq!(shown["state"], "dead");
@@ -1457,9 +1472,15 @@ async fn requeue_all_dead_works_in_batches_on_postgres() {
     )
     .await;
     let sources = open(&db).await;
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
-        .await
-        .unwrap();
+    let plan = admin::plan_requeue(
+        &sources,
+        &RequeueTarget::AllDead {
+            type_name: None,
+            queue: None,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(plan.total(), 20_000);
     // A row that dies after the plan was made is not part of it.
     db.execute(
@@ -1503,9 +1524,15 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
     let sources = open(&db).await;
 
     let started = Instant::now();
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
-        .await
-        .unwrap();
+    let plan = admin::plan_requeue(
+        &sources,
+        &RequeueTarget::AllDead {
+            type_name: None,
+            queue: None,
+        },
+    )
+    .await
+    .unwrap();
     let report = admin::requeue(&plan, &admin::NoProgress).await.unwrap();
     let requeue_time = started.elapsed();
     assert_eq!(report.requeued, 100_000);
@@ -1515,6 +1542,7 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
         completed: true,
         dead_letters: false,
         older_than: Some(std::time::Duration::from_secs(7 * 86_400)),
+        queue: None,
     };
     let plan = admin::plan_purge(&sources, &request).await.unwrap();
     let report = admin::purge(&plan, &admin::NoProgress).await.unwrap();
@@ -1643,10 +1671,13 @@ async fn listings_in_a_pipe_are_tab_separated() {
     let run = with_columns(&db, None, &["dead-letters", "list"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
-    assert_eq!(lines[0], "Id\tType\tAttempts\tDead lettered at\tLast error");
+    assert_eq!(
+        lines[0],
+        "Id\tType\tQueue\tAttempts\tDead lettered at\tLast error"
+    );
     assert_eq!(lines.len(), 3, "{}", run.stdout);
     assert!(
-        lines.iter().all(|l| l.split('\t').count() == 5),
+        lines.iter().all(|l| l.split('\t').count() == 6),
         "{}",
         run.stdout
     );
