@@ -108,6 +108,8 @@ struct Part {
 /// ```
 pub struct CancelPlan {
     parts: Vec<Part>,
+    /// The ids as named (without repeats): the report lists them in this order.
+    named: Vec<CommandId>,
 }
 
 impl CancelPlan {
@@ -278,7 +280,10 @@ pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Resul
                     count,
                 });
             }
-            Ok(CancelPlan { parts })
+            Ok(CancelPlan {
+                parts,
+                named: Vec::new(),
+            })
         }
     }
 }
@@ -325,7 +330,10 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
             ),
         });
     }
-    Ok(CancelPlan { parts })
+    Ok(CancelPlan {
+        parts,
+        named: ids.to_vec(),
+    })
 }
 
 /// Applies a cancel plan. Explicit ids are cancelled in one guarded statement per
@@ -452,6 +460,12 @@ pub async fn cancel(plan: &CancelPlan, progress: &dyn Progress) -> Result<Cancel
         }
     }
     progress.finish();
+    report.commands.sort_by_key(|c| {
+        plan.named
+            .iter()
+            .position(|id| same_id(&c.id, id))
+            .unwrap_or(usize::MAX)
+    });
     Ok(report)
 }
 
