@@ -2345,3 +2345,19 @@ async fn bad_queue_names_are_usage_errors() {
     assert_eq!(json_of(&db, &["pending", "--queue", &longest])[0]["due"], 0);
     assert_eq!(fingerprint(&db).await, before, "nothing changed");
 }
+
+#[tokio::test]
+async fn queues_output() {
+    let db = seeded_queues("sqlite", "snap_queues").await;
+    let mut text = transcript(
+        &db,
+        &[
+            &["pending", "--by-queue"],
+            &["pending", "--by-queue", "--by-type", "--format", "table"],
+            &["list", "--queue", "emails", "--format", "table"],
+            &["dead-letters", "list", "--queue", "emails", "--format", "table"],
+        ],
+    );
+    text.push_str(&transcript(&db, &[&["cancel", RUNNING, DUE, "-y"]]));
+    snapshot!("queues", text);
+}
