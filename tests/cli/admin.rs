@@ -2355,7 +2355,14 @@ async fn queues_output() {
             &["pending", "--by-queue"],
             &["pending", "--by-queue", "--by-type", "--format", "table"],
             &["list", "--queue", "emails", "--format", "table"],
-            &["dead-letters", "list", "--queue", "emails", "--format", "table"],
+            &[
+                "dead-letters",
+                "list",
+                "--queue",
+                "emails",
+                "--format",
+                "table",
+            ],
         ],
     );
     text.push_str(&transcript(&db, &[&["cancel", RUNNING, DUE, "-y"]]));
