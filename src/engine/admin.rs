@@ -552,3 +552,69 @@ where
         out.snoozes = snoozes;
     }
 }
+
+/// Whether `err` is a unique-key violation: another writer made a row pending with the
+/// unique key a requeue was putting back (between its check and its update).
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|e| e.is_unique_violation())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AdminOps, CommandRequeueDeadManyParams, CommandRequeueManyParams};
+    use crate::command::CommandId;
+    use crate::engine::conformance::Harness;
+
+    const DEAD: &str = "50000000-0000-4000-8000-000000000001";
+    const PENDING: &str = "50000000-0000-4000-8000-000000000002";
+    const FREE: &str = "50000000-0000-4000-8000-000000000003";
+
+    /// A dead letter whose key a pending row took after the requeue's check: the requeue
+    /// leaves it dead (the others go back) instead of failing on the unique index.
+    async fn a_key_taken_meanwhile_leaves_the_row_dead(engine: &str) {
+        let h = Harness::new(engine, "takenkey").await;
+        let (t, id, key, dead) = (&h.t, h.q("Id"), h.q("UniqueKey"), h.q("DeadLetteredAt"));
+        let (ty, payload, ago) = (h.q("Type"), h.q("Payload"), h.ago(60));
+        h.exec(&format!(
+            "INSERT INTO {t} ({id}, {ty}, {payload}, {key}, {dead}) VALUES ('{DEAD}', 't', '{{}}', 'k', {ago});
+             INSERT INTO {t} ({id}, {ty}, {payload}, {key}) VALUES ('{PENDING}', 't', '{{}}', 'k');
+             INSERT INTO {t} ({id}, {ty}, {payload}, {dead}) VALUES ('{FREE}', 't', '{{}}', {ago});"
+        ))
+        .await;
+        let ids: Vec<CommandId> = [DEAD, FREE].iter().map(|i| i.parse().unwrap()).collect();
+        let all_or_nothing = h
+            .driver
+            .command_requeue_many(&CommandRequeueManyParams { ids: ids.clone() })
+            .await
+            .unwrap();
+        assert_eq!(all_or_nothing, 0, "{engine}: nothing changes");
+        assert_eq!(h.count(&format!("{dead} IS NOT NULL")).await, 2);
+        let done = h
+            .driver
+            .command_requeue_dead_many(&CommandRequeueDeadManyParams { ids })
+            .await
+            .unwrap();
+        assert_eq!(done, 1, "{engine}: the free one goes back");
+        assert_eq!(
+            h.count(&format!("{id} = '{DEAD}' AND {dead} IS NOT NULL"))
+                .await,
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_postgres() {
+        a_key_taken_meanwhile_leaves_the_row_dead("postgres").await
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_sqlite() {
+        a_key_taken_meanwhile_leaves_the_row_dead("sqlite").await
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_mysql() {
+        a_key_taken_meanwhile_leaves_the_row_dead("mysql").await
+    }
+}

@@ -21,7 +21,9 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
-use crate::engine::admin::{count_grouping, decode_state_count, decode_v2_columns};
+use crate::engine::admin::{
+    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
 use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
 
@@ -158,6 +160,26 @@ fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
         columns(version),
         conditions.join(" AND ")
     )
+}
+
+impl MySqlDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(
+        &self,
+        set: &str,
+        ids: &[crate::command::CommandId],
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(
+            "UPDATE {t} SET {set} WHERE `Id` IN ({}) AND {DEAD}",
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.to_string());
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
 }
 
 #[async_trait]
@@ -386,11 +408,13 @@ impl AdminOps for MySqlDriver {
                 query = query.bind(id.to_string());
             }
             // The connection reports matched (not merely changed) rows: CLIENT_FOUND_ROWS.
-            done += query
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(ctx()))?
-                .rows_affected();
+            done += match query.execute(&mut *tx).await {
+                Ok(done) => done.rows_affected(),
+                // A row made pending meanwhile holds a key being put back: nothing
+                // changes, as for any row that changed state.
+                Err(err) if is_unique_violation(&err) => return Ok(0),
+                Err(err) => return Err(Error::db(ctx())(err)),
+            };
         }
         if done != params.ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
@@ -451,23 +475,26 @@ impl AdminOps for MySqlDriver {
         &self,
         params: &CommandRequeueDeadManyParams,
     ) -> Result<u64> {
-        let t = &self.t;
+        let ctx = || self.ctx("requeueing dead letters");
         let set = requeue_set(self.schema_version().await?);
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            let sql = format!(
-                "UPDATE {t} SET {set} WHERE `Id` IN ({}) AND {DEAD}",
-                marks(chunk.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for id in chunk {
-                query = query.bind(id.to_string());
-            }
-            done += query
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("requeueing dead letters")))?
-                .rows_affected();
+            done += match self.requeue_dead(&set, chunk).await {
+                Err(err) if is_unique_violation(&err) => {
+                    // Another writer took a key since the page was read: one row at a
+                    // time, leaving dead the ones whose key is taken.
+                    let mut done = 0;
+                    for id in chunk {
+                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
+                            Ok(n) => done += n,
+                            Err(err) if is_unique_violation(&err) => {}
+                            Err(err) => return Err(Error::db(ctx())(err)),
+                        }
+                    }
+                    done
+                }
+                other => other.map_err(Error::db(ctx()))?,
+            };
         }
         Ok(done)
     }

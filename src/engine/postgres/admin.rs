@@ -22,7 +22,9 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
-use crate::engine::admin::{cancel_channel, count_grouping, decode_state_count, decode_v2_columns};
+use crate::engine::admin::{
+    cancel_channel, count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
 use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
 
@@ -112,6 +114,19 @@ fn list_condition(state: ListState) -> String {
 }
 
 impl PgDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(&self, set: &str, ids: &[Uuid]) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(r#"UPDATE {t} SET {set} WHERE "Id" = ANY($1) AND {DEAD}"#);
+        Ok(
+            on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+                .bind(ids)
+                .execute(e))
+            .await?
+            .rows_affected(),
+        )
+    }
+
     /// Wakes idle processors listening on this table's channel.
     async fn notify_waiters(&self) -> Result<()> {
         on_pool!(self, self.pool, BEGIN, |e| sqlx::query(
@@ -332,12 +347,17 @@ impl AdminOps for PgDriver {
                WHERE "Id" = ANY($1) AND "ProcessedAt" IS NULL AND {UNLEASED}"#
         );
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let done = match sqlx::query(AssertSqlSafe(sql))
             .bind(&ids)
             .execute(&mut *tx)
             .await
-            .map_err(Error::db(ctx()))?
-            .rows_affected();
+        {
+            Ok(done) => done.rows_affected(),
+            // A row made pending meanwhile holds a key being put back: nothing changes,
+            // as for any row that changed state.
+            Err(err) if is_unique_violation(&err) => return Ok(0),
+            Err(err) => return Err(Error::db(ctx())(err)),
+        };
         if done != ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
             return Ok(0);
@@ -406,16 +426,25 @@ impl AdminOps for PgDriver {
         &self,
         params: &CommandRequeueDeadManyParams,
     ) -> Result<u64> {
-        let t = &self.t;
+        let ctx = || self.ctx("requeueing dead letters");
         let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
         let set = requeue_set(self.schema_version().await?);
-        let sql = format!(r#"UPDATE {t} SET {set} WHERE "Id" = ANY($1) AND {DEAD}"#);
-        let done = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
-            .bind(&ids)
-            .execute(e))
-        .await
-        .map_err(self.db("requeueing dead letters"))?
-        .rows_affected();
+        let done = match self.requeue_dead(set, &ids).await {
+            Err(err) if is_unique_violation(&err) => {
+                // Another writer took a key since the page was read: one row at a time,
+                // leaving dead the ones whose key is taken.
+                let mut done = 0;
+                for id in &ids {
+                    match self.requeue_dead(set, std::slice::from_ref(id)).await {
+                        Ok(n) => done += n,
+                        Err(err) if is_unique_violation(&err) => {}
+                        Err(err) => return Err(Error::db(ctx())(err)),
+                    }
+                }
+                done
+            }
+            other => other.map_err(Error::db(ctx()))?,
+        };
         if done > 0 {
             self.notify_waiters().await?;
         }

@@ -22,7 +22,9 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
-use crate::engine::admin::{count_grouping, decode_state_count, decode_v2_columns};
+use crate::engine::admin::{
+    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
 use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
 
@@ -116,6 +118,26 @@ fn list_condition(state: ListState) -> String {
         ListState::Running => format!(r#"{PENDING} AND "LockedUntil" > {NOW}"#),
         ListState::Dead => DEAD.to_owned(),
         ListState::Completed => r#""ProcessedAt" IS NOT NULL"#.to_owned(),
+    }
+}
+
+impl SqliteDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(
+        &self,
+        set: &str,
+        ids: &[crate::command::CommandId],
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(
+            r#"UPDATE {t} SET {set} WHERE "Id" IN ({}) AND {DEAD}"#,
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.to_string());
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
     }
 }
 
@@ -346,11 +368,13 @@ impl AdminOps for SqliteDriver {
             for id in chunk {
                 query = query.bind(id.to_string());
             }
-            done += query
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(ctx()))?
-                .rows_affected();
+            done += match query.execute(&mut *tx).await {
+                Ok(done) => done.rows_affected(),
+                // A row made pending meanwhile holds a key being put back: nothing
+                // changes, as for any row that changed state.
+                Err(err) if is_unique_violation(&err) => return Ok(0),
+                Err(err) => return Err(Error::db(ctx())(err)),
+            };
         }
         if done != params.ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
@@ -424,23 +448,26 @@ impl AdminOps for SqliteDriver {
         &self,
         params: &CommandRequeueDeadManyParams,
     ) -> Result<u64> {
-        let t = &self.t;
+        let ctx = || self.ctx("requeueing dead letters");
         let set = requeue_set(self.schema_version().await?);
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            let sql = format!(
-                r#"UPDATE {t} SET {set} WHERE "Id" IN ({}) AND {DEAD}"#,
-                marks(chunk.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for id in chunk {
-                query = query.bind(id.to_string());
-            }
-            done += query
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("requeueing dead letters")))?
-                .rows_affected();
+            done += match self.requeue_dead(&set, chunk).await {
+                Err(err) if is_unique_violation(&err) => {
+                    // Another writer took a key since the page was read: one row at a
+                    // time, leaving dead the ones whose key is taken.
+                    let mut done = 0;
+                    for id in chunk {
+                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
+                            Ok(n) => done += n,
+                            Err(err) if is_unique_violation(&err) => {}
+                            Err(err) => return Err(Error::db(ctx())(err)),
+                        }
+                    }
+                    done
+                }
+                other => other.map_err(Error::db(ctx()))?,
+            };
         }
         Ok(done)
     }
