@@ -562,7 +562,7 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminOps, CommandRequeueDeadManyParams, CommandRequeueManyParams};
+    use super::{CommandRequeueDeadManyParams, CommandRequeueManyParams};
     use crate::command::CommandId;
     use crate::engine::conformance::Harness;
 
