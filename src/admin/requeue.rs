@@ -7,8 +7,7 @@ use serde::Serialize;
 use crate::command::{CommandId, State};
 use crate::engine::Backend;
 use crate::engine::admin::{
-    CommandRequeueDeadManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterPageParams,
-    UniqueKeyHoldersParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterPageParams, UniqueKeyHoldersParams,
 };
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
@@ -460,9 +459,9 @@ pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<Requ
     Ok(report)
 }
 
-/// Requeues one source's dead letters in pages of [`REQUEUE_BATCH`]: each page leaves
+/// Requeues one source's dead letters in batches of [`REQUEUE_BATCH`]: each batch leaves
 /// out the rows whose key a pending row holds, and of rows sharing a key only the first
-/// goes back (the others then find it pending and are left out of the next page).
+/// goes back (the others then find it pending and are left out of the next batch).
 async fn all_dead(
     part: &RequeuePart,
     filter: &DeadLetterFilter,
@@ -474,29 +473,12 @@ async fn all_dead(
     };
     let mut requeued = 0;
     loop {
-        let page = part.backend.dead_letter_page(&params).await?;
-        let mut keys = std::collections::HashSet::new();
-        let ids: Vec<CommandId> = page
-            .iter()
-            .filter(|row| {
-                row.unique_key
-                    .as_ref()
-                    .is_none_or(|key| keys.insert(key.clone()))
-            })
-            .map(|row| row.id.clone())
-            .collect();
-        let done = if ids.is_empty() {
-            0
-        } else {
-            part.backend
-                .command_requeue_dead_many(&CommandRequeueDeadManyParams { ids })
-                .await?
-        };
-        requeued += done;
-        progress.advance(done);
-        // A page with nothing put back (its rows changed meanwhile) ends the loop too, so
-        // it always ends.
-        if page.len() < REQUEUE_BATCH as usize || done == 0 {
+        let batch = part.backend.dead_letter_requeue_batch(&params).await?;
+        requeued += batch.requeued;
+        progress.advance(batch.requeued);
+        // A batch with nothing put back (its rows changed meanwhile) ends the loop too,
+        // so it always ends.
+        if batch.selected < u64::from(REQUEUE_BATCH) || batch.requeued == 0 {
             return Ok(requeued);
         }
     }

@@ -162,6 +162,45 @@ pub struct UniqueKeyHolder {
     pub id: CommandId,
 }
 
+/// What one [`AdminOps::dead_letter_requeue_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequeueBatch {
+    /// Dead letters the page held.
+    pub selected: u64,
+    /// Of those, how many went back to pending.
+    pub requeued: u64,
+}
+
+/// A bulk requeue's batch in two statements: the page, then the first row of each key
+/// (and every row without one) put back by id.
+pub(crate) async fn requeue_page<A: AdminOps + ?Sized>(
+    admin: &A,
+    params: &DeadLetterPageParams,
+) -> Result<RequeueBatch> {
+    let page = admin.dead_letter_page(params).await?;
+    let mut keys = std::collections::HashSet::new();
+    let ids: Vec<CommandId> = page
+        .iter()
+        .filter(|row| {
+            row.unique_key
+                .as_ref()
+                .is_none_or(|key| keys.insert(key.clone()))
+        })
+        .map(|row| row.id.clone())
+        .collect();
+    let requeued = if ids.is_empty() {
+        0
+    } else {
+        admin
+            .command_requeue_dead_many(&CommandRequeueDeadManyParams { ids })
+            .await?
+    };
+    Ok(RequeueBatch {
+        selected: page.len() as u64,
+        requeued,
+    })
+}
+
 /// A dead letter that cannot be put back to pending because a pending row holds its
 /// unique key (at most one pending row per key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -402,6 +441,18 @@ pub trait AdminOps: Send + Sync + 'static {
     /// still dead, in one short statement per batch of ids; returns how many.
     async fn command_requeue_dead_many(&self, params: &CommandRequeueDeadManyParams)
     -> Result<u64>;
+
+    /// One batch of a bulk requeue: reads a page of up to `limit` dead letters matching
+    /// the filter, oldest first, leaving out the ones whose unique key a pending row holds,
+    /// and puts back the first of each key (and every row without one). Returns how many
+    /// rows the page held and how many went back. The default reads the page and updates
+    /// the rows in two statements; an engine may do both in one.
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<RequeueBatch> {
+        requeue_page(self, params).await
+    }
 
     /// Up to `limit` dead letters matching the filter whose unique key a pending row
     /// holds, oldest first (none on a version-1 table).

@@ -453,7 +453,7 @@ impl AdminOps for MySqlDriver {
         };
         let sql = format!(
             "SELECT c.`Id`, {key} FROM {t} AS c WHERE {} {free} \
-             ORDER BY c.`DeadLetteredAt`, c.`Id` LIMIT ?",
+             ORDER BY c.`DeadLetteredAt` LIMIT ?",
             dead_filter(&params.filter)
         );
         let rows: Vec<(String, Option<String>)> =

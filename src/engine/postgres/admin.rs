@@ -22,6 +22,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
+use crate::engine::admin::{RequeueBatch, requeue_page};
 use crate::engine::admin::{
     cancel_channel, count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
 };
@@ -399,7 +400,7 @@ impl AdminOps for PgDriver {
         };
         let sql = format!(
             r#"SELECT c."Id", {key} FROM {t} AS c WHERE {} {free}
-               ORDER BY c."DeadLetteredAt", c."Id" LIMIT {limit}"#,
+               ORDER BY c."DeadLetteredAt" LIMIT {limit}"#,
             dead_filter(&params.filter)
         );
         let mut query = sqlx::query_as(AssertSqlSafe(sql))
@@ -449,6 +450,68 @@ impl AdminOps for PgDriver {
             self.notify_waiters().await?;
         }
         Ok(done)
+    }
+
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<RequeueBatch> {
+        // One statement: the page (locked), the first row of each key and every row
+        // without one, the update.
+        let t = &self.t;
+        let version = self.schema_version().await?;
+        let (key, free) = if version >= 2 {
+            (r#"c."UniqueKey""#, key_free(t, version))
+        } else {
+            ("NULL::text", String::new())
+        };
+        let limit = if params.filter.queue.is_some() {
+            "$4"
+        } else {
+            "$3"
+        };
+        let set = requeue_set(version);
+        let sql = format!(
+            r#"WITH page AS (
+                   SELECT c."Id", {key} AS "UniqueKey", c."DeadLetteredAt" FROM {t} AS c
+                   WHERE {} {free}
+                   ORDER BY c."DeadLetteredAt" LIMIT {limit}
+                   FOR UPDATE),
+               pick AS (
+                   SELECT "Id" FROM page WHERE "UniqueKey" IS NULL
+                   UNION ALL
+                   (SELECT DISTINCT ON ("UniqueKey") "Id" FROM page WHERE "UniqueKey" IS NOT NULL
+                    ORDER BY "UniqueKey", "DeadLetteredAt")),
+               done AS (
+                   UPDATE {t} AS u SET {set} FROM pick WHERE u."Id" = pick."Id" RETURNING 1)
+               SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM done)"#,
+            dead_filter(&params.filter)
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(params.filter.dead_before)
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let outcome: std::result::Result<(i64, i64), sqlx::Error> =
+            on_pool!(self, self.pool, BEGIN, |e| query
+                .bind(i64::from(params.limit))
+                .fetch_one(e))
+            .await;
+        let (selected, requeued) = match outcome {
+            Ok(counts) => counts,
+            // Another writer took a key meanwhile: this batch in two steps, row by row
+            // where a key is taken.
+            Err(err) if is_unique_violation(&err) => return requeue_page(self, params).await,
+            Err(err) => return Err(Error::db(self.ctx("requeueing dead letters"))(err)),
+        };
+        if requeued > 0 {
+            self.notify_waiters().await?;
+        }
+        Ok(RequeueBatch {
+            selected: selected.max(0) as u64,
+            requeued: requeued.max(0) as u64,
+        })
     }
 
     async fn dead_letter_key_conflicts(

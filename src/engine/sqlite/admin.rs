@@ -420,7 +420,7 @@ impl AdminOps for SqliteDriver {
         };
         let sql = format!(
             r#"SELECT c."Id", {key} FROM {t} AS c WHERE {} {free}
-               ORDER BY c."DeadLetteredAt", c."Id" LIMIT {}"#,
+               ORDER BY c."DeadLetteredAt" LIMIT {}"#,
             dead_filter(&params.filter),
             limit_after(&params.filter)
         );
