@@ -234,6 +234,9 @@ impl Render for PendingReport {
         if sourced {
             columns.push(Column::whole("Source"));
         }
+        if self.by_queue {
+            columns.push(Column::shrinkable("Queue", 6, 1));
+        }
         if self.by_type {
             columns.push(Column::shrinkable("Type", 6, 0));
         }
@@ -245,6 +248,9 @@ impl Render for PendingReport {
             let mut cells = Vec::new();
             if sourced {
                 cells.push(row.source.clone());
+            }
+            if self.by_queue {
+                cells.push(row.counts.queue.clone().unwrap_or_default());
             }
             if self.by_type {
                 cells.push(row.counts.type_name.clone().unwrap_or_default());
@@ -276,6 +282,7 @@ impl Render for DeadLetterReport {
         columns.extend([
             Column::whole("Id"),
             Column::shrinkable("Type", 6, 1),
+            Column::shrinkable("Queue", 6, 2).droppable(2),
             Column::whole("Attempts").right().droppable(0),
             Column::whole("Dead lettered at").droppable(1),
             Column::shrinkable("Last error", 10, 0),
@@ -290,6 +297,7 @@ impl Render for DeadLetterReport {
             cells.extend([
                 s.id.as_str().to_owned(),
                 s.type_name.clone(),
+                s.queue.clone(),
                 s.attempts.to_string(),
                 time(s.dead_lettered_at),
                 s.last_error.clone().unwrap_or_else(|| "-".to_owned()),
@@ -329,12 +337,16 @@ impl Render for ShownCommand {
         } else {
             r.roles.join(", ")
         };
-        let fields: [(&str, String); 17] = [
+        let fields: [(&str, String); 22] = [
             ("Source", self.source.clone()),
             ("Id", r.id.to_string()),
             ("State", self.state.as_str().to_owned()),
             ("Type", r.type_name.clone()),
+            ("Queue", r.queue.clone()),
+            ("Priority", r.priority.to_string()),
+            ("Unique key", opt(r.unique_key.as_deref())),
             ("Attempts", r.attempts.to_string()),
+            ("Snoozes", r.snoozes.to_string()),
             ("Created at", time("CreatedAt", r.created_at)),
             ("Run at", time("RunAt", r.run_at)),
             ("Processed at", opt_time("ProcessedAt", r.processed_at)),
@@ -352,6 +364,7 @@ impl Render for ShownCommand {
             ("Roles", roles),
             ("Tenant id", opt(r.tenant_id.as_deref())),
             ("Correlation id", opt(r.correlation_id.as_deref())),
+            ("Trace parent", opt(r.trace_parent.as_deref())),
             ("Last error", opt(r.last_error.as_deref())),
             ("Payload", payload),
         ];
@@ -411,6 +424,7 @@ impl Render for ListReport {
         let mut grid = Grid::new(vec![
             Column::whole("Id"),
             Column::shrinkable("Type", 6, 1),
+            Column::shrinkable("Queue", 6, 2).droppable(3),
             Column::whole("State").droppable(1),
             Column::whole("Attempts").right().droppable(0),
             Column::whole(when).droppable(2),
@@ -430,6 +444,7 @@ impl Render for ListReport {
             grid.push(vec![
                 c.id.as_str().to_owned(),
                 c.type_name.clone(),
+                c.queue.clone(),
                 c.state.as_str().to_owned(),
                 c.attempts.to_string(),
                 when,
@@ -442,8 +457,13 @@ impl Render for ListReport {
 
 impl Render for CancelReport {
     fn human(&self, _style: &Style) -> String {
+        let running = match self.were_running {
+            0 => String::new(),
+            1 => ", 1 of them running (its processor stops the handler)".to_owned(),
+            n => format!(", {n} of them running (their processors stop the handlers)"),
+        };
         format!(
-            "Cancelled {}: they are dead letters now (LastError \"{}\").",
+            "Cancelled {}{running}: they are dead letters now (LastError \"{}\").",
             plural(self.cancelled, "command", "commands"),
             crate::engine::admin::CANCELLED
         )
@@ -452,7 +472,15 @@ impl Render for CancelReport {
 
 impl Render for RequeueReport {
     fn human(&self, _style: &Style) -> String {
-        format!("Requeued {}.", plural(self.requeued, "command", "commands"))
+        let mut text = format!("Requeued {}.", plural(self.requeued, "command", "commands"));
+        for skipped in &self.skipped {
+            text.push_str(&format!(
+                "\nSkipped {}: {}; it stays dead.",
+                skipped.id,
+                escape_for_log(&skipped.reason)
+            ));
+        }
+        text
     }
 }
 
@@ -524,6 +552,11 @@ impl Render for ReplayReport {
             columns.push(Column::whole("Source"));
         }
         columns.extend([Column::whole("Replayed"), Column::whole("New id")]);
+        // Shown only when a pending row already held a replayed row's unique key.
+        let existing = self.replayed.iter().any(|r| r.existing);
+        if existing {
+            columns.push(Column::whole("Note"));
+        }
         let mut grid = Grid::new(columns);
         for r in &self.replayed {
             let mut cells = Vec::new();
@@ -531,6 +564,13 @@ impl Render for ReplayReport {
                 cells.push(r.source.clone());
             }
             cells.extend([r.from.as_str().to_owned(), r.id.as_str().to_owned()]);
+            if existing {
+                cells.push(if r.existing {
+                    "already pending with its unique key (no copy made)".to_owned()
+                } else {
+                    "-".to_owned()
+                });
+            }
             grid.push(cells);
         }
         Some(grid)

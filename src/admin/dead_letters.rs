@@ -40,7 +40,7 @@ pub const DEFAULT_DEAD_LETTER_LIMIT: u32 = 50;
 /// use icq::admin::{DeadLetterQuery, dead_letters};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
-/// let query = DeadLetterQuery { type_name: Some("boom".into()), limit: 10 };
+/// let query = DeadLetterQuery { type_name: Some("boom".into()), queue: None, limit: 10 };
 /// assert_eq!(dead_letters(&sources, &query).await?.rows.len(), 1);
 /// let other = DeadLetterQuery { type_name: Some("ok".into()), ..DeadLetterQuery::default() };
 /// assert!(dead_letters(&sources, &other).await?.rows.is_empty());
@@ -51,6 +51,8 @@ pub const DEFAULT_DEAD_LETTER_LIMIT: u32 = 50;
 pub struct DeadLetterQuery {
     /// Only this command type.
     pub type_name: Option<String>,
+    /// Only this queue (refused on a version-1 table, naming the upgrade).
+    pub queue: Option<String>,
     /// At most this many, newest first, across all sources.
     pub limit: u32,
 }
@@ -59,6 +61,7 @@ impl Default for DeadLetterQuery {
     fn default() -> Self {
         DeadLetterQuery {
             type_name: None,
+            queue: None,
             limit: DEFAULT_DEAD_LETTER_LIMIT,
         }
     }
@@ -178,8 +181,10 @@ pub async fn dead_letters(
     sources: &[OpenSource],
     query: &DeadLetterQuery,
 ) -> Result<DeadLetterReport> {
+    super::check_queue_filter(sources, query.queue.as_deref()).await?;
     let params = DeadLetterListParams {
         type_name: query.type_name.clone(),
+        queue: query.queue.clone(),
         limit: query.limit,
     };
     let params = &params;

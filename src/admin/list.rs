@@ -33,6 +33,7 @@ use crate::sources::OpenSource;
 /// let mut request = ListRequest {
 ///     state: ListState::Due,
 ///     type_name: None,
+///     queue: None,
 ///     limit: 2,
 ///     after: None,
 ///     before: None,
@@ -55,6 +56,8 @@ pub struct ListRequest {
     pub state: ListState,
     /// Only this command type.
     pub type_name: Option<String>,
+    /// Only this queue (refused on a version-1 table, naming the upgrade).
+    pub queue: Option<String>,
     /// At most this many rows.
     pub limit: u32,
     /// The page after this command (the last id of the previous page).
@@ -73,6 +76,10 @@ pub struct ListedCommand {
     /// `Type`.
     #[serde(rename = "type")]
     pub type_name: String,
+    /// `Queue` (`default` on a version-1 table).
+    pub queue: String,
+    /// `Priority` (0 on a version-1 table).
+    pub priority: i16,
     /// The state at the database's clock.
     pub state: State,
     /// `Attempts`.
@@ -110,6 +117,8 @@ impl ListedCommand {
         ListedCommand {
             id: row.id,
             type_name: row.type_name,
+            queue: row.queue,
+            priority: row.priority,
             state,
             attempts: row.attempts,
             created_at: row.created_at,
@@ -167,6 +176,7 @@ pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListR
             ))
         })?,
     };
+    super::check_queue_filter(sources, request.queue.as_deref()).await?;
     let backend = source.queue.backend();
     if let Some(after) = &request.after
         && backend
@@ -186,6 +196,7 @@ pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListR
     let params = CommandListParams {
         state: request.state,
         type_name: request.type_name.clone(),
+        queue: request.queue.clone(),
         limit: request.limit.saturating_add(1),
         after: request.after.clone(),
         before: request.before,
@@ -201,6 +212,8 @@ pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListR
     let counts = backend
         .state_count(&StateCountParams {
             by_type: request.type_name.is_some(),
+            by_queue: false,
+            queue: request.queue.clone(),
         })
         .await?;
     let total = counts

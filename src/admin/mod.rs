@@ -31,16 +31,18 @@ mod schedule;
 mod show;
 
 pub use crate::engine::admin::{ListState, StateCount};
-pub use cancel::{CancelPlan, CancelReport, CancelTarget, cancel, plan_cancel};
+pub use cancel::{
+    CancelPlan, CancelReport, CancelTarget, CancelledCommand, WasState, cancel, plan_cancel,
+};
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery, DeadLetterReport, DeadLetterRow, dead_letters,
 };
 pub use list::{ListReport, ListRequest, ListedCommand, list};
-pub use pending::{PendingCount, PendingReport, pending};
+pub use pending::{PendingCount, PendingReport, PendingRequest, pending, pending_with};
 pub use purge::{PURGE_BATCH, PurgeCount, PurgePlan, PurgeReport, PurgeRequest, plan_purge, purge};
 pub use replay::{ReplayReport, Replayed, replay};
 pub use requeue::{
-    REQUEUE_BATCH, RequeuePlan, RequeueReport, RequeueTarget, plan_requeue, requeue,
+    REQUEUE_BATCH, RequeuePlan, RequeueReport, RequeueTarget, Skipped, plan_requeue, requeue,
 };
 pub use schedule::{
     DEFAULT_MAX_INPUT_BYTES, InputLimit, SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source,
@@ -301,6 +303,76 @@ where
     };
     progress.finish();
     outcome
+}
+
+/// The longest queue name, in bytes.
+pub const MAX_QUEUE_NAME_BYTES: usize = 128;
+
+/// Checks a queue name: 1 to [`MAX_QUEUE_NAME_BYTES`] bytes, no control characters (so
+/// no NUL or line break), not only whitespace. A bad name is [`Error::Usage`].
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::check_queue_name;
+///
+/// assert!(check_queue_name("emails").is_ok());
+/// assert!(check_queue_name("").is_err());
+/// assert!(check_queue_name("   ").is_err());
+/// assert!(check_queue_name("a\nb").is_err());
+/// assert!(check_queue_name(&"q".repeat(129)).is_err());
+/// ```
+pub fn check_queue_name(queue: &str) -> Result<()> {
+    // The same rule as `crate::command::validate_queue_name` (issue 21).
+    let problem = if queue.is_empty() {
+        Some("it is empty".to_owned())
+    } else if queue.len() > MAX_QUEUE_NAME_BYTES {
+        Some(format!(
+            "it is {} bytes long (at most {MAX_QUEUE_NAME_BYTES})",
+            queue.len()
+        ))
+    } else if queue.chars().any(char::is_control) {
+        Some("it holds a control character".to_owned())
+    } else if queue.trim().is_empty() {
+        Some("it is only whitespace".to_owned())
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(Error::Usage(format!(
+            "`{}` is not a queue name: {problem}; a queue name is 1 to \
+             {MAX_QUEUE_NAME_BYTES} bytes of text without control characters",
+            crate::redact::escape_for_log(queue)
+        ))),
+    }
+}
+
+/// Checks a `--queue` filter before anything is read or written: a valid name, and every
+/// source's table at schema version 2 (a version-1 table has no queues: the refusal
+/// names the upgrade).
+pub(super) async fn check_queue_filter(sources: &[OpenSource], queue: Option<&str>) -> Result<()> {
+    let Some(queue) = queue else {
+        return Ok(());
+    };
+    check_queue_name(queue)?;
+    for source in sources {
+        let backend = source.queue.backend();
+        if backend.schema_version().await? < 2 {
+            return Err(needs_schema_v2(backend.table(), "a --queue filter"));
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of a version-2 feature on a version-1 table (the words of
+/// `Error::needs_schema_v2`, issue 21).
+pub(super) fn needs_schema_v2(table: &crate::ident::TableName, what: &str) -> Error {
+    Error::Usage(format!(
+        "table {table} is schema version 1; queues, priorities and unique keys need version 2 \
+         ({what} asked for one): add the upgrade with `icq migrate add` (it writes \
+         <version>_icq_schema_v2.sql) and apply it with `icq migrate run`; nothing was changed"
+    ))
 }
 
 /// Closes every source's connection pool (call once a command is done).

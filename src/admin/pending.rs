@@ -6,7 +6,7 @@ use crate::engine::admin::{StateCount, StateCountParams};
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
-/// The counts of one source (and one type, with `--by-type`).
+/// The counts of one source (and one queue with `--by-queue`, one type with `--by-type`).
 ///
 /// # Examples
 ///
@@ -37,7 +37,8 @@ use crate::sources::OpenSource;
 pub struct PendingCount {
     /// The source name.
     pub source: String,
-    /// The counts; `type` is present only when counting by type.
+    /// The counts; `queue` is present only when counting by queue, `type` only when
+    /// counting by type.
     #[serde(flatten)]
     pub counts: StateCount,
 }
@@ -79,6 +80,9 @@ pub struct PendingReport {
     /// Whether the counts are per type.
     #[serde(skip)]
     pub by_type: bool,
+    /// Whether the counts are per queue.
+    #[serde(skip)]
+    pub by_queue: bool,
     /// How many sources were asked (the table shows a source column when more than one).
     #[serde(skip)]
     pub source_count: usize,
@@ -115,11 +119,73 @@ pub struct PendingReport {
 /// # }
 /// ```
 pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingReport> {
-    let params = StateCountParams { by_type };
-    let counted = futures::future::try_join_all(sources.iter().map(|s| async move {
-        Ok::<_, Error>((s, s.queue.backend().state_count(&params).await?))
-    }))
-    .await?;
+    pending_with(
+        sources,
+        &PendingRequest {
+            by_type,
+            ..PendingRequest::default()
+        },
+    )
+    .await
+}
+
+/// What `icq pending` counts: per type and/or per queue, of one queue or all.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::admin::{PendingRequest, pending_with};
+///
+/// queue.schedule(&icq::NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// // `icq pending --by-queue --by-type`: one line per source, queue and type.
+/// let request = PendingRequest { by_queue: true, by_type: true, queue: None };
+/// let report = pending_with(&sources, &request).await?;
+/// let json = serde_json::to_value(&report)?;
+/// assert_eq!((json[0]["queue"].as_str(), json[0]["type"].as_str()), (Some("default"), Some("email.digest")));
+/// // `icq pending --queue emails`: that queue only.
+/// let emails = PendingRequest { queue: Some("emails".into()), ..PendingRequest::default() };
+/// assert_eq!(pending_with(&sources, &emails).await?.rows[0].counts.due, 0);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingRequest {
+    /// One line per command type.
+    pub by_type: bool,
+    /// One line per queue (a version-1 table has one queue, `default`).
+    pub by_queue: bool,
+    /// Only this queue (refused on a version-1 table, naming the upgrade).
+    pub queue: Option<String>,
+}
+
+/// Counts as [`pending`] does, per queue and/or type, of one queue or all. A queue filter
+/// is checked first: a bad name or a version-1 table is [`Error::Usage`].
+///
+/// See [`PendingRequest`]'s example.
+pub async fn pending_with(
+    sources: &[OpenSource],
+    request: &PendingRequest,
+) -> Result<PendingReport> {
+    super::check_queue_filter(sources, request.queue.as_deref()).await?;
+    let params = StateCountParams {
+        by_type: request.by_type,
+        by_queue: request.by_queue,
+        queue: request.queue.clone(),
+    };
+    let params = &params;
+    let counted =
+        futures::future::try_join_all(sources.iter().map(|s| async move {
+            Ok::<_, Error>((s, s.queue.backend().state_count(params).await?))
+        }))
+        .await?;
     let rows = counted
         .into_iter()
         .flat_map(|(source, counts)| {
@@ -131,7 +197,8 @@ pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingRep
         .collect();
     Ok(PendingReport {
         rows,
-        by_type,
+        by_type: request.by_type,
+        by_queue: request.by_queue,
         source_count: sources.len(),
     })
 }

@@ -61,13 +61,14 @@ pub const PURGE_BATCH: u32 = 5000;
 ///     completed: true,
 ///     dead_letters: true,
 ///     older_than: Some(Duration::from_secs(7 * 86_400)),
+///     queue: None,
 /// };
 /// assert_eq!(plan_purge(&sources, &week_old).await?.total(), 0);
 /// assert!(plan_purge(&sources, &PurgeRequest::default()).await.is_err()); // say what to purge
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PurgeRequest {
     /// Delete completed rows.
     pub completed: bool,
@@ -75,6 +76,8 @@ pub struct PurgeRequest {
     pub dead_letters: bool,
     /// Only rows finished longer ago than this (default: all of them).
     pub older_than: Option<Duration>,
+    /// Only rows of this queue (refused on a version-1 table, naming the upgrade).
+    pub queue: Option<String>,
 }
 
 struct PurgePart {
@@ -109,7 +112,7 @@ struct PurgePart {
 /// use icq::admin::{PurgeRequest, plan_purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
-/// let request = PurgeRequest { completed: true, dead_letters: true, older_than: None };
+/// let request = PurgeRequest { completed: true, dead_letters: true, ..Default::default() };
 /// let plan = plan_purge(&sources, &request).await?;
 /// assert_eq!(plan.total(), 2);
 /// let dry_run = plan.dry_run_report(); // `icq purge --dry-run`
@@ -144,7 +147,7 @@ pub struct PurgePlan {
 /// use icq::admin::{PurgeRequest, plan_purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
-/// let request = PurgeRequest { completed: true, dead_letters: true, older_than: None };
+/// let request = PurgeRequest { completed: true, dead_letters: true, ..Default::default() };
 /// let report = plan_purge(&sources, &request).await?.dry_run_report();
 /// let counts = serde_json::to_value(&report.counts)?;
 /// assert_eq!(counts[0], serde_json::json!({ "source": "shop", "kind": "completed", "count": 1 }));
@@ -302,7 +305,7 @@ impl PurgePlan {
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let all_dead = PurgeRequest { dead_letters: true, ..Default::default() };
 /// assert_eq!(plan_purge(&sources, &all_dead).await?.total(), 1);
-/// let old_dead = PurgeRequest { older_than: Some(Duration::from_secs(3600)), ..all_dead };
+/// let old_dead = PurgeRequest { older_than: Some(Duration::from_secs(3600)), ..all_dead.clone() };
 /// assert_eq!(plan_purge(&sources, &old_dead).await?.total(), 0); // it died just now
 /// # Ok(())
 /// # }
@@ -325,6 +328,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
         Some(age) => chrono::TimeDelta::from_std(age)
             .map_err(|_| Error::Usage("--older-than is too long".into()))?,
     };
+    super::check_queue_filter(sources, request.queue.as_deref()).await?;
     let mut parts = Vec::new();
     for source in sources {
         let backend = source.queue.backend().clone();
@@ -336,6 +340,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
             let filter = FinishedFilter {
                 kind: *kind,
                 before,
+                queue: request.queue.clone(),
             };
             let count = backend.finished_count(&filter).await?;
             parts.push(PurgePart {
@@ -390,7 +395,7 @@ pub async fn purge(plan: &PurgePlan, progress: &dyn Progress) -> Result<PurgeRep
                 FinishedKind::DeadLetters => "dead letters",
             };
             let params = FinishedDeleteBatchParams {
-                filter: part.filter,
+                filter: part.filter.clone(),
                 limit: PURGE_BATCH,
             };
             count = in_batches(

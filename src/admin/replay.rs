@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::command::{CommandId, NewCommand, State};
+use crate::engine::admin::UniqueKeyHoldersParams;
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
@@ -42,14 +43,20 @@ use super::{distinct, locate_checked, state_name};
 pub struct Replayed {
     /// The completed or dead row that was copied.
     pub from: CommandId,
-    /// The new pending row.
+    /// The new pending row; with `existing`, the pending row that already held the
+    /// unique key (no copy was made).
     pub id: CommandId,
+    /// A pending row already held the copied row's unique key, so it stands for the
+    /// replay instead of a duplicate: `id` is that row.
+    pub existing: bool,
     /// The source both live in (shown in tables; not part of the JSON).
     #[serde(skip)]
     pub source: String,
 }
 
-/// The result of [`replay`]: `{"replayed": [{"from": ID, "id": NEW_ID}, …]}`.
+/// The result of [`replay`]: `{"replayed": [{"from": ID, "id": NEW_ID, "existing":
+/// false}, …]}` (`existing: true` when a pending row already held the unique key and
+/// `id` is that row).
 ///
 /// # Examples
 ///
@@ -74,7 +81,7 @@ pub struct Replayed {
 /// let new = report.replayed[0].id.clone();
 /// assert_eq!(
 ///     serde_json::to_value(&report)?,
-///     serde_json::json!({ "replayed": [{ "from": dead, "id": new }] })
+///     serde_json::json!({ "replayed": [{ "from": dead, "id": new, "existing": false }] })
 /// );
 /// # Ok(())
 /// # }
@@ -88,8 +95,11 @@ pub struct ReplayReport {
     pub source_count: usize,
 }
 
-/// Schedules, for every id, a new pending row copying the type, payload and captured
-/// context of a completed or dead row. The old rows are left as they are.
+/// Schedules, for every id, a new pending row copying the type, payload, captured
+/// context, queue, priority and unique key of a completed or dead row (not its trace
+/// parent: the replay is new work an operator started). The old rows are left as they
+/// are. When a pending row already holds the unique key (or an earlier id of the same
+/// request took it), no copy is made: that row is reported with `existing: true`.
 ///
 /// # Examples
 ///
@@ -150,18 +160,68 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
     let mut replayed = Vec::with_capacity(ids.len());
     for (index, rows) in per_source {
         let source = &sources[index];
-        let commands: Vec<NewCommand> = rows
+        let keys: Vec<String> = {
+            let mut keys: Vec<String> = rows.iter().filter_map(|r| r.unique_key.clone()).collect();
+            keys.sort();
+            keys.dedup();
+            keys
+        };
+        let holders: HashMap<String, CommandId> = source
+            .queue
+            .backend()
+            .unique_key_holders(&UniqueKeyHoldersParams { keys })
+            .await?
+            .into_iter()
+            .map(|h| (h.unique_key, h.id))
+            .collect();
+        // Each row: copied (its place among the new commands), or standing for by a
+        // pending holder of its key, or by the copy an earlier row of this request makes.
+        enum Plan {
+            Copy(usize),
+            Held(CommandId),
+            SameAs(usize),
+        }
+        let mut commands: Vec<NewCommand> = Vec::new();
+        let mut taken: HashMap<String, usize> = HashMap::new();
+        let plans: Vec<Plan> = rows
             .iter()
             .map(|row| {
-                NewCommand::new(row.type_name.clone(), row.payload.clone()).context(row.context())
+                if let Some(key) = &row.unique_key {
+                    if let Some(holder) = holders.get(key) {
+                        return Plan::Held(holder.clone());
+                    }
+                    if let Some(first) = taken.get(key) {
+                        return Plan::SameAs(*first);
+                    }
+                    taken.insert(key.clone(), commands.len());
+                }
+                let mut command = NewCommand::new(row.type_name.clone(), row.payload.clone())
+                    .context(row.context());
+                command.queue = row.queue.clone();
+                command.priority = row.priority;
+                command.unique_key = row.unique_key.clone();
+                commands.push(command);
+                Plan::Copy(commands.len() - 1)
             })
             .collect();
-        let new_ids = source.queue.schedule_many(&commands).await?;
-        replayed.extend(rows.iter().zip(new_ids).map(|(row, id)| Replayed {
-            from: row.id.clone(),
-            id,
-            source: source.name.clone(),
-        }));
+        let new_ids = if commands.is_empty() {
+            Vec::new()
+        } else {
+            source.queue.schedule_many(&commands).await?
+        };
+        for (row, plan) in rows.iter().zip(plans) {
+            let (id, existing) = match plan {
+                Plan::Copy(n) => (new_ids[n].clone(), false),
+                Plan::Held(holder) => (holder, true),
+                Plan::SameAs(n) => (new_ids[n].clone(), true),
+            };
+            replayed.push(Replayed {
+                from: row.id.clone(),
+                id,
+                existing,
+                source: source.name.clone(),
+            });
+        }
     }
     let order: HashMap<CommandId, usize> = ids
         .iter()

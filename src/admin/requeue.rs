@@ -7,12 +7,12 @@ use serde::Serialize;
 use crate::command::{CommandId, State};
 use crate::engine::Backend;
 use crate::engine::admin::{
-    CommandRequeueManyParams, DeadLetterFilter, DeadLetterRequeueBatchParams,
+    CommandRequeueManyParams, DeadLetterFilter, DeadLetterPageParams, UniqueKeyHoldersParams,
 };
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
-use super::{Progress, distinct, in_batches, locate_checked};
+use super::{Progress, distinct, locate_checked};
 
 /// Rows requeued per statement by `requeue --all-dead`.
 ///
@@ -38,7 +38,7 @@ use super::{Progress, distinct, in_batches, locate_checked};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
 /// // `--all-dead` works through the dead letters REQUEUE_BATCH rows per statement.
-/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await?;
+/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None, queue: None }).await?;
 /// assert!(plan.total() <= u64::from(REQUEUE_BATCH));
 /// requeue(&plan, &NoProgress).await?;
 /// # Ok(())
@@ -70,7 +70,7 @@ pub const REQUEUE_BATCH: u32 = 1000;
 ///
 /// // `sources`: one source holding a dead letter `dead`.
 /// let these = RequeueTarget::Ids(vec![dead]);
-/// let every_boom = RequeueTarget::AllDead { type_name: Some("boom".into()) };
+/// let every_boom = RequeueTarget::AllDead { type_name: Some("boom".into()), queue: None };
 /// assert_eq!(plan_requeue(&sources, &these).await?.total(), 1);
 /// assert_eq!(plan_requeue(&sources, &every_boom).await?.total(), 1);
 /// # Ok(())
@@ -80,10 +80,12 @@ pub const REQUEUE_BATCH: u32 = 1000;
 pub enum RequeueTarget {
     /// These rows: dead ones, or pending ones not currently running.
     Ids(Vec<CommandId>),
-    /// Every dead letter (of one type when given), in batches.
+    /// Every dead letter (of one type and/or queue when given), in batches.
     AllDead {
         /// Only dead letters of this type.
         type_name: Option<String>,
+        /// Only dead letters of this queue (refused on a version-1 table).
+        queue: Option<String>,
     },
 }
 
@@ -98,6 +100,37 @@ struct RequeuePart {
     backend: Arc<dyn Backend>,
     work: RequeueWork,
     count: u64,
+    /// Rows named by id that stay dead: a pending row holds their unique key.
+    skipped: Vec<Skipped>,
+}
+
+/// A dead letter a requeue left dead because a pending row holds its unique key (at
+/// most one pending row per key): `{"id", "unique_key", "held_by", "reason"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// The dead letter, still dead.
+    pub id: CommandId,
+    /// Its unique key.
+    pub unique_key: String,
+    /// The pending row holding the key.
+    pub held_by: CommandId,
+    /// `unique key K is held by pending row ID`.
+    pub reason: String,
+    /// The source holding both (shown in tables; not part of the JSON).
+    #[serde(skip)]
+    pub source: String,
+}
+
+impl Skipped {
+    fn new(source: &str, id: CommandId, unique_key: String, held_by: CommandId) -> Skipped {
+        Skipped {
+            reason: format!("unique key {unique_key} is held by pending row {held_by}"),
+            id,
+            unique_key,
+            held_by,
+            source: source.to_owned(),
+        }
+    }
 }
 
 /// A validated requeue, ready to confirm and apply.
@@ -125,7 +158,7 @@ struct RequeuePart {
 /// use icq::admin::{RequeueTarget, plan_requeue};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
-/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None }).await?;
+/// let plan = plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None, queue: None }).await?;
 /// assert_eq!(plan.total(), 1);
 /// assert_eq!(plan.per_source(), [("shop", 1)]);
 /// # Ok(())
@@ -142,6 +175,12 @@ impl RequeuePlan {
         self.parts.iter().map(|p| p.count).sum()
     }
 
+    /// The rows named by id that will stay dead because a pending row holds their unique
+    /// key (known when planning; `--all-dead` finds its own while it runs).
+    pub fn skipped(&self) -> Vec<&Skipped> {
+        self.parts.iter().flat_map(|p| &p.skipped).collect()
+    }
+
     /// The rows per source, in source order (sources with nothing to do left out). See
     /// [`RequeuePlan`]'s example.
     pub fn per_source(&self) -> Vec<(&str, u64)> {
@@ -153,7 +192,9 @@ impl RequeuePlan {
     }
 }
 
-/// The result of [`requeue`]: `{"requeued": N}`.
+/// The result of [`requeue`]: `{"requeued": N}`, and `"skipped": [{"id", "unique_key",
+/// "held_by", "reason"}, …]` when dead letters stayed dead because a pending row holds
+/// their unique key (for `--all-dead`, at most [`REQUEUE_BATCH`] of them are listed).
 ///
 /// # Examples
 ///
@@ -182,15 +223,20 @@ impl RequeuePlan {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RequeueReport {
     /// Rows put back to pending.
     pub requeued: u64,
+    /// Dead letters left dead: a pending row holds their unique key.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
 }
 
 /// Checks a requeue without changing anything: every id must exist in a selected source
 /// ([`Error::NotFound`] otherwise) and be dead or pending without a live lease
-/// ([`Error::Usage`] otherwise); `--all-dead` counts the dead letters as of now.
+/// ([`Error::Usage`] otherwise); `--all-dead` counts the dead letters as of now. A dead
+/// letter whose unique key a pending row holds is set aside as skipped, not refused: it
+/// cannot be pending next to that row.
 ///
 /// # Examples
 ///
@@ -225,12 +271,14 @@ pub struct RequeueReport {
 pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Result<RequeuePlan> {
     match target {
         RequeueTarget::Ids(ids) => plan_requeue_ids(sources, &distinct(ids)).await,
-        RequeueTarget::AllDead { type_name } => {
+        RequeueTarget::AllDead { type_name, queue } => {
+            super::check_queue_filter(sources, queue.as_deref()).await?;
             let mut parts = Vec::with_capacity(sources.len());
             for source in sources {
                 let backend = source.queue.backend().clone();
                 let filter = DeadLetterFilter {
                     type_name: type_name.clone(),
+                    queue: queue.clone(),
                     dead_before: backend.clock_now().await?,
                 };
                 let count = backend.dead_letter_count(&filter).await?;
@@ -239,6 +287,7 @@ pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Res
                     backend,
                     work: RequeueWork::AllDead(filter),
                     count,
+                    skipped: Vec::new(),
                 });
             }
             Ok(RequeuePlan { parts })
@@ -266,20 +315,61 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
         State::Dead | State::Due | State::Scheduled => Ok(()),
     })
     .await?;
-    let parts = per_source
-        .into_iter()
-        .map(|(index, rows)| RequeuePart {
-            source: sources[index].name.clone(),
-            backend: sources[index].queue.backend().clone(),
-            count: rows.len() as u64,
-            work: RequeueWork::Ids(rows.into_iter().map(|row| row.id).collect()),
-        })
-        .collect();
+    let mut parts = Vec::with_capacity(per_source.len());
+    for (index, rows) in per_source {
+        let source = &sources[index];
+        let backend = source.queue.backend().clone();
+        let now = backend.clock_now().await?;
+        // A dead letter goes back to pending only when no pending row holds its key:
+        // neither one already pending nor one this request puts back first.
+        let keys: Vec<String> = {
+            let mut keys: Vec<String> = rows.iter().filter_map(|r| r.unique_key.clone()).collect();
+            keys.sort();
+            keys.dedup();
+            keys
+        };
+        let mut holders: std::collections::HashMap<String, CommandId> = backend
+            .unique_key_holders(&UniqueKeyHoldersParams { keys })
+            .await?
+            .into_iter()
+            .map(|h| (h.unique_key, h.id))
+            .collect();
+        let mut accepted = Vec::with_capacity(rows.len());
+        let mut skipped = Vec::new();
+        for row in rows {
+            match (&row.unique_key, row.state(now)) {
+                (Some(key), State::Dead) => match holders.get(key) {
+                    Some(holder) if holder != &row.id => {
+                        skipped.push(Skipped::new(
+                            &source.name,
+                            row.id,
+                            key.clone(),
+                            holder.clone(),
+                        ));
+                    }
+                    _ => {
+                        holders.insert(key.clone(), row.id.clone());
+                        accepted.push(row.id);
+                    }
+                },
+                _ => accepted.push(row.id),
+            }
+        }
+        parts.push(RequeuePart {
+            source: source.name.clone(),
+            backend,
+            count: accepted.len() as u64,
+            work: RequeueWork::Ids(accepted),
+            skipped,
+        });
+    }
     Ok(RequeuePlan { parts })
 }
 
 /// Applies a requeue plan: explicit ids in one guarded transaction per source; dead
-/// letters in batches of [`REQUEUE_BATCH`], each its own short statement.
+/// letters in batches of [`REQUEUE_BATCH`], each a short read and one short update. A
+/// dead letter whose unique key a pending row holds stays dead and is reported skipped;
+/// of several dead letters sharing a key, the oldest is put back.
 ///
 /// A requeued row is due at once, with its attempts reset to 0.
 ///
@@ -313,13 +403,21 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
 /// # }
 /// ```
 pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<RequeueReport> {
-    let mut requeued = 0;
+    let mut report = RequeueReport {
+        requeued: 0,
+        skipped: Vec::new(),
+    };
     for part in &plan.parts {
+        report.skipped.extend(part.skipped.iter().cloned());
         match &part.work {
             RequeueWork::Ids(ids) => {
+                if ids.is_empty() {
+                    continue;
+                }
                 let params = CommandRequeueManyParams { ids: ids.clone() };
                 let done = part.backend.command_requeue_many(&params).await?;
                 if done != ids.len() as u64 {
+                    let requeued = report.requeued;
                     return Err(Error::Usage(format!(
                         "source `{}`: some of the commands changed state while being requeued \
                          (a processor or another operator touched them), so none of them were \
@@ -332,26 +430,56 @@ pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<Requ
                         }
                     )));
                 }
-                requeued += done;
+                report.requeued += done;
             }
             RequeueWork::AllDead(filter) => {
                 if part.count == 0 {
                     continue;
                 }
-                let params = DeadLetterRequeueBatchParams {
+                progress.begin(
+                    &format!("requeueing dead letters in {}", part.source),
+                    part.count,
+                );
+                let outcome = all_dead(part, filter, progress).await;
+                progress.finish();
+                report.requeued += outcome?;
+                let params = DeadLetterPageParams {
                     filter: filter.clone(),
                     limit: REQUEUE_BATCH,
                 };
-                requeued += in_batches(
-                    progress,
-                    &format!("requeueing dead letters in {}", part.source),
-                    part.count,
-                    REQUEUE_BATCH,
-                    || part.backend.dead_letter_requeue_batch(&params),
-                )
-                .await?;
+                let conflicts = part.backend.dead_letter_key_conflicts(&params).await?;
+                report.skipped.extend(
+                    conflicts
+                        .into_iter()
+                        .map(|c| Skipped::new(&part.source, c.id, c.unique_key, c.held_by)),
+                );
             }
         }
     }
-    Ok(RequeueReport { requeued })
+    Ok(report)
+}
+
+/// Requeues one source's dead letters in batches of [`REQUEUE_BATCH`]: each batch leaves
+/// out the rows whose key a pending row holds, and of rows sharing a key only the first
+/// goes back (the others then find it pending and are left out of the next batch).
+async fn all_dead(
+    part: &RequeuePart,
+    filter: &DeadLetterFilter,
+    progress: &dyn Progress,
+) -> Result<u64> {
+    let params = DeadLetterPageParams {
+        filter: filter.clone(),
+        limit: REQUEUE_BATCH,
+    };
+    let mut requeued = 0;
+    loop {
+        let batch = part.backend.dead_letter_requeue_batch(&params).await?;
+        requeued += batch.requeued;
+        progress.advance(batch.requeued);
+        // A batch with nothing put back (its rows changed meanwhile) ends the loop too,
+        // so it always ends.
+        if batch.selected < u64::from(REQUEUE_BATCH) || batch.requeued == 0 {
+            return Ok(requeued);
+        }
+    }
 }

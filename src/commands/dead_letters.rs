@@ -10,11 +10,12 @@ use crate::{admin, output};
 /// Dead-letter subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum DeadLettersCommand {
-    /// List dead letters, newest first: id, type, attempts, when, last error.
+    /// List dead letters, newest first: id, type, queue, attempts, when, last error.
     #[command(after_help = "\
 Examples:
   icq dead-letters list
   icq dead-letters list --type orders.send_receipt --limit 20 --format json
+  icq dead-letters list --queue emails
 
 Exit codes:
   0  listed (an empty list included)
@@ -45,6 +46,10 @@ pub struct ListArgs {
     #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
     pub type_name: Option<String>,
 
+    /// Only dead letters of this queue (needs a schema version 2 table).
+    #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
+    pub queue: Option<String>,
+
     /// Show at most this many (across all sources).
     #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -67,6 +72,7 @@ pub async fn run(cmd: DeadLettersCommand, global: &GlobalArgs) -> anyhow::Result
         DeadLettersCommand::List(args) => {
             let query = admin::DeadLetterQuery {
                 type_name: args.type_name,
+                queue: args.queue,
                 limit: args.limit,
             };
             admin::dead_letters(&sources, &query)

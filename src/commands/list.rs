@@ -1,4 +1,4 @@
-//! `icq list [--state S] [--type T] [--limit N] [--after ID | --before TIME]`: one page of
+//! `icq list [--state S] [--type T] [--queue Q] [--limit N] [--after ID | --before TIME]`: one page of
 //! commands in a state, in the state's order, with the id that starts the next page (in a
 //! table, the next page's command is a note on stderr: a pipe gets the rows alone).
 
@@ -20,6 +20,10 @@ pub struct ListArgs {
     /// Only commands of this type.
     #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
     pub type_name: Option<String>,
+
+    /// Only commands of this queue (needs a schema version 2 table).
+    #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
+    pub queue: Option<String>,
 
     /// Show at most this many.
     #[arg(long, value_name = "N", default_value_t = 50,
@@ -46,6 +50,7 @@ pub async fn run(args: ListArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     let request = admin::ListRequest {
         state: args.state,
         type_name: args.type_name,
+        queue: args.queue,
         limit: args.limit,
         after: args.after,
         before: args.before,

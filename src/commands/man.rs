@@ -145,7 +145,8 @@ pub const PENDING: &str = "\
 Examples:
   icq pending
   icq pending --by-type --source orders
-  icq pending --format json
+  icq pending --by-queue                      # one line per queue (--by-type too: per queue and type)
+  icq pending --queue emails --format json
 
 Exit codes:
   0  counted
@@ -157,6 +158,7 @@ pub const DEAD_LETTERS: &str = "\
 Examples:
   icq dead-letters list
   icq dead-letters list --type orders.send_receipt --limit 20 --format json
+  icq dead-letters list --queue emails
   icq dead-letters show 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
 
 Exit codes:
@@ -170,6 +172,7 @@ pub const LIST: &str = "\
 Examples:
   icq list                                    # pending commands, next to run first
   icq list --state dead --type orders.send_receipt
+  icq list --queue emails                     # one queue (schema version 2)
   icq list --state completed --limit 100 --after 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
   icq list --state scheduled --before 2026-12-24T00:00:00Z --format json
 
@@ -198,14 +201,19 @@ pub const CANCEL: &str = "\
 Examples:
   icq cancel 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
   icq cancel --type reports.nightly --yes
+  icq cancel --queue emails --type mail.digest --yes
 
 A cancelled command becomes a dead letter with LastError \"cancelled by operator\": it
 stays visible (icq dead-letters list), can be requeued, and is purged like any dead letter.
+A running command named by its id is cancelled too: its lease is cleared, so the worker
+running it stops the handler (within about 2 seconds; at once on PostgreSQL) and cannot
+record an outcome. --type and --queue cancel due and scheduled commands only.
 
 Exit codes:
   0  cancelled
   1  database error
-  2  usage error (a running, completed or dead command; --yes missing off a terminal)
+  2  usage error (a completed or dead command, a bad --queue or one on a schema version 1
+     table, --yes missing off a terminal)
   3  an id does not exist";
 
 /// `icq requeue --help`.
@@ -213,9 +221,13 @@ pub const REQUEUE: &str = "\
 Examples:
   icq requeue 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
   icq requeue --all-dead --type orders.send_receipt --yes
+  icq requeue --all-dead --queue emails --yes
+
+A dead letter whose unique key a pending command holds stays dead and is listed as
+skipped (JSON: skipped[].reason \"unique key K is held by pending row ID\").
 
 Exit codes:
-  0  requeued
+  0  requeued (skipped ones included)
   1  database error
   2  usage error (a command in a state that cannot be requeued, --yes missing off a terminal)
   3  an id does not exist";
@@ -226,6 +238,7 @@ Examples:
   icq purge --completed --older-than 7d --yes
   icq purge --dead-letters --dry-run
   icq purge --completed --dead-letters --older-than 30d --yes --format json
+  icq purge --dead-letters --queue emails --dry-run
 
 Exit codes:
   0  deleted (or counted, with --dry-run)
@@ -237,6 +250,10 @@ pub const REPLAY: &str = "\
 Examples:
   icq replay 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
   icq replay ID1 ID2 --format json
+
+The copy keeps the type, payload, captured context, queue, priority and unique key. When a
+pending command already holds the unique key, no copy is made: that command's id is
+printed (JSON: \"existing\": true).
 
 Exit codes:
   0  replayed; the new ids are printed

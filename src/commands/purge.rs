@@ -24,6 +24,10 @@ pub struct PurgeArgs {
     #[arg(long, value_name = "AGE", value_parser = super::parse::parse_duration, allow_hyphen_values = true)]
     pub older_than: Option<Duration>,
 
+    /// Only commands of this queue (needs a schema version 2 table).
+    #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
+    pub queue: Option<String>,
+
     /// Count what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -50,6 +54,7 @@ async fn purge(
         completed: args.completed,
         dead_letters: args.dead_letters,
         older_than: args.older_than,
+        queue: args.queue.clone(),
     };
     let plan = admin::plan_purge(sources, &request).await?;
     if args.dry_run {

@@ -1,5 +1,6 @@
-//! `icq requeue ID... | --all-dead [--type T]`: put commands back to pending now, with
-//! their attempts reset and their `LastError` kept.
+//! `icq requeue ID... | --all-dead [--type T] [--queue Q]`: put commands back to pending
+//! now, with their attempts reset and their `LastError` kept. A dead letter whose unique
+//! key a pending row holds stays dead and is reported skipped.
 
 use clap::{ArgGroup, Args};
 
@@ -25,6 +26,11 @@ pub struct RequeueArgs {
           value_parser = super::parse_non_empty)]
     pub type_name: Option<String>,
 
+    /// With --all-dead: only dead letters of this queue (needs a schema version 2 table).
+    #[arg(long, value_name = "QUEUE", requires = "all_dead", conflicts_with = "ids",
+          value_parser = super::pending::parse_queue)]
+    pub queue: Option<String>,
+
     /// Confirmation.
     #[command(flatten)]
     pub confirmation: Confirmation,
@@ -46,11 +52,18 @@ async fn requeue(
     let target = if args.all_dead {
         RequeueTarget::AllDead {
             type_name: args.type_name.clone(),
+            queue: args.queue.clone(),
         }
     } else {
         RequeueTarget::Ids(args.ids.clone())
     };
     let plan = admin::plan_requeue(sources, &target).await?;
+    for skipped in plan.skipped() {
+        output::note(&format!(
+            "Command {} stays dead: {}.",
+            skipped.id, skipped.reason
+        ));
+    }
     if plan.total() > 0 && !output::confirm(&question(&plan, &args), args.confirmation)? {
         output::note("Nothing was requeued.");
         return Ok(());
@@ -62,14 +75,17 @@ async fn requeue(
 
 fn question(plan: &admin::RequeuePlan, args: &RequeueArgs) -> String {
     let total = plan.total();
-    let what = match (args.all_dead, &args.type_name) {
-        (true, Some(t)) => format!(
-            "{} of type {t}",
-            output::plural(total, "dead letter", "dead letters")
-        ),
-        (true, None) => output::plural(total, "dead letter", "dead letters"),
-        (false, _) => output::plural(total, "command", "commands"),
+    let mut what = if args.all_dead {
+        output::plural(total, "dead letter", "dead letters")
+    } else {
+        output::plural(total, "command", "commands")
     };
+    if let Some(t) = &args.type_name {
+        what.push_str(&format!(" of type {t}"));
+    }
+    if let Some(q) = &args.queue {
+        what.push_str(&format!(" in queue {q}"));
+    }
     let sources: Vec<&str> = plan.per_source().into_iter().map(|(s, _)| s).collect();
     let noun = if sources.len() == 1 {
         "source"

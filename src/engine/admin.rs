@@ -22,11 +22,16 @@ use serde::Serialize;
 use crate::command::{CommandId, CommandRow};
 use crate::error::Result;
 
-/// What [`AdminOps::state_count`] groups by.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What [`AdminOps::state_count`] groups by, and which rows it counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateCountParams {
     /// One result per command type (ordered by type) instead of one for the whole table.
     pub by_type: bool,
+    /// One result per queue (ordered by queue; before the type when both are asked). A
+    /// version-1 table has one queue, `default`.
+    pub by_queue: bool,
+    /// Only rows of this queue (version-2 tables only: the caller refuses it on version 1).
+    pub queue: Option<String>,
 }
 
 /// How many rows are in each state (for the whole table, or for one type).
@@ -34,6 +39,9 @@ pub struct StateCountParams {
 /// See [`crate::admin::PendingCount`]'s example.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StateCount {
+    /// The queue, when counting by queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// The command type, when counting by type.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,
@@ -54,6 +62,8 @@ pub struct StateCount {
 pub struct DeadLetterListParams {
     /// Only this command type.
     pub type_name: Option<String>,
+    /// Only this queue (version-2 tables only).
+    pub queue: Option<String>,
     /// At most this many rows, newest (by `DeadLetteredAt`) first.
     pub limit: u32,
 }
@@ -66,6 +76,10 @@ pub struct DeadLetterSummary {
     /// `Type`.
     #[serde(rename = "type")]
     pub type_name: String,
+    /// `Queue` (`default` on a version-1 table).
+    pub queue: String,
+    /// `Priority` (0 on a version-1 table).
+    pub priority: i16,
     /// `Attempts`.
     pub attempts: i32,
     /// `DeadLetteredAt`.
@@ -86,6 +100,8 @@ impl From<CommandRow> for DeadLetterSummary {
         DeadLetterSummary {
             id: row.id,
             type_name: row.type_name,
+            queue: row.queue,
+            priority: row.priority,
             attempts: row.attempts,
             dead_lettered_at: row.dead_lettered_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
             last_error,
@@ -98,18 +114,103 @@ impl From<CommandRow> for DeadLetterSummary {
 pub struct DeadLetterFilter {
     /// Only this command type.
     pub type_name: Option<String>,
+    /// Only this queue (version-2 tables only).
+    pub queue: Option<String>,
     /// Only rows dead-lettered at or before this instant (the operation's start), so a
     /// requeued row that dies again is not picked up a second time.
     pub dead_before: DateTime<Utc>,
 }
 
-/// One batch of [`AdminOps::dead_letter_requeue_batch`].
+/// One page of [`AdminOps::dead_letter_page`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetterRequeueBatchParams {
+pub struct DeadLetterPageParams {
     /// The rows to requeue.
     pub filter: DeadLetterFilter,
-    /// At most this many rows in this batch.
+    /// At most this many rows in this page.
     pub limit: u32,
+}
+
+/// A dead letter a bulk requeue may put back: its id and unique key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterKey {
+    /// `Id`, as stored.
+    pub id: CommandId,
+    /// `UniqueKey` (always `None` on a version-1 table).
+    pub unique_key: Option<String>,
+}
+
+/// The rows of [`AdminOps::command_requeue_dead_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRequeueDeadManyParams {
+    /// Ids of dead letters; the ones no longer dead are left alone.
+    pub ids: Vec<CommandId>,
+}
+
+/// The keys of [`AdminOps::unique_key_holders`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UniqueKeyHoldersParams {
+    /// Unique keys (distinct).
+    pub keys: Vec<String>,
+}
+
+/// A pending row holding a unique key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UniqueKeyHolder {
+    /// The key.
+    pub unique_key: String,
+    /// The pending row holding it.
+    pub id: CommandId,
+}
+
+/// What one [`AdminOps::dead_letter_requeue_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequeueBatch {
+    /// Dead letters the page held.
+    pub selected: u64,
+    /// Of those, how many went back to pending.
+    pub requeued: u64,
+}
+
+/// A bulk requeue's batch in two statements: the page, then the first row of each key
+/// (and every row without one) put back by id.
+pub(crate) async fn requeue_page<A: AdminOps + ?Sized>(
+    admin: &A,
+    params: &DeadLetterPageParams,
+) -> Result<RequeueBatch> {
+    let page = admin.dead_letter_page(params).await?;
+    let mut keys = std::collections::HashSet::new();
+    let ids: Vec<CommandId> = page
+        .iter()
+        .filter(|row| {
+            row.unique_key
+                .as_ref()
+                .is_none_or(|key| keys.insert(key.clone()))
+        })
+        .map(|row| row.id.clone())
+        .collect();
+    let requeued = if ids.is_empty() {
+        0
+    } else {
+        admin
+            .command_requeue_dead_many(&CommandRequeueDeadManyParams { ids })
+            .await?
+    };
+    Ok(RequeueBatch {
+        selected: page.len() as u64,
+        requeued,
+    })
+}
+
+/// A dead letter that cannot be put back to pending because a pending row holds its
+/// unique key (at most one pending row per key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyConflict {
+    /// The dead letter, left dead.
+    pub id: CommandId,
+    /// Its `UniqueKey`.
+    pub unique_key: String,
+    /// The pending row holding the key.
+    pub held_by: CommandId,
 }
 
 /// The explicit rows of [`AdminOps::command_requeue_many`].
@@ -130,16 +231,18 @@ pub enum FinishedKind {
 }
 
 /// Finished rows of one kind at or before a fixed instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinishedFilter {
     /// Completed rows or dead letters.
     pub kind: FinishedKind,
     /// Only rows finished at or before this instant.
     pub before: DateTime<Utc>,
+    /// Only rows of this queue (version-2 tables only).
+    pub queue: Option<String>,
 }
 
 /// One batch of [`AdminOps::finished_delete_batch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinishedDeleteBatchParams {
     /// The rows to delete.
     pub filter: FinishedFilter,
@@ -203,6 +306,8 @@ pub struct CommandListParams {
     pub state: ListState,
     /// Only this command type.
     pub type_name: Option<String>,
+    /// Only this queue (version-2 tables only).
+    pub queue: Option<String>,
     /// At most this many rows.
     pub limit: u32,
     /// Continue after this row (which must exist): the page starts with the row that
@@ -214,7 +319,7 @@ pub struct CommandListParams {
 
 /// A listing page for engines with numbered placeholders (`$n` on PostgreSQL, `?n` on
 /// SQLite) and double-quoted identifiers: `condition` selects the state's rows, `1` is
-/// the limit, then each present filter in bind order (type, before, after). The keyset is
+/// the limit, then each present filter in bind order (type, queue, before, after). The keyset is
 /// `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
 pub(crate) fn numbered_list_sql(
     t: &str,
@@ -237,6 +342,9 @@ pub(crate) fn numbered_list_sql(
     if params.type_name.is_some() {
         conditions.push(format!(r#""Type" = {}"#, mark()));
     }
+    if params.queue.is_some() {
+        conditions.push(format!(r#""Queue" = {}"#, mark()));
+    }
     if params.before.is_some() {
         conditions.push(format!("{key} < {}", mark()));
     }
@@ -258,9 +366,20 @@ pub(crate) fn numbered_list_sql(
 pub struct CommandCancelManyParams {
     /// Distinct ids.
     pub ids: Vec<CommandId>,
+    /// Cancel running rows too (their lease is cleared, so the processor running one
+    /// loses it and stops its handler). Without it, running rows are left alone.
+    pub running: bool,
 }
 
-/// Operator queries over one source's table.
+/// A row [`AdminOps::command_cancel_many`] cancelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelledRow {
+    /// Its id, as stored.
+    pub id: CommandId,
+    /// It held a live lease (a processor was running it) when it was cancelled.
+    pub was_running: bool,
+}
+
 /// The rows to read, in any state.
 #[derive(Debug, Clone, Copy)]
 pub struct CommandGetManyParams<'a> {
@@ -268,6 +387,7 @@ pub struct CommandGetManyParams<'a> {
     pub ids: &'a [CommandId],
 }
 
+/// Operator queries over one source's table.
 #[async_trait]
 pub trait AdminOps: Send + Sync + 'static {
     /// The database's current time, the reference for every cutoff an operation fixes.
@@ -294,17 +414,52 @@ pub trait AdminOps: Send + Sync + 'static {
     /// One page of rows in a state, in the state's order (see [`ListState`]).
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>>;
 
-    /// Dead-letters every listed row that is pending and holds no live lease, with
-    /// `LastError` = [`CANCELLED`]; other rows are left alone. Returns how many changed.
-    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64>;
+    /// Dead-letters every listed row that is pending (and holds no live lease, unless
+    /// `running`), with `LastError` = [`CANCELLED`] and the lease cleared, in one statement
+    /// per batch of ids; other rows are left alone. On PostgreSQL, when a running row was
+    /// cancelled, the same transaction notifies `icq_cancel_<table name>` so its processor
+    /// checks its leases at once. Returns the rows cancelled.
+    async fn command_cancel_many(
+        &self,
+        params: &CommandCancelManyParams,
+    ) -> Result<Vec<CancelledRow>>;
+
+    /// The pending rows holding any of these unique keys (none on a version-1 table).
+    async fn unique_key_holders(
+        &self,
+        params: &UniqueKeyHoldersParams,
+    ) -> Result<Vec<UniqueKeyHolder>>;
 
     /// How many dead letters match `filter`.
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64>;
 
-    /// Requeues (as [`AdminOps::command_requeue_many`] does) up to `limit` dead letters
-    /// matching the filter, oldest first, in one short statement; returns how many.
-    async fn dead_letter_requeue_batch(&self, params: &DeadLetterRequeueBatchParams)
+    /// Up to `limit` dead letters matching the filter, oldest first, leaving out the ones
+    /// whose unique key a pending row holds (they cannot be put back).
+    async fn dead_letter_page(&self, params: &DeadLetterPageParams) -> Result<Vec<DeadLetterKey>>;
+
+    /// Requeues (as [`AdminOps::command_requeue_many`] does) the listed rows that are
+    /// still dead, in one short statement per batch of ids; returns how many.
+    async fn command_requeue_dead_many(&self, params: &CommandRequeueDeadManyParams)
     -> Result<u64>;
+
+    /// One batch of a bulk requeue: reads a page of up to `limit` dead letters matching
+    /// the filter, oldest first, leaving out the ones whose unique key a pending row holds,
+    /// and puts back the first of each key (and every row without one). Returns how many
+    /// rows the page held and how many went back. The default reads the page and updates
+    /// the rows in two statements; an engine may do both in one.
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<RequeueBatch> {
+        requeue_page(self, params).await
+    }
+
+    /// Up to `limit` dead letters matching the filter whose unique key a pending row
+    /// holds, oldest first (none on a version-1 table).
+    async fn dead_letter_key_conflicts(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<Vec<KeyConflict>>;
 
     /// How many finished rows match `filter`.
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64>;
@@ -327,9 +482,9 @@ pub(crate) fn escape_invalid_utf8(bytes: &[u8]) -> String {
     out
 }
 
-/// Decodes one row of an engine's state-count query: the five counts, and `type` when
-/// counting by type.
-pub(crate) fn decode_state_count<R>(row: &R, by_type: bool) -> Result<StateCount>
+/// Decodes one row of an engine's state-count query: the five counts, `queue` when
+/// counting by queue and `type` when counting by type.
+pub(crate) fn decode_state_count<R>(row: &R, params: &StateCountParams) -> Result<StateCount>
 where
     R: sqlx::Row,
     i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
@@ -338,18 +493,25 @@ where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
 {
     use super::decode_count as count;
+    let text = |column: &str| -> Result<String> {
+        // Text that is not valid UTF-8 (SQLite stores any bytes as text) is shown with its
+        // invalid bytes escaped as `\xNN`, never failing the whole count.
+        match row.try_get::<String, _>(column) {
+            Ok(name) => Ok(name),
+            Err(err) => match row.try_get::<Vec<u8>, _>(column) {
+                Ok(bytes) => Ok(escape_invalid_utf8(&bytes)),
+                Err(_) => Err(crate::Error::db(format!("decoding a {column}"))(err)),
+            },
+        }
+    };
     Ok(StateCount {
-        type_name: if by_type {
-            // A `Type` that is not valid UTF-8 (SQLite stores any bytes as text) is shown
-            // with its invalid bytes escaped as `\xNN`, never failing the whole count.
-            let name = match row.try_get::<String, _>("type") {
-                Ok(name) => name,
-                Err(err) => match row.try_get::<Vec<u8>, _>("type") {
-                    Ok(bytes) => escape_invalid_utf8(&bytes),
-                    Err(_) => return Err(crate::Error::db("decoding a type")(err)),
-                },
-            };
-            Some(name)
+        queue: if params.by_queue {
+            Some(text("queue")?)
+        } else {
+            None
+        },
+        type_name: if params.by_type {
+            Some(text("type")?)
         } else {
             None
         },
@@ -359,4 +521,151 @@ where
         dead: count(row, "dead")?,
         completed: count(row, "completed")?,
     })
+}
+
+/// The `SELECT` list head and `GROUP BY … ORDER BY …` tail of a state count: `queue`
+/// (a constant `'default'` on a version-1 table, which has one queue) and `type` when
+/// asked for; `q` quotes an identifier the engine's way.
+pub(crate) fn count_grouping(
+    params: &StateCountParams,
+    version: u32,
+    q: impl Fn(&str) -> String,
+) -> (String, String) {
+    let mut select = String::new();
+    let mut keys = Vec::new();
+    if params.by_queue {
+        if version >= 2 {
+            select.push_str(&format!("{} AS queue, ", q("Queue")));
+            keys.push(q("Queue"));
+        } else {
+            select.push_str("'default' AS queue, ");
+        }
+    }
+    if params.by_type {
+        select.push_str(&format!("{} AS type, ", q("Type")));
+        keys.push(q("Type"));
+    }
+    let group = if keys.is_empty() {
+        String::new()
+    } else {
+        let keys = keys.join(", ");
+        format!("GROUP BY {keys} ORDER BY {keys}")
+    };
+    (select, group)
+}
+
+/// The PostgreSQL channel an operator's cancel of a running command notifies (the
+/// processor listens on it and checks its leases at once): `icq_cancel_<table name>`,
+/// without the schema. The same string as `crate::schema::cancel_channel`.
+pub(crate) fn cancel_channel(table: &crate::ident::TableName) -> String {
+    format!("icq_cancel_{}", table.name())
+}
+
+/// Fills the version-2 columns (`Queue`, `Priority`, `UniqueKey`, `TraceParent`,
+/// `Snoozes`) of a decoded row from `row` where it has them and they decode; a row of a
+/// version-1 table keeps the defaults (`default`, 0, none). The operator reads use it so
+/// their views show the queue whatever the row decoder fills.
+pub(crate) fn decode_v2_columns<R>(row: &R, out: &mut CommandRow)
+where
+    R: sqlx::Row,
+    String: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    i16: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    i32: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+{
+    let int = |column: &str| -> Option<i64> {
+        match row.try_get::<Option<i64>, _>(column) {
+            Ok(value) => value,
+            Err(_) => match row.try_get::<Option<i32>, _>(column) {
+                Ok(value) => value.map(i64::from),
+                Err(_) => row
+                    .try_get::<Option<i16>, _>(column)
+                    .ok()
+                    .flatten()
+                    .map(i64::from),
+            },
+        }
+    };
+    if let Ok(Some(queue)) = row.try_get::<Option<String>, _>("Queue") {
+        out.queue = queue;
+    }
+    if let Some(priority) = int("Priority").and_then(|p| i16::try_from(p).ok()) {
+        out.priority = priority;
+    }
+    if let Ok(key) = row.try_get::<Option<String>, _>("UniqueKey") {
+        out.unique_key = key;
+    }
+    if let Ok(parent) = row.try_get::<Option<String>, _>("TraceParent") {
+        out.trace_parent = parent;
+    }
+    if let Some(snoozes) = int("Snoozes").and_then(|n| i32::try_from(n).ok()) {
+        out.snoozes = snoozes;
+    }
+}
+
+/// Whether `err` is a unique-key violation: another writer made a row pending with the
+/// unique key a requeue was putting back (between its check and its update).
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|e| e.is_unique_violation())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CommandRequeueDeadManyParams, CommandRequeueManyParams};
+    use crate::command::CommandId;
+    use crate::engine::conformance::Harness;
+
+    const DEAD: &str = "50000000-0000-4000-8000-000000000001";
+    const PENDING: &str = "50000000-0000-4000-8000-000000000002";
+    const FREE: &str = "50000000-0000-4000-8000-000000000003";
+
+    /// A dead letter whose key a pending row took after the requeue's check: the requeue
+    /// leaves it dead (the others go back) instead of failing on the unique index.
+    async fn a_key_taken_meanwhile_leaves_the_row_dead(engine: &str) {
+        let h = Harness::new(engine, "takenkey").await;
+        let (t, id, key, dead) = (&h.t, h.q("Id"), h.q("UniqueKey"), h.q("DeadLetteredAt"));
+        let (ty, payload, ago) = (h.q("Type"), h.q("Payload"), h.ago(60));
+        h.exec(&format!(
+            "INSERT INTO {t} ({id}, {ty}, {payload}, {key}, {dead}) VALUES ('{DEAD}', 't', '{{}}', 'k', {ago});
+             INSERT INTO {t} ({id}, {ty}, {payload}, {key}) VALUES ('{PENDING}', 't', '{{}}', 'k');
+             INSERT INTO {t} ({id}, {ty}, {payload}, {dead}) VALUES ('{FREE}', 't', '{{}}', {ago});"
+        ))
+        .await;
+        let ids: Vec<CommandId> = [DEAD, FREE].iter().map(|i| i.parse().unwrap()).collect();
+        let all_or_nothing = h
+            .driver
+            .command_requeue_many(&CommandRequeueManyParams { ids: ids.clone() })
+            .await
+            .unwrap();
+        assert_eq!(all_or_nothing, 0, "{engine}: nothing changes");
+        assert_eq!(h.count(&format!("{dead} IS NOT NULL")).await, 2);
+        let done = h
+            .driver
+            .command_requeue_dead_many(&CommandRequeueDeadManyParams { ids })
+            .await
+            .unwrap();
+        assert_eq!(done, 1, "{engine}: the free one goes back");
+        assert_eq!(
+            h.count(&format!("{id} = '{DEAD}' AND {dead} IS NOT NULL"))
+                .await,
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_postgres() {
+        a_key_taken_meanwhile_leaves_the_row_dead("postgres").await
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_sqlite() {
+        a_key_taken_meanwhile_leaves_the_row_dead("sqlite").await
+    }
+
+    #[tokio::test]
+    async fn a_key_taken_meanwhile_leaves_the_row_dead_mysql() {
+        a_key_taken_meanwhile_leaves_the_row_dead("mysql").await
+    }
 }

@@ -420,7 +420,10 @@ async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::A
     let Some(types) = &shared.types else {
         return health::deadline(limit, "counting due commands", backend.activity()).await;
     };
-    let params = crate::engine::admin::StateCountParams { by_type: true };
+    let params = crate::engine::admin::StateCountParams {
+        by_type: true,
+        ..Default::default()
+    };
     let counting = backend.state_count(&params);
     let counts = health::deadline(limit, "counting due commands", counting).await?;
     let mut activity = crate::engine::Activity::default();

@@ -199,6 +199,11 @@ async fn count(db: &TestDb, condition: &str) -> i64 {
         "TenantId",
         "CorrelationId",
         "CreatedAt",
+        "Queue",
+        "Priority",
+        "UniqueKey",
+        "TraceParent",
+        "Snoozes",
     ] {
         sql = sql.replace(&format!("{{{column}}}"), &db.q(column));
     }
@@ -646,6 +651,8 @@ async fn dead_letter_listing(engine: &'static str) {
             "dead_lettered_at",
             "id",
             "last_error",
+            "priority",
+            "queue",
             "source",
             "type"
         ]
@@ -678,6 +685,11 @@ async fn dead_letter_listing(engine: &'static str) {
             "roles": ["orders.write", "support"],
             "tenant_id": "acme",
             "correlation_id": "req-42",
+            "queue": "default",
+            "priority": 0,
+            "unique_key": null,
+            "trace_parent": null,
+            "snoozes": 0,
         })
     );
 }
@@ -840,9 +852,10 @@ async fn replay_effects(engine: &'static str) {
     let copy = replayed[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(
         replayed[0].as_object().unwrap().len(),
-        2,
-        "exactly from and id"
+        3,
+        "exactly from, id and existing"
     );
+    assert_eq!(replayed[0]["existing"], false);
 
     let copy_row = json_of(&db, &["dead-letters", "show", &copy]);
     assert_eq!(copy_row["type"], "webhooks.deliver");
@@ -1113,29 +1126,24 @@ async fn show_effects(engine: &'static str) {
 
 async fn cancel_effects(engine: &'static str) {
     let db = seeded(engine, "cancel").await;
-    for (id, why) in [
-        (RUNNING, "running"),
-        (DEAD_OLD, "already a dead letter"),
-        (DONE_OLD, "completed"),
-    ] {
+    for (id, why) in [(DEAD_OLD, "already a dead letter"), (DONE_OLD, "completed")] {
         let err = fails(&db, &["cancel", id, DUE, "-y"], 2);
         assert!(err.contains(why), "{id}: {err}");
     }
     // Issue 23: two refusals read as two clauses and the consequence, nothing run together.
-    let both = fails(&db, &["cancel", RUNNING, DEAD_OLD, "-y"], 2);
+    let both = fails(&db, &["cancel", RUNNING, DONE_OLD, DEAD_OLD, "-y"], 2);
     let clauses: Vec<&str> = both.trim_end().split("; ").collect();
     assert_eq!(clauses.len(), 3, "{both}");
-    assert!(
-        clauses[0].starts_with(&format!(
-            "error: command {RUNNING} is running, so it cannot be cancelled ("
-        )),
+    assert_eq!(
+        clauses[0],
+        format!(
+            "error: command {DEAD_OLD} is already a dead letter (delete it with `icq purge --dead-letters` or run it again with `icq requeue {DEAD_OLD}`)"
+        ),
         "{both}"
     );
     assert_eq!(
         clauses[1],
-        format!(
-            "command {DEAD_OLD} is already a dead letter (delete it with `icq purge --dead-letters` or run it again with `icq requeue {DEAD_OLD}`)"
-        ),
+        format!("command {DONE_OLD} is completed, so there is nothing left to cancel"),
         "{both}"
     );
     assert_eq!(clauses[2], "nothing was cancelled", "{both}");
@@ -1149,8 +1157,20 @@ async fn cancel_effects(engine: &'static str) {
     );
 
     assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{RUNNING}' AND {{LockToken}} IS NOT NULL")
+        )
+        .await,
+        1,
+        "the running row was not touched by the refused requests"
+    );
+    assert_eq!(
         json_of(&db, &["cancel", DUE, SCHEDULED, DUE, "-y"]),
-        json!({"cancelled": 2})
+        json!({"cancelled": 2, "were_running": 0, "commands": [
+            {"id": DUE, "was": "pending"},
+            {"id": SCHEDULED, "was": "pending"},
+        ]})
     );
     assert_eq!(
         count(
@@ -1189,7 +1209,7 @@ async fn cancel_effects(engine: &'static str) {
     );
     assert_eq!(
         json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
-        json!({"cancelled": 4})
+        json!({"cancelled": 4, "were_running": 0})
     );
     assert_eq!(
         count(
@@ -1201,7 +1221,7 @@ async fn cancel_effects(engine: &'static str) {
     );
     assert_eq!(
         json_of(&db, &["cancel", "--type", "reports.nightly", "--yes"]),
-        json!({"cancelled": 0})
+        json!({"cancelled": 0, "were_running": 0})
     );
     // A cancelled command is a dead letter like any other: it can be requeued.
     assert_eq!(
@@ -1226,7 +1246,7 @@ async fn a_foreign_row_can_be_listed_and_cancelled() {
     assert_eq!(ids_of(&due), ["Order-42/ABC"]);
     assert_eq!(
         json_of(&db, &["cancel", "Order-42/ABC", "-y"]),
-        json!({"cancelled": 1})
+        json!({"cancelled": 1, "were_running": 0, "commands": [{"id": "Order-42/ABC", "was": "pending"}]})
     );
     let shown = json_of(&db, &["show", "Order-42/ABC"]);
     assert_eq!(shown["state"], "dead");
@@ -1457,9 +1477,15 @@ async fn requeue_all_dead_works_in_batches_on_postgres() {
     )
     .await;
     let sources = open(&db).await;
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
-        .await
-        .unwrap();
+    let plan = admin::plan_requeue(
+        &sources,
+        &RequeueTarget::AllDead {
+            type_name: None,
+            queue: None,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(plan.total(), 20_000);
     // A row that dies after the plan was made is not part of it.
     db.execute(
@@ -1503,9 +1529,15 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
     let sources = open(&db).await;
 
     let started = Instant::now();
-    let plan = admin::plan_requeue(&sources, &RequeueTarget::AllDead { type_name: None })
-        .await
-        .unwrap();
+    let plan = admin::plan_requeue(
+        &sources,
+        &RequeueTarget::AllDead {
+            type_name: None,
+            queue: None,
+        },
+    )
+    .await
+    .unwrap();
     let report = admin::requeue(&plan, &admin::NoProgress).await.unwrap();
     let requeue_time = started.elapsed();
     assert_eq!(report.requeued, 100_000);
@@ -1515,6 +1547,7 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
         completed: true,
         dead_letters: false,
         older_than: Some(std::time::Duration::from_secs(7 * 86_400)),
+        queue: None,
     };
     let plan = admin::plan_purge(&sources, &request).await.unwrap();
     let report = admin::purge(&plan, &admin::NoProgress).await.unwrap();
@@ -1643,10 +1676,13 @@ async fn listings_in_a_pipe_are_tab_separated() {
     let run = with_columns(&db, None, &["dead-letters", "list"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
-    assert_eq!(lines[0], "Id\tType\tAttempts\tDead lettered at\tLast error");
+    assert_eq!(
+        lines[0],
+        "Id\tType\tQueue\tAttempts\tDead lettered at\tLast error"
+    );
     assert_eq!(lines.len(), 3, "{}", run.stdout);
     assert!(
-        lines.iter().all(|l| l.split('\t').count() == 5),
+        lines.iter().all(|l| l.split('\t').count() == 6),
         "{}",
         run.stdout
     );
@@ -1683,4 +1719,652 @@ async fn uuid_spellings_on_postgres() {
     assert_eq!(count(&db, &requeued).await, 1);
     let err = fails(&db, &["show", &UNKNOWN.to_uppercase()], 3);
     assert!(err.contains(&UNKNOWN.to_uppercase()), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// schema version 2: queues, priorities, unique keys; cancelling running commands
+
+/// The fixture with queues: `DUE` (priority 5) and `DEAD_OLD` in `emails`, the rest in
+/// `default`; `SCHEDULED` holds the unique key `k-2`; `DEAD_OLD` has a trace parent and
+/// 3 snoozes.
+async fn seeded_queues(engine: &'static str, tag: &str) -> TestDb {
+    let db = seeded(engine, tag).await;
+    let t = db.q("InternalCommands");
+    let (id, queue, priority, key, parent, snoozes) = (
+        db.q("Id"),
+        db.q("Queue"),
+        db.q("Priority"),
+        db.q("UniqueKey"),
+        db.q("TraceParent"),
+        db.q("Snoozes"),
+    );
+    db.execute(&format!(
+        "UPDATE {t} SET {queue} = 'emails', {priority} = 5 WHERE {id} = '{DUE}';
+         UPDATE {t} SET {queue} = 'emails', {parent} = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', {snoozes} = 3 WHERE {id} = '{DEAD_OLD}';
+         UPDATE {t} SET {key} = 'k-2' WHERE {id} = '{SCHEDULED}';"
+    ))
+    .await;
+    db
+}
+
+/// What a request that must change nothing is checked against: the count of rows in each
+/// state and the lease columns.
+async fn fingerprint(db: &TestDb) -> Vec<i64> {
+    let mut prints = Vec::new();
+    for condition in [
+        "1 = 1",
+        "{DeadLetteredAt} IS NOT NULL",
+        "{ProcessedAt} IS NOT NULL",
+        "{LockToken} IS NOT NULL",
+        "{LastError} IS NOT NULL",
+        "{Attempts} = 0",
+    ] {
+        prints.push(count(db, condition).await);
+    }
+    prints
+}
+
+async fn queue_views(engine: &'static str) {
+    let db = seeded_queues(engine, "queue_views").await;
+    assert_eq!(
+        json_of(&db, &["pending", "--by-queue"]),
+        json!([
+            {"source": "default", "queue": "default", "due": 0, "scheduled": 1, "running": 1, "dead": 1, "completed": 2},
+            {"source": "default", "queue": "emails", "due": 1, "scheduled": 0, "running": 0, "dead": 1, "completed": 0},
+        ])
+    );
+    assert_eq!(
+        json_of(&db, &["pending", "--by-queue", "--by-type"]),
+        json!([
+            {"source": "default", "queue": "default", "type": "orders.send_receipt", "due": 0, "scheduled": 1, "running": 1, "dead": 1, "completed": 2},
+            {"source": "default", "queue": "emails", "type": "orders.send_receipt", "due": 1, "scheduled": 0, "running": 0, "dead": 0, "completed": 0},
+            {"source": "default", "queue": "emails", "type": "webhooks.deliver", "due": 0, "scheduled": 0, "running": 0, "dead": 1, "completed": 0},
+        ])
+    );
+    assert_eq!(
+        json_of(&db, &["pending", "--queue", "emails"]),
+        json!([{"source": "default", "due": 1, "scheduled": 0, "running": 0, "dead": 1, "completed": 0}])
+    );
+    assert_eq!(
+        json_of(&db, &["pending", "--queue", "nowhere", "--by-type"]),
+        json!([])
+    );
+    let table = ok(&db, &["pending", "--by-queue", "--format", "table"]);
+    assert!(
+        table.contains("Queue") && table.contains("emails"),
+        "{table}"
+    );
+
+    let listed = json_of(&db, &["list", "--queue", "emails"]);
+    assert_eq!(ids_of(&listed), [DUE]);
+    assert_eq!(listed["total"], 1);
+    assert_eq!(
+        (
+            &listed["commands"][0]["queue"],
+            &listed["commands"][0]["priority"]
+        ),
+        (&json!("emails"), &json!(5))
+    );
+    let default = json_of(&db, &["list", "--queue", "default"]);
+    assert_eq!(ids_of(&default), [RUNNING, SCHEDULED]);
+    assert_eq!(default["commands"][0]["queue"], "default");
+    let dead = json_of(&db, &["list", "--state", "dead", "--queue", "emails"]);
+    assert_eq!(ids_of(&dead), [DEAD_OLD]);
+    let typed = json_of(
+        &db,
+        &["list", "--queue", "default", "--type", "webhooks.deliver"],
+    );
+    assert_eq!(typed["total"], 0);
+    let table = ok(&db, &["list", "--queue", "emails", "--format", "table"]);
+    assert!(
+        table.contains("Queue") && table.contains("emails"),
+        "{table}"
+    );
+
+    let letters = json_of(&db, &["dead-letters", "list", "--queue", "emails"]);
+    assert_eq!(letters.as_array().unwrap().len(), 1);
+    assert_eq!(
+        (
+            &letters[0]["id"],
+            &letters[0]["queue"],
+            &letters[0]["priority"]
+        ),
+        (&json!(DEAD_OLD), &json!("emails"), &json!(0))
+    );
+    let letters = json_of(&db, &["dead-letters", "list", "--queue", "default"]);
+    assert_eq!(letters[0]["id"], DEAD_NEW);
+
+    let shown = json_of(&db, &["dead-letters", "show", DEAD_OLD]);
+    assert_eq!(shown["queue"], "emails");
+    assert_eq!(
+        shown["trace_parent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
+    assert_eq!(shown["snoozes"], 3);
+    let shown = json_of(&db, &["show", SCHEDULED]);
+    assert_eq!(
+        (&shown["unique_key"], &shown["queue"], &shown["priority"]),
+        (&json!("k-2"), &json!("default"), &json!(0))
+    );
+    let shown = ok(&db, &["show", DUE]);
+    assert!(shown.contains("Queue\temails"), "{shown}");
+    assert!(shown.contains("Priority\t5"), "{shown}");
+}
+
+async fn queue_filters_change_only_their_queue(engine: &'static str) {
+    let db = seeded_queues(engine, "queue_filters").await;
+    // purge
+    assert_eq!(
+        json_of(
+            &db,
+            &[
+                "purge",
+                "--dead-letters",
+                "--completed",
+                "--queue",
+                "emails",
+                "--dry-run"
+            ]
+        ),
+        json!({"would_delete": 1, "completed": 0, "dead_letters": 1})
+    );
+    assert_eq!(
+        json_of(&db, &["purge", "--dead-letters", "--queue", "emails", "-y"]),
+        json!({"deleted": 1, "completed": 0, "dead_letters": 1})
+    );
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}'")).await, 0);
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}'")).await, 1);
+    assert_eq!(
+        json_of(&db, &["purge", "--completed", "--queue", "default", "-y"]),
+        json!({"deleted": 2, "completed": 2, "dead_letters": 0})
+    );
+
+    // cancel: alone, and with --type
+    assert_eq!(
+        json_of(
+            &db,
+            &[
+                "cancel",
+                "--queue",
+                "emails",
+                "--type",
+                "webhooks.deliver",
+                "-y"
+            ]
+        ),
+        json!({"cancelled": 0, "were_running": 0})
+    );
+    assert_eq!(
+        json_of(&db, &["cancel", "--queue", "emails", "-y"]),
+        json!({"cancelled": 1, "were_running": 0})
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!(
+                "{{Id}} = '{DUE}' AND {{DeadLetteredAt}} IS NOT NULL AND {{Queue}} = 'emails'"
+            )
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} IN ('{SCHEDULED}', '{RUNNING}') AND {{DeadLetteredAt}} IS NULL")
+        )
+        .await,
+        2,
+        "other queues are left alone"
+    );
+
+    // requeue --all-dead: DEAD_NEW (default) stays dead, DUE (emails, just cancelled) goes back
+    assert_eq!(
+        json_of(&db, &["requeue", "--all-dead", "--queue", "emails", "-y"]),
+        json!({"requeued": 1})
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DUE}' AND {{DeadLetteredAt}} IS NULL AND {{Queue}} = 'emails' AND {{Priority}} = 5")
+        )
+        .await,
+        1,
+        "requeued with its queue and priority"
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{DEAD_NEW}' AND {{DeadLetteredAt}} IS NOT NULL")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        json_of(
+            &db,
+            &[
+                "requeue",
+                "--all-dead",
+                "--queue",
+                "default",
+                "--type",
+                "orders.send_receipt",
+                "-y"
+            ]
+        ),
+        json!({"requeued": 1})
+    );
+}
+
+async fn cancel_running(engine: &'static str) {
+    let db = seeded_queues(engine, "cancel_running").await;
+    let mut listener = if engine == "postgres" {
+        let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+        listener
+            .listen("icq_cancel_InternalCommands")
+            .await
+            .unwrap();
+        Some(listener)
+    } else {
+        None
+    };
+    let wait = std::time::Duration::from_millis(500);
+
+    // A pending row that is not running: no cancel notification.
+    assert_eq!(
+        json_of(&db, &["cancel", SCHEDULED, "-y"]),
+        json!({"cancelled": 1, "were_running": 0, "commands": [{"id": SCHEDULED, "was": "pending"}]})
+    );
+    if let Some(listener) = &mut listener {
+        assert!(
+            tokio::time::timeout(wait, listener.recv()).await.is_err(),
+            "no running row was cancelled, so no notification"
+        );
+    }
+
+    // A running row (its lease set by SQL, as a processor's claim sets it) and a due one.
+    let t = db.q("InternalCommands");
+    db.execute(&format!(
+        "UPDATE {t} SET {} = '20000000-0000-4000-8000-000000000009', {} = {} WHERE {} = '{DUE}'",
+        db.q("LockToken"),
+        db.q("LockedUntil"),
+        ts(&db, "2999-01-01T00:00:00"),
+        db.q("Id")
+    ))
+    .await;
+    assert_eq!(
+        json_of(&db, &["cancel", RUNNING, DUE, "-y"]),
+        json!({"cancelled": 2, "were_running": 2, "commands": [
+            {"id": RUNNING, "was": "running"},
+            {"id": DUE, "was": "running"},
+        ]})
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!(
+                "{{Id}} IN ('{RUNNING}', '{DUE}') AND {{DeadLetteredAt}} IS NOT NULL \
+                 AND {{ProcessedAt}} IS NULL AND {{LastError}} = 'cancelled by operator' \
+                 AND {{LockToken}} IS NULL AND {{LockedUntil}} IS NULL"
+            )
+        )
+        .await,
+        2
+    );
+    if let Some(listener) = &mut listener {
+        let note = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+            .await
+            .expect("a notification within 5 s")
+            .unwrap();
+        assert_eq!(note.channel(), "icq_cancel_InternalCommands");
+    }
+    let shown = json_of(&db, &["show", RUNNING]);
+    assert_eq!(
+        (&shown["state"], &shown["last_error"]),
+        (&json!("dead"), &json!("cancelled by operator"))
+    );
+
+    // Completed, dead and unknown ids change nothing, running rows included.
+    let before = fingerprint(&db).await;
+    let err = fails(&db, &["cancel", DONE_OLD, "-y"], 2);
+    assert!(err.contains("is completed"), "{err}");
+    let err = fails(&db, &["cancel", RUNNING, "-y"], 2);
+    assert!(err.contains("already a dead letter"), "{err}");
+    fails(&db, &["cancel", UNKNOWN, DEAD_NEW, "-y"], 3);
+    assert_eq!(fingerprint(&db).await, before);
+
+    // A table (human) answer says how many were running.
+    db.execute(&format!(
+        "UPDATE {t} SET {} = NULL, {} = NULL, {} = NULL WHERE {} = '{RUNNING}'",
+        db.q("DeadLetteredAt"),
+        db.q("LastError"),
+        db.q("LockToken"),
+        db.q("Id")
+    ))
+    .await;
+    db.execute(&format!(
+        "UPDATE {t} SET {} = {} WHERE {} = '{RUNNING}'",
+        db.q("LockedUntil"),
+        ts(&db, "2999-01-01T00:00:00"),
+        db.q("Id")
+    ))
+    .await;
+    let said = ok(&db, &["cancel", RUNNING, "-y", "--format", "table"]);
+    assert!(said.contains("1 of them running"), "{said}");
+}
+
+/// Inserts a dead letter (or a pending row with `dead_at` = None) holding `key`.
+async fn keyed(db: &TestDb, id: &str, key: Option<&str>, dead_at: Option<&str>) {
+    let mut columns = vec![("RunAt", ts(db, "2026-01-01T00:00:00"))];
+    if let Some(key) = key {
+        columns.push(("UniqueKey", format!("'{key}'")));
+    }
+    if let Some(at) = dead_at {
+        columns.push(("DeadLetteredAt", ts(db, at)));
+        columns.push(("LastError", "'boom'".into()));
+        columns.push(("Attempts", "3".into()));
+    }
+    insert(db, id, "keyed.t", r#"{"k": 1}"#, &columns).await;
+}
+
+const D1: &str = "40000000-0000-4000-8000-000000000001";
+const P1: &str = "40000000-0000-4000-8000-000000000002";
+const D2: &str = "40000000-0000-4000-8000-000000000003";
+const D3: &str = "40000000-0000-4000-8000-000000000004";
+const D4: &str = "40000000-0000-4000-8000-000000000005";
+const D5: &str = "40000000-0000-4000-8000-000000000006";
+const D6: &str = "40000000-0000-4000-8000-000000000007";
+const D7: &str = "40000000-0000-4000-8000-000000000008";
+
+async fn requeue_with_taken_keys(engine: &'static str) {
+    let db = TestDb::with_table(engine, "requeue_keys").await;
+    keyed(&db, D1, Some("k"), Some("2026-01-01T00:00:01")).await;
+    keyed(&db, P1, Some("k"), None).await;
+    keyed(&db, D2, Some("j"), Some("2026-01-01T00:00:02")).await;
+    keyed(&db, D3, Some("j"), Some("2026-01-01T00:00:03")).await;
+    keyed(&db, D4, None, Some("2026-01-01T00:00:04")).await;
+
+    // By id: the taken key's row stays dead and is reported; the others go back.
+    assert_eq!(
+        json_of(&db, &["requeue", D1, D4, "-y"]),
+        json!({"requeued": 1, "skipped": [{
+            "id": D1, "unique_key": "k", "held_by": P1,
+            "reason": format!("unique key k is held by pending row {P1}"),
+        }]})
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{D1}' AND {{DeadLetteredAt}} IS NOT NULL")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!("{{Id}} = '{D4}' AND {{DeadLetteredAt}} IS NULL")
+        )
+        .await,
+        1
+    );
+    // Two dead letters sharing a key: the first named goes back, the second waits.
+    assert_eq!(
+        json_of(&db, &["requeue", D2, D3, "-y"]),
+        json!({"requeued": 1, "skipped": [{
+            "id": D3, "unique_key": "j", "held_by": D2,
+            "reason": format!("unique key j is held by pending row {D2}"),
+        }]})
+    );
+    // Only taken keys: nothing to do, and no error.
+    let run = on(&db, &["requeue", D1, "-y"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("Requeued 0 commands."),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&format!("Skipped {D1}")),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.contains("stays dead"), "{}", run.stderr);
+
+    // --all-dead: D5 and D7 go back; D1 (held by P1), D3 (held by D2) and D6 (held by D5,
+    // which went back first) stay dead.
+    keyed(&db, D5, Some("m"), Some("2026-01-01T00:00:05")).await;
+    keyed(&db, D6, Some("m"), Some("2026-01-01T00:00:06")).await;
+    keyed(&db, D7, None, Some("2026-01-01T00:00:07")).await;
+    let out = json_of(&db, &["requeue", "--all-dead", "-y"]);
+    assert_eq!(out["requeued"], 2, "{out}");
+    let skipped: Vec<(&str, &str)> = out["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap(), s["held_by"].as_str().unwrap()))
+        .collect();
+    assert_eq!(skipped, [(D1, P1), (D3, D2), (D6, D5)], "{out}");
+    assert_eq!(
+        count(&db, "{DeadLetteredAt} IS NOT NULL").await,
+        3,
+        "D1, D3 and D6 stay dead"
+    );
+    assert_eq!(
+        count(
+            &db,
+            &format!(
+                "{{Id}} IN ('{D5}', '{D7}') AND {{DeadLetteredAt}} IS NULL AND {{Attempts}} = 0"
+            )
+        )
+        .await,
+        2
+    );
+}
+
+async fn replay_with_unique_keys(engine: &'static str) {
+    let db = TestDb::with_table(engine, "replay_keys").await;
+    keyed(&db, D1, Some("k"), Some("2026-01-01T00:00:01")).await;
+    keyed(&db, P1, Some("k"), None).await;
+    // A pending row holds the key: it stands for the replay, no copy is made.
+    assert_eq!(
+        json_of(&db, &["replay", D1]),
+        json!({"replayed": [{"from": D1, "id": P1, "existing": true}]})
+    );
+    assert_eq!(total(&db).await, 2);
+    let table = ok(&db, &["replay", D1, "--format", "table"]);
+    assert!(table.contains("already pending"), "{table}");
+    // Two dead letters with one free key: one copy, which the second also reports.
+    keyed(&db, D2, Some("j"), Some("2026-01-01T00:00:02")).await;
+    keyed(&db, D3, Some("j"), Some("2026-01-01T00:00:03")).await;
+    let out = json_of(&db, &["replay", D2, D3]);
+    let replayed = out["replayed"].as_array().unwrap();
+    assert_eq!(replayed[0]["existing"], false, "{out}");
+    assert_eq!(replayed[1]["existing"], true, "{out}");
+    assert_eq!(replayed[0]["id"], replayed[1]["id"], "{out}");
+    assert_eq!(total(&db).await, 5);
+}
+
+/// The copy carries the queue, priority and unique key (the insert of those columns is
+/// the scheduling side's, issue 21's `v2-engine` branch).
+async fn replay_copies_queue_priority_and_key(engine: &'static str) {
+    let db = TestDb::with_table(engine, "replay_copies").await;
+    keyed(&db, D1, Some("k"), Some("2026-01-01T00:00:01")).await;
+    db.execute(&format!(
+        "UPDATE {} SET {} = 'emails', {} = -3 WHERE {} = '{D1}'",
+        db.q("InternalCommands"),
+        db.q("Queue"),
+        db.q("Priority"),
+        db.q("Id")
+    ))
+    .await;
+    let out = json_of(&db, &["replay", D1]);
+    let copy = out["replayed"][0]["id"].as_str().unwrap().to_owned();
+    let shown = json_of(&db, &["show", &copy]);
+    assert_eq!(
+        (&shown["queue"], &shown["priority"], &shown["unique_key"]),
+        (&json!("emails"), &json!(-3), &json!("k")),
+        "{shown}"
+    );
+}
+
+/// A version-1 table (before `icq migrate` added queues): every view works and shows the
+/// one queue, `default`; a `--queue` filter is refused naming the upgrade, changing nothing.
+async fn version_1_tables(engine: &'static str) {
+    let db = TestDb::new(engine, "v1_views").await;
+    let kind: icq::Engine = engine.parse().unwrap();
+    db.execute(&icq::schema::render_v1(kind, &TableName::default()).up)
+        .await;
+    seed(&db).await;
+
+    assert_eq!(
+        json_of(&db, &["pending", "--by-queue"]),
+        json!([{"source": "default", "queue": "default", "due": 1, "scheduled": 1, "running": 1, "dead": 2, "completed": 2}])
+    );
+    assert_eq!(
+        json_of(&db, &["pending", "--by-queue", "--by-type"])[1]["queue"],
+        "default"
+    );
+    let listed = json_of(&db, &["list"]);
+    assert_eq!(listed["commands"][0]["queue"], "default");
+    assert_eq!(listed["commands"][0]["priority"], 0);
+    let letters = json_of(&db, &["dead-letters", "list"]);
+    assert_eq!(letters[0]["queue"], "default");
+    let shown = json_of(&db, &["dead-letters", "show", DEAD_OLD]);
+    assert_eq!(
+        (&shown["queue"], &shown["unique_key"], &shown["snoozes"]),
+        (&json!("default"), &Value::Null, &json!(0))
+    );
+    ok(&db, &["show", DUE]);
+
+    let before = fingerprint(&db).await;
+    for args in [
+        &["pending", "--queue", "emails"][..],
+        &["list", "--queue", "emails"],
+        &["dead-letters", "list", "--queue", "emails"],
+        &["requeue", "--all-dead", "--queue", "emails", "-y"],
+        &["cancel", "--queue", "emails", "-y"],
+        &[
+            "cancel",
+            "--queue",
+            "emails",
+            "--type",
+            "orders.send_receipt",
+            "-y",
+        ],
+        &["purge", "--dead-letters", "--queue", "emails", "-y"],
+    ] {
+        let err = fails(&db, args, 2);
+        assert!(
+            err.contains("schema version 1") && err.contains("icq migrate add"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(fingerprint(&db).await, before, "nothing changed");
+
+    // Everything without a queue keeps working on version 1.
+    assert_eq!(json_of(&db, &["cancel", RUNNING, "-y"])["were_running"], 1);
+    assert_eq!(
+        json_of(&db, &["requeue", DEAD_OLD, "-y"]),
+        json!({"requeued": 1})
+    );
+    assert_eq!(
+        json_of(&db, &["requeue", "--all-dead", "-y"]),
+        json!({"requeued": 2})
+    );
+    assert_eq!(
+        json_of(&db, &["replay", DONE_OLD])["replayed"][0]["existing"],
+        false
+    );
+    assert_eq!(json_of(&db, &["purge", "--completed", "-y"])["deleted"], 2);
+}
+
+on_every_engine!(
+    queue_views,
+    queue_filters_change_only_their_queue,
+    cancel_running,
+    requeue_with_taken_keys,
+    replay_with_unique_keys,
+    version_1_tables,
+);
+
+mod replay_copies_queue_priority_and_key {
+    #[tokio::test]
+    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
+    async fn postgres() {
+        super::replay_copies_queue_priority_and_key("postgres").await
+    }
+    #[tokio::test]
+    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
+    async fn sqlite() {
+        super::replay_copies_queue_priority_and_key("sqlite").await
+    }
+    #[tokio::test]
+    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
+    async fn mysql() {
+        super::replay_copies_queue_priority_and_key("mysql").await
+    }
+}
+
+/// A queue name is 1 to 128 bytes of text without control characters, not only
+/// whitespace: anything else is a usage error before anything is read or written.
+#[tokio::test]
+async fn bad_queue_names_are_usage_errors() {
+    let db = seeded_queues("sqlite", "bad_queue_names").await;
+    let before = fingerprint(&db).await;
+    let long = "q".repeat(129);
+    for bad in ["", "   ", "a\nb", "tab\there", long.as_str()] {
+        for command in [
+            &["pending"][..],
+            &["list"],
+            &["dead-letters", "list"],
+            &["requeue", "--all-dead", "-y"],
+            &["cancel", "-y"],
+            &["purge", "--dead-letters", "-y"],
+        ] {
+            let mut args = command.to_vec();
+            args.extend(["--queue", bad]);
+            let err = fails(&db, &args, 2);
+            assert!(err.contains("queue"), "{args:?}: {err}");
+        }
+    }
+    // Not text at all (invalid UTF-8 on the command line).
+    use std::os::unix::ffi::OsStrExt;
+    let out = assert_cmd::Command::cargo_bin("icq")
+        .unwrap()
+        .args(["--database-url", db.url.as_str(), "pending", "--queue"])
+        .arg(std::ffi::OsStr::from_bytes(b"q\xff"))
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // 128 bytes is the most a name may have.
+    let longest = "q".repeat(128);
+    assert_eq!(json_of(&db, &["pending", "--queue", &longest])[0]["due"], 0);
+    assert_eq!(fingerprint(&db).await, before, "nothing changed");
+}
+
+#[tokio::test]
+async fn queues_output() {
+    let db = seeded_queues("sqlite", "snap_queues").await;
+    let mut text = transcript(
+        &db,
+        &[
+            &["pending", "--by-queue"],
+            &["pending", "--by-queue", "--by-type", "--format", "table"],
+            &["list", "--queue", "emails", "--format", "table"],
+            &[
+                "dead-letters",
+                "list",
+                "--queue",
+                "emails",
+                "--format",
+                "table",
+            ],
+        ],
+    );
+    text.push_str(&transcript(&db, &[&["cancel", RUNNING, DUE, "-y"]]));
+    snapshot!("queues", text);
 }

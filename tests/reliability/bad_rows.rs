@@ -619,7 +619,7 @@ async fn operator_commands(
         piped.stdout
     );
     for line in piped.stdout.lines() {
-        assert_eq!(line.split('\t').count(), 5, "{what}: fields of {line:?}");
+        assert_eq!(line.split('\t').count(), 6, "{what}: fields of {line:?}");
         let raw: Vec<char> = line
             .chars()
             .filter(|c| c.is_control() && *c != '\t')

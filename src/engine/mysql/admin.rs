@@ -11,16 +11,20 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row};
-use crate::command::CommandRow;
-use crate::engine::AdminOps;
-use crate::engine::admin::decode_state_count;
-use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
+use crate::command::{CommandId, CommandRow};
 use crate::engine::admin::{
-    CommandGetManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CANCELLED, CancelledRow, CommandCancelManyParams, CommandListParams, ListState,
 };
-use crate::engine::marks;
+use crate::engine::admin::{
+    CommandGetManyParams, CommandRequeueDeadManyParams, CommandRequeueManyParams, DeadLetterFilter,
+    DeadLetterKey, DeadLetterListParams, DeadLetterPageParams, DeadLetterSummary,
+    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
+    StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
+};
+use crate::engine::admin::{
+    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
+use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
 
 /// Ids per `IN (…)` list.
@@ -30,32 +34,82 @@ const IDS_PER_STATEMENT: usize = 1000;
 const PENDING: &str = "`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL";
 /// Dead: dead-lettered and not completed.
 const DEAD: &str = "`DeadLetteredAt` IS NOT NULL AND `ProcessedAt` IS NULL";
-/// Dead letters at or before `?`, of type `?` when it is not NULL (bind the type twice).
-const DEAD_FILTER: &str = "`DeadLetteredAt` IS NOT NULL AND `ProcessedAt` IS NULL \
-     AND `DeadLetteredAt` <= ? AND (? IS NULL OR `Type` = ?)";
+/// Dead letters of `c` at or before `?`, of type `?` when it is not NULL (bind the type
+/// twice), of queue `?` when the filter names one.
+fn dead_filter(filter: &DeadLetterFilter) -> String {
+    let mut sql = "c.`DeadLetteredAt` IS NOT NULL AND c.`ProcessedAt` IS NULL \
+                   AND c.`DeadLetteredAt` <= ? AND (? IS NULL OR c.`Type` = ?)"
+        .to_owned();
+    if filter.queue.is_some() {
+        sql.push_str(" AND c.`Queue` = ?");
+    }
+    sql
+}
+
+/// Binds a dead-letter filter's values in the order [`dead_filter`] uses them.
+fn bind_dead_filter<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments>,
+    filter: &'q DeadLetterFilter,
+) -> sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments> {
+    let query = query
+        .bind(filter.dead_before.naive_utc())
+        .bind(&filter.type_name)
+        .bind(&filter.type_name);
+    match &filter.queue {
+        Some(queue) => query.bind(queue),
+        None => query,
+    }
+}
+
+/// The columns an operator read selects: [`COLUMNS`], and the version-2 ones on a
+/// version-2 table.
+fn columns(version: u32) -> String {
+    if version >= 2 {
+        format!("{COLUMNS}, `Queue`, `Priority`, `UniqueKey`, `TraceParent`, `Snoozes`")
+    } else {
+        COLUMNS.to_owned()
+    }
+}
+
+/// Decodes a row an operator read returned, its version-2 columns included.
+fn decode_full(row: &sqlx::mysql::MySqlRow) -> std::result::Result<CommandRow, sqlx::Error> {
+    let mut out = decode_row(row)?;
+    decode_v2_columns(row, &mut out);
+    Ok(out)
+}
 
 /// No live lease.
 fn unleased() -> String {
     format!("(`LockedUntil` IS NULL OR `LockedUntil` <= {NOW})")
 }
 
-/// The assignments that put a row back to pending now (`LastError` is kept).
-fn requeue_set() -> String {
+/// The assignments that put a row back to pending now (`LastError` is kept; on a
+/// version-2 table the snooze count starts again too).
+fn requeue_set(version: u32) -> String {
+    let snoozes = if version >= 2 { ", `Snoozes` = 0" } else { "" };
     format!(
         "`RunAt` = {NOW}, `Attempts` = 0, `DeadLetteredAt` = NULL, \
-         `LockToken` = NULL, `LockedUntil` = NULL"
+         `LockToken` = NULL, `LockedUntil` = NULL{snoozes}"
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?`.
-fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
-    match kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `?` (of
+/// queue `?` when the filter names one).
+fn finished(filter: &FinishedFilter) -> (String, &'static str) {
+    let queue = if filter.queue.is_some() {
+        " AND `Queue` = ?"
+    } else {
+        ""
+    };
+    match filter.kind {
         FinishedKind::Completed => (
-            "`ProcessedAt` IS NOT NULL AND `ProcessedAt` <= ?",
+            format!("`ProcessedAt` IS NOT NULL AND `ProcessedAt` <= ?{queue}"),
             "`ProcessedAt`",
         ),
         FinishedKind::DeadLetters => (
-            "`DeadLetteredAt` IS NOT NULL AND `ProcessedAt` IS NULL AND `DeadLetteredAt` <= ?",
+            format!(
+                "`DeadLetteredAt` IS NOT NULL AND `ProcessedAt` IS NULL AND `DeadLetteredAt` <= ?{queue}"
+            ),
             "`DeadLetteredAt`",
         ),
     }
@@ -76,9 +130,9 @@ fn list_condition(state: ListState) -> String {
     }
 }
 
-/// A listing page (see the PostgreSQL driver). Placeholders are positional: type,
+/// A listing page (see the PostgreSQL driver). Placeholders are positional: type, queue,
 /// before, then the `after` id three times, then the limit.
-fn list_sql(t: &str, params: &CommandListParams) -> String {
+fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
     let key = format!("`{}`", params.state.key_column());
     let (dir, cmp) = if params.state.newest_first() {
         ("DESC", "<")
@@ -88,6 +142,9 @@ fn list_sql(t: &str, params: &CommandListParams) -> String {
     let mut conditions = vec![list_condition(params.state)];
     if params.type_name.is_some() {
         conditions.push("`Type` = ?".into());
+    }
+    if params.queue.is_some() {
+        conditions.push("`Queue` = ?".into());
     }
     if params.before.is_some() {
         conditions.push(format!("{key} < ?"));
@@ -99,18 +156,42 @@ fn list_sql(t: &str, params: &CommandListParams) -> String {
         ));
     }
     format!(
-        "SELECT {COLUMNS} FROM {t} WHERE {} ORDER BY {key} {dir}, `Id` {dir} LIMIT ?",
+        "SELECT {} FROM {t} WHERE {} ORDER BY {key} {dir}, `Id` {dir} LIMIT ?",
+        columns(version),
         conditions.join(" AND ")
     )
+}
+
+impl MySqlDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(
+        &self,
+        set: &str,
+        ids: &[crate::command::CommandId],
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(
+            "UPDATE {t} SET {set} WHERE `Id` IN ({}) AND {DEAD}",
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.to_string());
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
 }
 
 #[async_trait]
 impl AdminOps for MySqlDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
-        let sql = list_sql(&self.t, params);
+        let sql = list_sql(&self.t, params, self.schema_version().await?);
         let mut query = sqlx::query(AssertSqlSafe(sql));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);
+        }
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
         }
         if let Some(before) = params.before {
             query = query.bind(before);
@@ -125,32 +206,86 @@ impl AdminOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("listing commands")))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_full(row).map_err(Error::db(self.ctx("decoding a command"))))
             .collect()
     }
 
-    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+    async fn command_cancel_many(
+        &self,
+        params: &CommandCancelManyParams,
+    ) -> Result<Vec<CancelledRow>> {
         let t = &self.t;
-        let unleased = unleased();
-        let mut done = 0;
+        let ctx = || self.ctx("cancelling commands");
+        let unleased = if params.running {
+            String::new()
+        } else {
+            format!("AND {}", unleased())
+        };
+        let mut cancelled = Vec::new();
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            let sql = format!(
-                "UPDATE {t} SET `DeadLetteredAt` = {NOW}, `LastError` = ?, \
-                 `LockToken` = NULL, `LockedUntil` = NULL \
-                 WHERE `Id` IN ({}) AND {PENDING} AND {unleased}",
-                marks(chunk.len())
+            let in_chunk = marks(chunk.len());
+            // No `UPDATE … RETURNING`: lock the rows first, reading whether each is
+            // running, then cancel exactly those.
+            let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+            let select = format!(
+                "SELECT `Id`, CAST(COALESCE(`LockedUntil` > {NOW}, 0) AS SIGNED) FROM {t} \
+                 WHERE `Id` IN ({in_chunk}) AND {PENDING} {unleased} FOR UPDATE"
             );
-            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(CANCELLED);
+            let mut query = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(select));
             for id in chunk {
                 query = query.bind(id.to_string());
             }
-            done += query
-                .execute(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("cancelling commands")))?
-                .rows_affected();
+            let rows = query.fetch_all(&mut *tx).await.map_err(Error::db(ctx()))?;
+            if !rows.is_empty() {
+                let update = format!(
+                    "UPDATE {t} SET `DeadLetteredAt` = {NOW}, `LastError` = ?, \
+                     `LockToken` = NULL, `LockedUntil` = NULL WHERE `Id` IN ({})",
+                    marks(rows.len())
+                );
+                let mut query = sqlx::query(AssertSqlSafe(update)).bind(CANCELLED);
+                for (id, _) in &rows {
+                    query = query.bind(id);
+                }
+                query.execute(&mut *tx).await.map_err(Error::db(ctx()))?;
+            }
+            tx.commit().await.map_err(Error::db(ctx()))?;
+            cancelled.extend(rows.into_iter().map(|(id, running)| CancelledRow {
+                id: CommandId::stored(id),
+                was_running: running != 0,
+            }));
         }
-        Ok(done)
+        Ok(cancelled)
+    }
+
+    async fn unique_key_holders(
+        &self,
+        params: &UniqueKeyHoldersParams,
+    ) -> Result<Vec<UniqueKeyHolder>> {
+        if params.keys.is_empty() || self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let mut found = Vec::new();
+        for chunk in params.keys.chunks(IDS_PER_STATEMENT) {
+            // `PendingUniqueKey` is the key while the row is pending: its unique index.
+            let sql = format!(
+                "SELECT `PendingUniqueKey`, `Id` FROM {t} WHERE `PendingUniqueKey` IN ({})",
+                marks(chunk.len())
+            );
+            let mut query = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(sql));
+            for key in chunk {
+                query = query.bind(key);
+            }
+            let rows = query
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("looking up unique keys")))?;
+            found.extend(rows.into_iter().map(|(unique_key, id)| UniqueKeyHolder {
+                unique_key,
+                id: CommandId::stored(id),
+            }));
+        }
+        Ok(found)
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
@@ -164,16 +299,18 @@ impl AdminOps for MySqlDriver {
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
         let t = &self.t;
         let unleased = unleased();
-        let (select, group) = if params.by_type {
-            ("`Type` AS type,", "GROUP BY `Type` ORDER BY `Type`")
+        let version = self.schema_version().await?;
+        let (select, group) = count_grouping(params, version, |c| format!("`{c}`"));
+        let filter = if params.queue.is_some() {
+            "WHERE `Queue` = ?"
         } else {
-            ("", "")
+            ""
         };
         let sum = |condition: &str| format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)");
         let sql = format!(
             "SELECT {select} \
                {} AS due, {} AS scheduled, {} AS running, {} AS dead, {} AS completed \
-             FROM {t} {group}",
+             FROM {t} {filter} {group}",
             sum(&format!(
                 "{PENDING} AND {unleased} AND (`RunAt` <= {NOW} OR `RunAt` IS NULL)"
             )),
@@ -182,12 +319,16 @@ impl AdminOps for MySqlDriver {
             sum(DEAD),
             sum("`ProcessedAt` IS NOT NULL"),
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting commands by state")))?;
         rows.iter()
-            .map(|row| decode_state_count(row, params.by_type))
+            .map(|row| decode_state_count(row, params))
             .collect()
     }
 
@@ -196,21 +337,31 @@ impl AdminOps for MySqlDriver {
         params: &DeadLetterListParams,
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
+        let queue = if params.queue.is_some() {
+            "AND `Queue` = ?"
+        } else {
+            ""
+        };
         let sql = format!(
-            "SELECT {COLUMNS} FROM {t} \
-             WHERE {DEAD} AND (? IS NULL OR `Type` = ?) \
+            "SELECT {} FROM {t} \
+             WHERE {DEAD} AND (? IS NULL OR `Type` = ?) {queue} \
              ORDER BY `DeadLetteredAt` DESC, `Id` \
-             LIMIT ?"
+             LIMIT ?",
+            columns(self.schema_version().await?)
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(&params.type_name)
-            .bind(&params.type_name)
+            .bind(&params.type_name);
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
             .bind(i64::from(params.limit))
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(|row| decode_row(row).map(DeadLetterSummary::from))
+            .map(|row| decode_full(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
@@ -219,9 +370,10 @@ impl AdminOps for MySqlDriver {
         let ids = params.ids;
         let t = &self.t;
         let mut found = Vec::with_capacity(ids.len());
+        let columns = columns(self.schema_version().await?);
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let sql = format!(
-                "SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({}) ORDER BY `CreatedAt`, `Id`",
+                "SELECT {columns} FROM {t} WHERE `Id` IN ({}) ORDER BY `CreatedAt`, `Id`",
                 marks(chunk.len())
             );
             let mut query = sqlx::query(AssertSqlSafe(sql));
@@ -233,7 +385,7 @@ impl AdminOps for MySqlDriver {
                 .await
                 .map_err(Error::db(self.ctx("reading commands")))?;
             for row in &rows {
-                found.push(decode_row(row).map_err(Error::db(self.ctx("decoding a command")))?);
+                found.push(decode_full(row).map_err(Error::db(self.ctx("decoding a command")))?);
             }
         }
         Ok(found)
@@ -242,7 +394,7 @@ impl AdminOps for MySqlDriver {
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
         let t = &self.t;
         let ctx = || self.ctx("requeueing commands");
-        let (set, unleased) = (requeue_set(), unleased());
+        let (set, unleased) = (requeue_set(self.schema_version().await?), unleased());
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
@@ -256,11 +408,13 @@ impl AdminOps for MySqlDriver {
                 query = query.bind(id.to_string());
             }
             // The connection reports matched (not merely changed) rows: CLIENT_FOUND_ROWS.
-            done += query
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(ctx()))?
-                .rows_affected();
+            done += match query.execute(&mut *tx).await {
+                Ok(done) => done.rows_affected(),
+                // A row made pending meanwhile holds a key being put back: nothing
+                // changes, as for any row that changed state.
+                Err(err) if is_unique_violation(&err) => return Ok(0),
+                Err(err) => return Err(Error::db(ctx())(err)),
+            };
         }
         if done != params.ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
@@ -272,45 +426,120 @@ impl AdminOps for MySqlDriver {
 
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
         let t = &self.t;
-        let sql = format!("SELECT COUNT(*) FROM {t} WHERE {DEAD_FILTER}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(filter.dead_before.naive_utc())
-            .bind(&filter.type_name)
-            .bind(&filter.type_name)
+        let sql = format!(
+            "SELECT COUNT(*) FROM {t} AS c WHERE {}",
+            dead_filter(filter)
+        );
+        let (n,): (i64,) = bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), filter)
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting dead letters")))?;
         Ok(n.max(0) as u64)
     }
 
-    async fn dead_letter_requeue_batch(
-        &self,
-        params: &DeadLetterRequeueBatchParams,
-    ) -> Result<u64> {
+    async fn dead_letter_page(&self, params: &DeadLetterPageParams) -> Result<Vec<DeadLetterKey>> {
         let t = &self.t;
-        let set = requeue_set();
-        // A single-table UPDATE may take ORDER BY … LIMIT: one short statement per batch,
-        // walking IX_<table>_DeadLetters.
-        let sql =
-            format!("UPDATE {t} SET {set} WHERE {DEAD_FILTER} ORDER BY `DeadLetteredAt` LIMIT ?");
-        let filter = &params.filter;
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(filter.dead_before.naive_utc())
-            .bind(&filter.type_name)
-            .bind(&filter.type_name)
-            .bind(i64::from(params.limit))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("requeueing dead letters")))?;
-        Ok(done.rows_affected())
+        let version = self.schema_version().await?;
+        let (key, free) = if version >= 2 {
+            (
+                "c.`UniqueKey`",
+                format!(
+                    " AND (c.`UniqueKey` IS NULL OR NOT EXISTS ( \
+                       SELECT 1 FROM {t} p WHERE p.`PendingUniqueKey` = c.`UniqueKey`))"
+                ),
+            )
+        } else {
+            ("CAST(NULL AS CHAR)", String::new())
+        };
+        let sql = format!(
+            "SELECT c.`Id`, {key} FROM {t} AS c WHERE {} {free} \
+             ORDER BY c.`DeadLetteredAt` LIMIT ?",
+            dead_filter(&params.filter)
+        );
+        let rows: Vec<(String, Option<String>)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key)| DeadLetterKey {
+                id: CommandId::stored(id),
+                unique_key,
+            })
+            .collect())
+    }
+
+    async fn command_requeue_dead_many(
+        &self,
+        params: &CommandRequeueDeadManyParams,
+    ) -> Result<u64> {
+        let ctx = || self.ctx("requeueing dead letters");
+        let set = requeue_set(self.schema_version().await?);
+        let mut done = 0;
+        for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
+            done += match self.requeue_dead(&set, chunk).await {
+                Err(err) if is_unique_violation(&err) => {
+                    // Another writer took a key since the page was read: one row at a
+                    // time, leaving dead the ones whose key is taken.
+                    let mut done = 0;
+                    for id in chunk {
+                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
+                            Ok(n) => done += n,
+                            Err(err) if is_unique_violation(&err) => {}
+                            Err(err) => return Err(Error::db(ctx())(err)),
+                        }
+                    }
+                    done
+                }
+                other => other.map_err(Error::db(ctx()))?,
+            };
+        }
+        Ok(done)
+    }
+
+    async fn dead_letter_key_conflicts(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<Vec<KeyConflict>> {
+        if self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let sql = format!(
+            "SELECT c.`Id`, c.`UniqueKey`, p.`Id` FROM {t} AS c \
+             JOIN {t} AS p ON p.`PendingUniqueKey` = c.`UniqueKey` \
+             WHERE {} ORDER BY c.`DeadLetteredAt`, c.`Id` LIMIT ?",
+            dead_filter(&params.filter)
+        );
+        let rows: Vec<(String, String, String)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(
+                    self.ctx("reading dead letters whose unique key is taken"),
+                ))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key, held_by)| KeyConflict {
+                id: CommandId::stored(id),
+                unique_key,
+                held_by: CommandId::stored(held_by),
+            })
+            .collect())
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter.kind);
+        let (condition, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(filter.before.naive_utc())
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before.naive_utc());
+        if let Some(queue) = &filter.queue {
+            query = query.bind(queue);
+        }
+        let n: i64 = query
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting finished commands")))?;
@@ -320,11 +549,15 @@ impl AdminOps for MySqlDriver {
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
         let ctx = || self.ctx("purging finished commands");
-        let (condition, order) = finished(params.filter.kind);
+        let (condition, order) = finished(&params.filter);
         let before = params.filter.before.naive_utc();
+        let queue = &params.filter.queue;
         let select = format!("SELECT `Id` FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?");
-        let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(select))
-            .bind(before)
+        let mut query = sqlx::query_scalar(AssertSqlSafe(select)).bind(before);
+        if let Some(queue) = queue {
+            query = query.bind(queue);
+        }
+        let ids: Vec<String> = query
             .bind(i64::from(params.limit))
             .fetch_all(&self.pool)
             .await
@@ -339,8 +572,11 @@ impl AdminOps for MySqlDriver {
             for id in chunk {
                 query = query.bind(id);
             }
+            query = query.bind(before);
+            if let Some(queue) = queue {
+                query = query.bind(queue);
+            }
             done += query
-                .bind(before)
                 .execute(&self.pool)
                 .await
                 .map_err(Error::db(ctx()))?

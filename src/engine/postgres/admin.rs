@@ -12,15 +12,21 @@ use uuid::Uuid;
 
 use super::{BEGIN, PgDriver, decode_row};
 use crate::command::{CommandId, CommandRow};
-use crate::engine::AdminOps;
-use crate::engine::admin::decode_state_count;
 use crate::engine::admin::numbered_list_sql;
-use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
-    CommandGetManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CANCELLED, CancelledRow, CommandCancelManyParams, CommandListParams, ListState,
 };
+use crate::engine::admin::{
+    CommandGetManyParams, CommandRequeueDeadManyParams, CommandRequeueManyParams, DeadLetterFilter,
+    DeadLetterKey, DeadLetterListParams, DeadLetterPageParams, DeadLetterSummary,
+    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
+    StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
+};
+use crate::engine::admin::{RequeueBatch, requeue_page};
+use crate::engine::admin::{
+    cancel_channel, count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
+use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
 
 /// Pending: neither completed nor dead.
@@ -29,25 +35,69 @@ const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 const UNLEASED: &str = r#"("LockedUntil" IS NULL OR "LockedUntil" <= now())"#;
 /// Dead: dead-lettered and not completed.
 const DEAD: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL"#;
-/// The assignments that put a row back to pending now (`LastError` is kept).
-const REQUEUE_SET: &str = r#""RunAt" = now(), "Attempts" = 0, "DeadLetteredAt" = NULL,
-                            "LockToken" = NULL, "LockedUntil" = NULL"#;
-/// Dead letters at or before `$1`, of type `$2` when it is not NULL.
-const DEAD_FILTER: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL
-                             AND "DeadLetteredAt" <= $1 AND ($2::text IS NULL OR "Type" = $2)"#;
+/// The assignments that put a row back to pending now (`LastError` is kept; on a
+/// version-2 table the snooze count starts again too).
+fn requeue_set(version: u32) -> &'static str {
+    if version >= 2 {
+        r#""RunAt" = now(), "Attempts" = 0, "DeadLetteredAt" = NULL,
+           "LockToken" = NULL, "LockedUntil" = NULL, "Snoozes" = 0"#
+    } else {
+        r#""RunAt" = now(), "Attempts" = 0, "DeadLetteredAt" = NULL,
+           "LockToken" = NULL, "LockedUntil" = NULL"#
+    }
+}
 
-/// The `WHERE` condition and ordering column of finished rows at or before `$1`.
-fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
-    match kind {
+/// Dead letters at or before `$1`, of type `$2` when it is not NULL, of queue `$3` when
+/// the filter names one.
+fn dead_filter(filter: &DeadLetterFilter) -> String {
+    let mut sql = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL
+                     AND "DeadLetteredAt" <= $1 AND ($2::text IS NULL OR "Type" = $2)"#
+        .to_owned();
+    if filter.queue.is_some() {
+        sql.push_str(r#" AND "Queue" = $3"#);
+    }
+    sql
+}
+
+/// A dead letter `c` whose unique key no pending row holds.
+fn key_free(t: &str, version: u32) -> String {
+    if version < 2 {
+        return String::new();
+    }
+    format!(
+        r#" AND (c."UniqueKey" IS NULL OR NOT EXISTS (
+               SELECT 1 FROM {t} p WHERE p."UniqueKey" = c."UniqueKey"
+               AND p."ProcessedAt" IS NULL AND p."DeadLetteredAt" IS NULL))"#
+    )
+}
+
+/// The `WHERE` condition and ordering column of finished rows at or before `$1` (of
+/// queue `$2` when the filter names one).
+fn finished(filter: &FinishedFilter) -> (String, &'static str) {
+    let queue = if filter.queue.is_some() {
+        r#" AND "Queue" = $2"#
+    } else {
+        ""
+    };
+    match filter.kind {
         FinishedKind::Completed => (
-            r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1"#,
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1{queue}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
-            r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1"#,
+            format!(
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1{queue}"#
+            ),
             r#""DeadLetteredAt""#,
         ),
     }
+}
+
+/// Decodes a row an operator read returned, its version-2 columns included.
+fn decode_full(row: &sqlx::postgres::PgRow) -> std::result::Result<CommandRow, sqlx::Error> {
+    let mut out = decode_row(row)?;
+    decode_v2_columns(row, &mut out);
+    Ok(out)
 }
 
 /// The condition that selects a listing's rows.
@@ -65,6 +115,19 @@ fn list_condition(state: ListState) -> String {
 }
 
 impl PgDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(&self, set: &str, ids: &[Uuid]) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(r#"UPDATE {t} SET {set} WHERE "Id" = ANY($1) AND {DEAD}"#);
+        Ok(
+            on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+                .bind(ids)
+                .execute(e))
+            .await?
+            .rows_affected(),
+        )
+    }
+
     /// Wakes idle processors listening on this table's channel.
     async fn notify_waiters(&self) -> Result<()> {
         on_pool!(self, self.pool, BEGIN, |e| sqlx::query(
@@ -93,10 +156,12 @@ impl AdminOps for PgDriver {
 
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
         let t = &self.t;
-        let (select, group) = if params.by_type {
-            (r#""Type" AS type,"#, r#"GROUP BY "Type" ORDER BY "Type""#)
+        let version = self.schema_version().await?;
+        let (select, group) = count_grouping(params, version, |c| format!(r#""{c}""#));
+        let filter = if params.queue.is_some() {
+            r#"WHERE "Queue" = $1"#
         } else {
-            ("", "")
+            ""
         };
         let sql = format!(
             r#"SELECT {select}
@@ -105,14 +170,17 @@ impl AdminOps for PgDriver {
                    count(*) FILTER (WHERE {PENDING} AND "LockedUntil" > now()) AS running,
                    count(*) FILTER (WHERE {DEAD}) AS dead,
                    count(*) FILTER (WHERE "ProcessedAt" IS NOT NULL) AS completed
-               FROM {t} {group}"#
+               FROM {t} {filter} {group}"#
         );
-        let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(e))
-        .await
-        .map_err(self.db("counting commands by state"))?;
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = on_pool!(self, self.pool, BEGIN, |e| query.fetch_all(e))
+            .await
+            .map_err(self.db("counting commands by state"))?;
         rows.iter()
-            .map(|row| decode_state_count(row, params.by_type))
+            .map(|row| decode_state_count(row, params))
             .collect()
     }
 
@@ -121,20 +189,28 @@ impl AdminOps for PgDriver {
         params: &DeadLetterListParams,
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
+        let queue = if params.queue.is_some() {
+            r#"AND "Queue" = $3"#
+        } else {
+            ""
+        };
         let sql = format!(
             r#"SELECT * FROM {t}
-               WHERE {DEAD} AND ($1::text IS NULL OR "Type" = $1)
+               WHERE {DEAD} AND ($1::text IS NULL OR "Type" = $1) {queue}
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT $2"#
         );
-        let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(&params.type_name)
-            .bind(i64::from(params.limit))
-            .fetch_all(e))
-        .await
-        .map_err(self.db("listing dead letters"))?;
+            .bind(i64::from(params.limit));
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = on_pool!(self, self.pool, BEGIN, |e| query.fetch_all(e))
+            .await
+            .map_err(self.db("listing dead letters"))?;
         rows.iter()
-            .map(|row| decode_row(row).map(DeadLetterSummary::from))
+            .map(|row| decode_full(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(self.db("decoding a dead letter"))
     }
@@ -150,7 +226,7 @@ impl AdminOps for PgDriver {
         .await
         .map_err(self.db("reading commands"))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
+            .map(|row| decode_full(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
@@ -165,6 +241,9 @@ impl AdminOps for PgDriver {
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);
         }
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
         if let Some(before) = params.before {
             query = query.bind(before);
         }
@@ -175,27 +254,84 @@ impl AdminOps for PgDriver {
             .await
             .map_err(self.db("listing commands"))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
+            .map(|row| decode_full(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
-    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+    async fn command_cancel_many(
+        &self,
+        params: &CommandCancelManyParams,
+    ) -> Result<Vec<CancelledRow>> {
         let t = &self.t;
+        let ctx = || self.ctx("cancelling commands");
         let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
+        let unleased = if params.running {
+            String::new()
+        } else {
+            format!("AND {UNLEASED}")
+        };
+        // The rows are locked first, so `running` is read from the row the update changes.
         let sql = format!(
-            r#"UPDATE {t} SET "DeadLetteredAt" = now(), "LastError" = $2,
-                              "LockToken" = NULL, "LockedUntil" = NULL
-               WHERE "Id" = ANY($1) AND {PENDING} AND {UNLEASED}"#
+            r#"WITH target AS (
+                   SELECT "Id", COALESCE("LockedUntil" > now(), false) AS running FROM {t}
+                   WHERE "Id" = ANY($1) AND {PENDING} {unleased}
+                   FOR UPDATE)
+               UPDATE {t} AS c SET "DeadLetteredAt" = now(), "LastError" = $2,
+                                   "LockToken" = NULL, "LockedUntil" = NULL
+               FROM target WHERE c."Id" = target."Id"
+               RETURNING c."Id", target.running"#
         );
-        Ok(
-            on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
-                .bind(ids)
-                .bind(CANCELLED)
-                .execute(e))
+        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let rows: Vec<(Uuid, bool)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(&ids)
+            .bind(CANCELLED)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(self.db("cancelling commands"))?
-            .rows_affected(),
+            .map_err(Error::db(ctx()))?;
+        if rows.iter().any(|(_, running)| *running) {
+            // Delivered at commit: the processor running one checks its leases at once.
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(cancel_channel(&self.table))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::db(ctx()))?;
+        }
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, was_running)| CancelledRow {
+                id: CommandId::from(id),
+                was_running,
+            })
+            .collect())
+    }
+
+    async fn unique_key_holders(
+        &self,
+        params: &UniqueKeyHoldersParams,
+    ) -> Result<Vec<UniqueKeyHolder>> {
+        if params.keys.is_empty() || self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT "UniqueKey", "Id" FROM {t}
+               WHERE "UniqueKey" = ANY($1) AND {PENDING}"#
+        );
+        let rows: Vec<(String, Uuid)> = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_as(
+            AssertSqlSafe(sql)
         )
+        .bind(&params.keys)
+        .fetch_all(e))
+        .await
+        .map_err(self.db("looking up unique keys"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(unique_key, id)| UniqueKeyHolder {
+                unique_key,
+                id: CommandId::from(id),
+            })
+            .collect())
     }
 
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
@@ -206,17 +342,23 @@ impl AdminOps for PgDriver {
         if ids.len() != params.ids.len() {
             return Ok(0);
         }
+        let set = requeue_set(self.schema_version().await?);
         let sql = format!(
-            r#"UPDATE {t} SET {REQUEUE_SET}
+            r#"UPDATE {t} SET {set}
                WHERE "Id" = ANY($1) AND "ProcessedAt" IS NULL AND {UNLEASED}"#
         );
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let done = match sqlx::query(AssertSqlSafe(sql))
             .bind(&ids)
             .execute(&mut *tx)
             .await
-            .map_err(Error::db(ctx()))?
-            .rows_affected();
+        {
+            Ok(done) => done.rows_affected(),
+            // A row made pending meanwhile holds a key being put back: nothing changes,
+            // as for any row that changed state.
+            Err(err) if is_unique_violation(&err) => return Ok(0),
+            Err(err) => return Err(Error::db(ctx())(err)),
+        };
         if done != ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
             return Ok(0);
@@ -230,68 +372,225 @@ impl AdminOps for PgDriver {
 
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
         let t = &self.t;
-        let sql = format!("SELECT count(*) FROM {t} WHERE {DEAD_FILTER}");
-        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
-            AssertSqlSafe(sql)
-        )
-        .bind(filter.dead_before)
-        .bind(&filter.type_name)
-        .fetch_one(e))
-        .await
-        .map_err(self.db("counting dead letters"))?;
+        let sql = format!("SELECT count(*) FROM {t} WHERE {}", dead_filter(filter));
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(filter.dead_before)
+            .bind(&filter.type_name);
+        if let Some(queue) = &filter.queue {
+            query = query.bind(queue);
+        }
+        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
+            .await
+            .map_err(self.db("counting dead letters"))?;
         Ok(n.max(0) as u64)
     }
 
-    async fn dead_letter_requeue_batch(
-        &self,
-        params: &DeadLetterRequeueBatchParams,
-    ) -> Result<u64> {
+    async fn dead_letter_page(&self, params: &DeadLetterPageParams) -> Result<Vec<DeadLetterKey>> {
         let t = &self.t;
+        let version = self.schema_version().await?;
+        let (key, free) = if version >= 2 {
+            (r#"c."UniqueKey""#, key_free(t, version))
+        } else {
+            ("NULL::text", String::new())
+        };
+        let limit = if params.filter.queue.is_some() {
+            "$4"
+        } else {
+            "$3"
+        };
         let sql = format!(
-            r#"WITH batch AS (
-                   SELECT "Id" FROM {t} WHERE {DEAD_FILTER}
-                   ORDER BY "DeadLetteredAt" LIMIT $3
-                   FOR UPDATE)
-               UPDATE {t} AS c SET {REQUEUE_SET}
-               FROM batch WHERE c."Id" = batch."Id""#
+            r#"SELECT c."Id", {key} FROM {t} AS c WHERE {} {free}
+               ORDER BY c."DeadLetteredAt" LIMIT {limit}"#,
+            dead_filter(&params.filter)
         );
-        let done = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query_as(AssertSqlSafe(sql))
             .bind(params.filter.dead_before)
-            .bind(&params.filter.type_name)
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let rows: Vec<(Uuid, Option<String>)> = on_pool!(self, self.pool, BEGIN, |e| query
             .bind(i64::from(params.limit))
-            .execute(e))
+            .fetch_all(e))
         .await
-        .map_err(self.db("requeueing dead letters"))?
-        .rows_affected();
+        .map_err(self.db("reading dead letters to requeue"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key)| DeadLetterKey {
+                id: CommandId::from(id),
+                unique_key,
+            })
+            .collect())
+    }
+
+    async fn command_requeue_dead_many(
+        &self,
+        params: &CommandRequeueDeadManyParams,
+    ) -> Result<u64> {
+        let ctx = || self.ctx("requeueing dead letters");
+        let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
+        let set = requeue_set(self.schema_version().await?);
+        let done = match self.requeue_dead(set, &ids).await {
+            Err(err) if is_unique_violation(&err) => {
+                // Another writer took a key since the page was read: one row at a time,
+                // leaving dead the ones whose key is taken.
+                let mut done = 0;
+                for id in &ids {
+                    match self.requeue_dead(set, std::slice::from_ref(id)).await {
+                        Ok(n) => done += n,
+                        Err(err) if is_unique_violation(&err) => {}
+                        Err(err) => return Err(Error::db(ctx())(err)),
+                    }
+                }
+                done
+            }
+            other => other.map_err(Error::db(ctx()))?,
+        };
         if done > 0 {
             self.notify_waiters().await?;
         }
         Ok(done)
     }
 
+    async fn dead_letter_requeue_batch(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<RequeueBatch> {
+        // One statement: the page (locked), the first row of each key and every row
+        // without one, the update.
+        let t = &self.t;
+        let version = self.schema_version().await?;
+        let (key, free) = if version >= 2 {
+            (r#"c."UniqueKey""#, key_free(t, version))
+        } else {
+            ("NULL::text", String::new())
+        };
+        let limit = if params.filter.queue.is_some() {
+            "$4"
+        } else {
+            "$3"
+        };
+        let set = requeue_set(version);
+        let sql = format!(
+            r#"WITH page AS (
+                   SELECT c."Id", {key} AS "UniqueKey", c."DeadLetteredAt" FROM {t} AS c
+                   WHERE {} {free}
+                   ORDER BY c."DeadLetteredAt" LIMIT {limit}
+                   FOR UPDATE),
+               pick AS (
+                   SELECT "Id" FROM page WHERE "UniqueKey" IS NULL
+                   UNION ALL
+                   (SELECT DISTINCT ON ("UniqueKey") "Id" FROM page WHERE "UniqueKey" IS NOT NULL
+                    ORDER BY "UniqueKey", "DeadLetteredAt")),
+               done AS (
+                   UPDATE {t} AS u SET {set} FROM pick WHERE u."Id" = pick."Id" RETURNING 1)
+               SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM done)"#,
+            dead_filter(&params.filter)
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(params.filter.dead_before)
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let outcome: std::result::Result<(i64, i64), sqlx::Error> =
+            on_pool!(self, self.pool, BEGIN, |e| query
+                .bind(i64::from(params.limit))
+                .fetch_one(e))
+            .await;
+        let (selected, requeued) = match outcome {
+            Ok(counts) => counts,
+            // Another writer took a key meanwhile: this batch in two steps, row by row
+            // where a key is taken.
+            Err(err) if is_unique_violation(&err) => return requeue_page(self, params).await,
+            Err(err) => return Err(Error::db(self.ctx("requeueing dead letters"))(err)),
+        };
+        if requeued > 0 {
+            self.notify_waiters().await?;
+        }
+        Ok(RequeueBatch {
+            selected: selected.max(0) as u64,
+            requeued: requeued.max(0) as u64,
+        })
+    }
+
+    async fn dead_letter_key_conflicts(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<Vec<KeyConflict>> {
+        if self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let limit = if params.filter.queue.is_some() {
+            "$4"
+        } else {
+            "$3"
+        };
+        let sql = format!(
+            r#"SELECT c."Id", c."UniqueKey", p."Id" FROM {t} AS c
+               JOIN {t} AS p ON p."UniqueKey" = c."UniqueKey"
+                    AND p."ProcessedAt" IS NULL AND p."DeadLetteredAt" IS NULL
+               WHERE {}
+               ORDER BY c."DeadLetteredAt", c."Id" LIMIT {limit}"#,
+            dead_filter(&params.filter)
+                .replace(r#""DeadLetteredAt""#, r#"c."DeadLetteredAt""#)
+                .replace(r#""ProcessedAt""#, r#"c."ProcessedAt""#)
+                .replace(r#""Type""#, r#"c."Type""#)
+                .replace(r#""Queue""#, r#"c."Queue""#)
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(params.filter.dead_before)
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let rows: Vec<(Uuid, String, Uuid)> = on_pool!(self, self.pool, BEGIN, |e| query
+            .bind(i64::from(params.limit))
+            .fetch_all(e))
+        .await
+        .map_err(self.db("reading dead letters whose unique key is taken"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key, held_by)| KeyConflict {
+                id: CommandId::from(id),
+                unique_key,
+                held_by: CommandId::from(held_by),
+            })
+            .collect())
+    }
+
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter.kind);
+        let (condition, _) = finished(filter);
         let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
-        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
-            AssertSqlSafe(sql)
-        )
-        .bind(filter.before)
-        .fetch_one(e))
-        .await
-        .map_err(self.db("counting finished commands"))?;
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before);
+        if let Some(queue) = &filter.queue {
+            query = query.bind(queue);
+        }
+        let n: i64 = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
+            .await
+            .map_err(self.db("counting finished commands"))?;
         Ok(n.max(0) as u64)
     }
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(params.filter.kind);
+        let (condition, order) = finished(&params.filter);
+        let limit = if params.filter.queue.is_some() {
+            "$3"
+        } else {
+            "$2"
+        };
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT $2)"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
         );
-        let done = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
-            .bind(params.filter.before)
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(params.filter.before);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let done = on_pool!(self, self.pool, BEGIN, |e| query
             .bind(i64::from(params.limit))
             .execute(e))
         .await

@@ -11,16 +11,21 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 
 use super::{NOW, SqliteDriver, decode_row};
-use crate::command::{CommandRow, format_timestamp, parse_timestamp};
-use crate::engine::admin::decode_state_count;
+use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
 use crate::engine::admin::numbered_list_sql;
-use crate::engine::admin::{CANCELLED, CommandCancelManyParams, CommandListParams, ListState};
 use crate::engine::admin::{
-    CommandGetManyParams, CommandRequeueManyParams, DeadLetterFilter, DeadLetterListParams,
-    DeadLetterRequeueBatchParams, DeadLetterSummary, FinishedDeleteBatchParams, FinishedFilter,
-    FinishedKind, StateCount, StateCountParams,
+    CANCELLED, CancelledRow, CommandCancelManyParams, CommandListParams, ListState,
 };
-use crate::engine::{AdminOps, marks};
+use crate::engine::admin::{
+    CommandGetManyParams, CommandRequeueDeadManyParams, CommandRequeueManyParams, DeadLetterFilter,
+    DeadLetterKey, DeadLetterListParams, DeadLetterPageParams, DeadLetterSummary,
+    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
+    StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
+};
+use crate::engine::admin::{
+    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+};
+use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
 
 /// Ids per `IN (…)` list, well under SQLite's bound-parameter limit.
@@ -30,32 +35,67 @@ const IDS_PER_STATEMENT: usize = 500;
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 /// Dead: dead-lettered and not completed.
 const DEAD: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL"#;
-/// Dead letters at or before `?1`, of type `?2` when it is not NULL.
-const DEAD_FILTER: &str = r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL
-                             AND "DeadLetteredAt" <= ?1 AND (?2 IS NULL OR "Type" = ?2)"#;
+
+/// Dead letters at or before `?1`, of type `?2` when it is not NULL, of queue `?3` when
+/// the filter names one; `c` is the table's alias.
+fn dead_filter(filter: &DeadLetterFilter) -> String {
+    let mut sql = r#"c."DeadLetteredAt" IS NOT NULL AND c."ProcessedAt" IS NULL
+                     AND c."DeadLetteredAt" <= ?1 AND (?2 IS NULL OR c."Type" = ?2)"#
+        .to_owned();
+    if filter.queue.is_some() {
+        sql.push_str(r#" AND c."Queue" = ?3"#);
+    }
+    sql
+}
+
+/// The limit's placeholder after a dead-letter filter's.
+fn limit_after(filter: &DeadLetterFilter) -> &'static str {
+    if filter.queue.is_some() { "?4" } else { "?3" }
+}
+
+/// Decodes a row an operator read returned, its version-2 columns included.
+fn decode_full(row: &sqlx::sqlite::SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
+    let mut out = decode_row(row)?;
+    decode_v2_columns(row, &mut out);
+    Ok(out)
+}
 
 /// No live lease.
 fn unleased() -> String {
     format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW})"#)
 }
 
-/// The assignments that put a row back to pending now (`LastError` is kept).
-fn requeue_set() -> String {
+/// The assignments that put a row back to pending now (`LastError` is kept; on a
+/// version-2 table the snooze count starts again too).
+fn requeue_set(version: u32) -> String {
+    let snoozes = if version >= 2 {
+        r#", "Snoozes" = 0"#
+    } else {
+        ""
+    };
     format!(
         r#""RunAt" = {NOW}, "Attempts" = 0, "DeadLetteredAt" = NULL,
-           "LockToken" = NULL, "LockedUntil" = NULL"#
+           "LockToken" = NULL, "LockedUntil" = NULL{snoozes}"#
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?1`.
-fn finished(kind: FinishedKind) -> (&'static str, &'static str) {
-    match kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `?1` (of
+/// queue `?2` when the filter names one).
+fn finished(filter: &FinishedFilter) -> (String, &'static str) {
+    let queue = if filter.queue.is_some() {
+        r#" AND "Queue" = ?2"#
+    } else {
+        ""
+    };
+    match filter.kind {
         FinishedKind::Completed => (
-            r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1"#,
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1{queue}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
-            r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1"#,
+            format!(
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1{queue}"#
+            ),
             r#""DeadLetteredAt""#,
         ),
     }
@@ -81,6 +121,26 @@ fn list_condition(state: ListState) -> String {
     }
 }
 
+impl SqliteDriver {
+    /// Puts back the listed rows that are still dead, in one statement.
+    async fn requeue_dead(
+        &self,
+        set: &str,
+        ids: &[crate::command::CommandId],
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let t = &self.t;
+        let sql = format!(
+            r#"UPDATE {t} SET {set} WHERE "Id" IN ({}) AND {DEAD}"#,
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.to_string());
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
 #[async_trait]
 impl AdminOps for SqliteDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
@@ -88,6 +148,9 @@ impl AdminOps for SqliteDriver {
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);
+        }
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
         }
         if let Some(before) = params.before {
             query = query.bind(format_timestamp(before));
@@ -100,32 +163,94 @@ impl AdminOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("listing commands")))?;
         rows.iter()
-            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_full(row).map_err(Error::db(self.ctx("decoding a command"))))
             .collect()
     }
 
-    async fn command_cancel_many(&self, params: &CommandCancelManyParams) -> Result<u64> {
+    async fn command_cancel_many(
+        &self,
+        params: &CommandCancelManyParams,
+    ) -> Result<Vec<CancelledRow>> {
         let t = &self.t;
-        let unleased = unleased();
-        let mut done = 0;
+        let ctx = || self.ctx("cancelling commands");
+        let unleased = if params.running {
+            String::new()
+        } else {
+            format!("AND {}", unleased())
+        };
+        let mut cancelled = Vec::new();
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
             let marks = marks(chunk.len());
-            let sql = format!(
-                r#"UPDATE {t} SET "DeadLetteredAt" = {NOW}, "LastError" = ?,
-                                  "LockToken" = NULL, "LockedUntil" = NULL
-                   WHERE "Id" IN ({marks}) AND {PENDING} AND {unleased}"#
+            // One writer at a time: the running rows read here are the ones the update
+            // changes (`RETURNING` has only the new, lease-less values).
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(Error::db(ctx()))?;
+            let select = format!(
+                r#"SELECT CAST("Id" AS TEXT) FROM {t} WHERE "Id" IN ({marks}) AND {PENDING}
+                   AND "LockedUntil" > {NOW} {unleased}"#
             );
-            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(CANCELLED);
+            let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(select));
             for id in chunk {
                 query = query.bind(id.to_string());
             }
-            done += query
-                .execute(&self.pool)
+            let running: std::collections::HashSet<String> = query
+                .fetch_all(&mut *tx)
                 .await
-                .map_err(Error::db(self.ctx("cancelling commands")))?
-                .rows_affected();
+                .map_err(Error::db(ctx()))?
+                .into_iter()
+                .collect();
+            let update = format!(
+                r#"UPDATE {t} SET "DeadLetteredAt" = {NOW}, "LastError" = ?,
+                                  "LockToken" = NULL, "LockedUntil" = NULL
+                   WHERE "Id" IN ({marks}) AND {PENDING} {unleased}
+                   RETURNING CAST("Id" AS TEXT)"#
+            );
+            let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(update)).bind(CANCELLED);
+            for id in chunk {
+                query = query.bind(id.to_string());
+            }
+            let done = query.fetch_all(&mut *tx).await.map_err(Error::db(ctx()))?;
+            tx.commit().await.map_err(Error::db(ctx()))?;
+            cancelled.extend(done.into_iter().map(|id| CancelledRow {
+                was_running: running.contains(&id),
+                id: CommandId::stored(id),
+            }));
         }
-        Ok(done)
+        Ok(cancelled)
+    }
+
+    async fn unique_key_holders(
+        &self,
+        params: &UniqueKeyHoldersParams,
+    ) -> Result<Vec<UniqueKeyHolder>> {
+        if params.keys.is_empty() || self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let mut found = Vec::new();
+        for chunk in params.keys.chunks(IDS_PER_STATEMENT) {
+            let sql = format!(
+                r#"SELECT "UniqueKey", "Id" FROM {t}
+                   WHERE "UniqueKey" IN ({}) AND {PENDING}"#,
+                marks(chunk.len())
+            );
+            let mut query = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(sql));
+            for key in chunk {
+                query = query.bind(key);
+            }
+            let rows = query
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("looking up unique keys")))?;
+            found.extend(rows.into_iter().map(|(unique_key, id)| UniqueKeyHolder {
+                unique_key,
+                id: CommandId::stored(id),
+            }));
+        }
+        Ok(found)
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
@@ -143,10 +268,12 @@ impl AdminOps for SqliteDriver {
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
         let t = &self.t;
         let unleased = unleased();
-        let (select, group) = if params.by_type {
-            (r#""Type" AS type,"#, r#"GROUP BY "Type" ORDER BY "Type""#)
+        let version = self.schema_version().await?;
+        let (select, group) = count_grouping(params, version, |c| format!(r#""{c}""#));
+        let filter = if params.queue.is_some() {
+            r#"WHERE "Queue" = ?1"#
         } else {
-            ("", "")
+            ""
         };
         let sql = format!(
             r#"SELECT {select}
@@ -155,14 +282,18 @@ impl AdminOps for SqliteDriver {
                    COALESCE(SUM({PENDING} AND COALESCE("LockedUntil" > {NOW}, 0)), 0) AS running,
                    COALESCE(SUM({DEAD}), 0) AS dead,
                    COALESCE(SUM("ProcessedAt" IS NOT NULL), 0) AS completed
-               FROM {t} {group}"#
+               FROM {t} {filter} {group}"#
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting commands by state")))?;
         rows.iter()
-            .map(|row| decode_state_count(row, params.by_type))
+            .map(|row| decode_state_count(row, params))
             .collect()
     }
 
@@ -171,20 +302,29 @@ impl AdminOps for SqliteDriver {
         params: &DeadLetterListParams,
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
+        let queue = if params.queue.is_some() {
+            r#"AND "Queue" = ?3"#
+        } else {
+            ""
+        };
         let sql = format!(
             r#"SELECT * FROM {t}
-               WHERE {DEAD} AND (?1 IS NULL OR "Type" = ?1)
+               WHERE {DEAD} AND (?1 IS NULL OR "Type" = ?1) {queue}
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT ?2"#
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(&params.type_name)
-            .bind(i64::from(params.limit))
+            .bind(i64::from(params.limit));
+        if let Some(queue) = &params.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(|row| decode_row(row).map(DeadLetterSummary::from))
+            .map(|row| decode_full(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
@@ -206,7 +346,7 @@ impl AdminOps for SqliteDriver {
                 .await
                 .map_err(Error::db(self.ctx("reading commands")))?;
             for row in &rows {
-                found.push(decode_row(row).map_err(Error::db(self.ctx("decoding a command")))?);
+                found.push(decode_full(row).map_err(Error::db(self.ctx("decoding a command")))?);
             }
         }
         Ok(found)
@@ -215,7 +355,7 @@ impl AdminOps for SqliteDriver {
     async fn command_requeue_many(&self, params: &CommandRequeueManyParams) -> Result<u64> {
         let t = &self.t;
         let ctx = || self.ctx("requeueing commands");
-        let (set, unleased) = (requeue_set(), unleased());
+        let (set, unleased) = (requeue_set(self.schema_version().await?), unleased());
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
@@ -228,11 +368,13 @@ impl AdminOps for SqliteDriver {
             for id in chunk {
                 query = query.bind(id.to_string());
             }
-            done += query
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(ctx()))?
-                .rows_affected();
+            done += match query.execute(&mut *tx).await {
+                Ok(done) => done.rows_affected(),
+                // A row made pending meanwhile holds a key being put back: nothing
+                // changes, as for any row that changed state.
+                Err(err) if is_unique_violation(&err) => return Ok(0),
+                Err(err) => return Err(Error::db(ctx())(err)),
+            };
         }
         if done != params.ids.len() as u64 {
             tx.rollback().await.map_err(Error::db(ctx()))?;
@@ -244,43 +386,142 @@ impl AdminOps for SqliteDriver {
 
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64> {
         let t = &self.t;
-        let sql = format!("SELECT COUNT(*) FROM {t} WHERE {DEAD_FILTER}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+        let sql = format!(
+            "SELECT COUNT(*) FROM {t} AS c WHERE {}",
+            dead_filter(filter)
+        );
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(format_timestamp(filter.dead_before))
-            .bind(&filter.type_name)
+            .bind(&filter.type_name);
+        if let Some(queue) = &filter.queue {
+            query = query.bind(queue);
+        }
+        let n: i64 = query
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting dead letters")))?;
         Ok(n.max(0) as u64)
     }
 
-    async fn dead_letter_requeue_batch(
-        &self,
-        params: &DeadLetterRequeueBatchParams,
-    ) -> Result<u64> {
+    async fn dead_letter_page(&self, params: &DeadLetterPageParams) -> Result<Vec<DeadLetterKey>> {
         let t = &self.t;
-        let set = requeue_set();
+        let version = self.schema_version().await?;
+        let (key, free) = if version >= 2 {
+            (
+                r#"c."UniqueKey""#,
+                format!(
+                    r#" AND (c."UniqueKey" IS NULL OR NOT EXISTS (
+                           SELECT 1 FROM {t} p WHERE p."UniqueKey" = c."UniqueKey"
+                           AND p."ProcessedAt" IS NULL AND p."DeadLetteredAt" IS NULL))"#
+                ),
+            )
+        } else {
+            ("NULL", String::new())
+        };
         let sql = format!(
-            r#"UPDATE {t} SET {set} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {DEAD_FILTER}
-                   ORDER BY "DeadLetteredAt" LIMIT ?3)"#
+            r#"SELECT c."Id", {key} FROM {t} AS c WHERE {} {free}
+               ORDER BY c."DeadLetteredAt" LIMIT {}"#,
+            dead_filter(&params.filter),
+            limit_after(&params.filter)
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query_as::<_, (String, Option<String>)>(AssertSqlSafe(sql))
             .bind(format_timestamp(params.filter.dead_before))
-            .bind(&params.filter.type_name)
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
             .bind(i64::from(params.limit))
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await
-            .map_err(Error::db(self.ctx("requeueing dead letters")))?;
-        Ok(done.rows_affected())
+            .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key)| DeadLetterKey {
+                id: CommandId::stored(id),
+                unique_key,
+            })
+            .collect())
+    }
+
+    async fn command_requeue_dead_many(
+        &self,
+        params: &CommandRequeueDeadManyParams,
+    ) -> Result<u64> {
+        let ctx = || self.ctx("requeueing dead letters");
+        let set = requeue_set(self.schema_version().await?);
+        let mut done = 0;
+        for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
+            done += match self.requeue_dead(&set, chunk).await {
+                Err(err) if is_unique_violation(&err) => {
+                    // Another writer took a key since the page was read: one row at a
+                    // time, leaving dead the ones whose key is taken.
+                    let mut done = 0;
+                    for id in chunk {
+                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
+                            Ok(n) => done += n,
+                            Err(err) if is_unique_violation(&err) => {}
+                            Err(err) => return Err(Error::db(ctx())(err)),
+                        }
+                    }
+                    done
+                }
+                other => other.map_err(Error::db(ctx()))?,
+            };
+        }
+        Ok(done)
+    }
+
+    async fn dead_letter_key_conflicts(
+        &self,
+        params: &DeadLetterPageParams,
+    ) -> Result<Vec<KeyConflict>> {
+        if self.schema_version().await? < 2 {
+            return Ok(Vec::new());
+        }
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT c."Id", c."UniqueKey", p."Id" FROM {t} AS c
+               JOIN {t} AS p ON p."UniqueKey" = c."UniqueKey"
+                    AND p."ProcessedAt" IS NULL AND p."DeadLetteredAt" IS NULL
+               WHERE {}
+               ORDER BY c."DeadLetteredAt", c."Id" LIMIT {}"#,
+            dead_filter(&params.filter),
+            limit_after(&params.filter)
+        );
+        let mut query = sqlx::query_as::<_, (String, String, String)>(AssertSqlSafe(sql))
+            .bind(format_timestamp(params.filter.dead_before))
+            .bind(&params.filter.type_name);
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let rows = query
+            .bind(i64::from(params.limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("reading dead letters whose unique key is taken"),
+            ))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, unique_key, held_by)| KeyConflict {
+                id: CommandId::stored(id),
+                unique_key,
+                held_by: CommandId::stored(held_by),
+            })
+            .collect())
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter.kind);
+        let (condition, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(format_timestamp(filter.before))
+        let mut query =
+            sqlx::query_scalar(AssertSqlSafe(sql)).bind(format_timestamp(filter.before));
+        if let Some(queue) = &filter.queue {
+            query = query.bind(queue);
+        }
+        let n: i64 = query
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting finished commands")))?;
@@ -289,13 +530,22 @@ impl AdminOps for SqliteDriver {
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(params.filter.kind);
+        let (condition, order) = finished(&params.filter);
+        let limit = if params.filter.queue.is_some() {
+            "?3"
+        } else {
+            "?2"
+        };
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?2)"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(format_timestamp(params.filter.before))
+        let mut query =
+            sqlx::query(AssertSqlSafe(sql)).bind(format_timestamp(params.filter.before));
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        let done = query
             .bind(i64::from(params.limit))
             .execute(&self.pool)
             .await
