@@ -104,12 +104,16 @@ impl Action {
         match name {
             "requeue" if fields.all_dead => Ok(Action::Requeue(RequeueTarget::AllDead {
                 type_name: fields.type_name.clone(),
+                queue: None,
             })),
             "requeue" => Ok(Action::Requeue(RequeueTarget::Ids(vec![id()?]))),
             "replay" => Ok(Action::Replay(id()?)),
             "cancel" => match (&fields.id, &fields.type_name) {
                 (Some(_), _) => Ok(Action::Cancel(CancelTarget::Ids(vec![id()?]))),
-                (None, Some(t)) => Ok(Action::Cancel(CancelTarget::Type(t.clone()))),
+                (None, Some(t)) => Ok(Action::Cancel(CancelTarget::Matching {
+                    type_name: Some(t.clone()),
+                    queue: None,
+                })),
                 (None, None) => Err(Error::Usage("cancel what? give an `id` or a `type`".into())),
             },
             "purge" => {
@@ -127,6 +131,7 @@ impl Action {
                     completed: fields.completed,
                     dead_letters: fields.dead_letters,
                     older_than,
+                    queue: None,
                 }))
             }
             other => Err(Error::NotFound(format!(
@@ -218,15 +223,17 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
             let plan = admin::plan_requeue(sources, target).await?;
             let total = plan.total();
             let what = match target {
-                RequeueTarget::AllDead { type_name: Some(t) } => {
+                RequeueTarget::AllDead {
+                    type_name: Some(t), ..
+                } => {
                     format!(
                         "{} of type {t}",
                         plural(total, "dead letter", "dead letters")
                     )
                 }
-                RequeueTarget::AllDead { type_name: None } => {
-                    plural(total, "dead letter", "dead letters")
-                }
+                RequeueTarget::AllDead {
+                    type_name: None, ..
+                } => plural(total, "dead letter", "dead letters"),
                 RequeueTarget::Ids(ids) => format!(
                     "{} ({})",
                     plural(total, "command", "commands"),
@@ -263,9 +270,10 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
             let plan = admin::plan_cancel(sources, target).await?;
             let total = plan.total();
             let what = match target {
-                CancelTarget::Type(t) => format!(
-                    "{} of type {t}",
-                    plural(total, "pending command", "pending commands")
+                CancelTarget::Matching { type_name, .. } => format!(
+                    "{} of type {}",
+                    plural(total, "pending command", "pending commands"),
+                    type_name.as_deref().unwrap_or("any")
                 ),
                 CancelTarget::Ids(_) => plural(total, "command", "commands"),
             };
@@ -411,7 +419,7 @@ async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
             let report = admin::cancel(&plan, &NoProgress).await?;
             let id = match target {
                 CancelTarget::Ids(ids) => ids.first(),
-                CancelTarget::Type(_) => None,
+                CancelTarget::Matching { .. } => None,
             };
             Applied {
                 message: format!(

@@ -358,6 +358,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
             limit,
             after: after.clone(),
             before: None,
+            queue: None,
         };
         match admin::list(&source, &request).await {
             Ok(report) => {
@@ -668,6 +669,7 @@ pub(crate) async fn dead_letters(
     let query_params = admin::DeadLetterQuery {
         type_name: type_name.clone(),
         limit: DEAD_PAGE,
+        queue: None,
     };
     match admin::dead_letters(&opened.sources, &query_params).await {
         Ok(report) if report.rows.is_empty() => {
