@@ -22,7 +22,7 @@ handlers:
     noop: true
 Y
 pgcpu() { local t=0; for p in $(pgrep -x postgres); do s=$(awk '{print $14+$15+$16+$17}' /proc/$p/stat 2>/dev/null || echo 0); t=$((t+s)); done; echo $t; }
-read0=$($P -d $DB -c "select idx_tup_read from pg_stat_user_indexes where indexrelname like '%oll%'")
+read0=$($P -d $DB -c "select coalesce(sum(idx_tup_read),0) from pg_stat_user_indexes where indexrelname like '%oll%'")
 c0=$(pgcpu)
 start=$(date +%s.%N)
 pids=()
@@ -31,7 +31,7 @@ for p in "${pids[@]}"; do wait $p; done
 end=$(date +%s.%N)
 c1=$(pgcpu)
 sleep 0.5
-read1=$($P -d $DB -c "select idx_tup_read from pg_stat_user_indexes where indexrelname like '%oll%'")
+read1=$($P -d $DB -c "select coalesce(sum(idx_tup_read),0) from pg_stat_user_indexes where indexrelname like '%oll%'")
 left=$($P -d $DB -c "select count(*) from \"InternalCommands\" where \"ProcessedAt\" is null")
 hot=$($P -d $DB -c "select n_tup_upd||'/'||n_tup_hot_upd from pg_stat_user_tables where relname='InternalCommands'")
 icqcpu=$(cat $D/t* | grep -E '^[0-9.]+ [0-9.]+$' | awk '{s+=$1+$2} END {print s}')
