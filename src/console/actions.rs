@@ -30,6 +30,9 @@ struct Fields {
     source: Option<String>,
     id: Option<String>,
     type_name: Option<String>,
+    /// A queue filter (requeue-all-dead, cancel by type/queue, purge); refused by the
+    /// admin API on a version-1 table.
+    queue: Option<String>,
     all_dead: bool,
     completed: bool,
     dead_letters: bool,
@@ -48,6 +51,7 @@ impl Fields {
                 "source" => fields.source = text,
                 "id" => fields.id = text,
                 "type" => fields.type_name = text,
+                "queue" => fields.queue = text,
                 "all_dead" => fields.all_dead = flag,
                 "completed" => fields.completed = flag,
                 "dead_letters" => fields.dead_letters = flag,
@@ -67,6 +71,7 @@ impl Fields {
             ("source", self.source.as_deref().unwrap_or("")),
             ("id", self.id.as_deref().unwrap_or("")),
             ("type", self.type_name.as_deref().unwrap_or("")),
+            ("queue", self.queue.as_deref().unwrap_or("")),
             ("all_dead", flag(self.all_dead)),
             ("completed", flag(self.completed)),
             ("dead_letters", flag(self.dead_letters)),
@@ -104,17 +109,19 @@ impl Action {
         match name {
             "requeue" if fields.all_dead => Ok(Action::Requeue(RequeueTarget::AllDead {
                 type_name: fields.type_name.clone(),
-                queue: None,
+                queue: fields.queue.clone(),
             })),
             "requeue" => Ok(Action::Requeue(RequeueTarget::Ids(vec![id()?]))),
             "replay" => Ok(Action::Replay(id()?)),
-            "cancel" => match (&fields.id, &fields.type_name) {
-                (Some(_), _) => Ok(Action::Cancel(CancelTarget::Ids(vec![id()?]))),
-                (None, Some(t)) => Ok(Action::Cancel(CancelTarget::Matching {
-                    type_name: Some(t.clone()),
-                    queue: None,
+            "cancel" => match (&fields.id, &fields.type_name, &fields.queue) {
+                (Some(_), _, _) => Ok(Action::Cancel(CancelTarget::Ids(vec![id()?]))),
+                (None, None, None) => Err(Error::Usage(
+                    "cancel what? give an `id`, a `type` and/or a `queue`".into(),
+                )),
+                (None, type_name, queue) => Ok(Action::Cancel(CancelTarget::Matching {
+                    type_name: type_name.clone(),
+                    queue: queue.clone(),
                 })),
-                (None, None) => Err(Error::Usage("cancel what? give an `id` or a `type`".into())),
             },
             "purge" => {
                 if !fields.completed && !fields.dead_letters {
@@ -131,7 +138,7 @@ impl Action {
                     completed: fields.completed,
                     dead_letters: fields.dead_letters,
                     older_than,
-                    queue: None,
+                    queue: fields.queue.clone(),
                 }))
             }
             other => Err(Error::NotFound(format!(
@@ -223,17 +230,11 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
             let plan = admin::plan_requeue(sources, target).await?;
             let total = plan.total();
             let what = match target {
-                RequeueTarget::AllDead {
-                    type_name: Some(t), ..
-                } => {
-                    format!(
-                        "{} of type {t}",
-                        plural(total, "dead letter", "dead letters")
-                    )
-                }
-                RequeueTarget::AllDead {
-                    type_name: None, ..
-                } => plural(total, "dead letter", "dead letters"),
+                RequeueTarget::AllDead { type_name, queue } => format!(
+                    "{}{}",
+                    plural(total, "dead letter", "dead letters"),
+                    filtered(type_name.as_deref(), queue.as_deref())
+                ),
                 RequeueTarget::Ids(ids) => format!(
                     "{} ({})",
                     plural(total, "command", "commands"),
@@ -270,10 +271,10 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
             let plan = admin::plan_cancel(sources, target).await?;
             let total = plan.total();
             let what = match target {
-                CancelTarget::Matching { type_name, .. } => format!(
-                    "{} of type {}",
+                CancelTarget::Matching { type_name, queue } => format!(
+                    "{}{}",
                     plural(total, "pending command", "pending commands"),
-                    type_name.as_deref().unwrap_or("any")
+                    filtered(type_name.as_deref(), queue.as_deref())
                 ),
                 CancelTarget::Ids(_) => plural(total, "command", "commands"),
             };
@@ -310,8 +311,9 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                 .unwrap_or_default();
             (
                 format!(
-                    "Delete {}{age}? This cannot be undone.",
-                    crate::output::describe_purge(&report.counts)
+                    "Delete {}{}{age}? This cannot be undone.",
+                    crate::output::describe_purge(&report.counts),
+                    filtered(None, request.queue.as_deref())
                 ),
                 plan.total(),
                 details,
@@ -320,8 +322,22 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
     })
 }
 
+/// The filters of a bulk action in words: ` of type T in queue Q` (empty when none).
+fn filtered(type_name: Option<&str>, queue: Option<&str>) -> String {
+    let mut words = String::new();
+    if let Some(t) = type_name {
+        words.push_str(&format!(" of type {t}"));
+    }
+    if let Some(q) = queue {
+        words.push_str(&format!(" in queue {q}"));
+    }
+    words
+}
+
 fn in_sources(names: &[&str]) -> String {
     match names {
+        // Nothing matched: the confirmation page says there is nothing to do.
+        [] => "any source".to_owned(),
         [one] => format!("source {one}"),
         many => format!("sources {}", many.join(", ")),
     }
@@ -466,4 +482,65 @@ pub(crate) async fn login(
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_filter_goes_through_to_every_bulk_action() {
+        let fields = Fields::parse(b"all_dead=1&type=email.digest&queue=+emails+&token=t");
+        assert_eq!(fields.queue.as_deref(), Some("emails"));
+        match Action::parse("requeue", &fields) {
+            Ok(Action::Requeue(RequeueTarget::AllDead { type_name, queue })) => {
+                assert_eq!(type_name.as_deref(), Some("email.digest"));
+                assert_eq!(queue.as_deref(), Some("emails"));
+            }
+            _ => panic!("requeue all dead"),
+        }
+        // Cancel by queue alone (no type), and by neither: refused.
+        match Action::parse("cancel", &Fields::parse(b"queue=emails")) {
+            Ok(Action::Cancel(CancelTarget::Matching { type_name, queue })) => {
+                assert_eq!((type_name, queue.as_deref()), (None, Some("emails")));
+            }
+            _ => panic!("cancel by queue"),
+        }
+        assert!(matches!(
+            Action::parse("cancel", &Fields::parse(b"queue=")),
+            Err(Error::Usage(_))
+        ));
+        match Action::parse("purge", &Fields::parse(b"dead_letters=1&queue=emails")) {
+            Ok(Action::Purge(request)) => {
+                assert!(request.dead_letters && !request.completed);
+                assert_eq!(request.queue.as_deref(), Some("emails"));
+            }
+            _ => panic!("purge by queue"),
+        }
+        // An empty queue field is no filter.
+        match Action::parse("purge", &Fields::parse(b"completed=1&queue=")) {
+            Ok(Action::Purge(request)) => assert_eq!(request.queue, None),
+            _ => panic!("purge"),
+        }
+    }
+
+    #[test]
+    fn the_confirmation_form_keeps_the_queue_escaped_and_drops_the_token() {
+        let fields = Fields::parse(b"all_dead=1&queue=%22%3E%3Cscript%3E&token=secret");
+        let hidden = fields.hidden().into_string();
+        assert!(
+            hidden.contains("name=\"queue\" value=\"&quot;&gt;&lt;script&gt;\""),
+            "{hidden}"
+        );
+        assert!(!hidden.contains("secret"), "{hidden}");
+    }
+
+    #[test]
+    fn filters_in_words() {
+        assert_eq!(filtered(None, None), "");
+        assert_eq!(filtered(Some("t"), None), " of type t");
+        assert_eq!(filtered(None, Some("q")), " in queue q");
+        assert_eq!(filtered(Some("t"), Some("q")), " of type t in queue q");
+        assert_eq!(in_sources(&[]), "any source");
+    }
 }

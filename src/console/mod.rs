@@ -1,10 +1,13 @@
 //! `icq console`: the operations console in the browser, served by the binary.
 //!
 //! Server-rendered HTML over axum (no build step, no client framework): an overview of
-//! every source (the counts of `icq pending`, per type, and throughput and backlog charts
-//! sampled while the console runs), lists by state with a type filter and keyset paging,
-//! one command in full, dead letters, and — only when started with `--allow-actions` and
-//! a token — requeue, replay, cancel and purge, each behind a confirmation page.
+//! every source (the counts of `icq pending`, per queue and per type, and throughput and
+//! backlog charts sampled while the console runs), lists by state with type and queue
+//! filters and keyset paging, one command in full (queue, priority, unique key, trace
+//! parent and snoozes included), dead letters, and — only when started with
+//! `--allow-actions` and a token — requeue, replay, cancel and purge (the bulk ones
+//! filtered by type and/or queue), each behind a confirmation page. A queue filter on a
+//! schema-version-1 table is the admin API's usage error, shown as the page's banner.
 //!
 //! Every figure comes from the library's operator API ([`crate::admin`]), the same calls
 //! the CLI's operator subcommands make. The console opens each source on its own and

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::html::{Html, query};
 use super::{Console, describe, history};
-use crate::admin::{self, ListState, PendingReport};
+use crate::admin::{self, ListState, PendingReport, PendingRequest};
 use crate::command::CommandId;
 use crate::error::Error;
 use crate::sources::OpenSource;
@@ -166,13 +166,21 @@ async fn live_fragment(console: &Console) -> Html {
     let opened = console.opened().await;
     let mut errors = opened.errors.clone();
     let totals = admin::pending(&opened.sources, false).await;
+    let by_queue = admin::pending_with(
+        &opened.sources,
+        &PendingRequest {
+            by_queue: true,
+            ..PendingRequest::default()
+        },
+    )
+    .await;
     let by_type = admin::pending(&opened.sources, true).await;
     let mut html = Html::new();
     html.raw("<p class=\"stamp\">As of ")
         .text(Utc::now().format("%H:%M:%S UTC"))
         .raw(" · the same counts as <code>icq pending</code></p>");
     match &totals {
-        Ok(report) => html.html(&counts_table(report, false)),
+        Ok(report) => html.html(&counts_table(report, Breakdown::Source)),
         Err(err) => {
             errors.push(describe(err));
             &mut html
@@ -202,47 +210,77 @@ async fn live_fragment(console: &Console) -> Html {
         ))
         .raw("</section>");
 
-    html.html(&breakdowns(by_type.as_ref().ok()));
+    html.html(&breakdowns(by_queue.as_ref().ok(), by_type.as_ref().ok()));
     html
 }
 
-/// The breakdowns under the per-source totals.
-///
-/// PER-QUEUE BREAKDOWN (schema version 2): this is the one place a table per queue plugs
-/// in. Once the operator API counts by queue (a `queue` in `StateCount`, or an
-/// `admin::pending` grouped by queue), render it here with [`counts_table`] exactly like
-/// the per-type table below, and link each row to `/list?…&queue=`.
-fn breakdowns(by_type: Option<&PendingReport>) -> Html {
+/// The breakdowns under the per-source totals: per source and queue (`icq pending
+/// --by-queue`; a version-1 table has the one queue `default`), then per source and type
+/// (`icq pending --by-type`). Each figure links to its list, filtered the same way.
+fn breakdowns(by_queue: Option<&PendingReport>, by_type: Option<&PendingReport>) -> Html {
     let mut html = Html::new();
-    if let Some(report) = by_type {
-        html.raw("<h2>By type</h2>");
+    for (report, breakdown, heading) in [
+        (by_queue, Breakdown::Queue, "<h2>By queue</h2>"),
+        (by_type, Breakdown::Type, "<h2>By type</h2>"),
+    ] {
+        let Some(report) = report else { continue };
+        html.raw(heading);
         if report.rows.is_empty() {
             html.raw("<p class=\"none\">No commands yet.</p>");
         } else {
-            html.html(&counts_table(report, true));
+            html.html(&counts_table(report, breakdown));
         }
     }
     html
 }
 
-/// One row per source (and type): due, scheduled, running, dead, completed, each linking
-/// to its list.
-fn counts_table(report: &PendingReport, by_type: bool) -> Html {
+/// What one line of a counts table stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breakdown {
+    /// One line per source (`id="counts"`).
+    Source,
+    /// One line per source and queue (`id="queue-counts"`, cells carry `data-queue`).
+    Queue,
+    /// One line per source and type (`id="type-counts"`, cells carry `data-type`).
+    Type,
+}
+
+/// One row per source (and queue or type): due, scheduled, running, dead, completed,
+/// each linking to its list.
+fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
     let mut html = Html::new();
-    html.raw("<table class=\"counts\"");
-    if !by_type {
-        html.raw(" id=\"counts\"");
-    }
-    html.raw("><thead><tr><th>Source</th>");
-    if by_type {
-        html.raw("<th>Type</th>");
+    html.raw("<table class=\"counts\" id=\"")
+        .raw(match breakdown {
+            Breakdown::Source => "counts",
+            Breakdown::Queue => "queue-counts",
+            Breakdown::Type => "type-counts",
+        })
+        .raw("\"><thead><tr><th>Source</th>");
+    match breakdown {
+        Breakdown::Source => {}
+        Breakdown::Queue => {
+            html.raw("<th>Queue</th>");
+        }
+        Breakdown::Type => {
+            html.raw("<th>Type</th>");
+        }
     }
     html.raw("<th>Due</th><th>Scheduled</th><th>Running</th><th>Dead</th><th>Completed</th></tr></thead><tbody>");
     for row in &report.rows {
-        let type_name = row.counts.type_name.as_deref().unwrap_or("");
+        let (queue, type_name) = match breakdown {
+            Breakdown::Source => ("", ""),
+            Breakdown::Queue => (row.counts.queue.as_deref().unwrap_or(""), ""),
+            Breakdown::Type => ("", row.counts.type_name.as_deref().unwrap_or("")),
+        };
         html.raw("<tr><td>").text(&row.source).raw("</td>");
-        if by_type {
-            html.raw("<td>").text(type_name).raw("</td>");
+        match breakdown {
+            Breakdown::Source => {}
+            Breakdown::Queue => {
+                html.raw("<td class=\"queue\">").text(queue).raw("</td>");
+            }
+            Breakdown::Type => {
+                html.raw("<td class=\"type\">").text(type_name).raw("</td>");
+            }
         }
         for (state, count) in [
             ("due", row.counts.due),
@@ -256,14 +294,21 @@ fn counts_table(report: &PendingReport, by_type: bool) -> Html {
                 .raw("\" data-state=\"")
                 .text(state)
                 .raw("\"");
-            if by_type {
-                html.raw(" data-type=\"").text(type_name).raw("\"");
+            match breakdown {
+                Breakdown::Source => {}
+                Breakdown::Queue => {
+                    html.raw(" data-queue=\"").text(queue).raw("\"");
+                }
+                Breakdown::Type => {
+                    html.raw(" data-type=\"").text(type_name).raw("\"");
+                }
             }
             html.raw("><a href=\"/list?")
                 .text(query(&[
                     ("source", &row.source),
                     ("state", state),
                     ("type", type_name),
+                    ("queue", queue),
                 ]))
                 .raw("\">")
                 .text(count)
@@ -285,6 +330,7 @@ pub(crate) struct ListQuery {
     state: Option<String>,
     #[serde(rename = "type")]
     type_name: Option<String>,
+    queue: Option<String>,
     after: Option<String>,
     limit: Option<u32>,
 }
@@ -305,8 +351,10 @@ fn non_empty(value: Option<&String>) -> Option<&str> {
     value.map(|v| v.trim()).filter(|v| !v.is_empty())
 }
 
-/// `GET /list?source=&state=&type=&after=&limit=`: one page of one source's commands in a
-/// state (`icq list`), newest first for dead and completed, in queue order otherwise.
+/// `GET /list?source=&state=&type=&queue=&after=&limit=`: one page of one source's
+/// commands in a state (`icq list`), newest first for dead and completed, in queue order
+/// otherwise. A queue filter on a version-1 table is the admin API's usage error, shown as
+/// the page's banner (status 400) under the filter form.
 pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQuery>) -> Response {
     let names = console.source_names();
     let source_name = non_empty(q.source.as_ref())
@@ -325,6 +373,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
         );
     };
     let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
+    let queue = non_empty(q.queue.as_ref()).map(str::to_owned);
     let limit = q.limit.unwrap_or(PAGE).clamp(1, 500);
     let after = match non_empty(q.after.as_ref()).map(str::parse::<CommandId>) {
         None => None,
@@ -339,10 +388,12 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
         &source_name,
         state_name,
         type_name.as_deref(),
+        queue.as_deref(),
     ));
 
     let opened = console.opened().await;
     let mut errors = opened.errors.clone();
+    let mut status = StatusCode::OK;
     let source: Vec<OpenSource> = opened
         .sources
         .into_iter()
@@ -358,7 +409,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
             limit,
             after: after.clone(),
             before: None,
-            queue: None,
+            queue: queue.clone(),
         };
         match admin::list(&source, &request).await {
             Ok(report) => {
@@ -374,11 +425,22 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                 if let Some(t) = &type_name {
                     body.raw(" of type <code>").text(t).raw("</code>");
                 }
+                if let Some(q) = &queue {
+                    body.raw(" in queue <code>").text(q).raw("</code>");
+                }
                 body.raw(" in <code>").text(&report.source).raw("</code>");
                 if after.is_some() {
                     body.raw(" · a later page");
                 }
                 body.raw("</p>");
+                if console.actions_allowed() {
+                    body.html(&list_actions(
+                        &report.source,
+                        state,
+                        type_name.as_deref(),
+                        queue.as_deref(),
+                    ));
+                }
                 body.html(&list_table(&report, state));
                 body.raw("<nav class=\"pager\">");
                 if after.is_some() {
@@ -387,6 +449,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                             ("source", &source_name),
                             ("state", state_name),
                             ("type", type_name.as_deref().unwrap_or("")),
+                            ("queue", queue.as_deref().unwrap_or("")),
                         ]))
                         .raw("\">First page</a>");
                 }
@@ -401,6 +464,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                             ("source", &source_name),
                             ("state", state_name),
                             ("type", type_name.as_deref().unwrap_or("")),
+                            ("queue", queue.as_deref().unwrap_or("")),
                             ("after", next.as_str()),
                             ("limit", &limit_text),
                         ]))
@@ -408,20 +472,57 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                 }
                 body.raw("</nav>");
             }
-            Err(err) => errors.push(describe(&err)),
+            Err(err) => {
+                if matches!(err, Error::Usage(_)) {
+                    status = StatusCode::BAD_REQUEST;
+                }
+                errors.push(describe(&err));
+            }
         }
     }
-    render(
-        &console,
-        StatusCode::OK,
-        "Commands",
-        Nav::Lists,
-        &errors,
-        &body,
-    )
+    render(&console, status, "Commands", Nav::Lists, &errors, &body)
 }
 
-fn filter_form(names: &[String], source: &str, state: &str, type_name: Option<&str>) -> Html {
+/// The bulk actions a filtered list offers (with `--allow-actions`): requeue every dead
+/// letter of the list's type and queue, or cancel every pending command of them.
+fn list_actions(
+    source: &str,
+    state: ListState,
+    type_name: Option<&str>,
+    queue: Option<&str>,
+) -> Html {
+    let mut html = Html::new();
+    let pairs = [
+        ("source", source),
+        ("type", type_name.unwrap_or("")),
+        ("queue", queue.unwrap_or("")),
+    ];
+    match state {
+        ListState::Dead => {
+            html.raw("<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?all_dead=1&amp;")
+                .text(query(&pairs))
+                .raw("\">Requeue all matching…</a></p>");
+        }
+        // Cancel by type and/or queue takes due and scheduled rows: offered when filtered.
+        ListState::Due | ListState::Scheduled | ListState::Pending
+            if type_name.is_some() || queue.is_some() =>
+        {
+            html.raw("<p class=\"actions\"><a class=\"button\" id=\"cancel-matching\" href=\"/actions/cancel?")
+                .text(query(&pairs))
+                .raw("\">Cancel all matching pending…</a></p>");
+        }
+        _ => {}
+    }
+    html
+}
+
+fn filter_form(
+    names: &[String],
+    source: &str,
+    state: &str,
+    type_name: Option<&str>,
+    queue: Option<&str>,
+) -> Html {
     let mut html = Html::new();
     html.raw("<form class=\"filters\" method=\"get\" action=\"/list\"><label>Source <select name=\"source\">");
     for name in names {
@@ -441,6 +542,8 @@ fn filter_form(names: &[String], source: &str, state: &str, type_name: Option<&s
     }
     html.raw("</select></label><label>Type <input name=\"type\" placeholder=\"any type\" value=\"")
         .text(type_name.unwrap_or(""))
+        .raw("\"></label><label>Queue <input name=\"queue\" placeholder=\"any queue\" value=\"")
+        .text(queue.unwrap_or(""))
         .raw("\"></label><button type=\"submit\">Filter</button></form>");
     html
 }
@@ -456,7 +559,7 @@ fn list_table(report: &admin::ListReport, state: ListState) -> Html {
         ListState::Completed => "Completed at",
         _ => "Run at",
     };
-    html.raw("<table class=\"commands\"><thead><tr><th>Id</th><th>Type</th><th>State</th><th>Attempts</th><th>")
+    html.raw("<table class=\"commands\"><thead><tr><th>Id</th><th>Type</th><th>Queue</th><th>State</th><th>Attempts</th><th>")
         .text(when)
         .raw("</th><th>Last error</th></tr></thead><tbody>");
     for command in &report.commands {
@@ -464,6 +567,8 @@ fn list_table(report: &admin::ListReport, state: ListState) -> Html {
         command_link(&mut html, &report.source, &command.id);
         html.raw("</td><td class=\"type\">")
             .text(&command.type_name)
+            .raw("</td><td class=\"queue\">")
+            .text(&command.queue)
             .raw("</td><td>")
             .text(command.state.as_str())
             .raw("</td><td class=\"n\">")
@@ -575,8 +680,19 @@ pub(crate) async fn command(
     field(&mut body, "Type", &|h| {
         h.raw("<code>").text(&row.type_name).raw("</code>");
     });
+    field(&mut body, "Queue", &|h| {
+        h.raw("<code id=\"command-queue\">")
+            .text(&row.queue)
+            .raw("</code>");
+    });
+    field(&mut body, "Priority", &|h| {
+        h.text(row.priority);
+    });
     field(&mut body, "Attempts", &|h| {
         h.text(row.attempts);
+    });
+    field(&mut body, "Snoozes", &|h| {
+        h.text(row.snoozes);
     });
     field(&mut body, "Created at", &|h| time(h, Some(row.created_at)));
     field(&mut body, "Run at", &|h| time(h, Some(row.run_at)));
@@ -600,6 +716,24 @@ pub(crate) async fn command(
     });
     field(&mut body, "Correlation id", &|h| {
         h.text(row.correlation_id.as_deref().unwrap_or("-"));
+    });
+    field(&mut body, "Unique key", &|h| match &row.unique_key {
+        Some(key) => {
+            h.raw("<code id=\"unique-key\">").text(key).raw("</code>");
+        }
+        None => {
+            h.raw("<span class=\"none\">-</span>");
+        }
+    });
+    field(&mut body, "Trace parent", &|h| match &row.trace_parent {
+        Some(parent) => {
+            h.raw("<code id=\"trace-parent\">")
+                .text(parent)
+                .raw("</code>");
+        }
+        None => {
+            h.raw("<span class=\"none\">-</span>");
+        }
     });
     body.raw("</dl>");
     if !row.defects.is_empty() {
@@ -641,47 +775,62 @@ pub(crate) async fn command(
 pub(crate) struct DeadQuery {
     #[serde(rename = "type")]
     type_name: Option<String>,
+    queue: Option<String>,
 }
 
 /// How many dead letters the page shows (newest first, across sources); the dead list
 /// pages through all of them.
 const DEAD_PAGE: u32 = 100;
 
-/// `GET /dead-letters?type=`: the newest dead letters of every source
-/// (`icq dead-letters list`).
+/// `GET /dead-letters?type=&queue=`: the newest dead letters of every source
+/// (`icq dead-letters list`). A queue filter on a version-1 table is the admin API's usage
+/// error, shown as the page's banner (status 400).
 pub(crate) async fn dead_letters(
     State(console): State<Console>,
     Query(q): Query<DeadQuery>,
 ) -> Response {
     let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
+    let queue = non_empty(q.queue.as_ref()).map(str::to_owned);
+    let t = type_name.as_deref().unwrap_or("");
+    let qn = queue.as_deref().unwrap_or("");
     let opened = console.opened().await;
     let mut errors = opened.errors.clone();
+    let mut status = StatusCode::OK;
     let mut body = Html::new();
     body.raw("<h1>Dead letters</h1><form class=\"filters\" method=\"get\" action=\"/dead-letters\"><label>Type <input name=\"type\" placeholder=\"any type\" value=\"")
-        .text(type_name.as_deref().unwrap_or(""))
+        .text(t)
+        .raw("\"></label><label>Queue <input name=\"queue\" placeholder=\"any queue\" value=\"")
+        .text(qn)
         .raw("\"></label><button type=\"submit\">Filter</button></form>");
     if console.actions_allowed() {
-        let t = type_name.as_deref().unwrap_or("");
-        body.raw("<p class=\"actions\"><a class=\"button\" href=\"/actions/requeue?")
-            .text(query(&[("all_dead", "1"), ("type", t)]))
-            .raw("\">Requeue all…</a> <a class=\"button\" href=\"/actions/purge?dead_letters=1\">Purge dead letters…</a> <a class=\"button\" href=\"/actions/purge?completed=1\">Purge completed…</a></p>");
+        // Requeue takes the type and queue filters; purge has no type filter, so it takes
+        // the queue alone (its confirmation page says so).
+        body.raw("<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?")
+            .text(query(&[("all_dead", "1"), ("type", t), ("queue", qn)]))
+            .raw("\">Requeue all…</a> <a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
+            .text(query(&[("dead_letters", "1"), ("queue", qn)]))
+            .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
+            .text(query(&[("completed", "1"), ("queue", qn)]))
+            .raw("\">Purge completed…</a></p>");
     }
     let query_params = admin::DeadLetterQuery {
         type_name: type_name.clone(),
         limit: DEAD_PAGE,
-        queue: None,
+        queue: queue.clone(),
     };
     match admin::dead_letters(&opened.sources, &query_params).await {
         Ok(report) if report.rows.is_empty() => {
             body.raw("<p class=\"none\">No dead letters.</p>");
         }
         Ok(report) => {
-            body.raw("<table class=\"commands\"><thead><tr><th>Source</th><th>Id</th><th>Type</th><th>Attempts</th><th>Dead since</th><th>Last error</th></tr></thead><tbody>");
+            body.raw("<table class=\"commands\"><thead><tr><th>Source</th><th>Id</th><th>Type</th><th>Queue</th><th>Attempts</th><th>Dead since</th><th>Last error</th></tr></thead><tbody>");
             for row in &report.rows {
                 body.raw("<tr><td>").text(&row.source).raw("</td><td>");
                 command_link(&mut body, &row.source, &row.summary.id);
                 body.raw("</td><td class=\"type\">")
                     .text(&row.summary.type_name)
+                    .raw("</td><td class=\"queue\">")
+                    .text(&row.summary.queue)
                     .raw("</td><td class=\"n\">")
                     .text(row.summary.attempts)
                     .raw("</td><td>");
@@ -697,14 +846,21 @@ pub(crate) async fn dead_letters(
             if report.rows.len() as u32 >= DEAD_PAGE {
                 body.raw("<p>The newest ")
                     .text(DEAD_PAGE)
-                    .raw("; page through all of them under <a href=\"/list?state=dead\">Commands</a>.</p>");
+                    .raw("; page through all of them under <a href=\"/list?")
+                    .text(query(&[("state", "dead"), ("type", t), ("queue", qn)]))
+                    .raw("\">Commands</a>.</p>");
             }
         }
-        Err(err) => errors.push(describe(&err)),
+        Err(err) => {
+            if matches!(err, Error::Usage(_)) {
+                status = StatusCode::BAD_REQUEST;
+            }
+            errors.push(describe(&err));
+        }
     }
     render(
         &console,
-        StatusCode::OK,
+        status,
         "Dead letters",
         Nav::DeadLetters,
         &errors,
@@ -736,7 +892,44 @@ pub(crate) async fn not_found(State(console): State<Console>) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::excerpt;
+    use super::*;
+    use crate::admin::{PendingCount, StateCount};
+
+    #[test]
+    fn the_queue_breakdown_links_each_figure_to_its_filtered_list() {
+        let report = PendingReport {
+            rows: vec![PendingCount {
+                source: "shop".into(),
+                counts: StateCount {
+                    queue: Some("<b>emails</b>".into()),
+                    due: 3,
+                    dead: 1,
+                    ..StateCount::default()
+                },
+            }],
+            by_type: false,
+            by_queue: true,
+            source_count: 1,
+        };
+        let html = breakdowns(Some(&report), None).into_string();
+        assert!(html.contains("<h2>By queue</h2>"), "{html}");
+        assert!(html.contains("id=\"queue-counts\""), "{html}");
+        assert!(
+            html.contains("data-source=\"shop\" data-state=\"due\" data-queue=\"&lt;b&gt;emails&lt;/b&gt;\"><a href=\"/list?source=shop&amp;state=due&amp;queue=%3Cb%3Eemails%3C%2Fb%3E\">3</a>"),
+            "{html}"
+        );
+        assert!(!html.contains("<b>"), "escaped: {html}");
+        assert!(!html.contains("By type"), "{html}");
+    }
+
+    #[test]
+    fn the_list_form_keeps_the_queue_filter() {
+        let html = filter_form(&["shop".into()], "shop", "due", None, Some("a\"b")).into_string();
+        assert!(
+            html.contains("<input name=\"queue\" placeholder=\"any queue\" value=\"a&quot;b\">"),
+            "{html}"
+        );
+    }
 
     #[test]
     fn excerpts_keep_the_first_line() {

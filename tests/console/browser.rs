@@ -6,7 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{Console, DEAD, TOKEN, XSS, pending_json, seeded, state_of};
+use crate::{
+    BULK, BULK_QUEUE, Console, DEAD, TOKEN, XSS, pending_by_queue_json, pending_json, seeded,
+    state_of,
+};
 
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -27,6 +30,7 @@ async fn scenario(engine: &'static str) {
     let db = seeded(engine, "console_browser").await;
     let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
     let expected = pending_json(&db.url);
+    let by_queue = pending_by_queue_json(&db.url);
     let chromium =
         std::env::var("ICQ_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let out = tokio::task::spawn_blocking({
@@ -37,6 +41,9 @@ async fn scenario(engine: &'static str) {
                 .env("CONSOLE_URL", base)
                 .env("CONSOLE_TOKEN", TOKEN)
                 .env("EXPECTED_PENDING", expected.to_string())
+                .env("EXPECTED_BY_QUEUE", by_queue.to_string())
+                .env("BULK_QUEUE", BULK_QUEUE)
+                .env("BULK", BULK.to_string())
                 .env("DEAD_ID", DEAD)
                 .env("XSS_ID", XSS)
                 .env("ENGINE", engine)

@@ -6,7 +6,11 @@ use std::process::Command;
 use reqwest::StatusCode;
 
 use crate::support::TestDb;
-use crate::{Console, DEAD, DUE_RECEIPTS, TOKEN, XSS, pending_json, seeded, state_of};
+use crate::{
+    BULK, BULK_QUEUE, Console, DEAD, DEAD_TRACE_PARENT, DEAD_UNIQUE_KEY, DUE_RECEIPTS,
+    EMAILS_QUEUE, TOKEN, WEBHOOKS_QUEUE, XSS, pending_by_queue_json, pending_json, seeded,
+    seeded_v1, state_of,
+};
 
 /// `GET path`: status and body.
 async fn get(console: &Console, path: &str) -> (StatusCode, String) {
@@ -40,19 +44,67 @@ async fn post(
 /// The figure in the overview's cell for `source` and `state` (`data-source`,
 /// `data-state` on the per-source table).
 fn cell(page: &str, source: &str, state: &str) -> u64 {
-    let totals = page
-        .split("id=\"counts\"")
+    table_cell(
+        page,
+        "counts",
+        &format!("data-source=\"{source}\" data-state=\"{state}\">"),
+    )
+}
+
+/// The figure in the overview's per-queue table for `source`, `queue` and `state`.
+fn queue_cell(page: &str, source: &str, queue: &str, state: &str) -> u64 {
+    table_cell(
+        page,
+        "queue-counts",
+        &format!("data-source=\"{source}\" data-state=\"{state}\" data-queue=\"{queue}\">"),
+    )
+}
+
+/// How many rows the table `id` has (its `<tr>` in the body).
+fn table_rows(page: &str, id: &str) -> usize {
+    table(page, id)
+        .split("<tbody>")
+        .nth(1)
+        .expect("a body")
+        .matches("<tr>")
+        .count()
+}
+
+fn table<'a>(page: &'a str, id: &str) -> &'a str {
+    page.split(&format!("id=\"{id}\""))
         .nth(1)
         .and_then(|rest| rest.split("</table>").next())
-        .expect("the per-source table");
-    let marker = format!("data-source=\"{source}\" data-state=\"{state}\">");
-    let after = totals
-        .split(&marker)
+        .unwrap_or_else(|| panic!("no table {id} in {page}"))
+}
+
+fn table_cell(page: &str, id: &str, marker: &str) -> u64 {
+    let rows = table(page, id);
+    let after = rows
+        .split(marker)
         .nth(1)
-        .unwrap_or_else(|| panic!("no cell {source}/{state} in {totals}"));
+        .unwrap_or_else(|| panic!("no cell {marker} in {rows}"));
     let text = after.split("</a>").next().expect("a link");
     let number = text.rsplit('>').next().expect("a number");
     number.parse().expect("a count")
+}
+
+/// The queue column of a list or dead-letter page, in order.
+fn listed_queues(page: &str) -> Vec<String> {
+    page.split("<td class=\"queue\">")
+        .skip(1)
+        .map(|rest| rest.split("</td>").next().expect("a cell").to_owned())
+        .collect()
+}
+
+/// `page` shows the error banner `needle` (escaped text).
+fn has_banner(page: &str, needle: &str) -> bool {
+    page.split("<div class=\"banner\" role=\"alert\">")
+        .skip(1)
+        .any(|rest| {
+            rest.split("</div>")
+                .next()
+                .is_some_and(|b| b.contains(needle))
+        })
 }
 
 /// Ids linked from a list page (`/command?source=…&id=ID`), in order.
@@ -97,9 +149,38 @@ async fn overview_counts_equal_pending_json(engine: &'static str) {
         }
     }
     assert_eq!(cell(&page, "default", "due"), DUE_RECEIPTS as u64);
-    // The live fragment carries the same table; the charts are inline SVG.
+    // Per source and queue: the figures of `icq pending --by-queue --format json`.
+    let by_queue = pending_by_queue_json(&db.url);
+    let by_queue = by_queue.as_array().expect("an array");
+    assert_eq!(
+        by_queue.len(),
+        4,
+        "default, bulk, emails, webhooks: {by_queue:?}"
+    );
+    assert_eq!(table_rows(&page, "queue-counts"), by_queue.len());
+    for row in by_queue {
+        let source = row["source"].as_str().expect("a source");
+        let queue = row["queue"].as_str().expect("a queue");
+        for state in ["due", "scheduled", "running", "dead", "completed"] {
+            assert_eq!(
+                Some(queue_cell(&page, source, queue, state)),
+                row[state].as_u64(),
+                "{state} in {source}/{queue}"
+            );
+        }
+    }
+    assert_eq!(queue_cell(&page, "default", BULK_QUEUE, "due"), BULK as u64);
+    assert_eq!(queue_cell(&page, "default", EMAILS_QUEUE, "scheduled"), 2);
+    assert_eq!(queue_cell(&page, "default", WEBHOOKS_QUEUE, "dead"), 2);
+    // Each figure links to its list, filtered by the queue.
+    assert!(
+        page.contains("href=\"/list?source=default&amp;state=due&amp;queue=bulk\""),
+        "{page}"
+    );
+    // The live fragment carries the same tables; the charts are inline SVG.
     let (_, live) = get(&console, "/live").await;
     assert_eq!(cell(&live, "default", "dead"), 2);
+    assert_eq!(queue_cell(&live, "default", WEBHOOKS_QUEUE, "dead"), 2);
     assert!(live.contains("<svg"), "{live}");
 }
 
@@ -134,6 +215,67 @@ async fn list_filters_by_type_and_pages(engine: &'static str) {
     assert_eq!(listed_ids(&page), [DEAD, XSS], "newest first");
 }
 
+async fn list_filters_by_queue_and_pages(engine: &'static str) {
+    let db = seeded(engine, "console_list_queue").await;
+    let console = Console::start(&db.url, &[], None);
+    // The queue filter is kept across keyset pages.
+    let mut path = format!("/list?state=due&queue={BULK_QUEUE}&limit=2");
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (status, page) = get(&console, &path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(
+            page.contains("<input name=\"queue\" placeholder=\"any queue\" value=\"bulk\">"),
+            "the form keeps the filter: {page}"
+        );
+        let queues = listed_queues(&page);
+        assert!(queues.iter().all(|q| q == BULK_QUEUE), "{queues:?}");
+        let ids = listed_ids(&page);
+        assert_eq!(ids.len(), queues.len());
+        seen.extend(ids);
+        pages += 1;
+        match next_page(&page) {
+            Some(next) => {
+                assert!(next.contains("queue=bulk"), "{next}");
+                path = next;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, BULK.div_ceil(2));
+    let mut distinct = seen.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!((seen.len(), distinct.len()), (BULK, BULK));
+    // Type and queue together; another queue; a queue with nothing in it.
+    let (_, page) = get(
+        &console,
+        "/list?state=due&type=orders.receipt&queue=default",
+    )
+    .await;
+    assert_eq!(listed_ids(&page).len(), 25, "{page}");
+    let (_, page) = get(
+        &console,
+        &format!("/list?state=scheduled&queue={EMAILS_QUEUE}"),
+    )
+    .await;
+    assert_eq!(listed_queues(&page), [EMAILS_QUEUE, EMAILS_QUEUE], "{page}");
+    let (status, page) = get(&console, "/list?state=due&queue=nowhere").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("Nothing here."), "{page}");
+    // A name that is not a queue name: the admin API's usage error, as a banner.
+    let (status, page) = get(&console, "/list?state=due&queue=a%0Ab").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(has_banner(&page, "is not a queue name"), "{page}");
+    // Dead letters: the Queue column and the filter.
+    let (_, page) = get(&console, &format!("/dead-letters?queue={WEBHOOKS_QUEUE}")).await;
+    assert_eq!(listed_ids(&page), [DEAD, XSS], "{page}");
+    assert_eq!(listed_queues(&page), [WEBHOOKS_QUEUE, WEBHOOKS_QUEUE]);
+    let (_, page) = get(&console, &format!("/dead-letters?queue={EMAILS_QUEUE}")).await;
+    assert!(page.contains("No dead letters."), "{page}");
+}
+
 async fn show_page_and_escaping(engine: &'static str) {
     let db = seeded(engine, "console_show").await;
     let console = Console::start(&db.url, &[], None);
@@ -156,6 +298,21 @@ async fn show_page_and_escaping(engine: &'static str) {
         page.contains("{\n  &quot;html&quot;: "),
         "payload pretty-printed: {page}"
     );
+    assert!(
+        page.contains("<code id=\"command-queue\">webhooks</code>"),
+        "{page}"
+    );
+    // Queue, priority, unique key, trace parent and snoozes of a version-2 row.
+    let (_, shown) = get(&console, &format!("/command?id={DEAD}")).await;
+    for needle in [
+        "<dt>Queue</dt><dd><code id=\"command-queue\">webhooks</code></dd>".to_owned(),
+        "<dt>Priority</dt><dd>-1</dd>".to_owned(),
+        "<dt>Snoozes</dt><dd>3</dd>".to_owned(),
+        format!("<code id=\"unique-key\">{DEAD_UNIQUE_KEY}</code>"),
+        format!("<code id=\"trace-parent\">{DEAD_TRACE_PARENT}</code>"),
+    ] {
+        assert!(shown.contains(&needle), "{needle} in {shown}");
+    }
     let (_, dead) = get(&console, "/dead-letters").await;
     assert!(dead.contains("&lt;script&gt;window.__xss = 3"), "{dead}");
     assert!(!dead.contains("<script>window"), "{dead}");
@@ -267,6 +424,174 @@ async fn mutations_need_token_and_same_origin(engine: &'static str) {
     assert!(page.contains("Replayed"), "{page}");
 }
 
+async fn bulk_actions_take_the_queue_filter(engine: &'static str) {
+    let db = seeded(engine, "console_queue_actions").await;
+    let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
+    let origin = vec![("origin", format!("http://{}", console.host()))];
+    let queue_figure = |state: &str, queue: &str| {
+        pending_by_queue_json(&db.url)
+            .as_array()
+            .expect("an array")
+            .iter()
+            .find(|row| row["queue"] == queue)
+            .map_or(0, |row| row[state].as_u64().expect("a count"))
+    };
+
+    // The dead-letter page's bulk actions carry its queue filter.
+    let (_, page) = get(&console, &format!("/dead-letters?queue={WEBHOOKS_QUEUE}")).await;
+    assert!(
+        page.contains("href=\"/actions/requeue?all_dead=1&amp;queue=webhooks\""),
+        "{page}"
+    );
+    assert!(
+        page.contains("href=\"/actions/purge?dead_letters=1&amp;queue=webhooks\""),
+        "{page}"
+    );
+
+    // Cancel by queue: the confirmation says the queue, and keeps it in the form.
+    let (status, page) = get(&console, &format!("/actions/cancel?queue={EMAILS_QUEUE}")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("Cancel 2 pending commands in queue emails in source default?"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<input type=\"hidden\" name=\"queue\" value=\"emails\">"),
+        "{page}"
+    );
+    let (status, page) = post(
+        &console,
+        "/actions/cancel",
+        &[("queue", EMAILS_QUEUE), ("token", TOKEN)],
+        &origin,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Cancelled 2 commands."), "{page}");
+    assert_eq!(queue_figure("dead", EMAILS_QUEUE), 2);
+    assert_eq!(
+        queue_figure("due", BULK_QUEUE),
+        BULK as u64,
+        "other queues untouched"
+    );
+
+    // Purge the dead letters of one queue: the dry run counts that queue only.
+    let (_, page) = get(
+        &console,
+        &format!("/actions/purge?dead_letters=1&queue={EMAILS_QUEUE}"),
+    )
+    .await;
+    assert!(
+        page.contains("Delete 2 dead letters in queue emails? This cannot be undone."),
+        "{page}"
+    );
+    let (status, page) = post(
+        &console,
+        "/actions/purge",
+        &[
+            ("dead_letters", "1"),
+            ("queue", EMAILS_QUEUE),
+            ("token", TOKEN),
+        ],
+        &origin,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(queue_figure("dead", EMAILS_QUEUE), 0);
+    assert_eq!(queue_figure("dead", WEBHOOKS_QUEUE), 2);
+
+    // Requeue every dead letter of a type in a queue.
+    let (_, page) = get(
+        &console,
+        &format!("/actions/requeue?all_dead=1&type=webhooks.deliver&queue={BULK_QUEUE}"),
+    )
+    .await;
+    assert!(
+        page.contains("id=\"nothing\""),
+        "none of that type in bulk: {page}"
+    );
+    let (_, page) = get(
+        &console,
+        &format!("/actions/requeue?all_dead=1&type=webhooks.deliver&queue={WEBHOOKS_QUEUE}"),
+    )
+    .await;
+    assert!(
+        page.contains(
+            "Requeue 2 dead letters of type webhooks.deliver in queue webhooks in source default?"
+        ),
+        "{page}"
+    );
+    let (status, page) = post(
+        &console,
+        "/actions/requeue",
+        &[
+            ("all_dead", "1"),
+            ("type", "webhooks.deliver"),
+            ("queue", WEBHOOKS_QUEUE),
+            ("token", TOKEN),
+        ],
+        &origin,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Requeued 2 commands."), "{page}");
+    assert_eq!(queue_figure("due", WEBHOOKS_QUEUE), 2);
+    assert_eq!(state_of(&db.url, DEAD), "due");
+}
+
+/// A schema-version-1 table: the console shows its one queue, `default`, and a queue filter
+/// is the admin API's usage error, shown as the page's banner, never a crash.
+async fn a_version_1_table_refuses_the_queue_filter_with_a_banner(engine: &'static str) {
+    let db = seeded_v1(engine, "console_v1").await;
+    let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
+    let (status, page) = get(&console, "/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(table_rows(&page, "queue-counts"), 1, "{page}");
+    let expected = pending_by_queue_json(&db.url);
+    assert_eq!(expected[0]["queue"], "default");
+    assert_eq!(
+        Some(queue_cell(&page, "default", "default", "due")),
+        expected[0]["due"].as_u64()
+    );
+    let (status, page) = get(&console, "/list?state=due").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        listed_queues(&page).iter().all(|q| q == "default"),
+        "{page}"
+    );
+    let (_, page) = get(&console, &format!("/command?id={DEAD}")).await;
+    assert!(
+        page.contains("<code id=\"command-queue\">default</code>"),
+        "{page}"
+    );
+    for path in [
+        "/list?state=due&queue=emails".to_owned(),
+        "/dead-letters?queue=webhooks".to_owned(),
+        "/actions/requeue?all_dead=1&queue=webhooks".to_owned(),
+        "/actions/cancel?queue=emails".to_owned(),
+        "/actions/purge?dead_letters=1&queue=webhooks".to_owned(),
+    ] {
+        let (status, page) = get(&console, &path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {page}");
+        assert!(has_banner(&page, "schema version 1"), "{path}: {page}");
+        assert!(has_banner(&page, "icq migrate add"), "{path}: {page}");
+    }
+    // The list keeps its form, so the filter can be cleared.
+    let (_, page) = get(&console, "/list?state=due&queue=emails").await;
+    assert!(page.contains("value=\"emails\""), "{page}");
+    // A POST with a queue filter is refused the same way, and changes nothing.
+    let (status, page) = post(
+        &console,
+        "/actions/requeue",
+        &[("all_dead", "1"), ("queue", "webhooks"), ("token", TOKEN)],
+        &[("origin", format!("http://{}", console.host()))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(has_banner(&page, "schema version 1"), "{page}");
+    assert_eq!(pending_json(&db.url)[0]["dead"], 2);
+}
+
 async fn read_only_console_refuses_every_mutation(engine: &'static str) {
     let db = seeded(engine, "console_read_only").await;
     // A token alone does not allow actions: --allow-actions does.
@@ -312,8 +637,11 @@ macro_rules! on_engines {
 on_engines!(
     overview_counts_equal_pending_json,
     list_filters_by_type_and_pages,
+    list_filters_by_queue_and_pages,
     show_page_and_escaping,
     mutations_need_token_and_same_origin,
+    bulk_actions_take_the_queue_filter,
+    a_version_1_table_refuses_the_queue_filter_with_a_banner,
     read_only_console_refuses_every_mutation,
 );
 

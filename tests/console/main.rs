@@ -28,6 +28,19 @@ pub const SCHEDULED: &str = "10000000-0000-4000-8000-0000000000b1";
 /// A running command (live lease).
 pub const RUNNING: &str = "10000000-0000-4000-8000-0000000000c1";
 
+/// The queue of the due `orders.receipt` commands numbered [`DUE_RECEIPTS`] - [`BULK`]
+/// and up (priority 5); the rest stay in `default`.
+pub const BULK_QUEUE: &str = "bulk";
+/// How many due receipts are in [`BULK_QUEUE`].
+pub const BULK: usize = 5;
+/// The queue of the two scheduled `email.digest` commands.
+pub const EMAILS_QUEUE: &str = "emails";
+/// The queue of the two dead letters ([`DEAD`] also has a unique key and a trace parent).
+pub const WEBHOOKS_QUEUE: &str = "webhooks";
+/// [`DEAD`]'s unique key and trace parent.
+pub const DEAD_UNIQUE_KEY: &str = "order-42-paid";
+pub const DEAD_TRACE_PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 /// What the XSS row's payload and last error carry.
 pub const XSS_PAYLOAD: &str = r#"{"html": "<script>window.__xss = 1</script>", "note": "</pre><img src=x onerror=window.__xss=2>"}"#;
 pub const XSS_ERROR: &str = "<script>window.__xss = 3</script> failed & <b>bold</b>";
@@ -84,14 +97,47 @@ const COLUMNS: [&str; 10] = [
     "DeadLetteredAt",
 ];
 
-/// A fresh database with the commands table and known rows: 30 due `orders.receipt`,
-/// 2 scheduled `email.digest`, 1 running, 2 dead (one of them [`XSS`]), 3 completed.
+/// A fresh database with the (schema version 2) commands table and known rows: 30 due
+/// `orders.receipt` (the last [`BULK`] in queue [`BULK_QUEUE`], priority 5), 2 scheduled
+/// `email.digest` (queue [`EMAILS_QUEUE`]), 1 running, 2 dead (one of them [`XSS`]; both
+/// in queue [`WEBHOOKS_QUEUE`]), 3 completed; the rest in queue `default`.
 pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
     let db = TestDb::with_table(engine, tag).await;
+    insert_rows(&db).await;
+    let table = db.q("InternalCommands");
+    let (queue, priority, id, ty) = (db.q("Queue"), db.q("Priority"), db.q("Id"), db.q("Type"));
+    let bulk: Vec<String> = (DUE_RECEIPTS - BULK..DUE_RECEIPTS)
+        .map(|n| format!("'20000000-0000-4000-8000-{n:012}'"))
+        .collect();
+    db.execute(&format!(
+        "UPDATE {table} SET {queue} = '{BULK_QUEUE}', {priority} = 5 WHERE {id} IN ({});
+         UPDATE {table} SET {queue} = '{EMAILS_QUEUE}' WHERE {ty} = 'email.digest';
+         UPDATE {table} SET {queue} = '{WEBHOOKS_QUEUE}' WHERE {ty} = 'webhooks.deliver';
+         UPDATE {table} SET {priority} = -1, {} = 3, {} = '{DEAD_UNIQUE_KEY}', {} = '{DEAD_TRACE_PARENT}' WHERE {id} = '{DEAD}';",
+        bulk.join(", "),
+        db.q("Snoozes"),
+        db.q("UniqueKey"),
+        db.q("TraceParent"),
+    ))
+    .await;
+    db
+}
+
+/// The same rows in a schema-version-1 table (no queues: every row in `default`).
+pub async fn seeded_v1(engine: &'static str, tag: &str) -> TestDb {
+    let db = TestDb::new(engine, tag).await;
+    let kind: icq::Engine = engine.parse().expect("a runtime engine name");
+    db.execute(&icq::schema::render_v1(kind, &icq::TableName::default()).up)
+        .await;
+    insert_rows(&db).await;
+    db
+}
+
+async fn insert_rows(db: &TestDb) {
     let mut rows = Vec::new();
     for n in 0..DUE_RECEIPTS {
         rows.push(row(
-            &db,
+            db,
             &format!("20000000-0000-4000-8000-{n:012}"),
             "orders.receipt",
             &format!(r#"{{"order_id": {n}}}"#),
@@ -107,7 +153,7 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
         .enumerate()
     {
         rows.push(row(
-            &db,
+            db,
             id,
             "email.digest",
             &format!(r#"{{"week": {n}}}"#),
@@ -119,7 +165,7 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
         ));
     }
     rows.push(row(
-        &db,
+        db,
         RUNNING,
         "orders.receipt",
         r#"{"order_id": 999}"#,
@@ -133,7 +179,7 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
         None,
     ));
     rows.push(row(
-        &db,
+        db,
         XSS,
         "webhooks.deliver",
         XSS_PAYLOAD,
@@ -144,7 +190,7 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
         Some(("2026-01-02T00:00:00", XSS_ERROR)),
     ));
     rows.push(row(
-        &db,
+        db,
         DEAD,
         "webhooks.deliver",
         r#"{"event": "order.paid"}"#,
@@ -156,7 +202,7 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
     ));
     for n in 0..3 {
         rows.push(row(
-            &db,
+            db,
             &format!("40000000-0000-4000-8000-{n:012}"),
             "orders.receipt",
             &format!(r#"{{"order_id": {}}}"#, 100 + n),
@@ -176,7 +222,6 @@ pub async fn seeded(engine: &'static str, tag: &str) -> TestDb {
         rows.join(",\n")
     ))
     .await;
-    db
 }
 
 /// `icq --database-url URL ARGS...`: its output (must succeed).
@@ -199,6 +244,12 @@ pub fn icq(url: &str, args: &[&str]) -> String {
 /// `icq pending --format json` as a value.
 pub fn pending_json(url: &str) -> serde_json::Value {
     serde_json::from_str(&icq(url, &["pending", "--format", "json"])).expect("pending JSON")
+}
+
+/// `icq pending --by-queue --format json` as a value.
+pub fn pending_by_queue_json(url: &str) -> serde_json::Value {
+    serde_json::from_str(&icq(url, &["pending", "--by-queue", "--format", "json"]))
+        .expect("pending --by-queue JSON")
 }
 
 /// The state of one command, as `icq show --format json` reports it.

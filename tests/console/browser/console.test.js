@@ -1,6 +1,8 @@
 // The `icq console` browser scenario, launched by tests/console/browser.rs with:
-//   CONSOLE_URL, CONSOLE_TOKEN, EXPECTED_PENDING (`icq pending --format json`), DEAD_ID,
-//   XSS_ID, ENGINE, CHROMIUM (Debian's /usr/bin/chromium), SCREENSHOTS (a directory).
+//   CONSOLE_URL, CONSOLE_TOKEN, EXPECTED_PENDING (`icq pending --format json`),
+//   EXPECTED_BY_QUEUE (`icq pending --by-queue --format json`), BULK_QUEUE and BULK (a
+//   queue of due `orders.receipt` commands and how many), DEAD_ID, XSS_ID, ENGINE,
+//   CHROMIUM (Debian's /usr/bin/chromium), SCREENSHOTS (a directory).
 // playwright-core drives the system chromium; it never downloads a browser. Any failed
 // check throws, and the process exits 1.
 "use strict";
@@ -17,6 +19,9 @@ const env = (name) => {
 const base = env("CONSOLE_URL");
 const token = env("CONSOLE_TOKEN");
 const expected = JSON.parse(env("EXPECTED_PENDING"));
+const expectedByQueue = JSON.parse(env("EXPECTED_BY_QUEUE"));
+const bulkQueue = env("BULK_QUEUE");
+const bulk = Number(env("BULK"));
 const deadId = env("DEAD_ID");
 const xssId = env("XSS_ID");
 const engine = env("ENGINE");
@@ -54,8 +59,47 @@ async function main() {
       }
     }
     assert.equal(await page.locator("figure.chart > svg").count(), 2, "two charts");
+    // Per source and queue: the counts of `icq pending --by-queue --format json`.
+    assert.ok(expectedByQueue.length > 1, "more than one queue");
+    assert.equal(
+      await page.locator("#queue-counts tbody tr").count(),
+      expectedByQueue.length,
+      "one line per source and queue"
+    );
+    for (const row of expectedByQueue) {
+      for (const state of STATES) {
+        const cell = page.locator(
+          `#queue-counts td[data-source="${row.source}"][data-queue="${row.queue}"][data-state="${state}"]`
+        );
+        assert.equal(
+          Number(await cell.innerText()),
+          row[state],
+          `${row.source} ${row.queue} ${state}`
+        );
+      }
+    }
     await shot("overview");
-    console.log("overview counts match icq pending");
+    console.log("overview counts match icq pending and icq pending --by-queue");
+
+    // 1b. Filter a list by queue (the form), then from the overview's per-queue figure.
+    await page.goto(base + "/list");
+    await page.selectOption("select[name=state]", "due");
+    await page.fill("input[name=queue]", bulkQueue);
+    await Promise.all([page.waitForNavigation(), page.click("form.filters button")]);
+    let queues = await page.locator("table.commands td.queue").allInnerTexts();
+    assert.equal(queues.length, bulk, `the ${bulkQueue} queue's due commands`);
+    assert.ok(queues.every((q) => q === bulkQueue), `only the queue filtered: ${queues}`);
+    assert.equal(await page.inputValue("input[name=queue]"), bulkQueue, "the form keeps it");
+    await shot("list-queue");
+    await page.goto(base + "/");
+    await Promise.all([
+      page.waitForNavigation(),
+      page.click(`#queue-counts td[data-queue="${bulkQueue}"][data-state="due"] a`),
+    ]);
+    queues = await page.locator("table.commands td.queue").allInnerTexts();
+    assert.equal(queues.length, bulk, "the overview's figure opens the same list");
+    assert.ok(queues.every((q) => q === bulkQueue));
+    console.log("filter by queue works");
 
     // 2. Filter by type, page forward.
     await page.goto(base + "/list");
@@ -77,6 +121,7 @@ async function main() {
     // 3. Open a command.
     await Promise.all([page.waitForNavigation(), page.locator("table.commands a.id").first().click()]);
     assert.equal(await page.locator("#command-id").innerText(), secondPage[0]);
+    assert.ok((await page.locator("#command-queue").innerText()).length > 0, "its queue");
     const payload = JSON.parse(await page.locator("#payload").innerText());
     assert.equal(typeof payload.order_id, "number");
     await shot("command");
