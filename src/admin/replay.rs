@@ -157,9 +157,9 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
             })
             .collect();
         let new_ids = source.queue.schedule_many(&commands).await?;
-        replayed.extend(rows.iter().zip(new_ids).map(|(row, id)| Replayed {
+        replayed.extend(rows.iter().zip(new_ids).map(|(row, new)| Replayed {
             from: row.id.clone(),
-            id,
+            id: new.id,
             source: source.name.clone(),
         }));
     }

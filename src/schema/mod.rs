@@ -61,6 +61,31 @@ pub fn notify_channel(table: &TableName) -> String {
     format!("icq_{}", table.name())
 }
 
+/// The NOTIFY channel an operator's `icq cancel` signals for `table` on PostgreSQL when
+/// it cancels a running command (`pg_notify` in the cancel's transaction): processors
+/// `LISTEN` on it and check their leases at once. At most 63 bytes, PostgreSQL's
+/// identifier limit (cut on a character boundary), so `LISTEN` and `pg_notify` agree.
+///
+/// # Examples
+///
+/// ```
+/// use icq::TableName;
+///
+/// assert_eq!(icq::schema::cancel_channel(&TableName::default()), "icq_cancel_InternalCommands");
+/// let long = TableName::parse(&"t".repeat(63))?;
+/// assert_eq!(icq::schema::cancel_channel(&long).len(), 63);
+/// # Ok::<(), icq::Error>(())
+/// ```
+pub fn cancel_channel(table: &TableName) -> String {
+    let mut channel = format!("icq_cancel_{}", table.name());
+    let mut end = channel.len().min(63);
+    while !channel.is_char_boundary(end) {
+        end -= 1;
+    }
+    channel.truncate(end);
+    channel
+}
+
 /// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
 /// context; SPEC §8). Version 1 is the original table.
 pub const SCHEMA_VERSION: u32 = 2;

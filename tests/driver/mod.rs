@@ -200,6 +200,7 @@ impl Harness {
             })
             .await
             .expect("insert a command")
+            .id
     }
 
     /// Sets `assignments` (SQL) on the row `id`.
