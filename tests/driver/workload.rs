@@ -639,3 +639,44 @@ pub(crate) async fn new_columns_round_trip(engine: &str) {
         "{engine}"
     );
 }
+
+/// PostgreSQL's listener signals `cancelled` on the table's cancel channel (an
+/// operator's `icq cancel`) and `wake` on inserts, each only its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_listen_signals_cancels_and_inserts_apart() {
+    use tokio::sync::Notify;
+    let h = Harness::new("postgres", "cancelch").await;
+    let (wake, cancelled) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    assert!(
+        h.driver
+            .listen(wake.clone(), cancelled.clone())
+            .await
+            .expect("listen")
+    );
+    let within = Duration::from_secs(5);
+    h.exec(&format!(
+        "SELECT pg_notify('{}', '')",
+        crate::schema::cancel_channel(&h.table)
+    ))
+    .await;
+    tokio::time::timeout(within, cancelled.notified())
+        .await
+        .expect("the cancel notification signals `cancelled`");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), wake.notified())
+            .await
+            .is_err(),
+        "a cancel is not an insert"
+    );
+    schedule(&h, &command()).await;
+    tokio::time::timeout(within, wake.notified())
+        .await
+        .expect("an insert signals `wake`");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), cancelled.notified())
+            .await
+            .is_err(),
+        "an insert is not a cancel"
+    );
+    h.driver.close().await;
+}
