@@ -917,7 +917,8 @@ async fn schedule_effects(engine: &'static str) {
         ],
     );
     let id = one["id"].as_str().unwrap().to_owned();
-    assert_eq!(one.as_object().unwrap().len(), 1);
+    assert_eq!(one.as_object().unwrap().len(), 2);
+    assert_eq!(one["existing"], false);
     let row = json_of(&db, &["dead-letters", "show", &id]);
     assert_eq!(row["type"], "orders.send_receipt");
     assert_eq!(row["payload"], json!({"order_id": 9}));
