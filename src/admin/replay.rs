@@ -23,8 +23,8 @@ use super::{distinct, locate_checked, state_name};
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -62,8 +62,8 @@ pub struct Replayed {
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -102,8 +102,8 @@ pub struct ReplayReport {
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -117,7 +117,7 @@ pub struct ReplayReport {
 /// assert_eq!((copy.type_name.as_str(), copy.payload["n"].as_i64()), ("boom", Some(1)));
 /// assert_eq!(copy.state(chrono::Utc::now()), State::Due);
 ///
-/// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?;
+/// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// let refused = icq::admin::replay(&sources, &[pending]).await;
 /// assert!(matches!(refused, Err(Error::Usage(_)))); // it will run on its own
 /// # Ok(())

@@ -63,8 +63,8 @@ pub fn notify_channel(table: &TableName) -> String {
 
 /// The NOTIFY channel an operator's `icq cancel` signals for `table` on PostgreSQL when
 /// it cancels a running command (`pg_notify` in the cancel's transaction): processors
-/// `LISTEN` on it and check their leases at once. At most 63 bytes, PostgreSQL's
-/// identifier limit (cut on a character boundary), so `LISTEN` and `pg_notify` agree.
+/// `LISTEN` on it and check their leases at once. Table names are at most 50 characters,
+/// so the channel stays within PostgreSQL's 63-byte identifiers.
 ///
 /// # Examples
 ///
@@ -72,18 +72,12 @@ pub fn notify_channel(table: &TableName) -> String {
 /// use icq::TableName;
 ///
 /// assert_eq!(icq::schema::cancel_channel(&TableName::default()), "icq_cancel_InternalCommands");
-/// let long = TableName::parse(&"t".repeat(63))?;
-/// assert_eq!(icq::schema::cancel_channel(&long).len(), 63);
+/// let qualified = TableName::parse("jobs.Commands")?;
+/// assert_eq!(icq::schema::cancel_channel(&qualified), "icq_cancel_Commands");
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn cancel_channel(table: &TableName) -> String {
-    let mut channel = format!("icq_cancel_{}", table.name());
-    let mut end = channel.len().min(63);
-    while !channel.is_char_boundary(end) {
-        end -= 1;
-    }
-    channel.truncate(end);
-    channel
+    format!("icq_cancel_{}", table.name())
 }
 
 /// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
