@@ -720,6 +720,7 @@ impl QueueOps for MySqlDriver {
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
+        self.schema_version().await?;
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
@@ -731,6 +732,9 @@ impl QueueOps for MySqlDriver {
         params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
         let (changes, params) = (params.changes, params.claim);
+        // Looked up (and remembered) before the transaction takes a connection: a pool
+        // of one would otherwise wait on itself.
+        self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
@@ -758,6 +762,7 @@ impl QueueOps for MySqlDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()

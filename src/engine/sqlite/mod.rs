@@ -970,6 +970,7 @@ impl QueueOps for SqliteDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()
@@ -985,6 +986,9 @@ impl QueueOps for SqliteDriver {
         let (changes, params) = (params.changes, params.claim);
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
+        // Looked up (and remembered) before the transaction takes a connection: a pool
+        // of one would otherwise wait on itself.
+        self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
@@ -1010,6 +1014,7 @@ impl QueueOps for SqliteDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()
