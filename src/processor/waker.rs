@@ -16,10 +16,7 @@ use super::SourceHandle;
 pub(crate) async fn listen(source: &SourceHandle) {
     match source
         .backend
-        .listen(
-            source.wake.clone(),
-            std::sync::Arc::new(tokio::sync::Notify::new()),
-        )
+        .listen(source.wake.clone(), std::sync::Arc::new(tokio::sync::Notify::new()))
         .await
     {
         Ok(true) => tracing::debug!(source = %source.name, "listening for inserts"),
