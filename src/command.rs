@@ -432,6 +432,97 @@ impl NewCommand {
         self
     }
 
+    /// Puts the command in the named queue (schema version 2; [`DEFAULT_QUEUE`] unless
+    /// set). Workers serve the queues they list (`queues:`), or every queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let command = NewCommand::new("email.send", serde_json::json!({})).queue("mail");
+    /// assert_eq!(command.queue, "mail");
+    /// assert!(command.validate().is_ok());
+    /// assert!(NewCommand::new("t", serde_json::json!({})).queue("").validate().is_err());
+    /// ```
+    pub fn queue(mut self, queue: impl Into<String>) -> NewCommand {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Sets the priority (schema version 2): among due rows, lower runs first (0 unless
+    /// set; negative numbers run before the default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let urgent = NewCommand::new("alerts.page", serde_json::json!({})).priority(-10);
+    /// assert_eq!(urgent.priority, -10);
+    /// ```
+    pub fn priority(mut self, priority: i16) -> NewCommand {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets the unique key (schema version 2): while a pending row with this key exists
+    /// in the table, scheduling another returns that row's id
+    /// ([`Scheduled::existing`]) instead of inserting. Completed and dead rows free the key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let command = NewCommand::new("reports.daily", serde_json::json!({}))
+    ///     .unique_key("reports.daily:2030-01-01");
+    /// assert_eq!(command.unique_key.as_deref(), Some("reports.daily:2030-01-01"));
+    /// assert!(command.validate().is_ok());
+    /// ```
+    pub fn unique_key(mut self, key: impl Into<String>) -> NewCommand {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// Sets the W3C `traceparent` stored with the row (schema version 2; dropped on a
+    /// version-1 table, which has no column for it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// let command = NewCommand::new("t", serde_json::json!({})).trace_parent(parent);
+    /// assert_eq!(command.trace_parent.as_deref(), Some(parent));
+    /// ```
+    pub fn trace_parent(mut self, trace_parent: impl Into<String>) -> NewCommand {
+        self.trace_parent = Some(trace_parent.into());
+        self
+    }
+
+    /// What of schema version 2 this command asks for (a queue other than
+    /// [`DEFAULT_QUEUE`], a priority other than 0, a unique key), named for the error a
+    /// version-1 table gives; `None` when it schedules on any table. The trace parent is
+    /// not in it: a version-1 table stores the command without it.
+    pub(crate) fn needs_v2(&self) -> Option<&'static str> {
+        if self.unique_key.is_some() {
+            Some("a unique key")
+        } else if self.queue != DEFAULT_QUEUE {
+            Some("a queue other than `default`")
+        } else if self.priority != 0 {
+            Some("a priority other than 0")
+        } else {
+            None
+        }
+    }
+
+    /// Whether the insert must name the version-2 columns.
+    pub(crate) fn uses_v2_columns(&self) -> bool {
+        self.needs_v2().is_some() || self.trace_parent.is_some()
+    }
+
     /// Checks what every engine would otherwise reject less clearly: an empty or overlong
     /// type, a delay beyond [`MAX_DELAY`], an instant outside 1970–9999. The scheduling
     /// functions of [`crate::admin`] call it for you.
@@ -469,7 +560,147 @@ impl NewCommand {
             }
             _ => {}
         }
+        validate_queue_name(&self.queue)?;
+        if let Some(key) = &self.unique_key {
+            validate_unique_key(key)?;
+        }
+        if let Some(parent) = &self.trace_parent
+            && (parent.len() > 255 || parent.contains('\0'))
+        {
+            return Err(Error::Usage(
+                "a trace parent must be at most 255 bytes, without NUL".into(),
+            ));
+        }
         Ok(())
+    }
+}
+
+/// The longest queue name, in bytes (MariaDB's `VARCHAR(128)`).
+pub const MAX_QUEUE_NAME_BYTES: usize = 128;
+
+/// The longest unique key, in bytes (MariaDB's `VARCHAR(255)`).
+pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
+
+/// Checks a queue name: 1–128 bytes, no control characters, not only whitespace.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::validate_queue_name;
+///
+/// assert!(validate_queue_name("mail").is_ok());
+/// assert!(validate_queue_name("reports (eu)").is_ok());
+/// for bad in ["", "  ", "a\nb", "nul\0"] {
+///     assert_eq!(validate_queue_name(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+/// }
+/// assert!(validate_queue_name(&"q".repeat(129)).is_err());
+/// ```
+pub fn validate_queue_name(name: &str) -> Result<()> {
+    if name.trim().is_empty() {
+        return Err(Error::Usage("a queue name must not be empty".into()));
+    }
+    if name.len() > MAX_QUEUE_NAME_BYTES {
+        return Err(Error::Usage(format!(
+            "queue name `{}…` is longer than {MAX_QUEUE_NAME_BYTES} bytes",
+            name.chars().take(40).collect::<String>()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::Usage(format!(
+            "queue name {name:?} holds a control character (a line break, a tab, NUL, …)"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a unique key: 1–255 bytes, no NUL.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::validate_unique_key;
+///
+/// assert!(validate_unique_key("invoice:42").is_ok());
+/// assert!(validate_unique_key("").is_err());
+/// assert!(validate_unique_key("a\0b").is_err());
+/// assert!(validate_unique_key(&"k".repeat(256)).is_err());
+/// ```
+pub fn validate_unique_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::Usage("a unique key must not be empty".into()));
+    }
+    if key.len() > MAX_UNIQUE_KEY_BYTES {
+        return Err(Error::Usage(format!(
+            "unique key `{}…` is longer than {MAX_UNIQUE_KEY_BYTES} bytes",
+            key.chars().take(40).collect::<String>()
+        )));
+    }
+    if key.contains('\0') {
+        return Err(Error::Usage("a unique key must not hold NUL".into()));
+    }
+    Ok(())
+}
+
+/// What scheduling one command did: the id of its row, and whether that row already
+/// existed (a pending row with the same unique key, whose id is returned instead of
+/// inserting a second row).
+///
+/// Compares equal to a [`CommandId`] and dereferences to it, so `queue.get(&scheduled)`
+/// works.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::{CommandId, Scheduled};
+///
+/// let id = CommandId::new();
+/// let scheduled = Scheduled { id: id.clone(), existing: false };
+/// assert_eq!(scheduled, id);
+/// assert_eq!(scheduled.as_str(), id.as_str());
+/// assert_eq!(scheduled.to_string(), id.to_string());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Scheduled {
+    /// The row's id: the new row's, or the existing pending row's.
+    pub id: CommandId,
+    /// `true` when a pending row with the command's unique key already existed and
+    /// nothing was inserted.
+    pub existing: bool,
+}
+
+impl Scheduled {
+    /// A freshly inserted row.
+    pub(crate) fn new(id: CommandId) -> Scheduled {
+        Scheduled {
+            id,
+            existing: false,
+        }
+    }
+}
+
+impl std::ops::Deref for Scheduled {
+    type Target = CommandId;
+
+    fn deref(&self) -> &CommandId {
+        &self.id
+    }
+}
+
+impl PartialEq<CommandId> for Scheduled {
+    fn eq(&self, other: &CommandId) -> bool {
+        self.id == *other
+    }
+}
+
+impl PartialEq<Scheduled> for CommandId {
+    fn eq(&self, other: &Scheduled) -> bool {
+        *self == other.id
+    }
+}
+
+impl fmt::Display for Scheduled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.id.fmt(f)
     }
 }
 

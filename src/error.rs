@@ -396,6 +396,28 @@ impl Error {
             missing_schema: table.schema().map(str::to_owned),
         }
     }
+
+    /// [`Error::Usage`] for asking a version-1 table for `what` (a queue, a priority, a
+    /// unique key: schema version 2), naming the upgrade.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Error, TableName};
+    ///
+    /// let err = Error::needs_schema_v2(&TableName::default(), "a unique key");
+    /// assert_eq!(err.exit_code(), 2);
+    /// assert!(err.to_string().starts_with("table InternalCommands is schema version 1"), "{err}");
+    /// assert!(err.to_string().contains("icq migrate add"), "{err}");
+    /// ```
+    pub fn needs_schema_v2(table: &crate::TableName, what: &str) -> Error {
+        Error::Usage(format!(
+            "table {table} is schema version 1; queues, priorities and unique keys need \
+             version 2: add the upgrade with `icq migrate add` (it writes \
+             <version>_icq_schema_v2.sql) and apply it with `icq migrate run` (asked for: \
+             {what})"
+        ))
+    }
 }
 
 /// `file:line:col: …` when the message starts with a position, `file: …` otherwise.

@@ -225,7 +225,6 @@ pub(crate) fn record_execution(execution: &Execution<'_>, error_type: Option<&st
 impl crate::NewCommand {
     /// The `TraceParent` to store for this command: its own, or else the trace context of
     /// the span it is scheduled in ([`current_traceparent`]).
-    #[allow(dead_code)] // until the engines store it (schema v2 merge)
     pub(crate) fn trace_parent_to_store(&self) -> Option<String> {
         self.trace_parent.clone().or_else(current_traceparent)
     }

@@ -40,7 +40,6 @@ pub(crate) async fn in_execution<F: std::future::Future>(
 
 impl crate::NewCommand {
     /// The `TraceParent` to store for this command: its own.
-    #[allow(dead_code)] // until the engines store it (schema v2 merge)
     pub(crate) fn trace_parent_to_store(&self) -> Option<String> {
         self.trace_parent.clone()
     }

@@ -579,17 +579,13 @@ impl Render for ReplayReport {
 
 impl Render for Scheduled {
     fn human(&self, _style: &Style) -> String {
-        format!("Scheduled {} in source {}.", self.id, self.source)
+        self.summary()
     }
 }
 
 impl Render for ScheduledMany {
     fn human(&self, _style: &Style) -> String {
-        format!(
-            "Scheduled {} in source {}.",
-            plural(self.ids.len() as u64, "command", "commands"),
-            self.source
-        )
+        self.summary(|n| plural(n, "command", "commands"))
     }
 }
 

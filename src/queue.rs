@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::{MySqlConnection, PgConnection, SqliteConnection};
 use tokio::sync::Notify;
 
-use crate::command::{CommandId, NewCommand};
+use crate::command::{CommandId, NewCommand, Scheduled};
 use crate::engine::{self, Backend, ConnectOptions};
 use crate::engine::{CommandGetParams, CommandInsertManyParams, CommandInsertParams};
 use crate::error::{Error, Result};
@@ -36,34 +36,44 @@ use crate::settings::Settings;
 ///
 /// let mut conn = pool.acquire().await?;
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
-/// let id = conn.enqueue(&TableName::default(), &command).await?;
-/// assert_eq!(id, command.id);
+/// let scheduled = conn.enqueue(&TableName::default(), &command).await?;
+/// assert_eq!(scheduled.id, command.id);
+///
+/// // The same unique key again, while the first row is pending: no second row.
+/// let first = NewCommand::new("reports.daily", serde_json::json!({})).unique_key("day:2030-01-01");
+/// let again = NewCommand::new("reports.daily", serde_json::json!({})).unique_key("day:2030-01-01");
+/// let one = conn.enqueue(&TableName::default(), &first).await?;
+/// let two = conn.enqueue(&TableName::default(), &again).await?;
+/// assert_eq!((one.existing, two.existing), (false, true));
+/// assert_eq!(two.id, first.id);
 /// # Ok(())
 /// # }
 /// ```
 #[async_trait]
 pub trait Enqueue: Send {
-    /// Inserts `command` into `table` through this connection. See [`Enqueue`]'s example.
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId>;
+    /// Inserts `command` into `table` through this connection. With a unique key whose
+    /// pending row exists, inserts nothing and returns that row's id
+    /// ([`Scheduled::existing`]). See [`Enqueue`]'s example.
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled>;
 }
 
 #[async_trait]
 impl Enqueue for PgConnection {
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::postgres::insert_command(self, table, command).await
     }
 }
 
 #[async_trait]
 impl Enqueue for SqliteConnection {
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::sqlite::insert_command(self, table, command).await
     }
 }
 
 #[async_trait]
 impl Enqueue for MySqlConnection {
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<CommandId> {
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::mysql::insert_command(self, table, command).await
     }
 }
@@ -102,7 +112,7 @@ pub async fn schedule_in<C: Enqueue + ?Sized>(
     conn: &mut C,
     table: &TableName,
     command: &NewCommand,
-) -> Result<CommandId> {
+) -> Result<Scheduled> {
     conn.enqueue(table, command).await
 }
 
@@ -252,7 +262,10 @@ impl Queue {
         self.backend.table()
     }
 
-    /// Saves `command` now, on its own, and wakes the local processor.
+    /// Saves `command` now, on its own, and wakes the local processor. With a unique key
+    /// whose pending row exists, saves nothing and returns that row's id
+    /// ([`Scheduled::existing`]). On a version-1 table, a queue, a priority or a unique
+    /// key is refused ([`Error::needs_schema_v2`]); plain commands schedule as before.
     ///
     /// # Examples
     ///
@@ -269,23 +282,37 @@ impl Queue {
     ///
     /// let command = NewCommand::new("reports.daily", serde_json::json!({ "day": "2030-01-01" }))
     ///     .delay(Duration::from_secs(3600));
-    /// let id = queue.schedule(&command).await?;
-    /// assert_eq!(id, command.id);
-    /// let row = queue.get(&id).await?.unwrap();
+    /// let scheduled = queue.schedule(&command).await?;
+    /// assert_eq!((scheduled.id.clone(), scheduled.existing), (command.id.clone(), false));
+    /// let row = queue.get(&scheduled.id).await?.unwrap();
     /// assert_eq!(row.state(chrono::Utc::now()), State::Scheduled);
+    ///
+    /// // A unique key: while its row is pending, scheduling it again returns that row.
+    /// let nightly = || NewCommand::new("reports.nightly", serde_json::json!({}))
+    ///     .queue("reports")
+    ///     .priority(5)
+    ///     .unique_key("reports.nightly:2030-01-01");
+    /// let first = queue.schedule(&nightly()).await?;
+    /// let again = queue.schedule(&nightly()).await?;
+    /// assert!(!first.existing && again.existing);
+    /// assert_eq!(again.id, first.id);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn schedule(&self, command: &NewCommand) -> Result<CommandId> {
-        let id = self
+    pub async fn schedule(&self, command: &NewCommand) -> Result<Scheduled> {
+        let scheduled = self
             .backend
             .command_insert(&CommandInsertParams { command })
             .await?;
-        self.wake.notify_one();
-        Ok(id)
+        if !scheduled.existing {
+            self.wake.notify_one();
+        }
+        Ok(scheduled)
     }
 
     /// Saves many commands through the engine's bulk path and wakes the local processor.
+    /// Each with a unique key returns the one pending row holding it, whether that row
+    /// existed before or came earlier in the same batch.
     ///
     /// # Examples
     ///
@@ -308,7 +335,7 @@ impl Queue {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn schedule_many(&self, commands: &[NewCommand]) -> Result<Vec<CommandId>> {
+    pub async fn schedule_many(&self, commands: &[NewCommand]) -> Result<Vec<Scheduled>> {
         let ids = self
             .backend
             .command_insert_many(&CommandInsertManyParams { commands })
@@ -347,7 +374,7 @@ impl Queue {
         &self,
         conn: &mut C,
         command: &NewCommand,
-    ) -> Result<CommandId> {
+    ) -> Result<Scheduled> {
         conn.enqueue(self.table(), command).await
     }
 

@@ -38,7 +38,7 @@ const CANCEL_BATCH: u32 = 500;
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
 ///
-/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?.id;
 /// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
 ///
 /// let one = plan_cancel(&sources, &CancelTarget::Ids(vec![a])).await?;
@@ -94,7 +94,7 @@ struct Part {
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
 ///
-/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?.id;
 /// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
 ///
 /// let digests = CancelTarget::Matching { type_name: Some("email.digest".into()), queue: None };
@@ -182,7 +182,7 @@ pub struct CancelledCommand {
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
 ///
-/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?.id;
 /// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
 ///
 /// let plan = plan_cancel(&sources, &CancelTarget::Ids(vec![a.clone()])).await?;
@@ -225,8 +225,8 @@ pub struct CancelReport {
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -359,7 +359,7 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
 ///
-/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
+/// let a = queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?.id;
 /// queue.schedule(&NewCommand::new("email.digest", serde_json::json!({}))).await?;
 ///
 /// let plan = plan_cancel(&sources, &CancelTarget::Ids(vec![a.clone()])).await?;

@@ -24,8 +24,8 @@ use super::{distinct, locate_checked, state_name};
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -69,8 +69,8 @@ pub struct Replayed {
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -112,8 +112,8 @@ pub struct ReplayReport {
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -127,7 +127,7 @@ pub struct ReplayReport {
 /// assert_eq!((copy.type_name.as_str(), copy.payload["n"].as_i64()), ("boom", Some(1)));
 /// assert_eq!(copy.state(chrono::Utc::now()), State::Due);
 ///
-/// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?;
+/// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// let refused = icq::admin::replay(&sources, &[pending]).await;
 /// assert!(matches!(refused, Err(Error::Usage(_)))); // it will run on its own
 /// # Ok(())
@@ -211,9 +211,9 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
         };
         for (row, plan) in rows.iter().zip(plans) {
             let (id, existing) = match plan {
-                Plan::Copy(n) => (new_ids[n].clone(), false),
+                Plan::Copy(n) => (new_ids[n].id.clone(), new_ids[n].existing),
                 Plan::Held(holder) => (holder, true),
-                Plan::SameAs(n) => (new_ids[n].clone(), true),
+                Plan::SameAs(n) => (new_ids[n].id.clone(), true),
             };
             replayed.push(Replayed {
                 from: row.id.clone(),

@@ -169,17 +169,38 @@ pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
 /// let scheduled = icq::admin::schedule(&source, &command).await?;
 /// assert_eq!(scheduled.source, "shop");
 /// let json = serde_json::to_value(&scheduled)?; // `icq schedule --format json`
-/// assert_eq!(json, serde_json::json!({ "id": scheduled.id }));
+/// assert_eq!(json, serde_json::json!({ "id": scheduled.id, "existing": false }));
+/// assert_eq!(scheduled.summary(), format!("Scheduled {} in source shop.", scheduled.id));
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Scheduled {
-    /// The new command's id.
+    /// The command's id: the new row's, or, with `existing`, the pending row's that
+    /// holds the command's unique key.
     pub id: CommandId,
+    /// `true` when a pending row with the command's unique key already existed: nothing
+    /// was inserted.
+    pub existing: bool,
     /// The source it was scheduled into (shown in tables; not part of the JSON).
     #[serde(skip)]
     pub source: String,
+}
+
+impl Scheduled {
+    /// The sentence `icq schedule` prints: what was scheduled, or which pending command
+    /// already holds the unique key.
+    pub fn summary(&self) -> String {
+        if self.existing {
+            format!(
+                "Already scheduled: pending command {} in source {} holds that unique key; \
+                 nothing was added.",
+                self.id, self.source
+            )
+        } else {
+            format!("Scheduled {} in source {}.", self.id, self.source)
+        }
+    }
 }
 
 /// The result of scheduling from a file: `{"ids": [...]}`.
@@ -200,17 +221,44 @@ pub struct Scheduled {
 /// let commands = parse_jobs(lines, "jobs.jsonl")?;
 /// let scheduled = schedule_many(&source, &commands, &NoProgress).await?;
 /// assert_eq!(scheduled.ids, [commands[0].id.clone(), commands[1].id.clone()]);
-/// assert_eq!(serde_json::to_value(&scheduled)?["ids"].as_array().map(Vec::len), Some(2));
+/// let json = serde_json::to_value(&scheduled)?;
+/// assert_eq!(json["ids"].as_array().map(Vec::len), Some(2));
+/// assert_eq!(json["existing"], serde_json::json!([false, false]));
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScheduledMany {
-    /// The new commands' ids, in line order.
+    /// The commands' ids, in line order (a line whose unique key a pending row holds
+    /// has that row's id).
     pub ids: Vec<CommandId>,
+    /// For each id, whether its row already existed (the line's unique key was held by a
+    /// pending row, or by an earlier line): nothing was inserted for it.
+    pub existing: Vec<bool>,
     /// The source they were scheduled into (shown in tables; not part of the JSON).
     #[serde(skip)]
     pub source: String,
+}
+
+impl ScheduledMany {
+    /// The sentence `icq schedule --from-file` prints; `count` words a number of
+    /// commands (`1 command`, `2 commands`).
+    pub fn summary(&self, count: impl Fn(u64) -> String) -> String {
+        let existing = self.existing.iter().filter(|e| **e).count() as u64;
+        let added = self.ids.len() as u64 - existing;
+        if existing == 0 {
+            format!("Scheduled {} in source {}.", count(added), self.source)
+        } else {
+            format!(
+                "Scheduled {} in source {}; {} already scheduled (a pending command holds \
+                 its unique key), nothing added for {}.",
+                count(added),
+                self.source,
+                count(existing),
+                if existing == 1 { "it" } else { "them" }
+            )
+        }
+    }
 }
 
 /// Schedules one command into `source`, after [`NewCommand::validate`].
@@ -239,9 +287,10 @@ pub struct ScheduledMany {
 /// ```
 pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Scheduled> {
     command.validate()?;
-    let id = source.queue.schedule(command).await?;
+    let scheduled = source.queue.schedule(command).await?;
     Ok(Scheduled {
-        id,
+        id: scheduled.id,
+        existing: scheduled.existing,
         source: source.name.clone(),
     })
 }
@@ -280,13 +329,19 @@ pub async fn schedule_many(
         command.validate()?;
     }
     let mut ids = Vec::with_capacity(commands.len());
+    let mut existing = Vec::with_capacity(commands.len());
     progress.begin(
         &format!("scheduling into {}", source.name),
         commands.len() as u64,
     );
     for chunk in commands.chunks(SCHEDULE_CHUNK) {
         match source.queue.schedule_many(chunk).await {
-            Ok(new) => ids.extend(new),
+            Ok(new) => {
+                for scheduled in new {
+                    ids.push(scheduled.id);
+                    existing.push(scheduled.existing);
+                }
+            }
             Err(err) => {
                 progress.finish();
                 return Err(err);
@@ -297,6 +352,7 @@ pub async fn schedule_many(
     progress.finish();
     Ok(ScheduledMany {
         ids,
+        existing,
         source: source.name.clone(),
     })
 }
@@ -318,11 +374,18 @@ struct JobLine {
     tenant_id: Option<String>,
     #[serde(default)]
     correlation_id: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    priority: Option<i64>,
+    #[serde(default)]
+    unique_key: Option<String>,
 }
 
 /// Parses a JSON Lines document of commands: one object per line,
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
-/// "tenant_id"?, "correlation_id"?}`; blank lines are skipped. The first bad line is an
+/// "tenant_id"?, "correlation_id"?, "queue"?, "priority"?: -32768…32767,
+/// "unique_key"?}`; blank lines are skipped. The first bad line is an
 /// [`Error::Usage`] naming `origin` and the line number. A text already in memory has no
 /// line limit; to read a file or stdin, stream it through [`read_jobs`].
 ///
@@ -421,7 +484,28 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
         Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled"))
     };
     let job: JobLine = serde_json::from_slice(line).map_err(|e| bad(&e))?;
-    let command = NewCommand::new(job.type_name, job.payload)
+    let field = |name: &str, e: Error| bad(&format!("field `{name}`: {e}"));
+    let mut command = NewCommand::new(job.type_name, job.payload);
+    if let Some(queue) = job.queue {
+        crate::command::validate_queue_name(&queue).map_err(|e| field("queue", e))?;
+        command = command.queue(queue);
+    }
+    if let Some(priority) = job.priority {
+        let priority = i16::try_from(priority).map_err(|_| {
+            field(
+                "priority",
+                Error::Usage(format!(
+                    "{priority} is out of range (a priority is -32768 to 32767)"
+                )),
+            )
+        })?;
+        command = command.priority(priority);
+    }
+    if let Some(key) = job.unique_key {
+        crate::command::validate_unique_key(&key).map_err(|e| field("unique_key", e))?;
+        command = command.unique_key(key);
+    }
+    let command = command
         .run_at(job.run_at.map_or(RunAt::Now, RunAt::At))
         .context(Context {
             user_id: job.user_id,
@@ -464,6 +548,37 @@ mod tests {
         );
         let err = parse_jobs("{\"type\":\"a\",\"payload\":1,\"typo\":1}", "f").unwrap_err();
         assert!(err.to_string().contains("unknown field `typo`"), "{err}");
+
+        let text = "{\"type\":\"a\",\"payload\":1,\"queue\":\"mail\",\"priority\":-3,\"unique_key\":\"k\"}";
+        let commands = parse_jobs(text, "f").unwrap();
+        assert_eq!(
+            (commands[0].queue.as_str(), commands[0].priority),
+            ("mail", -3)
+        );
+        assert_eq!(commands[0].unique_key.as_deref(), Some("k"));
+        for (line, field) in [
+            ("{\"type\":\"a\",\"payload\":1,\"queue\":\"\"}", "queue"),
+            (
+                "{\"type\":\"a\",\"payload\":1,\"queue\":\"a\\nb\"}",
+                "queue",
+            ),
+            (
+                "{\"type\":\"a\",\"payload\":1,\"priority\":40000}",
+                "priority",
+            ),
+            (
+                "{\"type\":\"a\",\"payload\":1,\"unique_key\":\"\"}",
+                "unique_key",
+            ),
+        ] {
+            let err = parse_jobs(&format!("{text}\n{line}\n"), "f").unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("f:2: field `{field}`")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -21,8 +21,8 @@ use super::{locate, not_found};
 /// # let source = icq::sources::open_one(&config).await?;
 /// # let queue = source.queue.clone();
 /// # let sources = vec![source];
-/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
-/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
+/// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
+/// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// # let mut registry = icq::Registry::new();
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
@@ -66,7 +66,7 @@ pub struct ShownCommand {
 ///
 /// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
-/// let id = queue.schedule(&command).await?;
+/// let id = queue.schedule(&command).await?.id;
 /// let shown = icq::admin::show(&sources, id).await?;
 /// assert_eq!(shown.row.payload["order"], 42);
 /// let missing = icq::admin::show(&sources, CommandId::new()).await;

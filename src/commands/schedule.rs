@@ -63,12 +63,28 @@ pub struct ScheduleArgs {
     #[arg(long, value_name = "C")]
     pub correlation_id: Option<String>,
 
+    /// The queue to put it in (schema version 2; default: "default"). Workers serve the
+    /// queues they list, or every queue.
+    #[arg(long, value_name = "Q", value_parser = parse_queue)]
+    pub queue: Option<String>,
+
+    /// Its priority among due commands, -32768 to 32767: lower runs first (default 0).
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub priority: Option<i16>,
+
+    /// At most one pending command per key: while one with this key is pending, nothing
+    /// is added and its id is printed (JSON "existing": true). Completed and dead
+    /// commands free the key.
+    #[arg(long, value_name = "K", value_parser = parse_unique_key)]
+    pub unique_key: Option<String>,
+
     /// Schedule every line of this JSON Lines file ("-" for stdin); each line is
-    /// {"type", "payload", "run_at"?, "user_id"?, "roles"?, "tenant_id"?, "correlation_id"?}.
+    /// {"type", "payload", "run_at"?, "user_id"?, "roles"?, "tenant_id"?, "correlation_id"?,
+    /// "queue"?, "priority"?, "unique_key"?}.
     #[arg(
         long,
         value_name = "JSONL",
-        conflicts_with_all = ["type_name", "payload", "at", "delay", "user_id", "roles", "tenant_id", "correlation_id"]
+        conflicts_with_all = ["type_name", "payload", "at", "delay", "user_id", "roles", "tenant_id", "correlation_id", "queue", "priority", "unique_key"]
     )]
     pub from_file: Option<PathBuf>,
 
@@ -82,6 +98,20 @@ pub struct ScheduleArgs {
         value_parser = parse_byte_size
     )]
     pub max_input_bytes: u64,
+}
+
+/// A `--queue` value ([`crate::command::validate_queue_name`]).
+fn parse_queue(raw: &str) -> Result<String, String> {
+    crate::command::validate_queue_name(raw)
+        .map(|()| raw.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// A `--unique-key` value ([`crate::command::validate_unique_key`]).
+fn parse_unique_key(raw: &str) -> Result<String, String> {
+    crate::command::validate_unique_key(raw)
+        .map(|()| raw.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The variable that sets `--max-input-bytes`.
@@ -176,14 +206,22 @@ impl Input {
             (None, Some(delay)) => RunAt::After(delay),
             (None, None) => RunAt::Now,
         };
-        let command = NewCommand::new(type_name, read_payload(&payload, &limit)?)
-            .run_at(run_at)
-            .context(Context {
-                user_id: args.user_id,
-                roles: args.roles,
-                tenant_id: args.tenant_id,
-                correlation_id: args.correlation_id,
-            });
+        let mut command = NewCommand::new(type_name, read_payload(&payload, &limit)?);
+        if let Some(queue) = args.queue {
+            command = command.queue(queue);
+        }
+        if let Some(priority) = args.priority {
+            command = command.priority(priority);
+        }
+        if let Some(key) = args.unique_key {
+            command = command.unique_key(key);
+        }
+        let command = command.run_at(run_at).context(Context {
+            user_id: args.user_id,
+            roles: args.roles,
+            tenant_id: args.tenant_id,
+            correlation_id: args.correlation_id,
+        });
         command.validate()?;
         Ok(Input::One(Box::new(command)))
     }

@@ -558,7 +558,7 @@ pub(crate) fn count_grouping(
 /// processor listens on it and checks its leases at once): `icq_cancel_<table name>`,
 /// without the schema. The same string as `crate::schema::cancel_channel`.
 pub(crate) fn cancel_channel(table: &crate::ident::TableName) -> String {
-    format!("icq_cancel_{}", table.name())
+    crate::schema::cancel_channel(table)
 }
 
 /// Fills the version-2 columns (`Queue`, `Priority`, `UniqueKey`, `TraceParent`,

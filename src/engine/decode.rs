@@ -140,3 +140,78 @@ where
 {
     row.try_get::<String, _>("Id").map(CommandId::stored)
 }
+
+/// Whether the row has `column` (a version-2 column is absent on a version-1 table).
+pub(crate) fn has_column<R>(row: &R, column: &str) -> bool
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    row.try_column(column).is_ok()
+}
+
+/// A small integer column (`Priority`, `Snoozes`) as a 64-bit number, whatever integer
+/// width the engine decodes it with; `Err` for a value that is not an integer (a SQLite
+/// REAL or text another program wrote).
+fn integer<R>(row: &R, column: &str) -> Result<Option<i64>, sqlx::Error>
+where
+    R: Row,
+    Option<i64>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i32>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i16>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    row.try_get::<Option<i64>, _>(column).or_else(|first| {
+        row.try_get::<Option<i32>, _>(column)
+            .map(|v| v.map(i64::from))
+            .or_else(|_| {
+                row.try_get::<Option<i16>, _>(column)
+                    .map(|v| v.map(i64::from))
+            })
+            .map_err(|_| first)
+    })
+}
+
+/// Decodes the version-2 columns (`Queue`, `Priority`, `UniqueKey`, `TraceParent`,
+/// `Snoozes`) into `out`; on a version-1 table (no `Queue` column) they keep their
+/// defaults. A `Queue` that is NULL or not text and a `Priority` that is NULL, not an
+/// integer or outside `i16` are defects: the row is dead-lettered naming the column.
+/// A NULL `Snoozes` (a relaxed column) counts as none.
+pub(crate) fn v2_columns<R>(d: &mut Decoder, row: &R, out: &mut CommandRow)
+where
+    R: Row,
+    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i64>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i32>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Option<i16>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    if !has_column(row, "Queue") {
+        return;
+    }
+    match d.get::<R, Option<String>>(row, "Queue") {
+        Some(Some(queue)) => out.queue = queue,
+        Some(None) => d.defect("Queue", "NULL (a queue name is text)"),
+        None => {}
+    }
+    match integer(row, "Priority") {
+        Ok(Some(n)) => match i16::try_from(n) {
+            Ok(priority) => out.priority = priority,
+            Err(_) => d.defect(
+                "Priority",
+                format!("{n} is out of range (a priority is -32768 to 32767)"),
+            ),
+        },
+        Ok(None) => d.defect("Priority", "NULL (a priority is an integer)"),
+        Err(err) => d.defect("Priority", format!("not an integer ({err})")),
+    }
+    out.unique_key = d.get::<R, Option<String>>(row, "UniqueKey").flatten();
+    out.trace_parent = d.get::<R, Option<String>>(row, "TraceParent").flatten();
+    match integer(row, "Snoozes") {
+        Ok(Some(n)) => {
+            out.snoozes = i32::try_from(n.max(0)).unwrap_or(i32::MAX);
+        }
+        Ok(None) => {}
+        Err(err) => d.defect("Snoozes", format!("not an integer ({err})")),
+    }
+}

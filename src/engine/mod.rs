@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand};
+use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, Scheduled};
 use crate::error::Result;
 use crate::ident::{Engine, TableName};
 
@@ -333,14 +333,19 @@ pub trait QueueOps: Send + Sync + 'static {
         MAX_CLAIMS_IN_FLIGHT
     }
 
-    /// Inserts one command on its own (autocommit) and returns its id.
-    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId>;
+    /// Inserts one command on its own (autocommit) and returns its id; with a unique key
+    /// whose pending row exists, inserts nothing and returns that row's id
+    /// (`existing: true`). On a version-1 table a command asking for a queue, a priority
+    /// or a unique key is refused ([`crate::Error::needs_schema_v2`]).
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<Scheduled>;
 
-    /// Inserts many commands in bulk in one transaction (`COPY` on PostgreSQL).
+    /// Inserts many commands in bulk in one transaction (`COPY` on PostgreSQL), each
+    /// with a unique key as [`QueueOps::command_insert`] does: a key already pending, or
+    /// repeated within the batch, returns the one row's id for each.
     async fn command_insert_many(
         &self,
         params: &CommandInsertManyParams<'_>,
-    ) -> Result<Vec<CommandId>>;
+    ) -> Result<Vec<Scheduled>>;
 
     /// Claims up to `limit` due rows in one statement under `token`; increments
     /// `Attempts` on each (saturating, so a hostile value cannot fail the statement).
@@ -376,12 +381,20 @@ pub trait QueueOps: Send + Sync + 'static {
     /// Of `leases`, the ones still held (the row is pending and its `LockToken` is still
     /// the lease's token); the others were lost: cancelled by an operator or claimed by
     /// another processor. A read, cheap enough to run every second or two.
-    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>> {
-        Ok(params.leases.clone())
-    }
+    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>>;
 
     /// How many rows are due and running right now.
     async fn activity(&self) -> Result<Activity>;
+
+    /// [`QueueOps::activity`] of the rows of `queues` only (`None`: every queue, as
+    /// `activity`). A worker serving some queues is idle when those are; rows with a NULL
+    /// `Queue` (which no queue filter matches) count in every call, so the processor
+    /// does not idle while they wait to be settled. On a version-1 table, which has no
+    /// queues, `Some` is refused like a claim.
+    async fn activity_in(&self, queues: Option<&[String]>) -> Result<Activity> {
+        let _ = queues;
+        self.activity().await
+    }
 
     /// How many of the first `window` due rows, in claim order, hold a live lease of
     /// another processor: the rows every claim of this one steps over while other
@@ -424,6 +437,101 @@ impl SchemaVersionCache {
     pub(crate) fn forget(&self) {
         self.0.store(0, std::sync::atomic::Ordering::Release);
     }
+}
+
+/// Which queues a claim (or a count) takes: the statement differs for each (one queue
+/// is a seek in the queue poll index, in claim order; several are `= ANY` / `IN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum QueueFilter {
+    /// Every queue.
+    All,
+    /// One named queue.
+    One,
+    /// Several named queues (or none).
+    Many,
+}
+
+impl QueueFilter {
+    pub(crate) fn of(queues: Option<&[String]>) -> QueueFilter {
+        match queues {
+            None => QueueFilter::All,
+            Some([_]) => QueueFilter::One,
+            Some(_) => QueueFilter::Many,
+        }
+    }
+}
+
+/// Refuses a queue filter on a version-1 table, which has no queues.
+pub(crate) fn check_queues(
+    version: u32,
+    table: &TableName,
+    queues: Option<&[String]>,
+) -> Result<()> {
+    if version < 2 && queues.is_some() {
+        return Err(crate::Error::needs_schema_v2(table, "claiming by queue"));
+    }
+    Ok(())
+}
+
+/// How often, at most, a claim on a version-2 table also looks for pending rows no
+/// claim in priority order would settle: a NULL `RunAt` (never due) or a NULL `Queue`
+/// (no queue filter matches it), which another program's relaxed columns allow. On a
+/// version-2 table that look is not a seek (`RunAt` is not the poll index's first
+/// column), so it is not made with every claim; such rows settle within this period.
+pub(crate) const UNUSABLE_EVERY: Duration = Duration::from_secs(2);
+
+/// When a driver's claims last looked for unusable rows (see [`UNUSABLE_EVERY`]).
+#[derive(Debug, Default)]
+pub(crate) struct UnusableGate(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl UnusableGate {
+    /// Whether this claim should look (and, if so, the look is counted as made now).
+    pub(crate) fn due(&self) -> bool {
+        let mut at = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if at.is_some_and(|at| at.elapsed() < UNUSABLE_EVERY) {
+            return false;
+        }
+        *at = Some(std::time::Instant::now());
+        true
+    }
+}
+
+/// Claim statements rendered on first use, by their shape (the key).
+#[derive(Debug)]
+pub(crate) struct SqlCache<K>(std::sync::Mutex<std::collections::HashMap<K, Arc<str>>>);
+
+impl<K> Default for SqlCache<K> {
+    fn default() -> Self {
+        SqlCache(std::sync::Mutex::new(std::collections::HashMap::new()))
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy> SqlCache<K> {
+    /// The statement of `key`, rendered by `render` the first time.
+    pub(crate) fn get(&self, key: K, render: impl FnOnce(K) -> String) -> Arc<str> {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        map.entry(key).or_insert_with(|| render(key).into()).clone()
+    }
+}
+
+/// How many times an insert with a unique key tries again when the pending row holding
+/// the key settled between the insert that met it and the read of its id.
+pub(crate) const UNIQUE_KEY_TRIES: usize = 20;
+
+/// The error when the pending row holding a unique key keeps settling (or cannot be
+/// seen) between the insert and the read.
+pub(crate) fn unique_key_unsettled(table: &TableName, key: &str) -> crate::Error {
+    crate::Error::Usage(format!(
+        "scheduling into {table}: a pending row holds unique key `{key}`, but its id could not \
+         be read (it kept settling, or the transaction's snapshot predates it: schedule with \
+         a unique key in a READ COMMITTED transaction); nothing was scheduled"
+    ))
 }
 
 /// Runs a DDL script (several statements) on `executor`: creating or dropping a table.

@@ -67,6 +67,25 @@ pub fn notify_channel(table: &TableName) -> String {
     format!("icq_{}", table.name())
 }
 
+/// The NOTIFY channel an operator's `icq cancel` signals for `table` on PostgreSQL when
+/// it cancels a running command (`pg_notify` in the cancel's transaction): processors
+/// `LISTEN` on it and check their leases at once. Table names are at most 50 characters,
+/// so the channel stays within PostgreSQL's 63-byte identifiers.
+///
+/// # Examples
+///
+/// ```
+/// use icq::TableName;
+///
+/// assert_eq!(icq::schema::cancel_channel(&TableName::default()), "icq_cancel_InternalCommands");
+/// let qualified = TableName::parse("jobs.Commands")?;
+/// assert_eq!(icq::schema::cancel_channel(&qualified), "icq_cancel_Commands");
+/// # Ok::<(), icq::Error>(())
+/// ```
+pub fn cancel_channel(table: &TableName) -> String {
+    format!("icq_cancel_{}", table.name())
+}
+
 /// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
 /// context; SPEC §8). Version 1 is the original table.
 pub const SCHEMA_VERSION: u32 = 2;

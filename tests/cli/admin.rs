@@ -930,7 +930,8 @@ async fn schedule_effects(engine: &'static str) {
         ],
     );
     let id = one["id"].as_str().unwrap().to_owned();
-    assert_eq!(one.as_object().unwrap().len(), 1);
+    assert_eq!(one.as_object().unwrap().len(), 2);
+    assert_eq!(one["existing"], false);
     let row = json_of(&db, &["dead-letters", "show", &id]);
     assert_eq!(row["type"], "orders.send_receipt");
     assert_eq!(row["payload"], json!({"order_id": 9}));
@@ -2291,17 +2292,14 @@ on_every_engine!(
 
 mod replay_copies_queue_priority_and_key {
     #[tokio::test]
-    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
     async fn postgres() {
         super::replay_copies_queue_priority_and_key("postgres").await
     }
     #[tokio::test]
-    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
     async fn sqlite() {
         super::replay_copies_queue_priority_and_key("sqlite").await
     }
     #[tokio::test]
-    #[ignore = "needs the scheduling side's insert of Queue/Priority/UniqueKey (issue 21, v2-engine); un-ignore at merge"]
     async fn mysql() {
         super::replay_copies_queue_priority_and_key("mysql").await
     }

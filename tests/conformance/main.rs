@@ -5,6 +5,7 @@
 mod support;
 
 mod semantics;
+mod unique_keys;
 
 /// Expands each listed test into one `#[tokio::test]` per runtime engine.
 macro_rules! for_each_engine {
@@ -14,6 +15,20 @@ macro_rules! for_each_engine {
         mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::semantics::$name("mysql").await } )* }
     };
 }
+
+/// Expands each listed test of [`unique_keys`] into one `#[tokio::test]` per engine.
+macro_rules! cli_for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod cli_postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::unique_keys::$name("postgres").await } )* }
+        mod cli_sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::unique_keys::$name("sqlite").await } )* }
+        mod cli_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::unique_keys::$name("mysql").await } )* }
+    };
+}
+
+cli_for_each_engine!(
+    eight_schedule_processes_with_one_key_create_one_row,
+    bad_values_and_version_1_tables_are_refused_with_the_reason,
+);
 
 for_each_engine!(
     rollback_schedules_nothing_and_commit_runs_once,

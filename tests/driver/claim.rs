@@ -216,6 +216,7 @@ pub(crate) async fn two_claimers_get_disjoint_rows_and_together_all(engine: &str
         .await
         .expect("insert")
         .into_iter()
+        .map(|s| s.id)
         .collect();
     let other = h.another_driver().await;
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));

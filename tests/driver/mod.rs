@@ -15,6 +15,7 @@ mod decode;
 mod lease;
 mod stamp;
 mod sweep;
+mod workload;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -75,6 +76,20 @@ impl Harness {
     /// A fresh commands table created by the migration's DDL as `edit` changes it (a
     /// foreign program's variant of the table).
     pub async fn with_ddl(engine: &str, tag: &str, edit: impl FnOnce(String) -> String) -> Harness {
+        Harness::create(engine, tag, crate::schema::render, edit).await
+    }
+
+    /// A fresh version-1 commands table (before queues, priorities and unique keys).
+    pub async fn v1(engine: &str, tag: &str) -> Harness {
+        Harness::create(engine, tag, crate::schema::render_v1, |ddl| ddl).await
+    }
+
+    async fn create(
+        engine: &str,
+        tag: &str,
+        render: fn(Engine, &TableName) -> crate::schema::Ddl,
+        edit: impl FnOnce(String) -> String,
+    ) -> Harness {
         let engine: Engine = engine.parse().expect("a runtime engine");
         let table = unique_table(tag);
         let (url, dir) = match engine {
@@ -97,7 +112,7 @@ impl Harness {
             url,
             _dir: dir,
         };
-        let ddl = edit(crate::schema::render(engine, &table).up);
+        let ddl = edit(render(engine, &table).up);
         harness
             .driver
             .schema_apply(&ddl)
@@ -200,6 +215,7 @@ impl Harness {
             })
             .await
             .expect("insert a command")
+            .id
     }
 
     /// Sets `assignments` (SQL) on the row `id`.
@@ -323,4 +339,17 @@ driver_cases!(
     decode::undecodable_rows_come_back_with_defects_and_never_fail_the_claim,
     decode::ids_are_matched_exactly_as_stored,
     sweep::sweep_deletes_only_old_completed_rows_in_bounded_batches,
+    workload::claims_come_in_priority_then_run_at_order,
+    workload::a_queue_filter_claims_only_those_queues,
+    workload::activity_in_counts_the_queues_asked_for,
+    workload::concurrent_schedulers_with_one_unique_key_create_one_row,
+    workload::plain_sql_inserts_honour_the_unique_key,
+    workload::completed_and_dead_rows_free_the_unique_key,
+    workload::bulk_inserts_with_repeated_keys_return_the_one_row,
+    workload::in_transaction_inserts_honour_the_unique_key,
+    workload::snooze_gives_the_attempt_back_and_counts_itself,
+    workload::lease_check_returns_the_leases_still_held,
+    workload::a_version_1_table_claims_as_before_and_refuses_version_2_asks,
+    workload::foreign_rows_with_unusable_queue_or_priority_settle_alone,
+    workload::new_columns_round_trip,
 );

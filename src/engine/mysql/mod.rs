@@ -20,10 +20,10 @@ use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams, marks,
 };
-use crate::command::{CommandId, CommandRow, NewCommand, RunAt};
+use crate::command::{CommandId, CommandRow, NewCommand, RunAt, Scheduled};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
@@ -36,6 +36,13 @@ pub(crate) const COLUMNS: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `Payl
      `RunAt`, `Attempts`, `LockToken`, `LockedUntil`, `ProcessedAt`, `DeadLetteredAt`, \
      `LastError`, `UserId`, `Roles`, `TenantId`, `CorrelationId`";
 
+/// [`COLUMNS`] and the version-2 columns: what every read of a version-2 table uses
+/// ([`MySqlDriver::columns`] picks by the table's version).
+pub(crate) const COLUMNS_V2: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `Payload`, `CreatedAt`, \
+     `RunAt`, `Attempts`, `LockToken`, `LockedUntil`, `ProcessedAt`, `DeadLetteredAt`, \
+     `LastError`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, `Queue`, `Priority`, \
+     `UniqueKey`, `TraceParent`, `Snoozes`";
+
 /// A MySQL/MariaDB source: its pool, table and SQL text.
 pub struct MySqlDriver {
     pub(crate) pool: MySqlPool,
@@ -45,13 +52,22 @@ pub struct MySqlDriver {
     sql: Sql,
     /// The table's schema version, once looked up.
     version: super::SchemaVersionCache,
+    /// When a claim last looked for rows no claim in priority order settles.
+    unusable: super::UnusableGate,
 }
 
 struct Sql {
     insert: Arc<str>,
-    set_state: Arc<str>,
+    /// The version-2 insert of one row.
+    insert_v2: Arc<str>,
+    /// The pending row holding a unique key (a locking read: it sees the latest
+    /// committed row even in an older snapshot of the caller's transaction).
+    pending_by_key: Arc<str>,
+    set_state_v1: Arc<str>,
+    set_state_v2: Arc<str>,
     extend: Arc<str>,
     extended: Arc<str>,
+    check: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
 }
@@ -60,8 +76,49 @@ struct Sql {
 const INSERT_ROW: &str =
     "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?)";
 
+/// One row of a version-2 insert: thirteen parameters.
+const INSERT_ROW_V2: &str =
+    "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?, ?, ?, ?, ?)";
+
 /// Rows per multi-row insert.
 const INSERT_ROWS_PER_STATEMENT: usize = 1000;
+
+/// The version-2 insert of `rows` rows.
+fn insert_v2_sql(t: &str, rows: usize) -> Arc<str> {
+    format!(
+        "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, \
+         `Queue`, `Priority`, `UniqueKey`, `TraceParent`) VALUES {}",
+        vec![INSERT_ROW_V2; rows].join(", ")
+    )
+    .into()
+}
+
+fn pending_by_key_sql(t: &str) -> String {
+    format!("SELECT `Id` FROM {t} WHERE `PendingUniqueKey` = ? LOCK IN SHARE MODE")
+}
+
+/// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
+/// snooze (a release with a move that, on a version-2 table, counts itself in
+/// `Snoozes`, saturating).
+fn set_state_sql(leases: &str, v2: bool) -> String {
+    let snoozes = if v2 {
+        "c.`Snoozes` = CASE WHEN s.kind = 4 AND c.`Snoozes` < 2147483647 \
+                             THEN c.`Snoozes` + 1 ELSE c.`Snoozes` END, "
+    } else {
+        ""
+    };
+    format!(
+        "UPDATE {leases} SET \
+           c.`ProcessedAt` = CASE WHEN s.kind = 0 THEN {NOW} ELSE c.`ProcessedAt` END, \
+           c.`DeadLetteredAt` = CASE WHEN s.kind = 2 THEN {NOW} ELSE c.`DeadLetteredAt` END, \
+           c.`RunAt` = CASE WHEN s.delay >= 0 THEN {NOW} + INTERVAL s.delay MICROSECOND \
+                            ELSE c.`RunAt` END, \
+           c.`LastError` = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c.`LastError` END, \
+           c.`Attempts` = CASE WHEN s.kind IN (3, 4) THEN GREATEST(c.`Attempts` - 1, 0) \
+                               ELSE c.`Attempts` END, \
+           {snoozes}c.`LockToken` = NULL, c.`LockedUntil` = NULL"
+    )
+}
 
 fn insert_sql(t: &str) -> String {
     format!(
@@ -86,71 +143,98 @@ impl Sql {
         let leases = leases_join(t);
         Sql {
             insert: insert_sql(t).into(),
-            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
-            set_state: format!(
-                "UPDATE {leases} SET \
-                   c.`ProcessedAt` = CASE WHEN s.kind = 0 THEN {NOW} ELSE c.`ProcessedAt` END, \
-                   c.`DeadLetteredAt` = CASE WHEN s.kind = 2 THEN {NOW} ELSE c.`DeadLetteredAt` END, \
-                   c.`RunAt` = CASE WHEN s.delay >= 0 THEN {NOW} + INTERVAL s.delay MICROSECOND \
-                                    ELSE c.`RunAt` END, \
-                   c.`LastError` = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c.`LastError` END, \
-                   c.`Attempts` = CASE WHEN s.kind = 3 THEN GREATEST(c.`Attempts` - 1, 0) \
-                                       ELSE c.`Attempts` END, \
-                   c.`LockToken` = NULL, c.`LockedUntil` = NULL"
-            )
-            .into(),
-            extend: format!(
-                "UPDATE {leases} SET c.`LockedUntil` = {NOW} + INTERVAL ? MICROSECOND"
-            )
-            .into(),
+            insert_v2: insert_v2_sql(t, 1),
+            pending_by_key: pending_by_key_sql(t).into(),
+            set_state_v1: set_state_sql(&leases, false).into(),
+            set_state_v2: set_state_sql(&leases, true).into(),
+            extend: format!("UPDATE {leases} SET c.`LockedUntil` = {NOW} + INTERVAL ? MICROSECOND")
+                .into(),
             extended: format!("SELECT c.`Id`, c.`LockToken` FROM {leases}").into(),
+            check: format!(
+                "SELECT c.`Id`, c.`LockToken` FROM {leases} \
+                 WHERE c.`ProcessedAt` IS NULL AND c.`DeadLetteredAt` IS NULL"
+            )
+            .into(),
             sweep: format!(
                 "DELETE FROM {t} WHERE `ProcessedAt` IS NOT NULL \
                    AND `ProcessedAt` < {NOW} - INTERVAL ? MICROSECOND \
                  ORDER BY `ProcessedAt` LIMIT ?"
             )
             .into(),
-            activity: format!(
-                "SELECT \
-                   CAST(COALESCE(SUM(`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}), 0) AS SIGNED) AS due, \
-                   CAST(COALESCE(SUM(`LockedUntil` > {NOW}), 0) AS SIGNED) AS running \
-                 FROM {t} \
-                 WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
-                   AND (`RunAt` <= {NOW} OR `RunAt` IS NULL OR `LockedUntil` > {NOW})"
-            )
-            .into(),
+            activity: activity_sql(t, "").into(),
         }
     }
 }
 
-/// The select of a claim; with `types`, only those types; never the `except` ids that
-/// follow them (the rows the same transaction has just stamped, which a release or a
-/// retry without delay leaves due, are not claimed back, as on PostgreSQL, whose one
-/// statement sees them leased).
-fn claim_select_sql(t: &str, types: usize, except: usize) -> String {
+fn activity_sql(t: &str, filter: &str) -> String {
+    format!(
+        "SELECT \
+           CAST(COALESCE(SUM(`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}), 0) AS SIGNED) AS due, \
+           CAST(COALESCE(SUM(`LockedUntil` > {NOW}), 0) AS SIGNED) AS running \
+         FROM {t} \
+         WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
+           AND (`RunAt` <= {NOW} OR `RunAt` IS NULL OR `LockedUntil` > {NOW}){filter}"
+    )
+}
+
+/// The select of a claim: `types` types only, `queues` (a version-2 table) those queues
+/// only, never the `except` ids that follow them (the rows the same transaction has just
+/// stamped, which a release or a retry without delay leaves due, are not claimed back,
+/// as on PostgreSQL, whose one statement sees them leased). Parameters in order: the
+/// processing delay, the types, the queues, the except ids, the limit.
+fn claim_select_sql(
+    t: &str,
+    v2: bool,
+    types: usize,
+    queues: Option<usize>,
+    except: usize,
+    unusable: bool,
+) -> String {
     let mut filter = if types == 0 {
         String::new()
     } else {
         format!(" AND `Type` IN ({})", marks(types))
     };
+    match queues {
+        None => {}
+        Some(1) => filter.push_str(" AND `Queue` = ?"),
+        Some(0) => filter.push_str(" AND `Queue` IN (NULL)"),
+        Some(n) => filter.push_str(&format!(" AND `Queue` IN ({})", marks(n))),
+    }
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
     }
+    let order = if v2 { "`Priority`, `RunAt`" } else { "`RunAt`" };
     // The second part: a few pending rows whose `RunAt` is NULL (another program relaxed
-    // NOT NULL), which no time makes due: claimed as they are, dead-lettered by the
-    // executor naming the column. A seek on the `RunAt` index.
+    // NOT NULL), which no time makes due, or (version 2) whose `Queue` is NULL, which no
+    // queue filter matches: claimed as they are, dead-lettered by the executor naming
+    // the column. A seek on the version-1 poll index; on version 2 (whose poll indexes
+    // lead with `Priority` and `Queue`) made now and then only.
+    let unusable = match (unusable, v2) {
+        (false, _) => String::new(),
+        (true, false) => format!(
+            " UNION ALL \
+             (SELECT `Id` FROM {t} \
+             WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` IS NULL \
+               AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+             LIMIT 10 FOR UPDATE SKIP LOCKED)"
+        ),
+        (true, true) => format!(
+            " UNION ALL \
+             (SELECT `Id` FROM {t} \
+             WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
+               AND (`RunAt` IS NULL OR `Queue` IS NULL) \
+               AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+             LIMIT 10 FOR UPDATE SKIP LOCKED)"
+        ),
+    };
     format!(
         "(SELECT `Id` FROM {t} \
          WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
            AND `RunAt` <= {NOW} \
            AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
            AND (`CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND OR `CreatedAt` IS NULL){filter} \
-         ORDER BY `RunAt` LIMIT ? FOR UPDATE SKIP LOCKED) \
-         UNION ALL \
-         (SELECT `Id` FROM {t} \
-         WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` IS NULL \
-           AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
-         LIMIT 10 FOR UPDATE SKIP LOCKED)"
+         ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED){unusable}"
     )
 }
 
@@ -183,43 +267,153 @@ pub(crate) fn micros(d: Duration) -> i64 {
 }
 
 /// Inserts `command` through `conn` — a pooled connection or, with `&mut *tx`, the
-/// caller's open transaction, so the command commits or rolls back with it.
+/// caller's open transaction, so the command commits or rolls back with it. With a
+/// unique key whose pending row exists (committed, or inserted earlier in the same
+/// transaction), inserts nothing and returns that row's id (`existing: true`).
 pub async fn insert_command(
     conn: &mut MySqlConnection,
     table: &TableName,
     command: &NewCommand,
-) -> Result<CommandId> {
-    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Mysql)).into();
-    insert_rows(conn, &sql, table, std::slice::from_ref(command)).await?;
-    Ok(command.id.clone())
+) -> Result<Scheduled> {
+    command.validate()?;
+    let t = table.quoted(Engine::Mysql);
+    let version = if command.uses_v2_columns() {
+        table_version(conn, table).await?
+    } else {
+        1
+    };
+    let sql = Inserts {
+        v1: insert_sql(&t).into(),
+        v2: insert_v2_sql(&t, 1),
+        by_key: pending_by_key_sql(&t).into(),
+    };
+    insert_one(conn, &sql, table, command, version).await
 }
 
-/// Inserts `commands` with one multi-row statement (`sql` has one row per command).
+/// The schema version of `table` as `conn` sees it.
+async fn table_version(conn: &mut MySqlConnection, table: &TableName) -> Result<u32> {
+    let found: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'Queue'",
+    )
+    .bind(table.schema())
+    .bind(table.name())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(Error::db(format!(
+        "looking up the schema version of {table}"
+    )))?;
+    Ok(if found > 0 { 2 } else { 1 })
+}
+
+/// The insert statements [`insert_one`] chooses from.
+struct Inserts {
+    v1: Arc<str>,
+    v2: Arc<str>,
+    by_key: Arc<str>,
+}
+
+/// Inserts one command: the version-1 statement when it names no version-2 column, else
+/// the version-2 one; with a unique key a pending row holds, the insert fails on the
+/// unique index (a plain INSERT: `INSERT IGNORE` would hide other errors too) and that
+/// row's id is returned instead. A failed statement leaves the caller's transaction as
+/// it was.
+async fn insert_one(
+    conn: &mut MySqlConnection,
+    sql: &Inserts,
+    table: &TableName,
+    command: &NewCommand,
+    version: u32,
+) -> Result<Scheduled> {
+    command.validate()?;
+    if version < 2
+        && let Some(what) = command.needs_v2()
+    {
+        return Err(Error::needs_schema_v2(table, what));
+    }
+    if version < 2 || !command.uses_v2_columns() {
+        insert_rows(conn, &sql.v1, table, std::slice::from_ref(command), false).await?;
+        return Ok(Scheduled::new(command.id.clone()));
+    }
+    let Some(key) = &command.unique_key else {
+        insert_rows(conn, &sql.v2, table, std::slice::from_ref(command), true).await?;
+        return Ok(Scheduled::new(command.id.clone()));
+    };
+    let context = || format!("scheduling a command into {table}");
+    for _ in 0..super::UNIQUE_KEY_TRIES {
+        let inserted = bind_row(sqlx::query(AssertSqlSafe(sql.v2.clone())), command, true)
+            .execute(&mut *conn)
+            .await;
+        match inserted {
+            Ok(_) => return Ok(Scheduled::new(command.id.clone())),
+            Err(err) if held_key(&err) => {}
+            Err(err) => return Err(Error::db(context())(err)),
+        }
+        let existing: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.by_key.clone()))
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        if let Some(existing) = existing {
+            return Ok(Scheduled {
+                id: CommandId::stored(existing),
+                existing: true,
+            });
+        }
+    }
+    Err(super::unique_key_unsettled(table, key))
+}
+
+/// Whether `err` is a duplicate in the unique-key index (not the primary key: a reused
+/// `Id` stays an error).
+fn held_key(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|db| db.is_unique_violation() && !db.message().contains("PRIMARY"))
+}
+
+type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+
+/// Binds one row of an insert (thirteen parameters with `v2`, else nine).
+fn bind_row<'q>(query: MySqlQuery<'q>, command: &NewCommand, v2: bool) -> MySqlQuery<'q> {
+    let (at, delay) = match command.run_at {
+        RunAt::Now => (None, 0),
+        RunAt::At(at) => (Some(at.naive_utc()), 0),
+        RunAt::After(delay) => (None, micros(delay)),
+    };
+    let ctx = &command.context;
+    let query = query
+        .bind(command.id.to_string())
+        .bind(command.type_name.clone())
+        .bind(command.payload.to_string())
+        .bind(at)
+        .bind(delay)
+        .bind(ctx.user_id.clone())
+        .bind(ctx.roles_json())
+        .bind(ctx.tenant_id.clone())
+        .bind(ctx.correlation_id.clone());
+    if !v2 {
+        return query;
+    }
+    query
+        .bind(command.queue.clone())
+        .bind(command.priority)
+        .bind(command.unique_key.clone())
+        .bind(command.trace_parent_to_store())
+}
+
+/// Inserts `commands` with one multi-row statement (`sql` has one row per command, of
+/// the version-2 columns with `v2`).
 async fn insert_rows(
     conn: &mut MySqlConnection,
     sql: &Arc<str>,
     table: &TableName,
     commands: &[NewCommand],
+    v2: bool,
 ) -> Result<()> {
     let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
     for command in commands {
         command.validate()?;
-        let (at, delay) = match command.run_at {
-            RunAt::Now => (None, 0),
-            RunAt::At(at) => (Some(at.naive_utc()), 0),
-            RunAt::After(delay) => (None, micros(delay)),
-        };
-        let ctx = &command.context;
-        query = query
-            .bind(command.id.to_string())
-            .bind(command.type_name.clone())
-            .bind(command.payload.to_string())
-            .bind(at)
-            .bind(delay)
-            .bind(ctx.user_id.clone())
-            .bind(ctx.roles_json())
-            .bind(ctx.tenant_id.clone())
-            .bind(ctx.correlation_id.clone());
+        query = bind_row(query, command, v2);
     }
     query
         .execute(conn)
@@ -268,6 +462,7 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
     out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    super::decode::v2_columns(&mut d, row, &mut out);
     Ok(d.finish(out))
 }
 
@@ -305,11 +500,31 @@ impl MySqlDriver {
             sql: Sql::new(&t),
             t,
             version: Default::default(),
+            unusable: Default::default(),
         })
     }
 
     fn ctx(&self, what: &str) -> String {
         format!("{what} ({})", self.table)
+    }
+
+    /// The insert statements of this table.
+    fn inserts(&self) -> Inserts {
+        Inserts {
+            v1: self.sql.insert.clone(),
+            v2: self.sql.insert_v2.clone(),
+            by_key: self.sql.pending_by_key.clone(),
+        }
+    }
+
+    /// The column list of a full read of this table: [`COLUMNS_V2`] on a version-2
+    /// table, [`COLUMNS`] on version 1.
+    pub(crate) async fn columns(&self) -> Result<&'static str> {
+        Ok(if self.schema_version().await? >= 2 {
+            COLUMNS_V2
+        } else {
+            COLUMNS
+        })
     }
 
     /// The claim's three statements, inside the caller's transaction; never the rows of
@@ -322,12 +537,27 @@ impl MySqlDriver {
     ) -> Result<Vec<ClaimedRow>> {
         let t = &self.t;
         let ctx = || self.ctx("claiming due commands");
+        let version = self.schema_version().await?;
+        super::check_queues(version, &self.table, params.queues.as_deref())?;
+        let v2 = version >= 2;
         let types = params.types.as_deref().unwrap_or(&[]);
-        let sql = claim_select_sql(t, types.len(), except.len());
+        let queues = params.queues.as_deref();
+        let unusable = !v2 || self.unusable.due();
+        let sql = claim_select_sql(
+            t,
+            v2,
+            types.len(),
+            queues.map(<[String]>::len),
+            except.len(),
+            unusable,
+        );
         let mut select =
             sqlx::query_scalar(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
         for type_name in types {
             select = select.bind(type_name.clone());
+        }
+        for queue in queues.unwrap_or(&[]) {
+            select = select.bind(queue.clone());
         }
         for change in except {
             select = select.bind(change.lease.id.as_str().to_owned());
@@ -353,8 +583,9 @@ impl MySqlDriver {
             query = query.bind(id);
         }
         query.execute(&mut *conn).await.map_err(Error::db(ctx()))?;
+        let columns = if v2 { COLUMNS_V2 } else { COLUMNS };
         let select = format!(
-            "SELECT {COLUMNS} FROM {t} WHERE `Id` IN ({})",
+            "SELECT {columns} FROM {t} WHERE `Id` IN ({})",
             marks(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(select));
@@ -385,7 +616,12 @@ impl MySqlDriver {
                 .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
             (&c.lease, c.kind(), delay, c.error())
         }));
-        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+        let sql = if self.schema_version().await? >= 2 {
+            &self.sql.set_state_v2
+        } else {
+            &self.sql.set_state_v1
+        };
+        let done = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(json)
             .execute(&mut *conn)
             .await
@@ -402,53 +638,89 @@ impl QueueOps for MySqlDriver {
         2
     }
 
-    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<Scheduled> {
         let command = params.command;
+        let version = if command.uses_v2_columns() {
+            self.schema_version().await?
+        } else {
+            1
+        };
         let mut conn = self
             .pool
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_rows(
-            &mut conn,
-            &self.sql.insert,
-            &self.table,
-            std::slice::from_ref(command),
-        )
-        .await?;
-        Ok(command.id.clone())
+        insert_one(&mut conn, &self.inserts(), &self.table, command, version).await
     }
 
     async fn command_insert_many(
         &self,
         params: &CommandInsertManyParams<'_>,
-    ) -> Result<Vec<CommandId>> {
+    ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
+        for command in commands {
+            command.validate()?;
+        }
+        let version = if commands.iter().any(NewCommand::uses_v2_columns) {
+            self.schema_version().await?
+        } else {
+            1
+        };
+        if version < 2
+            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
+        {
+            return Err(Error::needs_schema_v2(&self.table, what));
+        }
+        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let t = &self.t;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut scheduled = Vec::with_capacity(commands.len());
         let mut full: Option<Arc<str>> = None;
-        for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
+        // Runs of commands without a unique key go in multi-row statements; each with one
+        // on its own (it may meet a pending row, or one earlier in the batch).
+        let inserts = self.inserts();
+        let mut rest = commands;
+        while !rest.is_empty() {
+            if v2 && rest[0].unique_key.is_some() {
+                scheduled
+                    .push(insert_one(&mut tx, &inserts, &self.table, &rest[0], version).await?);
+                rest = &rest[1..];
+                continue;
+            }
+            let run = rest
+                .iter()
+                .take(INSERT_ROWS_PER_STATEMENT)
+                .take_while(|c| !(v2 && c.unique_key.is_some()))
+                .count();
+            let (chunk, after) = rest.split_at(run);
             let render = || -> Arc<str> {
-                format!(
-                    "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
-                    vec![INSERT_ROW; chunk.len()].join(", ")
-                )
-                .into()
+                if v2 {
+                    insert_v2_sql(t, chunk.len())
+                } else {
+                    format!(
+                        "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
+                        vec![INSERT_ROW; chunk.len()].join(", ")
+                    )
+                    .into()
+                }
             };
             let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
                 full.get_or_insert_with(render).clone()
             } else {
                 render()
             };
-            insert_rows(&mut tx, &sql, &self.table, chunk).await?;
+            insert_rows(&mut tx, &sql, &self.table, chunk, v2).await?;
+            scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
+            rest = after;
         }
         tx.commit().await.map_err(Error::db(ctx()))?;
-        Ok(commands.iter().map(|c| c.id.clone()).collect())
+        Ok(scheduled)
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
+        self.schema_version().await?;
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
@@ -460,6 +732,9 @@ impl QueueOps for MySqlDriver {
         params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
         let (changes, params) = (params.changes, params.claim);
+        // Looked up (and remembered) before the transaction takes a connection: a pool
+        // of one would otherwise wait on itself.
+        self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
@@ -470,7 +745,11 @@ impl QueueOps for MySqlDriver {
 
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
         let id = params.id;
-        let sql = format!("SELECT {COLUMNS} FROM {} WHERE `Id` = ?", self.t);
+        let sql = format!(
+            "SELECT {} FROM {} WHERE `Id` = ?",
+            self.columns().await?,
+            self.t
+        );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
             .fetch_optional(&self.pool)
@@ -483,6 +762,7 @@ impl QueueOps for MySqlDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()
@@ -553,12 +833,62 @@ impl QueueOps for MySqlDriver {
         super::decode_activity(&row)
     }
 
+    async fn activity_in(&self, queues: Option<&[String]>) -> Result<Activity> {
+        let Some(queues) = queues else {
+            return self.activity().await;
+        };
+        super::check_queues(self.schema_version().await?, &self.table, Some(queues))?;
+        let list = if queues.is_empty() {
+            "NULL".to_owned()
+        } else {
+            marks(queues.len())
+        };
+        let sql = activity_sql(
+            &self.t,
+            &format!(" AND (`Queue` IN ({list}) OR `Queue` IS NULL)"),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for queue in queues {
+            query = query.bind(queue.clone());
+        }
+        let row = query
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting due commands")))?;
+        super::decode_activity(&row)
+    }
+
+    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>> {
+        if params.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let json = leases_json(params.leases.iter().map(|l| (l, 0, -1, None)));
+        let rows = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
+            .bind(json)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("checking leases")))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id = text_id(row).ok()?;
+                let token = text_token(row.try_get("LockToken").ok()?)?;
+                Some(Lease { id, token })
+            })
+            .collect())
+    }
+
     async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let order = if self.schema_version().await? >= 2 {
+            "`Priority`, `RunAt`"
+        } else {
+            "`RunAt`"
+        };
         let sql = format!(
             "SELECT CAST(COUNT(*) AS SIGNED) AS others FROM ( \
                    SELECT `LockToken`, `LockedUntil` FROM {t} \
                    WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` <= {now} \
-                   ORDER BY `RunAt` LIMIT ?) AS head \
+                   ORDER BY {order} LIMIT ?) AS head \
                WHERE head.`LockedUntil` > {now} AND NOT (head.`LockToken` BETWEEN ? AND ?)",
             now = NOW,
             t = self.t

@@ -50,10 +50,10 @@ use super::decode::{Decoder, text_columns};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
 };
-use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt};
+use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand, RunAt, Scheduled};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
@@ -85,6 +85,8 @@ pub struct PgDriver {
     sql: Sql,
     /// Where the next unfiltered claim starts in the poll index.
     cursor: cursor::ClaimCursor,
+    /// When a claim last looked for rows no claim in priority order settles.
+    unusable: super::UnusableGate,
     /// The table's schema version, once looked up.
     version: super::SchemaVersionCache,
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -93,46 +95,127 @@ pub struct PgDriver {
 /// The statements of the queue path, rendered once per table. `Arc<str>` so a query
 /// borrows them without copying; sqlx prepares each once per connection.
 struct Sql {
+    /// The insert naming the version-1 columns (a command without queue, priority,
+    /// unique key or trace parent: the others take their defaults on a version-2 table).
     insert: Arc<str>,
-    claim: Arc<str>,
-    claim_types: Arc<str>,
-    /// The claim starting after a [`cursor::Position`] (`$5`, `$6`).
-    claim_after: Arc<str>,
-    stamp_claim: Arc<str>,
-    stamp_claim_types: Arc<str>,
-    /// The stamp-and-claim starting after a [`cursor::Position`] (`$10`, `$11`).
-    stamp_claim_after: Arc<str>,
-    set_state: Arc<str>,
+    /// The insert naming the version-2 columns, `ON CONFLICT` on the unique key.
+    insert_v2: Arc<str>,
+    /// The pending row holding a unique key.
+    pending_by_key: Arc<str>,
+    /// The set-state statement of a version-1 table (no `Snoozes`).
+    set_state_v1: Arc<str>,
+    /// The set-state statement of a version-2 table.
+    set_state_v2: Arc<str>,
     extend: Arc<str>,
+    check: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
+    /// `activity` of a version-2 table's queues (`$1` text[]).
+    activity_in: Arc<str>,
     copy: String,
+    copy_v2: String,
+    /// Claims and stamp-and-claims, by shape.
+    claims: super::SqlCache<ClaimKey>,
 }
 
-/// The claim's selection, two CTEs: `due`, the due prefix in `RunAt` order, skipping rows
-/// other claimers hold (`$1` limit, `$3` processing delay; `type_filter` may add `$5` or
-/// another), and `unusable`, a few pending rows whose `RunAt` is NULL (another program's
-/// migration relaxed NOT NULL): no time ever makes them due, so they are claimed as they
-/// are and the executor dead-letters them naming the column. Both are seeks in the poll
+/// The shape of a claim statement: what it filters on, where it starts, whether the
+/// stamps come first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClaimKey {
+    /// A version-2 table: `Priority`, `RunAt`, `Id` order.
+    v2: bool,
+    /// Stamps first (`$5..$9`), so the filters start at `$10`.
+    stamp: bool,
+    /// `"Type" = ANY(…)`.
+    types: bool,
+    queues: super::QueueFilter,
+    /// Starts after a [`cursor::Position`].
+    after: bool,
+    /// Also takes a few pending rows no time makes due (NULL `RunAt`, NULL `Queue`):
+    /// every claim on a version-1 table, where it is a seek; now and then on version 2.
+    unusable: bool,
+}
+
+/// The claim's selection, two CTEs: `due`, the due prefix in claim order, skipping rows
+/// other claimers hold (`$1` limit, `$3` processing delay; `filter` may add more), and
+/// `unusable`, a few pending rows whose `RunAt` is NULL (another program's migration
+/// relaxed NOT NULL) or, on version 2, whose `Queue` is NULL: no time ever makes the one
+/// due and no queue filter matches the other, so they are claimed as they are and the
+/// executor dead-letters them naming the column. On version 1 both are seeks in the poll
 /// index (NULLs sort last in it). A NULL `CreatedAt` is no reason to wait either.
-fn due_sql(t: &str, type_filter: &str) -> String {
+fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
+    let order = if key.v2 {
+        r#""Priority", "RunAt", "Id""#
+    } else {
+        r#""RunAt", "Id""#
+    };
+    let unusable = if !key.unusable {
+        String::new()
+    } else {
+        let null = if key.v2 {
+            r#"("RunAt" IS NULL OR "Queue" IS NULL)"#
+        } else {
+            r#""RunAt" IS NULL"#
+        };
+        format!(
+            r#",
+           unusable AS (
+           SELECT "Id" FROM {t}
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND {null}
+             AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
+           LIMIT 10
+           FOR UPDATE SKIP LOCKED)"#
+        )
+    };
     format!(
         r#"due AS (
            SELECT "Id" FROM {t}
            WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
              AND "RunAt" <= now()
              AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-             AND ("CreatedAt" <= now() - make_interval(secs => $3) OR "CreatedAt" IS NULL){type_filter}
-           ORDER BY "RunAt", "Id"
+             AND ("CreatedAt" <= now() - make_interval(secs => $3) OR "CreatedAt" IS NULL){filter}
+           ORDER BY {order}
            LIMIT $1
-           FOR UPDATE SKIP LOCKED),
-           unusable AS (
-           SELECT "Id" FROM {t}
-           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" IS NULL
-             AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-           LIMIT 10
-           FOR UPDATE SKIP LOCKED)"#
+           FOR UPDATE SKIP LOCKED){unusable}"#
     )
+}
+
+/// The claim's filters of `key` from parameter `$first` on: the types (`text[]`), the
+/// queue (`text`) or queues (`text[]`), the cursor position (priority on version 2,
+/// `RunAt`, `Id`), in that order ([`PgDriver::bind_filters`] binds them so).
+fn claim_filter(key: ClaimKey, first: usize) -> String {
+    let mut n = first;
+    let mut filter = String::new();
+    if key.types {
+        filter.push_str(&format!("\n             AND \"Type\" = ANY(${n})"));
+        n += 1;
+    }
+    match key.queues {
+        super::QueueFilter::All => {}
+        super::QueueFilter::One => {
+            filter.push_str(&format!("\n             AND \"Queue\" = ${n}"));
+            n += 1;
+        }
+        super::QueueFilter::Many => {
+            filter.push_str(&format!("\n             AND \"Queue\" = ANY(${n})"));
+            n += 1;
+        }
+    }
+    if key.after {
+        if key.v2 {
+            filter.push_str(&format!(
+                "\n             AND (\"Priority\", \"RunAt\", \"Id\") > (${n}, ${}, ${})",
+                n + 1,
+                n + 2
+            ));
+        } else {
+            filter.push_str(&format!(
+                "\n             AND (\"RunAt\", \"Id\") > (${n}, ${})",
+                n + 1
+            ));
+        }
+    }
+    filter
 }
 
 /// The claim's update of the selected rows (`$2` token, `$4` lease). `Attempts` counts
@@ -144,27 +227,48 @@ fn due_sql(t: &str, type_filter: &str) -> String {
 /// claim of more than ~100 rows the planner hashed a join against a sequential scan of
 /// the whole table, so every claim cost O(table) and a batch of 200 drained at half the
 /// rate of a batch of 50.
-fn lease_sql(t: &str) -> String {
+fn lease_sql(t: &str, unusable: bool) -> String {
+    let ids = if unusable {
+        r#"SELECT "Id" FROM due UNION ALL SELECT "Id" FROM unusable"#
+    } else {
+        r#"SELECT "Id" FROM due"#
+    };
     format!(
         r#"UPDATE {t} AS c
            SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
                "Attempts" = CASE WHEN c."Attempts" BETWEEN 0 AND 2147483646
                                  THEN c."Attempts" + 1 ELSE c."Attempts" END
-           WHERE c."Id" = ANY(ARRAY(SELECT "Id" FROM due UNION ALL SELECT "Id" FROM unusable))
+           WHERE c."Id" = ANY(ARRAY({ids}))
            RETURNING c.*"#
     )
 }
 
-/// The claim on its own.
-fn claim_sql(t: &str, type_filter: &str) -> String {
-    format!("WITH {} {}", due_sql(t, type_filter), lease_sql(t))
+/// The claim (or stamp-and-claim) statement of `key`.
+fn claim_sql(t: &str, key: ClaimKey) -> String {
+    if key.stamp {
+        return stamp_claim_sql(t, key);
+    }
+    format!(
+        "WITH {} {}",
+        due_sql(t, key, &claim_filter(key, 5)),
+        lease_sql(t, key.unusable)
+    )
 }
 
-/// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, from
-/// the arrays `$first..$first+4` (id, token, kind, delay, error). Columns a kind does
-/// not change are written back unchanged, which keeps a release a HOT update.
-fn set_state_sql(t: &str, first: usize) -> String {
+/// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
+/// snooze, from the arrays `$first..$first+4` (id, token, kind, delay, error). Columns a
+/// kind does not change are written back unchanged, which keeps a release a HOT update.
+/// A snooze gives the attempt back like a release and, on a version-2 table (`v2`),
+/// counts itself in `Snoozes` (saturating); on version 1 it is a release with a move.
+fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
     let [id, token, kind, delay, error] = [0, 1, 2, 3, 4].map(|i| first + i);
+    let snoozes = if v2 {
+        r#""Snoozes" = CASE WHEN s.kind = 4 AND c."Snoozes" < 2147483647
+                                THEN c."Snoozes" + 1 ELSE c."Snoozes" END,
+               "#
+    } else {
+        ""
+    };
     format!(
         r#"UPDATE {t} AS c
            SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN now() ELSE c."ProcessedAt" END,
@@ -173,9 +277,9 @@ fn set_state_sql(t: &str, first: usize) -> String {
                               THEN now() + make_interval(secs => s.delay)
                               ELSE c."RunAt" END,
                "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
-               "Attempts" = CASE WHEN s.kind = 3 THEN GREATEST(c."Attempts" - 1, 0)
+               "Attempts" = CASE WHEN s.kind IN (3, 4) THEN GREATEST(c."Attempts" - 1, 0)
                                  ELSE c."Attempts" END,
-               "LockToken" = NULL, "LockedUntil" = NULL
+               {snoozes}"LockToken" = NULL, "LockedUntil" = NULL
            FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[])
                 AS s(id, token, kind, delay, error)
            WHERE c."Id" = s.id AND c."LockToken" = s.token"#
@@ -185,39 +289,43 @@ fn set_state_sql(t: &str, first: usize) -> String {
 /// Stamps and claims in one statement: the stamped rows are leased, so the claim's
 /// snapshot never selects them. One row comes back even when nothing is claimed, so the
 /// stamped count always arrives.
-fn stamp_claim_sql(t: &str, type_filter: &str) -> String {
+fn stamp_claim_sql(t: &str, key: ClaimKey) -> String {
     format!(
         r#"WITH stamped AS ({} RETURNING 1),
                 {},
                 claimed AS ({})
            SELECT n.stamped AS "icq_stamped", claimed.*
            FROM (SELECT count(*) AS stamped FROM stamped) AS n LEFT JOIN claimed ON true"#,
-        set_state_sql(t, 5),
-        due_sql(t, type_filter),
-        lease_sql(t)
+        set_state_sql(t, 5, key.v2),
+        due_sql(t, key, &claim_filter(key, 10)),
+        lease_sql(t, key.unusable)
     )
 }
+
+/// The pending statuses' condition, for reads by unique key.
+const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 impl Sql {
     fn new(t: &str) -> Sql {
         Sql {
             insert: insert_sql(t).into(),
-            claim: claim_sql(t, "").into(),
-            claim_types: claim_sql(t, "\n             AND \"Type\" = ANY($5)").into(),
-            claim_after: claim_sql(t, "\n             AND (\"RunAt\", \"Id\") > ($5, $6)").into(),
-            stamp_claim: stamp_claim_sql(t, "").into(),
-            stamp_claim_types: stamp_claim_sql(t, "\n             AND \"Type\" = ANY($10)").into(),
-            stamp_claim_after: stamp_claim_sql(
-                t,
-                "\n             AND (\"RunAt\", \"Id\") > ($10, $11)",
-            )
-            .into(),
-            set_state: set_state_sql(t, 1).into(),
+            insert_v2: insert_v2_sql(t).into(),
+            pending_by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#)
+                .into(),
+            set_state_v1: set_state_sql(t, 1, false).into(),
+            set_state_v2: set_state_sql(t, 1, true).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = now() + make_interval(secs => $3)
                    FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
                    WHERE c."Id" = s.id AND c."LockToken" = s.token
                    RETURNING c."Id", c."LockToken""#
+            )
+            .into(),
+            check: format!(
+                r#"SELECT c."Id", c."LockToken"
+                   FROM {t} AS c JOIN unnest($1::uuid[], $2::uuid[]) AS s(id, token)
+                     ON c."Id" = s.id AND c."LockToken" = s.token
+                   WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL"#
             )
             .into(),
             sweep: format!(
@@ -228,26 +336,54 @@ impl Sql {
                        ORDER BY "ProcessedAt" LIMIT $2)"#
             )
             .into(),
-            activity: format!(
-                r#"SELECT count(*) FILTER (WHERE "LockedUntil" IS NULL OR "LockedUntil" <= now()) AS due,
-                          count(*) FILTER (WHERE "LockedUntil" > now()) AS running
-                   FROM {t}
-                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= now() OR "RunAt" IS NULL OR "LockedUntil" > now())"#
+            activity: activity_sql(t, "").into(),
+            activity_in: activity_sql(
+                t,
+                r#"
+                     AND ("Queue" = ANY($1) OR "Queue" IS NULL)"#,
             )
             .into(),
             copy: format!(
                 r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
                    FROM STDIN WITH (FORMAT csv)"#
             ),
+            copy_v2: format!(
+                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "TraceParent")
+                   FROM STDIN WITH (FORMAT csv)"#
+            ),
+            claims: Default::default(),
         }
     }
+}
+
+fn activity_sql(t: &str, filter: &str) -> String {
+    format!(
+        r#"SELECT count(*) FILTER (WHERE "LockedUntil" IS NULL OR "LockedUntil" <= now()) AS due,
+                  count(*) FILTER (WHERE "LockedUntil" > now()) AS running
+           FROM {t}
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+             AND ("RunAt" <= now() OR "RunAt" IS NULL OR "LockedUntil" > now()){filter}"#
+    )
 }
 
 fn insert_sql(t: &str) -> String {
     format!(
         r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
            VALUES ($1, $2, $3, COALESCE($4, now() + make_interval(secs => $5)), $6, $7, $8, $9)"#
+    )
+}
+
+/// The version-2 insert: a pending row holding the same unique key makes it insert
+/// nothing and return no row (the unique index's own predicate names it as the arbiter,
+/// so a duplicate `Id` still fails).
+fn insert_v2_sql(t: &str) -> String {
+    format!(
+        r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId",
+                            "Queue", "Priority", "UniqueKey", "TraceParent")
+           VALUES ($1, $2, $3, COALESCE($4, now() + make_interval(secs => $5)), $6, $7, $8, $9,
+                   $10, $11, $12, $13)
+           ON CONFLICT ("UniqueKey") WHERE "UniqueKey" IS NOT NULL AND {PENDING} DO NOTHING
+           RETURNING "Id""#
     )
 }
 
@@ -261,22 +397,57 @@ pub(crate) fn run_at_parts(run_at: RunAt) -> (Option<chrono::DateTime<chrono::Ut
 }
 
 /// Inserts `command` through `conn` — a pooled connection or, with `&mut *tx`, the
-/// caller's open transaction, so the command commits or rolls back with it.
+/// caller's open transaction, so the command commits or rolls back with it. With a
+/// unique key whose pending row exists (committed, or inserted earlier in the same
+/// transaction), inserts nothing and returns that row's id (`existing: true`).
 pub async fn insert_command(
     conn: &mut PgConnection,
     table: &TableName,
     command: &NewCommand,
-) -> Result<CommandId> {
-    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Postgres)).into();
-    insert_with(conn, &sql, table, command).await
+) -> Result<Scheduled> {
+    command.validate()?;
+    let t = table.quoted(Engine::Postgres);
+    let version = if command.uses_v2_columns() {
+        table_version(conn, &t, table).await?
+    } else {
+        1
+    };
+    let sql = Inserts {
+        v1: insert_sql(&t).into(),
+        v2: insert_v2_sql(&t).into(),
+        by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#).into(),
+    };
+    insert_with(conn, &sql, table, command, version).await
+}
+
+/// The schema version of `t` as `conn` sees it (the caller's transaction has no driver
+/// to remember it).
+async fn table_version(conn: &mut PgConnection, t: &str, table: &TableName) -> Result<u32> {
+    let has_queue: bool = sqlx::query_scalar(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = to_regclass($1) AND attname = 'Queue' AND NOT attisdropped)"#,
+    )
+    .bind(t)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(Error::db(format!("looking up the schema version of {table}")))?;
+    Ok(if has_queue { 2 } else { 1 })
+}
+
+/// The insert statements [`insert_with`] chooses from.
+struct Inserts {
+    v1: Arc<str>,
+    v2: Arc<str>,
+    by_key: Arc<str>,
 }
 
 async fn insert_with(
     conn: &mut PgConnection,
-    sql: &Arc<str>,
+    sql: &Inserts,
     table: &TableName,
     command: &NewCommand,
-) -> Result<CommandId> {
+    version: u32,
+) -> Result<Scheduled> {
     command.validate()?;
     let id = command.id.as_uuid().ok_or_else(|| {
         Error::Usage(format!(
@@ -284,22 +455,70 @@ async fn insert_with(
             command.id
         ))
     })?;
+    if version < 2
+        && let Some(what) = command.needs_v2()
+    {
+        return Err(Error::needs_schema_v2(table, what));
+    }
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
-    sqlx::query(AssertSqlSafe(sql.clone()))
-        .bind(id)
-        .bind(&command.type_name)
-        .bind(sqlx::types::Json(&command.payload))
-        .bind(at)
-        .bind(delay)
-        .bind(&ctx.user_id)
-        .bind(ctx.roles_json())
-        .bind(&ctx.tenant_id)
-        .bind(&ctx.correlation_id)
-        .execute(conn)
-        .await
-        .map_err(Error::db(format!("scheduling a command into {table}")))?;
-    Ok(command.id.clone())
+    let v2 = version >= 2 && command.uses_v2_columns();
+    let context = || format!("scheduling a command into {table}");
+    let query = |sql: &Arc<str>| {
+        sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(id)
+            .bind(&command.type_name)
+            .bind(sqlx::types::Json(&command.payload))
+            .bind(at)
+            .bind(delay)
+            .bind(&ctx.user_id)
+            .bind(ctx.roles_json())
+            .bind(&ctx.tenant_id)
+            .bind(&ctx.correlation_id)
+    };
+    if !v2 {
+        query(&sql.v1)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        return Ok(Scheduled::new(command.id.clone()));
+    }
+    let query_v2 = || {
+        query(&sql.v2)
+            .bind(&command.queue)
+            .bind(command.priority)
+            .bind(&command.unique_key)
+            .bind(command.trace_parent_to_store())
+    };
+    let Some(key) = &command.unique_key else {
+        query_v2()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        return Ok(Scheduled::new(command.id.clone()));
+    };
+    for _ in 0..super::UNIQUE_KEY_TRIES {
+        let inserted = query_v2()
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        if inserted.is_some() {
+            return Ok(Scheduled::new(command.id.clone()));
+        }
+        // A pending row holds the key: its id, unless it settled meanwhile.
+        let existing: Option<Uuid> = sqlx::query_scalar(AssertSqlSafe(sql.by_key.clone()))
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        if let Some(existing) = existing {
+            return Ok(Scheduled {
+                id: CommandId::from(existing),
+                existing: true,
+            });
+        }
+    }
+    Err(super::unique_key_unsettled(table, key))
 }
 
 /// The payload's size in bytes as the row holds it (jsonb's binary form), for the
@@ -331,6 +550,7 @@ pub(crate) fn decode_row(row: &PgRow) -> std::result::Result<CommandRow, sqlx::E
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
     out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    super::decode::v2_columns(&mut d, row, &mut out);
     Ok(d.finish(out))
 }
 
@@ -487,19 +707,63 @@ impl PgDriver {
             params.token,
             rows.iter().map(|row| (decode_row(row), payload_bytes(row))),
         );
-        if params.types.is_none() {
+        if params.types.is_none() && params.queues.is_none() {
             self.cursor.advance(&claimed, params.limit);
         }
         claimed
     }
 
-    /// Where an unfiltered claim starts (see [`cursor`]); a claim for some types only
-    /// always starts at the head.
-    fn claim_start(&self, params: &ClaimParams) -> Option<cursor::Position> {
-        match params.types {
-            Some(_) => None,
-            None => self.cursor.start(),
+    /// The claim statement for `params` (after the stamps, with `stamp`), its shape and
+    /// where it starts: after the cursor for a claim of every queue and type (see
+    /// [`cursor`]), at the head otherwise.
+    async fn claim_plan(
+        &self,
+        params: &ClaimParams,
+        stamp: bool,
+    ) -> Result<(Arc<str>, ClaimKey, Option<cursor::Position>)> {
+        let version = self.schema_version().await?;
+        super::check_queues(version, &self.table, params.queues.as_deref())?;
+        let v2 = version >= 2;
+        let queues = super::QueueFilter::of(params.queues.as_deref());
+        let after = if params.types.is_none() && queues == super::QueueFilter::All {
+            self.cursor.start()
+        } else {
+            None
+        };
+        let key = ClaimKey {
+            v2,
+            stamp,
+            types: params.types.is_some(),
+            queues,
+            after: after.is_some(),
+            unusable: !v2 || self.unusable.due(),
+        };
+        let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
+        Ok((sql, key, after))
+    }
+
+    /// Binds the filters of a claim of shape `key`, in [`claim_filter`]'s order.
+    fn bind_filters<'q>(
+        mut query: PgQuery<'q>,
+        params: &ClaimParams,
+        key: ClaimKey,
+        after: Option<cursor::Position>,
+    ) -> PgQuery<'q> {
+        if let Some(types) = &params.types {
+            query = query.bind(types.to_vec());
         }
+        match (key.queues, params.queues.as_deref()) {
+            (super::QueueFilter::One, Some([queue])) => query = query.bind(queue.clone()),
+            (super::QueueFilter::Many, Some(queues)) => query = query.bind(queues.to_vec()),
+            _ => {}
+        }
+        if let Some((priority, run_at, id)) = after {
+            if key.v2 {
+                query = query.bind(priority);
+            }
+            query = query.bind(run_at).bind(id);
+        }
+        query
     }
 
     /// Connects a pool to `url` for `table`: to the writable server of a URL listing
@@ -536,6 +800,7 @@ impl PgDriver {
             failover,
             pooler,
             cursor: cursor::ClaimCursor::default(),
+            unusable: Default::default(),
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
         };
@@ -597,13 +862,27 @@ impl PgDriver {
         format!("{what} ({})", self.table)
     }
 
-    async fn copy_in(&self, commands: &[NewCommand]) -> std::result::Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+    /// Copies `commands` (none with a unique key) into the table inside `tx`; with `v2`,
+    /// with their queue, priority and trace parent.
+    async fn copy_in(
+        &self,
+        tx: &mut PgConnection,
+        commands: &[&NewCommand],
+        v2: bool,
+    ) -> std::result::Result<(), sqlx::Error> {
+        if commands.is_empty() {
+            return Ok(());
+        }
         // The transaction's now(), so RunAt = now agrees with the CreatedAt default.
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
-        let mut copy = tx.copy_in_raw(&self.sql.copy).await?;
+        let statement = if v2 {
+            &self.sql.copy_v2
+        } else {
+            &self.sql.copy
+        };
+        let mut copy = tx.copy_in_raw(statement).await?;
         let mut buf = String::with_capacity(256 * 1024);
         for command in commands {
             let run_at = match command.run_at {
@@ -618,6 +897,8 @@ impl PgDriver {
             let payload = command.payload.to_string();
             let run_at = run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
             let roles = ctx.roles_json();
+            let priority = command.priority.to_string();
+            let trace_parent = command.trace_parent_to_store();
             let fields = [
                 Some(id.as_str()),
                 Some(command.type_name.as_str()),
@@ -628,7 +909,17 @@ impl PgDriver {
                 ctx.tenant_id.as_deref(),
                 ctx.correlation_id.as_deref(),
             ];
-            for (i, field) in fields.into_iter().enumerate() {
+            let v2_fields = [
+                Some(command.queue.as_str()),
+                Some(priority.as_str()),
+                trace_parent.as_deref(),
+            ];
+            let v2_fields = if v2 { &v2_fields[..] } else { &[] };
+            for (i, field) in fields
+                .into_iter()
+                .chain(v2_fields.iter().copied())
+                .enumerate()
+            {
                 if i > 0 {
                     buf.push(',');
                 }
@@ -644,38 +935,62 @@ impl PgDriver {
             copy.send(buf.into_bytes()).await?;
         }
         copy.finish().await?;
-        tx.commit().await
+        Ok(())
+    }
+
+    /// The insert statements of this table.
+    fn inserts(&self) -> Inserts {
+        Inserts {
+            v1: self.sql.insert.clone(),
+            v2: self.sql.insert_v2.clone(),
+            by_key: self.sql.pending_by_key.clone(),
+        }
+    }
+
+    /// The schema version a schedule of `commands` needs to know: the table's when any
+    /// of them names a version-2 column, else 1 (the version-1 insert suits both).
+    async fn insert_version<'a>(
+        &self,
+        mut commands: impl Iterator<Item = &'a NewCommand>,
+    ) -> Result<u32> {
+        if commands.any(NewCommand::uses_v2_columns) {
+            self.schema_version().await
+        } else {
+            Ok(1)
+        }
     }
 }
 
 #[async_trait]
 impl QueueOps for PgDriver {
-    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<Scheduled> {
         let command = params.command;
+        let version = self.insert_version(std::iter::once(command)).await?;
+        let sql = self.inserts();
         if self.pooler == Pooler::Transaction {
             let mut tx = self
                 .pool
                 .begin()
                 .await
                 .map_err(self.db("scheduling a command"))?;
-            let id = insert_with(&mut tx, &self.sql.insert, &self.table, command).await?;
+            let scheduled = insert_with(&mut tx, &sql, &self.table, command, version).await?;
             tx.commit()
                 .await
                 .map_err(self.db("committing a scheduled command"))?;
-            return Ok(id);
+            return Ok(scheduled);
         }
         let mut conn = self
             .pool
             .acquire()
             .await
             .map_err(self.db("scheduling a command"))?;
-        insert_with(&mut conn, &self.sql.insert, &self.table, command).await
+        insert_with(&mut conn, &sql, &self.table, command, version).await
     }
 
     async fn command_insert_many(
         &self,
         params: &CommandInsertManyParams<'_>,
-    ) -> Result<Vec<CommandId>> {
+    ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
         for command in commands {
             command.validate()?;
@@ -689,25 +1004,41 @@ impl QueueOps for PgDriver {
         if commands.is_empty() {
             return Ok(Vec::new());
         }
-        self.copy_in(commands)
+        let version = self.insert_version(commands.iter()).await?;
+        if version < 2
+            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
+        {
+            return Err(Error::needs_schema_v2(&self.table, what));
+        }
+        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+        let ctx = "scheduling commands in bulk";
+        let mut tx = self.pool.begin().await.map_err(self.db(ctx))?;
+        // Commands without a unique key are copied; each with one is inserted on its own
+        // (it may meet a pending row, or one earlier in the batch, and return its id).
+        let copied: Vec<&NewCommand> = commands
+            .iter()
+            .filter(|c| !(v2 && c.unique_key.is_some()))
+            .collect();
+        self.copy_in(&mut tx, &copied, v2)
             .await
-            .map_err(self.db("scheduling commands in bulk"))?;
-        Ok(commands.iter().map(|c| c.id.clone()).collect())
+            .map_err(self.db(ctx))?;
+        let sql = self.inserts();
+        let mut scheduled = Vec::with_capacity(commands.len());
+        for command in commands {
+            if v2 && command.unique_key.is_some() {
+                scheduled.push(insert_with(&mut tx, &sql, &self.table, command, version).await?);
+            } else {
+                scheduled.push(Scheduled::new(command.id.clone()));
+            }
+        }
+        tx.commit().await.map_err(self.db(ctx))?;
+        Ok(scheduled)
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
-        let after = self.claim_start(params);
-        let sql = match (&params.types, after) {
-            (Some(_), _) => &self.sql.claim_types,
-            (None, Some(_)) => &self.sql.claim_after,
-            (None, None) => &self.sql.claim,
-        };
-        let mut query = bind_claim(sqlx::query(AssertSqlSafe(sql.clone())), params);
-        if let Some(types) = &params.types {
-            query = query.bind(types.to_vec());
-        } else if let Some((run_at, id)) = after {
-            query = query.bind(run_at).bind(id);
-        }
+        let (sql, key, after) = self.claim_plan(params, false).await?;
+        let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
+        let query = PgDriver::bind_filters(query, params, key, after);
         let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
             .await
             .map_err(self.db("claiming due commands"))?;
@@ -719,19 +1050,10 @@ impl QueueOps for PgDriver {
         params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
         let (changes, params) = (params.changes, params.claim);
-        let after = self.claim_start(params);
-        let sql = match (&params.types, after) {
-            (Some(_), _) => &self.sql.stamp_claim_types,
-            (None, Some(_)) => &self.sql.stamp_claim_after,
-            (None, None) => &self.sql.stamp_claim,
-        };
-        let query = bind_claim(sqlx::query(AssertSqlSafe(sql.clone())), params);
-        let mut query = StampArrays::new(changes).bind(query);
-        if let Some(types) = &params.types {
-            query = query.bind(types.to_vec());
-        } else if let Some((run_at, id)) = after {
-            query = query.bind(run_at).bind(id);
-        }
+        let (sql, key, after) = self.claim_plan(params, true).await?;
+        let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
+        let query = StampArrays::new(changes).bind(query);
+        let query = PgDriver::bind_filters(query, params, key, after);
         let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
             .await
             .map_err(self.db("stamping outcomes and claiming due commands"))?;
@@ -764,7 +1086,12 @@ impl QueueOps for PgDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
-        let query = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()));
+        let sql = if self.schema_version().await? >= 2 {
+            &self.sql.set_state_v2
+        } else {
+            &self.sql.set_state_v1
+        };
+        let query = sqlx::query(AssertSqlSafe(sql.clone()));
         let query = StampArrays::new(changes).bind(query);
         let done = on_pool!(self, self.work, WORK_BEGIN, |e| query.execute(e))
             .await
@@ -829,12 +1156,51 @@ impl QueueOps for PgDriver {
         super::decode_activity(&row)
     }
 
+    async fn activity_in(&self, queues: Option<&[String]>) -> Result<Activity> {
+        let Some(queues) = queues else {
+            return self.activity().await;
+        };
+        super::check_queues(self.schema_version().await?, &self.table, Some(queues))?;
+        let query = sqlx::query(AssertSqlSafe(self.sql.activity_in.clone())).bind(queues.to_vec());
+        let row = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_one(e))
+            .await
+            .map_err(self.db("counting due commands"))?;
+        super::decode_activity(&row)
+    }
+
+    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>> {
+        if params.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = lease_arrays(params.leases.iter());
+        let query = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
+            .bind(ids)
+            .bind(tokens);
+        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+            .await
+            .map_err(self.db("checking leases"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Lease {
+                    id: CommandId::from(row.try_get::<Uuid, _>("Id")?),
+                    token: LeaseToken(row.try_get("LockToken")?),
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(Error::db(self.ctx("decoding checked leases")))
+    }
+
     async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let order = if self.schema_version().await? >= 2 {
+            r#""Priority", "RunAt", "Id""#
+        } else {
+            r#""RunAt", "Id""#
+        };
         let sql = format!(
             r#"SELECT count(*) AS others FROM (
                    SELECT "LockToken", "LockedUntil" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" <= now()
-                   ORDER BY "RunAt", "Id" LIMIT $1) AS head
+                   ORDER BY {order} LIMIT $1) AS head
                WHERE head."LockedUntil" > now() AND NOT (head."LockToken" BETWEEN $2 AND $3)"#,
             t = self.t
         );
@@ -912,7 +1278,7 @@ impl Lifecycle for PgDriver {
         .await
     }
 
-    async fn listen(&self, notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
+    async fn listen(&self, notify: Arc<Notify>, cancelled: Arc<Notify>) -> Result<bool> {
         if self.pooler == Pooler::Transaction {
             tracing::info!(
                 table = %self.table,
@@ -923,6 +1289,7 @@ impl Lifecycle for PgDriver {
             return Ok(false);
         }
         let channel = crate::schema::notify_channel(&self.table);
+        let cancel_channel = crate::schema::cancel_channel(&self.table);
         // A pool of one that follows the failover: when its connection is lost, the
         // listener reconnects through it (to the server in use then; never to one in
         // recovery) and LISTENs again.
@@ -937,22 +1304,26 @@ impl Lifecycle for PgDriver {
             .await
             .map_err(self.db("opening the LISTEN connection"))?;
         listener.ignore_pool_close_event(true);
+        // Both channels on the one connection: a reconnect LISTENs on both again.
         listener
-            .listen(&channel)
+            .listen_all([channel.as_str(), cancel_channel.as_str()])
             .await
-            .map_err(self.db("subscribing to insert notifications"))?;
+            .map_err(self.db("subscribing to insert and cancel notifications"))?;
         let table = self.table.to_string();
         let failover = self.failover.clone();
         let task = tokio::spawn(async move {
             loop {
                 match listener.try_recv().await {
+                    Ok(Some(note)) if note.channel() == cancel_channel => cancelled.notify_one(),
                     Ok(Some(_)) => notify.notify_one(),
                     Ok(None) => {
                         // Reconnected on the next call, to the server in use then.
                         tracing::warn!(table, "LISTEN connection lost; reconnecting");
                         failover.poke();
-                        // Anything committed while disconnected is found by this claim.
+                        // Anything committed while disconnected is found by this claim,
+                        // and a cancel missed meanwhile by this lease check.
                         notify.notify_one();
+                        cancelled.notify_one();
                     }
                     Err(err) => {
                         tracing::warn!(
@@ -1001,35 +1372,33 @@ mod tests {
     use sqlx::Connection as _;
 
     use super::*;
+    use crate::engine::QueueFilter;
 
-    /// `EXPLAIN (FORMAT JSON)` of `sql` with a claim's parameters bound (limit `limit`),
-    /// plus five empty stamp arrays when `stamps` is set, plus a cursor position when
-    /// `after` is set.
-    async fn plan(
-        conn: &mut sqlx::PgConnection,
-        sql: &str,
-        limit: u32,
-        stamps: bool,
-        after: bool,
-    ) -> String {
-        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
+    /// `EXPLAIN (FORMAT JSON)` of the claim of shape `key` with a claim's parameters
+    /// bound (limit `limit`), plus five empty stamp arrays and the filters of `key`.
+    async fn plan(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey, limit: u32) -> String {
+        let explain = format!("EXPLAIN (FORMAT JSON) {}", claim_sql(t, key));
+        let queues: Option<Arc<[String]>> = match key.queues {
+            QueueFilter::All => None,
+            QueueFilter::One => Some(vec!["q1".to_owned()].into()),
+            QueueFilter::Many => Some(vec!["q1".to_owned(), "q2".to_owned()].into()),
+        };
         let params = ClaimParams {
             limit,
             lease: Duration::from_secs(60),
             processing_delay: Duration::ZERO,
             token: LeaseToken::new(),
-            types: None,
-            queues: None,
+            types: key.types.then(|| vec!["t".to_owned()].into()),
+            queues,
         };
         let mut query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params);
-        if stamps {
+        if key.stamp {
             query = StampArrays::new(&[]).bind(query);
         }
-        if after {
-            query = query
-                .bind(Utc::now() - chrono::Duration::hours(1))
-                .bind(Uuid::nil());
-        }
+        let after = key
+            .after
+            .then(|| (0, Utc::now() - chrono::Duration::hours(1), Uuid::nil()));
+        let query = PgDriver::bind_filters(query, &params, key, after);
         let row = query
             .fetch_one(&mut *conn)
             .await
@@ -1041,9 +1410,11 @@ mod tests {
     /// A claim of many rows used to hash-join against a sequential scan of the whole
     /// table (O(table) per claim: a batch of 200 drained at half the rate of 50). Every
     /// claim size must find its rows through indexes, with a large retained history: the
-    /// due prefix through the poll index, in its order (no sort), the rows by key. The
-    /// backlog (12,000 due rows) is larger than every claim: a claim of the whole due set
-    /// may rightly sort it.
+    /// due prefix through the poll index (or, for one queue, the queue poll index), in its
+    /// order (no sort), the rows by key. The backlog (12,000 due rows in three queues)
+    /// is larger than every claim: a claim of the whole due set may rightly sort it. On
+    /// a version-1 table, its poll index in `RunAt` order; on version 2, `Priority`,
+    /// `RunAt`, `Id`.
     #[tokio::test]
     async fn claim_statements_never_scan_the_whole_table() {
         let url = std::env::var("ICQ_TEST_POSTGRES_URL")
@@ -1051,74 +1422,141 @@ mod tests {
         let mut conn = sqlx::PgConnection::connect(&url)
             .await
             .expect("PostgreSQL on 127.0.0.1:5432 (bash .ci/run starts it)");
-        let name = format!("icq_claim_plan_{}", std::process::id());
-        let table = TableName::parse(&name).unwrap();
-        let t = table.quoted(Engine::Postgres);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS {t} CASCADE"
-        )))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).up,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "ProcessedAt")
-               SELECT 't', '{{}}', CASE WHEN n % 4 = 0 THEN NULL ELSE now() END
-               FROM generate_series(1, 48000) AS n;
-               ANALYZE {t};"#
-        )))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-
-        let mut plans = Vec::new();
-        for limit in [1, 50, 200, 1000, 3000] {
-            let sql = Sql::new(&t);
-            plans.push((
-                limit,
-                "claim",
-                plan(&mut conn, &sql.claim, limit, false, false).await,
-            ));
-            plans.push((
-                limit,
-                "stamp and claim",
-                plan(&mut conn, &sql.stamp_claim, limit, true, false).await,
-            ));
-            plans.push((
-                limit,
-                "claim after the cursor",
-                plan(&mut conn, &sql.claim_after, limit, false, true).await,
-            ));
-            plans.push((
-                limit,
-                "stamp and claim after the cursor",
-                plan(&mut conn, &sql.stamp_claim_after, limit, true, true).await,
-            ));
-        }
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
+        for v2 in [false, true] {
+            let name = format!("icq_claim_plan_{}_{}", std::process::id(), u8::from(v2));
+            let table = TableName::parse(&name).unwrap();
+            let t = table.quoted(Engine::Postgres);
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP TABLE IF EXISTS {t} CASCADE"
+            )))
             .execute(&mut conn)
             .await
             .unwrap();
-        let poll_index = format!("IX_{name}_Poll");
-        for (limit, what, plan) in plans {
-            assert!(
-                !plan.contains("Seq Scan"),
-                "the {what} statement for {limit} rows scans the whole table:\n{plan}"
-            );
-            assert!(
-                plan.contains(&poll_index),
-                "the {what} statement for {limit} rows does not use {poll_index}:\n{plan}"
-            );
-            assert!(
-                !plan.contains(r#""Node Type":"Sort""#)
-                    && !plan.contains(r#""Node Type":"Incremental Sort""#),
-                "the poll index should deliver RunAt order to the {what} statement:\n{plan}"
-            );
+            let ddl = if v2 {
+                crate::schema::render(Engine::Postgres, &table)
+            } else {
+                crate::schema::render_v1(Engine::Postgres, &table)
+            };
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let fill = if v2 {
+                format!(
+                    r#"INSERT INTO {t} ("Type", "Payload", "ProcessedAt", "Queue", "Priority")
+                       SELECT 't', '{{}}', CASE WHEN n % 4 = 0 THEN NULL ELSE now() END,
+                              CASE WHEN n % 3 = 0 THEN 'q0' ELSE 'q1' END, (n % 5)::int2
+                       FROM generate_series(1, 48000) AS n;
+                       ANALYZE {t};"#
+                )
+            } else {
+                format!(
+                    r#"INSERT INTO {t} ("Type", "Payload", "ProcessedAt")
+                       SELECT 't', '{{}}', CASE WHEN n % 4 = 0 THEN NULL ELSE now() END
+                       FROM generate_series(1, 48000) AS n;
+                       ANALYZE {t};"#
+                )
+            };
+            sqlx::raw_sql(sqlx::AssertSqlSafe(fill))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+
+            let base = ClaimKey {
+                v2,
+                stamp: false,
+                types: false,
+                queues: QueueFilter::All,
+                after: false,
+                unusable: !v2,
+            };
+            let mut shapes = vec![
+                ("claim", base),
+                (
+                    "claim after the cursor",
+                    ClaimKey {
+                        after: true,
+                        ..base
+                    },
+                ),
+            ];
+            if v2 {
+                let one = ClaimKey {
+                    queues: QueueFilter::One,
+                    ..base
+                };
+                shapes.push(("claim of one queue", one));
+                shapes.push((
+                    "claim of one queue and some types",
+                    ClaimKey { types: true, ..one },
+                ));
+            }
+            let mut plans = Vec::new();
+            for limit in [1, 50, 200, 1000, 3000] {
+                for (what, key) in &shapes {
+                    for stamp in [false, true] {
+                        let key = ClaimKey { stamp, ..*key };
+                        let what = if stamp {
+                            format!("stamp and {what}")
+                        } else {
+                            (*what).to_owned()
+                        };
+                        plans.push((limit, what, key, plan(&mut conn, &t, key, limit).await));
+                    }
+                }
+            }
+            // The claims that also take the rows no claim in order settles (now and then
+            // on version 2), and those of several queues: never a scan of the table.
+            let mut occasional = Vec::new();
+            if v2 {
+                for key in [
+                    ClaimKey {
+                        unusable: true,
+                        ..base
+                    },
+                    ClaimKey {
+                        queues: QueueFilter::Many,
+                        ..base
+                    },
+                    ClaimKey {
+                        queues: QueueFilter::Many,
+                        stamp: true,
+                        ..base
+                    },
+                ] {
+                    occasional.push((key, plan(&mut conn, &t, key, 200).await));
+                }
+            }
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            for (limit, what, key, plan) in plans {
+                let index = if key.queues == QueueFilter::One {
+                    format!("IX_{name}_QueuePoll")
+                } else {
+                    format!("IX_{name}_Poll")
+                };
+                assert!(
+                    !plan.contains("Seq Scan"),
+                    "the {what} statement for {limit} rows (v2: {v2}) scans the whole table:\n{plan}"
+                );
+                assert!(
+                    plan.contains(&format!("\"{index}\"")),
+                    "the {what} statement for {limit} rows (v2: {v2}) does not use {index}:\n{plan}"
+                );
+                assert!(
+                    !plan.contains(r#""Node Type":"Sort""#)
+                        && !plan.contains(r#""Node Type":"Incremental Sort""#),
+                    "the poll index should deliver claim order to the {what} statement (v2: {v2}):\n{plan}"
+                );
+            }
+            for (key, plan) in occasional {
+                assert!(
+                    !plan.contains("Seq Scan"),
+                    "the claim {key:?} scans the whole table:\n{plan}"
+                );
+            }
         }
     }
 }

@@ -24,10 +24,12 @@ use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
     Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
-    CommandSetStateManyParams, ConnectOptions, Lease, LeaseExtendManyParams,
+    CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
 };
-use crate::command::{CommandId, CommandRow, NewCommand, RunAt, format_timestamp, parse_timestamp};
+use crate::command::{
+    CommandId, CommandRow, NewCommand, RunAt, Scheduled, format_timestamp, parse_timestamp,
+};
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
@@ -47,22 +49,43 @@ pub struct SqliteDriver {
     missorted_scanned_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// The table's schema version, once looked up.
     version: super::SchemaVersionCache,
+    /// When a claim last looked for rows no claim in due order settles.
+    unusable: super::UnusableGate,
 }
 
 struct Sql {
     insert: Arc<str>,
-    claim: Arc<str>,
-    claim_types: Arc<str>,
-    /// The claims of [`QueueOps::command_set_state_and_claim`]: the rows its stamps name
-    /// (a JSON array of ids, the last parameter) are not claimed back.
-    claim_except: Arc<str>,
-    claim_types_except: Arc<str>,
-    set_state: Arc<str>,
+    /// The pending row holding a unique key.
+    pending_by_key: Arc<str>,
+    /// Claims, by shape.
+    claims: super::SqlCache<ClaimKey>,
+    /// The set-state statement of a version-1 table (no `Snoozes`).
+    set_state_v1: Arc<str>,
+    /// The set-state statement of a version-2 table.
+    set_state_v2: Arc<str>,
     extend: Arc<str>,
+    check: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
+    /// `activity` of a version-2 table's queues (`?1`, a JSON array).
+    activity_in: Arc<str>,
     unusable_ids_exist: Arc<str>,
     unusable_ids_dead: Arc<str>,
+}
+
+/// The shape of a claim statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClaimKey {
+    /// A version-2 table: `Priority`, `RunAt` order, queues.
+    v2: bool,
+    /// Only these types (a JSON array).
+    types: bool,
+    queues: super::QueueFilter,
+    /// Never the rows a JSON array of ids names (the ones just stamped).
+    except: bool,
+    /// Also the rows no claim in due order settles (see [`claim_sql`]): every claim on
+    /// a version-1 table, now and then on version 2 ([`super::UNUSABLE_EVERY`]).
+    unusable: bool,
 }
 
 fn insert_sql(t: &str) -> String {
@@ -72,11 +95,35 @@ fn insert_sql(t: &str) -> String {
     )
 }
 
+/// The version-2 insert of `rows` rows; `keyed` (one row with a unique key) inserts
+/// nothing when a pending row holds the key, and returns the id when it inserts.
+fn insert_v2_sql(t: &str, rows: usize, keyed: bool) -> Arc<str> {
+    let conflict = if keyed {
+        r#"
+           ON CONFLICT ("UniqueKey") WHERE "UniqueKey" IS NOT NULL AND "ProcessedAt" IS NULL
+               AND "DeadLetteredAt" IS NULL DO NOTHING
+           RETURNING "Id""#
+    } else {
+        ""
+    };
+    format!(
+        r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId",
+                            "Queue", "Priority", "UniqueKey", "TraceParent")
+           VALUES {}{conflict}"#,
+        vec![INSERT_ROW_V2; rows].join(", ")
+    )
+    .into()
+}
+
 /// One row of an insert: nine parameters.
 const INSERT_ROW: &str =
     "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?)";
 
-/// Rows per multi-row insert (9 parameters each, well under SQLite's limit).
+/// One row of a version-2 insert: thirteen parameters.
+const INSERT_ROW_V2: &str =
+    "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// Rows per multi-row insert (13 parameters each at most, well under SQLite's limit).
 const INSERT_ROWS_PER_STATEMENT: usize = 500;
 
 /// The claim: one `UPDATE … RETURNING`. `Attempts` saturates below `i32::MAX`.
@@ -93,29 +140,69 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 /// (NULL, negative and huge counts stay as stored, for the executor to name). A `LockedUntil` that is not a time (text from `':'` on) holds no lease:
 /// it would otherwise look held forever, so the row is claimed and the lease rewritten.
 /// Rows whose `Id` is not text are left to [`UNUSABLE_IDS_DEAD`].
-fn claim_sql(t: &str, type_filter: &str) -> String {
-    format!(
-        r#"UPDATE {t}
-           SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
-               "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
-                                 ELSE "Attempts" END
-           WHERE "Id" IN (
-               SELECT "Id" FROM (
+///
+/// On a version-2 table the due rows come in `Priority`, `RunAt` order (the poll index
+/// leads with `Priority`, so the arms for rows that never sort as due are not seeks
+/// there: they run now and then, [`super::UNUSABLE_EVERY`], in one arm that also takes
+/// rows whose `Queue` is NULL, which no queue filter matches).
+fn claim_sql(t: &str, key: ClaimKey) -> String {
+    // Parameters after the first four, in order: types, queue(s), the ids to leave out.
+    let mut n = 5;
+    let mut type_filter = String::new();
+    if key.types {
+        type_filter.push_str(&format!(
+            "\n                 AND \"Type\" IN (SELECT value FROM json_each(?{n}))"
+        ));
+        n += 1;
+    }
+    let queue_filter = match key.queues {
+        super::QueueFilter::All => String::new(),
+        super::QueueFilter::One => {
+            n += 1;
+            format!("\n                 AND \"Queue\" = ?{}", n - 1)
+        }
+        super::QueueFilter::Many => {
+            n += 1;
+            format!(
+                "\n                 AND \"Queue\" IN (SELECT value FROM json_each(?{}))",
+                n - 1
+            )
+        }
+    };
+    if key.except {
+        type_filter.push_str(&format!(
+            "\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))"
+        ));
+    }
+    let lease_free =
+        format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')"#);
+    let order = if key.v2 {
+        r#""Priority", "RunAt""#
+    } else {
+        r#""RunAt""#
+    };
+    let due = format!(
+        r#"SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" <= {NOW}
-                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
+                     AND {lease_free}
                      AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
-                          OR "CreatedAt" >= ':' OR "CreatedAt" IS NULL){type_filter}
+                          OR "CreatedAt" >= ':' OR "CreatedAt" IS NULL){type_filter}{queue_filter}
                      AND typeof("Id") = 'text'
-                   ORDER BY "RunAt"
-                   LIMIT ?4)
+                   ORDER BY {order}
+                   LIMIT ?4)"#
+    );
+    let unusable = match (key.unusable, key.v2) {
+        (false, _) => String::new(),
+        (true, false) => format!(
+            r#"
                UNION ALL
                SELECT "Id" FROM (
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" >= ':'
-                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
+                     AND {lease_free}{type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10)
                UNION ALL
@@ -123,21 +210,70 @@ fn claim_sql(t: &str, type_filter: &str) -> String {
                    SELECT "Id" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" IS NULL
-                     AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':'){type_filter}
+                     AND {lease_free}{type_filter}
                      AND typeof("Id") = 'text'
-                   LIMIT 10))
+                   LIMIT 10)"#
+        ),
+        (true, true) => format!(
+            r#"
+               UNION ALL
+               SELECT "Id" FROM (
+                   SELECT "Id" FROM {t}
+                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+                     AND ("RunAt" >= ':' OR "RunAt" IS NULL OR "Queue" IS NULL)
+                     AND {lease_free}{type_filter}
+                     AND typeof("Id") = 'text'
+                   LIMIT 10)"#
+        ),
+    };
+    format!(
+        r#"UPDATE {t}
+           SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
+               "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
+                                 ELSE "Attempts" END
+           WHERE "Id" IN (
+               {due}{unusable})
            RETURNING *, {NOW} AS "IcqNow""#
     )
 }
 
-/// The claim's filter on `types` (a JSON array, `?5`).
-const TYPES_FILTER: &str = "\n                 AND \"Type\" IN (SELECT value FROM json_each(?5))";
+/// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
+/// snooze (a release with a move that, on a version-2 table, counts itself in
+/// `Snoozes`, saturating).
+fn set_state_sql(t: &str, v2: bool) -> String {
+    let snoozes = if v2 {
+        r#""Snoozes" = CASE WHEN s.kind = 4 AND c."Snoozes" < 2147483647
+                                  THEN c."Snoozes" + 1 ELSE c."Snoozes" END,
+               "#
+    } else {
+        ""
+    };
+    format!(
+        r#"UPDATE {t} AS c
+           SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN {NOW} ELSE c."ProcessedAt" END,
+               "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN {NOW} ELSE c."DeadLetteredAt" END,
+               "RunAt" = CASE WHEN s.delay IS NOT NULL
+                              THEN strftime('%Y-%m-%dT%H:%M:%fZ', 'now', s.delay)
+                              ELSE c."RunAt" END,
+               "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
+               "Attempts" = CASE WHEN s.kind IN (3, 4) THEN MAX(c."Attempts" - 1, 0)
+                                 ELSE c."Attempts" END,
+               {snoozes}"LockToken" = NULL, "LockedUntil" = NULL
+           FROM ({LEASES_JSON}) AS s
+           WHERE c."Id" = s.id AND c."LockToken" = s.token"#
+    )
+}
 
-/// The claim's filter leaving out the ids of a JSON array (parameter `?n`): the rows the
-/// same transaction has just stamped, which a release or a retry without delay leaves
-/// due, are not claimed back (as on PostgreSQL, whose one statement sees them leased).
-fn except_filter(n: usize) -> String {
-    format!("\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))")
+fn activity_sql(t: &str, filter: &str) -> String {
+    format!(
+        r#"SELECT
+               COALESCE(SUM(CASE WHEN "LockedUntil" IS NULL OR "LockedUntil" <= {NOW} THEN 1 ELSE 0 END), 0) AS due,
+               COALESCE(SUM(CASE WHEN "LockedUntil" > {NOW} THEN 1 ELSE 0 END), 0) AS running
+           FROM {t}
+           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
+             AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL
+                  OR "LockedUntil" > {NOW}){filter}"#
+    )
 }
 
 /// Whether a row's `Id` is not text (a BLOB another program wrote, or NULL, which a
@@ -189,32 +325,21 @@ impl Sql {
     fn new(t: &str) -> Sql {
         Sql {
             insert: insert_sql(t).into(),
-            claim: claim_sql(t, "").into(),
-            claim_types: claim_sql(t, TYPES_FILTER).into(),
-            claim_except: claim_sql(t, &except_filter(5)).into(),
-            claim_types_except: claim_sql(t, &format!("{TYPES_FILTER}{}", except_filter(6)))
-                .into(),
-            // Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release.
-            set_state: format!(
-                r#"UPDATE {t} AS c
-                   SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN {NOW} ELSE c."ProcessedAt" END,
-                       "DeadLetteredAt" = CASE WHEN s.kind = 2 THEN {NOW} ELSE c."DeadLetteredAt" END,
-                       "RunAt" = CASE WHEN s.delay IS NOT NULL
-                                      THEN strftime('%Y-%m-%dT%H:%M:%fZ', 'now', s.delay)
-                                      ELSE c."RunAt" END,
-                       "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
-                       "Attempts" = CASE WHEN s.kind = 3 THEN MAX(c."Attempts" - 1, 0)
-                                         ELSE c."Attempts" END,
-                       "LockToken" = NULL, "LockedUntil" = NULL
-                   FROM ({LEASES_JSON}) AS s
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token"#
-            )
-            .into(),
+            pending_by_key: pending_by_key_sql(t).into(),
+            claims: Default::default(),
+            set_state_v1: set_state_sql(t, false).into(),
+            set_state_v2: set_state_sql(t, true).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
                    FROM ({LEASES_JSON}) AS s
                    WHERE c."Id" = s.id AND c."LockToken" = s.token
                    RETURNING "Id", "LockToken""#
+            )
+            .into(),
+            check: format!(
+                r#"SELECT c."Id", c."LockToken" FROM {t} AS c JOIN ({LEASES_JSON}) AS s
+                     ON c."Id" = s.id AND c."LockToken" = s.token
+                   WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL"#
             )
             .into(),
             sweep: format!(
@@ -225,14 +350,11 @@ impl Sql {
                        ORDER BY "ProcessedAt" LIMIT ?2)"#
             )
             .into(),
-            activity: format!(
-                r#"SELECT
-                       COALESCE(SUM(CASE WHEN "LockedUntil" IS NULL OR "LockedUntil" <= {NOW} THEN 1 ELSE 0 END), 0) AS due,
-                       COALESCE(SUM(CASE WHEN "LockedUntil" > {NOW} THEN 1 ELSE 0 END), 0) AS running
-                   FROM {t}
-                   WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
-                     AND ("RunAt" <= {NOW} OR "RunAt" >= ':' OR "RunAt" IS NULL
-                          OR "LockedUntil" > {NOW})"#
+            activity: activity_sql(t, "").into(),
+            activity_in: activity_sql(
+                t,
+                r#"
+             AND ("Queue" IN (SELECT value FROM json_each(?1)) OR "Queue" IS NULL)"#,
             )
             .into(),
             unusable_ids_exist: UNUSABLE_IDS_EXIST.replace("{t}", t).into(),
@@ -244,49 +366,149 @@ impl Sql {
     }
 }
 
+fn pending_by_key_sql(t: &str) -> String {
+    format!(
+        r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = ?1 AND "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#
+    )
+}
+
 /// A SQLite date modifier moving "now" by `seconds` (which may be negative).
 pub(crate) fn offset(seconds: f64) -> String {
     format!("{seconds:+.3} seconds")
 }
 
 /// Inserts `command` through `conn` — a pooled connection or, with `&mut *tx`, the
-/// caller's open transaction, so the command commits or rolls back with it.
+/// caller's open transaction, so the command commits or rolls back with it. With a
+/// unique key whose pending row exists (committed, or inserted earlier in the same
+/// transaction), inserts nothing and returns that row's id (`existing: true`).
 pub async fn insert_command(
     conn: &mut SqliteConnection,
     table: &TableName,
     command: &NewCommand,
-) -> Result<CommandId> {
-    let sql: Arc<str> = insert_sql(&table.quoted(Engine::Sqlite)).into();
-    insert_rows(conn, &sql, table, std::slice::from_ref(command)).await?;
-    Ok(command.id.clone())
+) -> Result<Scheduled> {
+    command.validate()?;
+    let t = table.quoted(Engine::Sqlite);
+    let version = if command.uses_v2_columns() {
+        table_version(conn, table).await?
+    } else {
+        1
+    };
+    let sql: Arc<str> = insert_sql(&t).into();
+    let by_key: Arc<str> = pending_by_key_sql(&t).into();
+    insert_one(conn, &sql, &by_key, &t, table, command, version).await
 }
 
-/// Inserts `commands` with one multi-row statement (`sql` has one row per command).
+/// The schema version of `table` as `conn` sees it.
+async fn table_version(conn: &mut SqliteConnection, table: &TableName) -> Result<u32> {
+    let found: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info(?, ?) WHERE name = 'Queue'")
+            .bind(table.name())
+            .bind(table.schema().unwrap_or("main"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(Error::db(format!(
+                "looking up the schema version of {table}"
+            )))?;
+    Ok(if found > 0 { 2 } else { 1 })
+}
+
+/// Inserts one command: the version-1 statement `v1` when it names no version-2 column,
+/// else the version-2 one, which with a unique key returns the pending row holding it
+/// (read with `by_key`) instead of inserting.
+async fn insert_one(
+    conn: &mut SqliteConnection,
+    v1: &Arc<str>,
+    by_key: &Arc<str>,
+    t: &str,
+    table: &TableName,
+    command: &NewCommand,
+    version: u32,
+) -> Result<Scheduled> {
+    command.validate()?;
+    if version < 2
+        && let Some(what) = command.needs_v2()
+    {
+        return Err(Error::needs_schema_v2(table, what));
+    }
+    if version < 2 || !command.uses_v2_columns() {
+        insert_rows(conn, v1, table, std::slice::from_ref(command), false).await?;
+        return Ok(Scheduled::new(command.id.clone()));
+    }
+    let Some(key) = &command.unique_key else {
+        let sql = insert_v2_sql(t, 1, false);
+        insert_rows(conn, &sql, table, std::slice::from_ref(command), true).await?;
+        return Ok(Scheduled::new(command.id.clone()));
+    };
+    let sql = insert_v2_sql(t, 1, true);
+    let context = || format!("scheduling a command into {table}");
+    // One writer at a time: the row that holds the key cannot settle between the insert
+    // and the read inside a transaction; outside one it can, so try again.
+    for _ in 0..super::UNIQUE_KEY_TRIES {
+        let inserted = bind_row(sqlx::query(AssertSqlSafe(sql.clone())), command, true)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        if inserted.is_some() {
+            return Ok(Scheduled::new(command.id.clone()));
+        }
+        let existing: Option<String> = sqlx::query_scalar(AssertSqlSafe(by_key.clone()))
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        if let Some(existing) = existing {
+            return Ok(Scheduled {
+                id: CommandId::stored(existing),
+                existing: true,
+            });
+        }
+    }
+    Err(super::unique_key_unsettled(table, key))
+}
+
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
+
+/// Binds one row of an insert (thirteen parameters with `v2`, else nine).
+fn bind_row<'q>(query: SqliteQuery<'q>, command: &NewCommand, v2: bool) -> SqliteQuery<'q> {
+    let (at, delay) = match command.run_at {
+        RunAt::Now => (None, 0.0),
+        RunAt::At(at) => (Some(format_timestamp(at)), 0.0),
+        RunAt::After(delay) => (None, delay.as_secs_f64()),
+    };
+    let ctx = &command.context;
+    let query = query
+        .bind(command.id.to_string())
+        .bind(command.type_name.clone())
+        .bind(command.payload.to_string())
+        .bind(at)
+        .bind(offset(delay))
+        .bind(ctx.user_id.clone())
+        .bind(ctx.roles_json())
+        .bind(ctx.tenant_id.clone())
+        .bind(ctx.correlation_id.clone());
+    if !v2 {
+        return query;
+    }
+    query
+        .bind(command.queue.clone())
+        .bind(i64::from(command.priority))
+        .bind(command.unique_key.clone())
+        .bind(command.trace_parent_to_store())
+}
+
+/// Inserts `commands` with one multi-row statement (`sql` has one row per command, of
+/// the version-2 columns with `v2`).
 async fn insert_rows(
     conn: &mut SqliteConnection,
     sql: &Arc<str>,
     table: &TableName,
     commands: &[NewCommand],
+    v2: bool,
 ) -> Result<()> {
     let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
     for command in commands {
         command.validate()?;
-        let (at, delay) = match command.run_at {
-            RunAt::Now => (None, 0.0),
-            RunAt::At(at) => (Some(format_timestamp(at)), 0.0),
-            RunAt::After(delay) => (None, delay.as_secs_f64()),
-        };
-        let ctx = &command.context;
-        query = query
-            .bind(command.id.to_string())
-            .bind(command.type_name.clone())
-            .bind(command.payload.to_string())
-            .bind(at)
-            .bind(offset(delay))
-            .bind(ctx.user_id.clone())
-            .bind(ctx.roles_json())
-            .bind(ctx.tenant_id.clone())
-            .bind(ctx.correlation_id.clone());
+        query = bind_row(query, command, v2);
     }
     query
         .execute(conn)
@@ -390,6 +612,7 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
     out.locked_until = optional_time(&mut d, row, "LockedUntil");
     out.processed_at = optional_time(&mut d, row, "ProcessedAt");
     out.dead_lettered_at = optional_time(&mut d, row, "DeadLetteredAt");
+    super::decode::v2_columns(&mut d, row, &mut out);
     Ok(d.finish(out))
 }
 
@@ -458,6 +681,7 @@ impl SqliteDriver {
             t,
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
+            unusable: Default::default(),
         })
     }
 
@@ -521,19 +745,31 @@ impl SqliteDriver {
         params: &ClaimParams,
         except: Option<String>,
     ) -> Result<Vec<ClaimedRow>> {
-        let sql = match (&params.types, &except) {
-            (Some(_), Some(_)) => &self.sql.claim_types_except,
-            (Some(_), None) => &self.sql.claim_types,
-            (None, Some(_)) => &self.sql.claim_except,
-            (None, None) => &self.sql.claim,
+        let version = self.schema_version().await?;
+        super::check_queues(version, &self.table, params.queues.as_deref())?;
+        let v2 = version >= 2;
+        let key = ClaimKey {
+            v2,
+            types: params.types.is_some(),
+            queues: super::QueueFilter::of(params.queues.as_deref()),
+            except: except.is_some(),
+            unusable: !v2 || self.unusable.due(),
         };
-        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+        let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(params.token.to_string())
             .bind(offset(params.lease.as_secs_f64()))
             .bind(offset(-params.processing_delay.as_secs_f64()))
             .bind(i64::from(params.limit));
         if let Some(types) = &params.types {
             query = query.bind(serde_json::to_string(&types[..]).unwrap_or_default());
+        }
+        match params.queues.as_deref() {
+            None => {}
+            Some([queue]) => query = query.bind(queue.clone()),
+            Some(queues) => {
+                query = query.bind(serde_json::to_string(queues).unwrap_or_default());
+            }
         }
         if let Some(except) = except {
             query = query.bind(except);
@@ -619,7 +855,12 @@ impl SqliteDriver {
                 .iter()
                 .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
         );
-        let done = sqlx::query(AssertSqlSafe(self.sql.set_state.clone()))
+        let sql = if self.schema_version().await? >= 2 {
+            &self.sql.set_state_v2
+        } else {
+            &self.sql.set_state_v1
+        };
+        let done = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(json)
             .execute(&mut *conn)
             .await
@@ -630,47 +871,106 @@ impl SqliteDriver {
 
 #[async_trait]
 impl QueueOps for SqliteDriver {
-    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<CommandId> {
+    async fn command_insert(&self, params: &CommandInsertParams<'_>) -> Result<Scheduled> {
         let command = params.command;
+        let version = if command.uses_v2_columns() {
+            self.schema_version().await?
+        } else {
+            1
+        };
         let mut conn = self
             .pool
             .acquire()
             .await
             .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_rows(
+        insert_one(
             &mut conn,
             &self.sql.insert,
+            &self.sql.pending_by_key,
+            &self.t,
             &self.table,
-            std::slice::from_ref(command),
+            command,
+            version,
         )
-        .await?;
-        Ok(command.id.clone())
+        .await
     }
 
     async fn command_insert_many(
         &self,
         params: &CommandInsertManyParams<'_>,
-    ) -> Result<Vec<CommandId>> {
+    ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
+        for command in commands {
+            command.validate()?;
+        }
+        let version = if commands.iter().any(NewCommand::uses_v2_columns) {
+            self.schema_version().await?
+        } else {
+            1
+        };
+        if version < 2
+            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
+        {
+            return Err(Error::needs_schema_v2(&self.table, what));
+        }
+        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let mut full: Option<Arc<str>> = None;
-        for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
-            let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
-                full.get_or_insert_with(|| multi_row_insert(&self.t, chunk.len()))
-                    .clone()
-            } else {
-                multi_row_insert(&self.t, chunk.len())
-            };
-            insert_rows(&mut tx, &sql, &self.table, chunk).await?;
+        let mut scheduled = Vec::with_capacity(commands.len());
+        if !v2 {
+            let mut full: Option<Arc<str>> = None;
+            for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
+                let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
+                    full.get_or_insert_with(|| multi_row_insert(&self.t, chunk.len()))
+                        .clone()
+                } else {
+                    multi_row_insert(&self.t, chunk.len())
+                };
+                insert_rows(&mut tx, &sql, &self.table, chunk, false).await?;
+            }
+            scheduled.extend(commands.iter().map(|c| Scheduled::new(c.id.clone())));
+        } else {
+            // Runs of commands without a unique key go in multi-row statements; each with
+            // one on its own (it may meet a pending row, or one earlier in the batch).
+            let mut rest = commands;
+            while !rest.is_empty() {
+                if rest[0].unique_key.is_some() {
+                    let command = &rest[0];
+                    scheduled.push(
+                        insert_one(
+                            &mut tx,
+                            &self.sql.insert,
+                            &self.sql.pending_by_key,
+                            &self.t,
+                            &self.table,
+                            command,
+                            version,
+                        )
+                        .await?,
+                    );
+                    rest = &rest[1..];
+                    continue;
+                }
+                let run = rest
+                    .iter()
+                    .take(INSERT_ROWS_PER_STATEMENT)
+                    .take_while(|c| c.unique_key.is_none())
+                    .count();
+                let (chunk, after) = rest.split_at(run);
+                let sql = insert_v2_sql(&self.t, chunk.len(), false);
+                insert_rows(&mut tx, &sql, &self.table, chunk, true).await?;
+                scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
+                rest = after;
+            }
         }
         tx.commit().await.map_err(Error::db(ctx()))?;
-        Ok(commands.iter().map(|c| c.id.clone()).collect())
+        Ok(scheduled)
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()
@@ -686,6 +986,9 @@ impl QueueOps for SqliteDriver {
         let (changes, params) = (params.changes, params.claim);
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
+        // Looked up (and remembered) before the transaction takes a connection: a pool
+        // of one would otherwise wait on itself.
+        self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
@@ -711,6 +1014,7 @@ impl QueueOps for SqliteDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
+        self.schema_version().await?;
         let mut conn = self
             .pool
             .acquire()
@@ -757,12 +1061,50 @@ impl QueueOps for SqliteDriver {
         super::decode_activity(&row)
     }
 
+    async fn activity_in(&self, queues: Option<&[String]>) -> Result<Activity> {
+        let Some(queues) = queues else {
+            return self.activity().await;
+        };
+        super::check_queues(self.schema_version().await?, &self.table, Some(queues))?;
+        let row = sqlx::query(AssertSqlSafe(self.sql.activity_in.clone()))
+            .bind(serde_json::to_string(queues).unwrap_or_default())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting due commands")))?;
+        super::decode_activity(&row)
+    }
+
+    async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>> {
+        if params.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let json = leases_json(params.leases.iter().map(|l| (l, 0, None, None)));
+        let rows = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
+            .bind(json)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("checking leases")))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id = text_id(row).ok()?;
+                let token = text_token(row.try_get("LockToken").ok()?)?;
+                Some(Lease { id, token })
+            })
+            .collect())
+    }
+
     async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
+        let order = if self.schema_version().await? >= 2 {
+            r#""Priority", "RunAt""#
+        } else {
+            r#""RunAt""#
+        };
         let sql = format!(
             r#"SELECT count(*) AS others FROM (
                    SELECT "LockToken", "LockedUntil" FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND "RunAt" <= {now}
-                   ORDER BY "RunAt" LIMIT ?1) AS head
+                   ORDER BY {order} LIMIT ?1) AS head
                WHERE head."LockedUntil" > {now} AND head."LockedUntil" < ':'
                  AND NOT (head."LockToken" BETWEEN ?2 AND ?3)"#,
             now = NOW,
