@@ -45,6 +45,7 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&[])).await?;
@@ -77,6 +78,7 @@ pub trait Layer {
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&["reports.run"])).await?;
@@ -151,6 +153,7 @@ impl Handler for Authorize {
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// let err = handler.handle(job(&[])).await.unwrap_err();
@@ -237,6 +240,7 @@ impl Handler for Trace {
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         span.in_scope(|| match &result {
             Ok(()) => tracing::debug!(elapsed_ms, "command succeeded"),
+            Err(err) if err.snooze.is_some() => tracing::debug!(elapsed_ms, snooze = %err.message, "command snoozed"),
             Err(err) => tracing::warn!(elapsed_ms, error = %err.message, terminal = err.terminal, "command failed"),
         });
         result
