@@ -271,7 +271,7 @@ impl Work {
         for source in &self.sources {
             let stats = source.queue.stats().snapshot();
             if outcome.is_ok() {
-                tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
+                tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, snoozed = stats.snoozed, cancelled = stats.cancelled, stale = stats.stale, "stopped");
             }
             summary.sources.push((source.name.clone(), stats));
             source.queue.backend().close().await;

@@ -521,9 +521,16 @@ fn queues_are_read_in_file_order_with_their_concurrency() {
     // `reports:` with nothing after it takes the source's concurrency.
     assert_eq!(queues, [("webhooks", 2), ("default", 8), ("reports", 3)]);
     assert_eq!(settings.max_snoozes, 5);
-    assert!(parse_text(ONE_SOURCE).unwrap().sources[0].settings.queues.is_empty());
+    assert!(
+        parse_text(ONE_SOURCE).unwrap().sources[0]
+            .settings
+            .queues
+            .is_empty()
+    );
     assert_eq!(
-        parse_text(ONE_SOURCE).unwrap().sources[0].settings.max_snoozes,
+        parse_text(ONE_SOURCE).unwrap().sources[0]
+            .settings
+            .max_snoozes,
         1000
     );
 }
@@ -537,7 +544,8 @@ fn bad_queues_are_clear_errors_with_line_and_key() {
         "5:32: sources[0].queues.webhooks.concurrency: `concurrency` must be a whole number \
          from 1 to 10000 (got 0)"
     );
-    let message = queues("      webhooks: { concurrency: 2 }\n      webhooks: { concurrency: 3 }\n");
+    let message =
+        queues("      webhooks: { concurrency: 2 }\n      webhooks: { concurrency: 3 }\n");
     assert!(
         message.starts_with("6:7: sources[0].queues: key `webhooks` appears twice"),
         "{message}"
@@ -549,10 +557,15 @@ fn bad_queues_are_clear_errors_with_line_and_key() {
     );
     let message = queues("      \"a\\nb\": { concurrency: 2 }\n");
     assert!(
-        message.starts_with("5:") && message.contains("invalid queue name") && message.contains("control character"),
+        message.starts_with("5:")
+            && message.contains("invalid queue name")
+            && message.contains("control character"),
         "{message}"
     );
-    let message = queues(&format!("      {}: {{ concurrency: 2 }}\n", "q".repeat(129)));
+    let message = queues(&format!(
+        "      {}: {{ concurrency: 2 }}\n",
+        "q".repeat(129)
+    ));
     assert!(message.contains("129 bytes; the most is 128"), "{message}");
     let message = error(&format!("{ONE_SOURCE}    queues: {{}}\n"));
     assert!(
@@ -560,11 +573,18 @@ fn bad_queues_are_clear_errors_with_line_and_key() {
         "{message}"
     );
     let message = error(&format!("{ONE_SOURCE}    queues: [default]\n"));
-    assert!(message.starts_with("4:13: sources[0].queues: invalid type"), "{message}");
+    assert!(
+        message.starts_with("4:13: sources[0].queues: invalid type"),
+        "{message}"
+    );
     // `queues` belongs to the source, not to its settings.
-    let message = error(&format!("{ONE_SOURCE}    settings: {{ queues: {{ a: {{}} }} }}\n"));
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings: {{ queues: {{ a: {{}} }} }}\n"
+    ));
     assert!(message.contains("unknown field `queues`"), "{message}");
-    let message = error(&format!("{ONE_SOURCE}    settings: {{ max_snoozes: -1 }}\n"));
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings: {{ max_snoozes: -1 }}\n"
+    ));
     assert!(
         message.contains("`max_snoozes` must be a whole number from 0 to 1000000"),
         "{message}"

@@ -12,8 +12,8 @@
 //!
 //! When the execution is cancelled ([`Job::cancellation`]: an operator cancelled the
 //! command, its lease was lost, or the shutdown grace ran out) the process group gets
-//! SIGTERM; the processor drops the execution [`STOP_GRACE`](super::STOP_GRACE) later, which kills the group
-//! with SIGKILL as below.
+//! SIGTERM; the processor drops the execution [`STOP_GRACE`](super::STOP_GRACE) later,
+//! which kills the group with SIGKILL as below.
 //!
 //! The program runs as the leader of its own process group, and nothing of that group
 //! outlives the attempt: the group is killed with SIGKILL past the timeout (then the
@@ -706,8 +706,9 @@ mod tests {
         let err = run("echo 'snooze -1'; exit 75").await;
         assert_eq!(err.snooze, None);
         assert!(
-            err.message
-                .starts_with("exit status 75 (snooze) with an unusable delay: snooze delay `-1` is negative"),
+            err.message.starts_with(
+                "exit status 75 (snooze) with an unusable delay: snooze delay `-1` is negative"
+            ),
             "{}",
             err.message
         );
@@ -728,9 +729,15 @@ mod tests {
         });
         let err = handler.handle(job).await.unwrap_err();
         stopper.await.unwrap();
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert!(
-            err.message.starts_with("stopped: the execution was cancelled") && err.message.contains("signal 15"),
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            err.message
+                .starts_with("stopped: the execution was cancelled")
+                && err.message.contains("signal 15"),
             "{}",
             err.message
         );

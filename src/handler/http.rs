@@ -548,18 +548,47 @@ mod tests {
     #[tokio::test]
     async fn http_429_and_503_snooze_after_retry_after() {
         let busy = Server::start("429 Too Many Requests", vec!["Retry-After: 1".into()], "").await;
-        let err = handler(&busy.url("/h"), &[]).handle(job()).await.unwrap_err();
-        assert_eq!(err.snooze, Some(std::time::Duration::from_secs(1)), "{err:?}");
+        let err = handler(&busy.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.snooze,
+            Some(std::time::Duration::from_secs(1)),
+            "{err:?}"
+        );
         let down = Server::start("503 Service Unavailable", vec![], "").await;
-        let err = handler(&down.url("/h"), &[]).handle(job()).await.unwrap_err();
+        let err = handler(&down.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
         assert_eq!(err.snooze, Some(DEFAULT_SNOOZE), "{err:?}");
         let bad = Server::start("429 Too Many Requests", vec!["Retry-After: -3".into()], "").await;
-        let err = handler(&bad.url("/h"), &[]).handle(job()).await.unwrap_err();
+        let err = handler(&bad.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
         assert_eq!(err.snooze, None);
-        assert!(err.message.contains("unusable Retry-After") && err.message.contains("negative"), "{}", err.message);
-        let huge = Server::start("503 Service Unavailable", vec!["Retry-After: 99999999999".into()], "").await;
-        let err = handler(&huge.url("/h"), &[]).handle(job()).await.unwrap_err();
-        assert!(err.snooze.is_none() && err.message.contains("longer than"), "{}", err.message);
+        assert!(
+            err.message.contains("unusable Retry-After") && err.message.contains("negative"),
+            "{}",
+            err.message
+        );
+        let huge = Server::start(
+            "503 Service Unavailable",
+            vec!["Retry-After: 99999999999".into()],
+            "",
+        )
+        .await;
+        let err = handler(&huge.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert!(
+            err.snooze.is_none() && err.message.contains("longer than"),
+            "{}",
+            err.message
+        );
     }
 
     /// Answers one request with `status` and an endless chunked body; the task ends,

@@ -236,10 +236,16 @@ impl Handler for Trace {
             correlation_id = job.context.correlation_id.as_deref().unwrap_or(""),
         );
         let started = std::time::Instant::now();
+        let cancellation = job.cancellation.clone();
         let result = self.inner.handle(job).instrument(span.clone()).await;
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         span.in_scope(|| match &result {
             Ok(()) => tracing::debug!(elapsed_ms, "command succeeded"),
+            // Asked to stop (an operator's cancel, a lost lease, the end of the shutdown
+            // grace): the processor says why, once.
+            Err(err) if cancellation.is_cancelled() => {
+                tracing::debug!(elapsed_ms, error = %err.message, "command stopped after its cancellation")
+            }
             Err(err) if err.snooze.is_some() => tracing::debug!(elapsed_ms, snooze = %err.message, "command snoozed"),
             Err(err) => tracing::warn!(elapsed_ms, error = %err.message, terminal = err.terminal, "command failed"),
         });

@@ -195,7 +195,11 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     // many dead-letters the row.
     let result = match result {
         Err(err) if err.snooze.is_some() && !err.terminal => {
-            match snooze_decision(err.snooze.unwrap_or_default(), row.snoozes, settings.max_snoozes) {
+            match snooze_decision(
+                err.snooze.unwrap_or_default(),
+                row.snoozes,
+                settings.max_snoozes,
+            ) {
                 Snoozing::Snooze(delay) => {
                     return SetState {
                         lease,
@@ -203,7 +207,11 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
                     };
                 }
                 Snoozing::TooOften(error) => {
-                    shared.source.stats.execution(&row.type_name, "terminal", started.elapsed().as_secs_f64());
+                    shared.source.stats.execution(
+                        &row.type_name,
+                        "terminal",
+                        started.elapsed().as_secs_f64(),
+                    );
                     return SetState {
                         change: dead(error),
                         lease,
@@ -298,7 +306,10 @@ mod tests {
             panic!("the 1001st snooze was allowed");
         };
         assert!(why.contains("snoozed 1000 times"), "{why}");
-        assert!(matches!(snooze_decision(minute, 0, 0), Snoozing::TooOften(_)));
+        assert!(matches!(
+            snooze_decision(minute, 0, 0),
+            Snoozing::TooOften(_)
+        ));
         // A foreign row with a negative count is taken as none.
         assert_eq!(snooze_decision(minute, -5, 1), Snoozing::Snooze(minute));
         let Snoozing::BadDelay(why) = snooze_decision(MAX_SNOOZE + Duration::from_secs(1), 0, 1000)
@@ -306,6 +317,9 @@ mod tests {
             panic!("a 30-day-plus snooze was allowed");
         };
         assert!(why.contains("longer than"), "{why}");
-        assert_eq!(snooze_decision(MAX_SNOOZE, 0, 1000), Snoozing::Snooze(MAX_SNOOZE));
+        assert_eq!(
+            snooze_decision(MAX_SNOOZE, 0, 1000),
+            Snoozing::Snooze(MAX_SNOOZE)
+        );
     }
 }

@@ -176,8 +176,15 @@ impl Leases {
         lost
     }
 
-    /// Records the outcome of one renewal round started at `started`.
-    fn renewed(&self, asked: &[Lease], kept: &[Lease], started: Instant, lease: Duration) {
+    /// Records the outcome of one renewal round started at `started`; returns the leases
+    /// newly found lost.
+    fn renewed(
+        &self,
+        asked: &[Lease],
+        kept: &[Lease],
+        started: Instant,
+        lease: Duration,
+    ) -> Vec<Lease> {
         {
             let keep: std::collections::HashSet<&Lease> = kept.iter().collect();
             let mut held = self.lock();
@@ -191,7 +198,7 @@ impl Leases {
         }
         // Another claim holds the others, or an operator cancelled them (or they were
         // stamped in between, in which case stopping a finished execution does nothing).
-        self.lose_missing(asked, kept, false);
+        self.lose_missing(asked, kept, false)
     }
 
     /// Kills executions whose lease would lapse within `margin`.
@@ -256,10 +263,26 @@ pub(crate) async fn check_loop(
                     break;
                 }
             };
-            for lost in leases.lose_missing(chunk, &kept, true) {
-                explain_lost(&source, backend.as_ref(), &lost).await;
-            }
+            let lost = leases.lose_missing(chunk, &kept, true);
+            explain_all_lost(&source, backend.as_ref(), &lost).await;
         }
+    }
+}
+
+/// The most lost leases explained one by one in a round; the rest are counted.
+const EXPLAINED: usize = 5;
+
+/// Logs why each lease in `lost` is gone (the first [`EXPLAINED`]; then a count).
+async fn explain_all_lost(source: &str, backend: &dyn Backend, lost: &[Lease]) {
+    for lease in lost.iter().take(EXPLAINED) {
+        explain_lost(source, backend, lease).await;
+    }
+    if lost.len() > EXPLAINED {
+        tracing::warn!(
+            source,
+            more = lost.len() - EXPLAINED,
+            "more leases were lost (cancelled by an operator or taken by another claim); their executions were stopped"
+        );
     }
 }
 
@@ -346,7 +369,8 @@ pub(crate) async fn renew_loop(
                         if kept.len() < chunk.len() {
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
                         }
-                        leases.renewed(chunk, &kept, started, lease);
+                        let lost = leases.renewed(chunk, &kept, started, lease);
+                        explain_all_lost(&source, backend.as_ref(), &lost).await;
                     }
                     Err(err) => {
                         tracing::warn!(source = %source, error = %err, "could not extend leases; retrying");

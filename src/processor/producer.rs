@@ -404,7 +404,11 @@ fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
         let bytes = claimed.payload_bytes;
         shared.buffered.fetch_add(1, Ordering::AcqRel);
         shared.buffered_bytes.fetch_add(bytes, Ordering::AcqRel);
-        if shared.buffer_tx.send(Buffered { claimed, stopper }).is_err() {
+        if shared
+            .buffer_tx
+            .send(Buffered { claimed, stopper })
+            .is_err()
+        {
             shared.buffered.fetch_sub(1, Ordering::AcqRel);
             shared.buffered_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }

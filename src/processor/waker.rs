@@ -16,11 +16,7 @@ use super::SourceHandle;
 /// an operator cancels a running command: the lease check then runs at once), where
 /// there are any. A failure is logged; polling and the lease check every second cover it.
 pub(crate) async fn listen(source: &SourceHandle, cancelled: std::sync::Arc<tokio::sync::Notify>) {
-    match source
-        .backend
-        .listen(source.wake.clone(), cancelled)
-        .await
-    {
+    match source.backend.listen(source.wake.clone(), cancelled).await {
         Ok(true) => tracing::debug!(source = %source.name, "listening for inserts"),
         // No LISTEN here (another engine, or a transaction pooler, which the driver
         // reports itself): polling finds new commands.
