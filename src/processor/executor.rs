@@ -1,12 +1,22 @@
 //! The executor: runs claimed rows, one at a time per execution slot, and turns each
 //! into exactly one stamp for the completer.
 //!
-//! The executor owns the handler's future: cancelling an execution (its lease was lost
-//! or is about to lapse, or the shutdown grace ran out) drops that future, which kills an
-//! exec handler's whole process group, so no handler keeps running once its lease can
-//! pass to another worker. A row that cannot run — undecodable columns, no handler, past
+//! The executor owns the handler's future. Asked to stop (an operator cancelled the row,
+//! its lease was lost, the shutdown grace ran out), it fires the job's
+//! [`cancellation`](crate::Job::cancellation) (an exec handler's process group gets
+//! SIGTERM) and gives the handler [`STOP_GRACE`] to return; killed (its lease is about to
+//! lapse, a hard stop) or past that grace, it drops the future, which kills an exec
+//! handler's whole process group, so no handler keeps running once its lease can pass to
+//! another worker. A stopped execution is released with its attempt given back, unless
+//! its lease is gone, when nothing is stamped (the token guard would drop it) and it is
+//! counted as cancelled. A row that cannot run — undecodable columns, no handler, past
 //! `max_attempts` — is dead-lettered on its own without running anything; a panic, an
 //! error and a timeout each consume one attempt.
+//!
+//! A snooze ([`HandlerError::snooze`], exec exit 75, http 429/503) is stamped as
+//! [`StateChange::Snooze`]: the attempt is given back and `LastError` kept. The snooze
+//! that would take a row past `max_snoozes` dead-letters it instead, and a delay longer
+//! than [`MAX_SNOOZE`] fails the attempt like an error, saying why.
 //!
 //! `Attempts` written by another program is taken at its word only when it is a count:
 //! NULL, a value outside `i32` (decoding defects) and a negative count are dead-lettered
@@ -178,6 +188,12 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         outcome = &mut running => Some(outcome),
     };
     shared.leases.set_running(&lease, false);
+    // What a handler returns after it was asked to stop is a success, or the stop: a
+    // stopped command is released with its attempt given back, as when it is dropped.
+    let outcome = match outcome {
+        Some(Ok(Err(_))) if stopper.stop.is_cancelled() => None,
+        other => other,
+    };
     let result = match outcome {
         None => {
             if !shared.leases.is_lost(&lease) {

@@ -4,10 +4,16 @@
 //! while buffered, while its handler runs, and while its stamp waits in the completer.
 //! The renewer extends all of them every `lease_seconds / 3` in one token-guarded
 //! statement, so a command whose worker is alive is never claimed by another. A lease
-//! that could not be extended is either lost (another claim holds the row now) or about
-//! to lapse (the database is unreachable): either way the execution is cancelled before
+//! about to lapse (the database is unreachable) has its execution killed at once, before
 //! the lease can expire, so two executions of one command never overlap — unless a
 //! process dies, when the lease lapses and the row runs again (at-least-once).
+//!
+//! A lease that is gone — an operator cancelled the row (`icq cancel`), or another claim
+//! holds it — is found by the renewal or, for running handlers, by the check every
+//! [`CHECK_EVERY`] (at once on PostgreSQL's cancel notification): the execution is asked
+//! to stop (its job's cancellation fires, an exec handler's group gets SIGTERM, and it is
+//! killed after the stop grace; at once when another claim holds the row), nothing is
+//! stamped for it, and the reason is logged once ("cancelled by operator").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -125,6 +131,15 @@ impl Leases {
     pub(crate) fn stop_all(&self) {
         for held in self.lock().values() {
             held.stopper.stop.cancel();
+        }
+    }
+
+    /// Stops the execution of `lease` at once.
+    fn kill(&self, lease: &Lease) {
+        if let Some(held) = self.lock().get(&lease.id)
+            && held.lease.token == lease.token
+        {
+            held.stopper.kill.cancel();
         }
     }
 
@@ -264,7 +279,7 @@ pub(crate) async fn check_loop(
                 }
             };
             let lost = leases.lose_missing(chunk, &kept, true);
-            explain_all_lost(&source, backend.as_ref(), &lost).await;
+            explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
         }
     }
 }
@@ -273,9 +288,9 @@ pub(crate) async fn check_loop(
 const EXPLAINED: usize = 5;
 
 /// Logs why each lease in `lost` is gone (the first [`EXPLAINED`]; then a count).
-async fn explain_all_lost(source: &str, backend: &dyn Backend, lost: &[Lease]) {
+async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &[Lease]) {
     for lease in lost.iter().take(EXPLAINED) {
-        explain_lost(source, backend, lease).await;
+        explain_lost(source, backend, leases, lease).await;
     }
     if lost.len() > EXPLAINED {
         tracing::warn!(
@@ -286,8 +301,10 @@ async fn explain_all_lost(source: &str, backend: &dyn Backend, lost: &[Lease]) {
     }
 }
 
-/// Logs, once, why a running command's lease is gone.
-async fn explain_lost(source: &str, backend: &dyn Backend, lost: &Lease) {
+/// Logs, once, why a running command's lease is gone. A row still pending under another
+/// claim's token runs elsewhere now: its execution here is killed at once rather than
+/// given the stop grace.
+async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
     let params = crate::engine::CommandGetParams { id: &lost.id };
     match backend.command_get(&params).await {
         Ok(Some(row)) if row.dead_lettered_at.is_some() => {
@@ -298,8 +315,12 @@ async fn explain_lost(source: &str, backend: &dyn Backend, lost: &Lease) {
         Ok(None) => {
             tracing::info!(source, id = %lost.id, "the running command was deleted: stopping its handler");
         }
-        _ => {
+        Ok(Some(_)) => {
+            leases.kill(lost);
             tracing::warn!(source, id = %lost.id, "the running command's lease passed to another claim: stopping its handler");
+        }
+        Err(err) => {
+            tracing::warn!(source, id = %lost.id, error = %err, "the running command's lease is gone (cancelled by an operator or taken by another claim): stopping its handler");
         }
     }
 }
@@ -370,7 +391,7 @@ pub(crate) async fn renew_loop(
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
                         }
                         let lost = leases.renewed(chunk, &kept, started, lease);
-                        explain_all_lost(&source, backend.as_ref(), &lost).await;
+                        explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
                     }
                     Err(err) => {
                         tracing::warn!(source = %source, error = %err, "could not extend leases; retrying");

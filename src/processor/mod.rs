@@ -5,17 +5,30 @@
 //! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
-//!   cannot be kept;
-//! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert notifications.
+//!   cannot be kept, and checks the leases of running handlers every second (at once on a
+//!   PostgreSQL cancel notification) to stop the ones an operator cancelled;
+//! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert and cancel
+//!   notifications.
+//!
+//! Queues (SPEC §8): a source whose settings list `queues` gets one *lane* per queue — a
+//! producer and its own execution slots (the queue's `concurrency`), claiming only that
+//! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
+//! lease renewer and check, and the sweeper stay one per source. A slow queue therefore
+//! holds only its own slots. A source that lists none has one lane claiming every queue
+//! with `concurrency` slots, exactly as before queues existed. With `until_idle` the
+//! source stops when every lane is idle. Listing queues needs a version-2 table: `run`
+//! refuses to start on version 1 and names the upgrade.
 //!
 //! Guarantees: a row runs only under a live lease, and a live worker keeps its leases, so
 //! a command runs twice only when a process dies; every stamp is guarded by the lease
-//! token; a failure, a panic and a timeout each consume one attempt; a row that cannot be
-//! decoded, has no handler or is past `max_attempts` is dead-lettered on its own without
-//! running. On shutdown the producer stops claiming, buffered rows are released at once
-//! (their attempt given back), in-flight commands get the grace period, then are stopped
-//! (an exec handler's process group killed) and released; every outcome is stamped before
-//! `run` returns.
+//! token; a failure, a panic and a timeout each consume one attempt, a snooze none; a row
+//! that cannot be decoded, has no handler or is past `max_attempts` is dead-lettered on
+//! its own without running. On shutdown the producer stops claiming, buffered rows are
+//! released at once (their attempt given back), in-flight commands get the grace period,
+//! then are asked to stop (their [`Job::cancellation`](crate::Job::cancellation) fires, an
+//! exec handler's process group gets SIGTERM) and after
+//! [`STOP_GRACE`](crate::handler::STOP_GRACE) are dropped (the group killed) and released;
+//! every outcome is stamped before `run` returns.
 
 mod completer;
 mod executor;
@@ -599,4 +612,58 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
 
 fn buffered_len(shared: &Shared) -> usize {
     shared.buffered.load(std::sync::atomic::Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::QueueSettings;
+
+    #[test]
+    fn one_lane_per_listed_queue_each_with_its_slots() {
+        let all = lanes(&Settings::default(), 4);
+        assert_eq!(all.len(), 1);
+        assert_eq!(
+            (
+                all[0].concurrency,
+                all[0].queues.is_none(),
+                all[0].claims_in_flight
+            ),
+            (8, true, 4)
+        );
+        let settings = Settings {
+            queues: vec![
+                QueueSettings::new("default", 8),
+                QueueSettings::new("webhooks", 2),
+                QueueSettings::new("reports", 1),
+            ],
+            ..Settings::default()
+        };
+        let listed = lanes(&settings, 4);
+        let shape: Vec<_> = listed
+            .iter()
+            .map(|lane| {
+                (
+                    lane.name.as_deref().unwrap().to_owned(),
+                    lane.concurrency,
+                    lane.queues.as_deref().unwrap().to_vec(),
+                    lane.claims_in_flight,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("default".into(), 8, vec!["default".to_string()], 2),
+                ("webhooks".into(), 2, vec!["webhooks".to_string()], 2),
+                ("reports".into(), 1, vec!["reports".to_string()], 2),
+            ]
+        );
+        // One claim in flight (SQLite) is one per lane, never none.
+        assert!(
+            lanes(&settings, 1)
+                .iter()
+                .all(|lane| lane.claims_in_flight == 1)
+        );
+    }
 }
