@@ -216,7 +216,17 @@ impl Work {
             );
         }
         for source in &sources {
-            tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+            let queues: Vec<String> = source
+                .settings
+                .queues
+                .iter()
+                .map(|q| format!("{}:{}", q.name, q.concurrency))
+                .collect();
+            if queues.is_empty() {
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+            } else {
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), queues = %queues.join(","), "processing");
+            }
         }
         let processor = processor(registry, &sources);
         Ok(Work { sources, processor })

@@ -639,3 +639,48 @@ async fn issue_21_cancel_fires_a_rust_handlers_token_on_another_replica() {
         );
     }
 }
+
+/// A worker that lists queues refuses to start on a version-1 table, naming the upgrade;
+/// without `queues:` it keeps working there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_21_queues_on_a_version_1_table_name_the_upgrade() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::new(engine, "queues_v1").await;
+        let kind: icq::Engine = engine.parse().unwrap();
+        db.execute(&icq::schema::render_v1(kind, &icq::TableName::default()).up)
+            .await;
+        let settings = Settings {
+            queues: vec![QueueSettings::new("webhooks", 2)],
+            ..Settings::default()
+        };
+        let source = open(&db, &settings).await;
+        let mut registry = Registry::new();
+        registry
+            .insert("ping", Arc::new(icq::handler::Noop))
+            .unwrap();
+        let mut processor = Processor::new(registry.clone());
+        processor.add_source(source.queue.source_handle(settings.clone()));
+        let options = RunOptions {
+            until_idle: true,
+            ..RunOptions::default()
+        };
+        let err = processor
+            .run(options.clone(), Default::default())
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, icq::Error::Usage(_)), "{engine}: {err:?}");
+        assert!(
+            message.contains("schema version 1")
+                && message.contains("icq migrate add")
+                && message.contains("_icq_schema_v2.sql"),
+            "{engine}: {message}"
+        );
+        // Without `queues:` a version-1 table works as before.
+        super::insert_many(&db, "ping", 3).await;
+        let mut processor = Processor::new(registry);
+        processor.add_source(source.queue.source_handle(Settings::default()));
+        processor.run(options, Default::default()).await.unwrap();
+        assert_eq!(source.queue.stats().snapshot().succeeded, 3, "{engine}");
+    }
+}
