@@ -159,12 +159,20 @@ pub mod command;
 pub mod commands;
 pub mod config;
 #[cfg(feature = "cli")]
+pub(crate) mod console;
+#[cfg(feature = "cli")]
 pub(crate) mod demo;
 pub(crate) mod engine;
 pub mod error;
 pub mod handler;
 pub mod ident;
 pub mod migrate;
+#[cfg(feature = "otel")]
+pub mod otel;
+#[cfg(not(feature = "otel"))]
+#[path = "otel_off.rs"]
+#[allow(missing_docs, dead_code)]
+pub mod otel;
 #[cfg(feature = "cli")]
 pub(crate) mod output;
 mod processor;

@@ -1,6 +1,7 @@
 //! Opening the configured sources: configuration (or `--database-url`, or the embedded
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
-//! default creates its own on first use).
+//! default creates its own on first use, and upgrades a version-1 table it finds to
+//! schema version 2: it is icq's own database).
 //!
 //! Connections fail fast with their cause (a refused port, an unresolvable host, a
 //! mistyped password): see the engine's connection probe.
@@ -9,8 +10,8 @@ use std::path::PathBuf;
 
 use crate::config::{self, Config, ConfigRequest, SourceConfig};
 use crate::engine::ConnectOptions;
-use crate::error::Result;
-use crate::ident::TableName;
+use crate::error::{Error, Result};
+use crate::ident::{Engine, TableName};
 use crate::queue::Queue;
 use crate::settings::Settings;
 
@@ -146,7 +147,8 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
     open_selected(&config, request.source.as_deref()).await
 }
 
-/// Connects one source and checks (or, for the embedded default, creates) its table.
+/// Connects one source and checks (or, for the embedded default, creates or upgrades) its
+/// table.
 ///
 /// # Examples
 ///
@@ -171,6 +173,9 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
 /// # }
 /// ```
 pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
+    if source.embedded {
+        upgrade_embedded(source).await?;
+    }
     let options = ConnectOptions {
         // One connection per execution slot is never needed (stamps are batched), but
         // up to four claims, two stamps, lease renewals and the sweep run side by side.
@@ -189,6 +194,64 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         queue,
         settings: source.settings.clone(),
     })
+}
+
+/// Upgrades the embedded default's table from schema version 1 to 2 when it finds one
+/// (written by an older icq), in one `BEGIN IMMEDIATE` transaction that looks the version
+/// up again under the write lock, so two icq processes starting at once upgrade it once.
+/// Returns whether it did; a missing table is left to [`Queue::ensure_table`], which
+/// creates version 2.
+async fn upgrade_embedded(source: &SourceConfig) -> Result<bool> {
+    use sqlx::Connection as _;
+
+    let url = source.url.expose();
+    if Engine::from_url(url)? != Engine::Sqlite {
+        return Ok(false);
+    }
+    let table = &source.table;
+    let context = |what: &str| format!("source {}: {what}", source.name);
+    let mut conn = sqlx::SqliteConnection::connect(url)
+        .await
+        .map_err(Error::db(context("opening the embedded database")))?;
+    // Version 1: no `Queue` column. Looked up without a lock first (the usual answer is
+    // "version 2", and a busy worker should not be waited for), then again under the
+    // write lock.
+    let needs_upgrade = async |conn: &mut sqlx::SqliteConnection| -> Result<bool> {
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?, ?)")
+            .bind(table.name())
+            .bind(table.schema().unwrap_or("main"))
+            .fetch_all(conn)
+            .await
+            .map_err(Error::db(context("looking up the table's schema version")))?;
+        // Missing (created at version 2 next), or already version 2.
+        Ok(!columns.is_empty() && !columns.iter().any(|c| c.eq_ignore_ascii_case("Queue")))
+    };
+    if !needs_upgrade(&mut conn).await? {
+        return Ok(false);
+    }
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(Error::db(context("locking the embedded database")))?;
+    if !needs_upgrade(&mut tx).await? {
+        return Ok(false);
+    }
+    let ddl = crate::schema::render_upgrade(Engine::Sqlite, table);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(context(
+            "upgrading the table to schema version 2",
+        )))?;
+    tx.commit().await.map_err(Error::db(context(
+        "upgrading the table to schema version 2",
+    )))?;
+    tracing::info!(
+        source = %source.name,
+        table = %table,
+        "upgraded the embedded table to schema version 2 (queues, priorities, unique keys)"
+    );
+    Ok(true)
 }
 
 /// The database `icq migrate` works on, as the command line or configuration names it.

@@ -131,9 +131,22 @@ impl Drop for LogGuard {
 /// Installs the log subscriber on stderr, text or JSON lines (`RUST_LOG` filters, default
 /// `icq=info`), writing through a non-blocking lossy writer (see the module docs). Call
 /// once, inside the runtime; keep the guard until the process is about to exit.
-pub fn init_logging(json: bool) -> LogGuard {
+///
+/// With `otel` (see [`init_otel`]) the OpenTelemetry layer joins: it exports the execution
+/// spans ([`crate::otel::SPAN_TARGET`]) and nothing else, and the log lines never include
+/// them.
+pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"))
+        .add_directive(
+            format!("{}=off", crate::otel::SPAN_TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none();
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
@@ -142,19 +155,37 @@ pub fn init_logging(json: bool) -> LogGuard {
         .thread_name("icq-log")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(writer)
         // A failed write is reported with `eprintln!`, which panics when stderr is
         // closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
         .log_internal_errors(false);
-    let _ = if json {
-        builder.json().try_init()
+    let fmt: Box<dyn Layer<_> + Send + Sync> = if json {
+        fmt.json().with_filter(filter).boxed()
     } else {
         // Escaped fields: handler stderr and response bodies cannot forge log lines.
-        builder.fmt_fields(escaping_fields()).try_init()
+        fmt.fmt_fields(escaping_fields())
+            .with_filter(filter)
+            .boxed()
     };
+    let otel_layer = otel.map(|otel| {
+        tracing_opentelemetry::layer()
+            .with_tracer(otel.tracer.clone())
+            // The spans carry the messaging attributes only, not the code location,
+            // thread or busy/idle timings of tracing-opentelemetry's defaults.
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(crate::otel::SPAN_TARGET, tracing::Level::INFO),
+            )
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel_layer)
+        .try_init();
     let reported = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watch = tokio::runtime::Handle::try_current()
         .ok()
@@ -189,6 +220,110 @@ async fn watch_dropped(
         }
         last = now;
     }
+}
+
+/// The OpenTelemetry pipeline of a run: traces and metrics exported over OTLP
+/// (HTTP/protobuf), configured by the standard `OTEL_*` variables. Dropping it flushes
+/// what is queued and shuts the exporters down.
+pub struct Otel {
+    tracer: opentelemetry_sdk::trace::Tracer,
+    traces: opentelemetry_sdk::trace::SdkTracerProvider,
+    metrics: opentelemetry_sdk::metrics::SdkMeterProvider,
+}
+
+impl Drop for Otel {
+    fn drop(&mut self) {
+        // Both flush on shutdown; each is bounded by its exporter's timeout
+        // (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s by default).
+        if let Err(err) = self.traces.shutdown() {
+            tracing::debug!(error = %err, "shutting down the trace exporter");
+        }
+        if let Err(err) = self.metrics.shutdown() {
+            tracing::debug!(error = %err, "shutting down the metrics exporter");
+        }
+    }
+}
+
+/// Whether the environment asks for OTLP export: an endpoint variable is set
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT` or its traces/metrics variants) and
+/// `OTEL_SDK_DISABLED` is not `true`.
+pub fn otel_requested() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let disabled =
+        std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    !disabled
+        && (set("OTEL_EXPORTER_OTLP_ENDPOINT")
+            || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            || set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+}
+
+/// Builds the OTLP pipeline when [`otel_requested`], installing its meter provider as
+/// the global one (so [`crate::otel`]'s metrics flow) and the W3C trace-context
+/// propagator. `None` when no `OTEL_*` endpoint is set: nothing is exported and the
+/// execution spans are never created. Only the `http/protobuf` protocol is built in.
+pub fn init_otel() -> Result<Option<Otel>> {
+    use opentelemetry_otlp::WithExportConfig as _;
+
+    if !otel_requested() {
+        return Ok(None);
+    }
+    if let Ok(protocol) = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+        && !protocol.trim().is_empty()
+        && protocol.trim() != "http/protobuf"
+    {
+        return Err(Error::Usage(format!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: icq exports OTLP over HTTP with \
+             protobuf only; set it to http/protobuf (or unset it) and point \
+             OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (usually 4318)"
+        )));
+    }
+    let otlp_error = |what: &str| {
+        let what = what.to_owned();
+        move |err: opentelemetry_otlp::ExporterBuildError| {
+            Error::Usage(format!(
+                "cannot set up the OpenTelemetry {what} exporter from the OTEL_* variables: {}",
+                crate::redact::redact_text(&err.to_string())
+            ))
+        }
+    };
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(
+            std::env::var("OTEL_SERVICE_NAME")
+                .ok()
+                .filter(|name| !name.trim().is_empty())
+                .unwrap_or_else(|| "icq".to_owned()),
+        )
+        .build();
+    let span_exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()
+        .map_err(otlp_error("trace"))?;
+    let traces = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_resource(resource.clone())
+        .with_batch_exporter(span_exporter)
+        .build();
+    let metric_exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()
+        .map_err(otlp_error("metrics"))?;
+    let metrics = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_periodic_exporter(metric_exporter)
+        .build();
+    opentelemetry::global::set_meter_provider(metrics.clone());
+    opentelemetry::global::set_tracer_provider(traces.clone());
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    use opentelemetry::trace::TracerProvider as _;
+    let tracer = traces.tracer("icq");
+    Ok(Some(Otel {
+        tracer,
+        traces,
+        metrics,
+    }))
 }
 
 /// Installs the Prometheus recorder as the global metrics recorder and starts serving it on
@@ -337,6 +472,17 @@ pub fn spawn_pending_gauges(
             for (name, backend) in &sources {
                 match backend.activity().await {
                     Ok(activity) => {
+                        let depth = otel_depth_gauge();
+                        for (state, count) in [("due", activity.due), ("running", activity.running)]
+                        {
+                            depth.record(
+                                count,
+                                &[
+                                    opentelemetry::KeyValue::new("icq.source", name.to_string()),
+                                    opentelemetry::KeyValue::new("icq.state", state),
+                                ],
+                            );
+                        }
                         metrics::gauge!("icq_internal_commands_pending", "source" => name.to_string(), "state" => "due")
                             .set(activity.due as f64);
                         metrics::gauge!("icq_internal_commands_pending", "source" => name.to_string(), "state" => "running")
@@ -349,6 +495,20 @@ pub fn spawn_pending_gauges(
             }
             tokio::time::sleep(every).await;
         }
+    })
+}
+
+/// The OpenTelemetry queue-depth gauge (`icq.queue.depth`, by `icq.source` and
+/// `icq.state`), on the global meter provider (a no-op unless [`init_otel`] installed one).
+fn otel_depth_gauge() -> &'static opentelemetry::metrics::Gauge<u64> {
+    static GAUGE: std::sync::OnceLock<opentelemetry::metrics::Gauge<u64>> =
+        std::sync::OnceLock::new();
+    GAUGE.get_or_init(|| {
+        opentelemetry::global::meter("icq")
+            .u64_gauge("icq.queue.depth")
+            .with_description("Pending commands by state: due (waiting for a slot) or running")
+            .with_unit("{message}")
+            .build()
     })
 }
 

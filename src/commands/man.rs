@@ -78,11 +78,15 @@ Examples:
   icq migrate add --engine mysql --table jobs.Commands --dir db/migrations
   icq migrate add --engine postgres --stdout    # print the SQL, write nothing
 
+Upgrading: in a directory whose migration creates the table at schema version 1 (an
+older icq), `add` writes <version>_icq_schema_v2.sql, the upgrade to version 2 (queues,
+priorities, unique keys); when the directory already has version 2 it writes nothing.
+
 Exit codes:
-  0  written (or printed)
+  0  written (or printed), or the directory is already up to date
   1  the directory could not be written
-  2  usage error: unknown engine, a file that exists, a directory that already creates
-     the table or holds another engine's migration";
+  2  usage error: unknown engine, a file that exists, a directory that holds another
+     engine's migration";
 
 /// `icq migrate run --help`.
 pub const MIGRATE_RUN: &str = "\

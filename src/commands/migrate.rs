@@ -13,20 +13,22 @@ use clap::{Args, Subcommand};
 use super::{GlobalArgs, man};
 use crate::error::Error;
 use crate::ident::{Engine, TableName};
-use crate::migrate::{self, AddOptions, MigrateOptions, MigrationKind, Versioning};
-use crate::output::{self, migrate::Added};
+use crate::migrate::{self, AddOptions, MigrateOptions, MigrationKind, PlanAction, Versioning};
+use crate::output::{self, Format, migrate::Added};
 use crate::redact::redact_url;
 use crate::sources::{MigrationTarget, migration_target};
 
 /// Migration subcommands.
 #[derive(Debug, Subcommand)]
 pub enum MigrateCommand {
-    /// Write the migration that creates the commands table, named like sqlx-cli's.
+    /// Write the migration that creates (or upgrades) the commands table, named like sqlx-cli's.
     ///
     /// The file is `<version>_add_internal_commands.sql` (or an `.up.sql` + `.down.sql`
     /// pair), versioned like `sqlx migrate add`: a UTC timestamp, or the next number when
-    /// the directory is already sequential. Existing files are never overwritten, and a
-    /// directory that already creates the table is refused (pass --table for another).
+    /// the directory is already sequential. A directory whose migration creates the table
+    /// at schema version 1 (an older icq) gets the upgrade `<version>_icq_schema_v2.sql`
+    /// instead; one that already has version 2 is up to date and nothing is written.
+    /// Existing files are never overwritten.
     #[command(after_help = man::MIGRATE_ADD)]
     Add(AddArgs),
     /// Apply pending migrations with sqlx's migrator (same bookkeeping as `sqlx migrate run`).
@@ -48,7 +50,7 @@ pub struct AddArgs {
     #[arg(long, value_name = "ENGINE", value_parser = parse_engine)]
     pub engine: Option<Engine>,
 
-    /// Table to create, optionally schema-qualified [default: InternalCommands].
+    /// Table to create or upgrade, optionally schema-qualified [default: InternalCommands].
     #[arg(long, value_name = "NAME", value_parser = parse_table)]
     pub table: Option<TableName>,
 
@@ -208,6 +210,16 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     };
     let plan = migrate::plan(&opts, chrono::Utc::now())?;
 
+    if let PlanAction::UpToDate { by } = &plan.action {
+        let up_to_date = Added::up_to_date(&plan, by.clone());
+        if args.stdout {
+            // stdout carries SQL only, and there is none to print.
+            output::note(up_to_date.message().trim_end());
+            return Ok(());
+        }
+        return Ok(output::emit(global.format, &up_to_date)?);
+    }
+
     if args.stdout {
         let several = plan.files.len() > 1;
         let mut text = String::new();
@@ -223,11 +235,18 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     }
 
     let files = plan.write()?;
-    let added = Added {
-        engine: plan.engine,
-        version: plan.version.clone(),
-        kind: plan.kind,
-        files,
-    };
+    let added = Added::written(&plan, files);
+    if let (PlanAction::Upgrade { from }, Format::Table) = (&plan.action, global.format) {
+        let apply = match plan.engine {
+            Engine::SqlServer => "with `sqlcmd -b -I`, DbUp or Flyway",
+            _ => "with `icq migrate run` (or `sqlx migrate run`)",
+        };
+        output::note(&format!(
+            "{} creates {} at schema version 1; the new migration upgrades it to version 2. \
+             Apply it {apply}, then restart the workers to use queues and priorities",
+            from.display(),
+            plan.table
+        ));
+    }
     Ok(output::emit(global.format, &added)?)
 }

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod cancel;
 pub mod completions;
 pub mod config;
+pub mod console;
 pub mod dead_letters;
 pub mod list;
 pub mod man;
@@ -131,6 +132,10 @@ pub enum Command {
     #[command(after_help = man::BENCH)]
     Bench(bench::BenchArgs),
 
+    /// Serve the operations console in the browser (read-only unless --allow-actions).
+    #[command(after_help = console::HELP)]
+    Console(console::ConsoleArgs),
+
     /// Print a shell completion script.
     #[command(after_help = man::COMPLETIONS)]
     Completions(completions::CompletionsArgs),
@@ -186,6 +191,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args, &cli.global).await,
         Command::Schedule(args) => schedule::run(args, &cli.global).await,
         Command::Bench(args) => bench::run(args, &cli.global).await,
+        Command::Console(args) => console::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),
         Command::Config(cmd) => config::run(cmd, &cli.global),
         Command::Man(args) => man::run(args),

@@ -106,8 +106,11 @@ pub enum LogFormat {
 
 /// Installs the log subscriber on stderr in `format`: see
 /// [`crate::telemetry::init_logging`] (non-blocking; keep the guard until exit).
-fn init_logging(format: LogFormat) -> crate::telemetry::LogGuard {
-    crate::telemetry::init_logging(format == LogFormat::Json)
+fn init_logging(
+    format: LogFormat,
+    otel: Option<&crate::telemetry::Otel>,
+) -> crate::telemetry::LogGuard {
+    crate::telemetry::init_logging(format == LogFormat::Json, otel)
 }
 
 /// The signals that stop `icq work`: graceful on the first, hard on the second.
@@ -185,19 +188,17 @@ fn tokio_stream_of(
 
 /// Runs the processor until a signal (or idle, with `--until-idle`).
 pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
-    let _logs = init_logging(args.effective_log_format(global.format));
+    // OpenTelemetry first (its layer joins the log subscriber); dropped last, after the
+    // processor has stamped everything, so the final spans and metrics are flushed.
+    let otel = crate::telemetry::init_otel()?;
+    let _logs = init_logging(args.effective_log_format(global.format), otel.as_ref());
     let work = crate::worker::Work::open(&global.source_request()).await?;
-    let gauges = match args.metrics_addr {
-        Some(addr) => {
-            crate::telemetry::serve(addr)?;
-            tracing::info!(%addr, "serving Prometheus metrics");
-            Some(crate::telemetry::spawn_pending_gauges(
-                work.sources(),
-                Duration::from_secs(2),
-            ))
-        }
-        None => None,
-    };
+    if let Some(addr) = args.metrics_addr {
+        crate::telemetry::serve(addr)?;
+        tracing::info!(%addr, "serving Prometheus metrics");
+    }
+    let gauges = (args.metrics_addr.is_some() || otel.is_some())
+        .then(|| crate::telemetry::spawn_pending_gauges(work.sources(), Duration::from_secs(2)));
     let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
     let forced = stop_on_signals(shutdown.clone(), hard_stop.clone())?;
     let options = RunOptions {

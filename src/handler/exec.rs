@@ -519,6 +519,13 @@ impl Handler for ExecHandler {
                 "ICQ_CORRELATION_ID",
                 ctx.correlation_id.as_deref().unwrap_or(""),
             );
+        // The execution span's context (W3C Trace Context in the environment, as
+        // OpenTelemetry SDKs read it), so the handler's own spans join the trace; never a
+        // `TRACEPARENT` the worker itself inherited, which belongs to another trace.
+        match crate::otel::current_traceparent() {
+            Some(traceparent) => command.env("TRACEPARENT", traceparent),
+            None => command.env_remove("TRACEPARENT"),
+        };
         let started = Instant::now();
         let child = spawn(command)
             .await

@@ -187,6 +187,12 @@ impl Handler for HttpHandler {
                 context_value(text.as_deref()),
             );
         }
+        // The execution span's context, so the receiving service's spans join the trace.
+        if let Some(traceparent) = crate::otel::current_traceparent()
+            && let Ok(value) = HeaderValue::from_str(&traceparent)
+        {
+            headers.insert(HeaderName::from_static("traceparent"), value);
+        }
         let response = self
             .client
             .post(self.url.clone())

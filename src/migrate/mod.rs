@@ -19,10 +19,16 @@
 //! sqlx-cli may reuse a timestamp within the same second; icq bumps it.
 //!
 //! Every generated file starts with a header line ([`HEADER_PREFIX`]) naming its engine and
-//! table. icq never overwrites a file, refuses to put one engine's migration into a
+//! table. icq never overwrites a file, and refuses to put one engine's migration into a
 //! directory that already holds another engine's (sqlx would run both against one
-//! database), and refuses a second migration creating a table the directory already
-//! creates (it would fail when run).
+//! database).
+//!
+//! What `add` writes depends on what the directory already holds for the table
+//! ([`PlanAction`]): nothing yet → the whole table at [`crate::schema::SCHEMA_VERSION`] 2
+//! (`<version>_add_internal_commands.sql`); icq's version-1 migration (written by an older
+//! icq) → the upgrade `<version>_icq_schema_v2.sql` ([`crate::schema::render_upgrade`]);
+//! version 2 already → nothing (it is up to date). A file's version is read from its text
+//! ([`schema_version_of`]), not trusted to its name.
 //!
 //! [`run`], [`revert`] and [`info`] work on a database with sqlx's migrator types, so the
 //! `_sqlx_migrations` bookkeeping and checksums are exactly those sqlx-cli keeps: either
@@ -66,6 +72,7 @@ use sqlx::migrate::MigrationType;
 
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
+use crate::schema::SCHEMA_VERSION;
 
 pub use database::{
     Applied, InfoReport, MigrateOptions, MigrationState, MigrationStatus, RevertReport, RunReport,
@@ -94,6 +101,41 @@ pub use database::{
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub const DESCRIPTION: &str = "add_internal_commands";
+
+/// The description of the upgrade from schema version 1 to 2
+/// (`<version>_icq_schema_v2.sql`), which `icq migrate add` writes into a directory that
+/// holds a version-1 [`DESCRIPTION`] migration.
+///
+/// # Examples
+///
+/// ```
+/// # let tmp = tempfile::tempdir()?;
+/// use icq::migrate::{AddOptions, PlanAction, UPGRADE_V2_DESCRIPTION, Versioning, plan};
+/// use icq::{Engine, TableName};
+///
+/// let dir = tmp.path().join("migrations");
+/// std::fs::create_dir(&dir)?;
+/// // What icq 0.x wrote before schema version 2.
+/// let v1 = icq::schema::render_v1(Engine::Sqlite, &TableName::default()).up;
+/// let header = "-- icq migration: engine=sqlite table=InternalCommands\n";
+/// std::fs::write(dir.join("0001_add_internal_commands.sql"), format!("{header}{v1}"))?;
+///
+/// let opts = AddOptions {
+///     engine: Engine::Sqlite,
+///     table: TableName::default(),
+///     dir,
+///     kind: None,
+///     versioning: Versioning::Inferred,
+/// };
+/// let upgrade = plan(&opts, chrono::Utc::now())?;
+/// assert!(matches!(upgrade.action, PlanAction::Upgrade { .. }));
+/// let name = upgrade.files[0].path.file_name().unwrap().to_string_lossy().into_owned();
+/// assert_eq!(name, format!("0002_{UPGRADE_V2_DESCRIPTION}.sql"));
+/// upgrade.write()?;
+/// assert!(matches!(plan(&opts, chrono::Utc::now())?.action, PlanAction::UpToDate { .. }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub const UPGRADE_V2_DESCRIPTION: &str = "icq_schema_v2";
 
 /// The directory migrations go to by default (sqlx-cli's default too).
 ///
@@ -273,19 +315,23 @@ pub enum Versioning {
 /// let table = TableName::parse("jobs.Commands")?;
 /// let sql = file_sql(Engine::Postgres, &table, sqlx::migrate::MigrationType::Simple);
 /// let header = IcqHeader::parse(&sql).expect("icq wrote it");
-/// assert_eq!(header, IcqHeader { engine: Engine::Postgres, table: "jobs.Commands".into() });
+/// let expected = IcqHeader { engine: Engine::Postgres, table: "jobs.Commands".into(), schema: 2 };
+/// assert_eq!(header, expected);
 /// # Ok::<(), icq::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IcqHeader {
     /// The engine the SQL was written for.
     pub engine: Engine,
-    /// The table it creates, as written (`InternalCommands` or `schema.Name`).
+    /// The table it creates or upgrades, as written (`InternalCommands` or `schema.Name`).
     pub table: String,
+    /// The table's schema version once the file has run (see [`schema_version_of`]).
+    pub schema: u32,
 }
 
 impl IcqHeader {
-    /// Reads the header from the first line of a file's text, if it is one of icq's.
+    /// Reads the header from the first line of a file's text, if it is one of icq's, and
+    /// the schema version the file's SQL leaves the table at ([`schema_version_of`]).
     ///
     /// # Examples
     ///
@@ -310,11 +356,60 @@ impl IcqHeader {
         Some(IcqHeader {
             engine: engine?,
             table: table.unwrap_or_default(),
+            schema: schema_version_of(text),
         })
     }
 
     fn line(engine: Engine, table: &TableName) -> String {
         format!("{HEADER_PREFIX} engine={engine} table={table}\n")
+    }
+}
+
+/// The schema version of the commands table that an icq migration's (up) SQL leaves
+/// behind: 2 when it defines or adds the `Queue` column (a line starting with the column,
+/// quoted the engine's way or not, after an optional `ADD [COLUMN]`) or its leading
+/// comments say `schema version 2`; 1 otherwise (what icq wrote before queues). Either sign
+/// is enough, so a file keeps its version through edits to its comments or its layout.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::schema_version_of;
+/// use icq::{Engine, TableName};
+///
+/// let table = TableName::default();
+/// assert_eq!(schema_version_of(&icq::schema::render(Engine::Mysql, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render_upgrade(Engine::Postgres, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render_v1(Engine::Postgres, &table).up), 1);
+/// // A table named "Queue" is not a Queue column.
+/// let named_queue = TableName::parse("Queue")?;
+/// assert_eq!(schema_version_of(&icq::schema::render_v1(Engine::Sqlite, &named_queue).up), 1);
+/// # Ok::<(), icq::Error>(())
+/// ```
+pub fn schema_version_of(sql: &str) -> u32 {
+    let leading_comments = sql
+        .lines()
+        .map(str::trim)
+        .take_while(|l| l.starts_with("--"))
+        .any(|l| l.to_ascii_lowercase().contains("schema version 2"));
+    let queue_column = sql.lines().any(|line| {
+        let line = line.trim().to_ascii_lowercase();
+        let line = line
+            .strip_prefix("add column ")
+            .or_else(|| line.strip_prefix("add "))
+            .unwrap_or(&line)
+            .trim_start();
+        ["\"queue\"", "`queue`", "[queue]", "queue"]
+            .iter()
+            .any(|name| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with([' ', '\t']))
+            })
+    });
+    if leading_comments || queue_column {
+        2
+    } else {
+        1
     }
 }
 
@@ -400,7 +495,7 @@ pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
         })?;
         let migration_type = MigrationType::from_filename(rest);
         let description = rest.trim_end_matches(migration_type.suffix()).to_owned();
-        let icq = if description == DESCRIPTION {
+        let icq = if description == DESCRIPTION || description == UPGRADE_V2_DESCRIPTION {
             let text = fs::read_to_string(&path)
                 .map_err(Error::io(format!("reading {}", path.display())))?;
             IcqHeader::parse(&text)
@@ -522,6 +617,35 @@ pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType
     IcqHeader::line(engine, table) + &body
 }
 
+/// The full text of one file of the version-1 → 2 upgrade: icq's header line, then the
+/// `up` or `down` of [`crate::schema::render_upgrade`], by `migration_type`.
+///
+/// # Examples
+///
+/// ```
+/// use icq::migrate::{schema_version_of, upgrade_file_sql};
+/// use icq::{Engine, TableName};
+/// use sqlx::migrate::MigrationType;
+///
+/// let up = upgrade_file_sql(Engine::Postgres, &TableName::default(), MigrationType::Simple);
+/// assert!(up.starts_with("-- icq migration: engine=postgres table=InternalCommands\n"));
+/// assert!(up.contains(r#"ADD COLUMN "Queue""#));
+/// assert_eq!(schema_version_of(&up), 2);
+/// ```
+pub fn upgrade_file_sql(
+    engine: Engine,
+    table: &TableName,
+    migration_type: MigrationType,
+) -> String {
+    let ddl = crate::schema::render_upgrade(engine, table);
+    let body = if migration_type.is_down_migration() {
+        ddl.down
+    } else {
+        ddl.up
+    };
+    IcqHeader::line(engine, table) + &body
+}
+
 /// What `icq migrate add` was asked for.
 ///
 /// # Examples
@@ -548,7 +672,7 @@ pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType
 pub struct AddOptions {
     /// The engine to write SQL for.
     pub engine: Engine,
-    /// The table to create.
+    /// The table to create (or upgrade).
     pub table: TableName,
     /// The migrations directory (see [`default_dir`]).
     pub dir: PathBuf,
@@ -590,6 +714,27 @@ pub struct PlannedFile {
     pub sql: String,
 }
 
+/// What `icq migrate add` does for a table, given what its directory already holds.
+///
+/// See [`UPGRADE_V2_DESCRIPTION`]'s example for all three.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanAction {
+    /// No icq migration for the table yet: write the whole table (schema version 2) as
+    /// `<version>_add_internal_commands.sql`.
+    Create,
+    /// The directory creates the table at schema version 1: write the upgrade to version 2
+    /// as `<version>_icq_schema_v2.sql`.
+    Upgrade {
+        /// The version-1 migration found.
+        from: PathBuf,
+    },
+    /// The directory already brings the table to schema version 2: nothing to write.
+    UpToDate {
+        /// The migration that does.
+        by: PathBuf,
+    },
+}
+
 /// The files `icq migrate add` would write, before anything touches the disk.
 ///
 /// # Examples
@@ -617,15 +762,18 @@ pub struct PlannedFile {
 pub struct MigrationPlan {
     /// The engine the SQL is for.
     pub engine: Engine,
-    /// The table it creates.
+    /// The table it creates or upgrades.
     pub table: TableName,
     /// The directory the files go to.
     pub dir: PathBuf,
-    /// The version prefix, as it appears in the file names.
+    /// Create, upgrade, or nothing at all.
+    pub action: PlanAction,
+    /// The version prefix, as it appears in the file names (the one the files would have
+    /// when there are none to write).
     pub version: String,
     /// Simple or reversible.
     pub kind: MigrationKind,
-    /// One file, or the up and down pair.
+    /// One file, or the up and down pair; none when the directory is up to date.
     pub files: Vec<PlannedFile>,
     existing: Vec<ExistingMigration>,
 }
@@ -658,26 +806,71 @@ pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
     let existing = scan(&opts.dir)?;
     let version = next_version(&existing, opts.versioning, now);
     let kind = opts.kind.unwrap_or_else(|| infer_kind(&existing));
-    let files = kind
-        .file_types()
-        .iter()
-        .map(|&migration_type| PlannedFile {
-            path: opts.dir.join(format!(
-                "{version}_{DESCRIPTION}{}",
-                migration_type.suffix()
-            )),
-            migration_type,
-            sql: file_sql(opts.engine, &opts.table, migration_type),
-        })
-        .collect();
+    let action = match table_migrations(&existing, opts.engine, &opts.table)
+        .max_by_key(|m| (m.icq.as_ref().map_or(0, |h| h.schema), m.version))
+    {
+        None => PlanAction::Create,
+        Some(m) if m.icq.as_ref().is_some_and(|h| h.schema >= SCHEMA_VERSION) => {
+            PlanAction::UpToDate { by: m.path.clone() }
+        }
+        Some(m) => PlanAction::Upgrade {
+            from: m.path.clone(),
+        },
+    };
+    let description = match action {
+        PlanAction::Upgrade { .. } => UPGRADE_V2_DESCRIPTION,
+        _ => DESCRIPTION,
+    };
+    let files = match action {
+        PlanAction::UpToDate { .. } => Vec::new(),
+        _ => kind
+            .file_types()
+            .iter()
+            .map(|&migration_type| PlannedFile {
+                path: opts.dir.join(format!(
+                    "{version}_{description}{}",
+                    migration_type.suffix()
+                )),
+                migration_type,
+                sql: match action {
+                    PlanAction::Upgrade { .. } => {
+                        upgrade_file_sql(opts.engine, &opts.table, migration_type)
+                    }
+                    _ => file_sql(opts.engine, &opts.table, migration_type),
+                },
+            })
+            .collect(),
+    };
     Ok(MigrationPlan {
         engine: opts.engine,
         table: opts.table.clone(),
         dir: opts.dir.clone(),
+        action,
         version,
         kind,
         files,
         existing,
+    })
+}
+
+/// icq's up (or simple) migrations in `existing` for `table` on `engine`. PostgreSQL's
+/// quoted names are case-sensitive; SQLite's are not, nor are MySQL's and SQL Server's with
+/// their usual settings.
+fn table_migrations<'a>(
+    existing: &'a [ExistingMigration],
+    engine: Engine,
+    table: &TableName,
+) -> impl Iterator<Item = &'a ExistingMigration> {
+    let table = table.to_string();
+    existing.iter().filter(move |m| {
+        !m.migration_type.is_down_migration()
+            && m.icq.as_ref().is_some_and(|h| {
+                h.engine == engine
+                    && match engine {
+                        Engine::Postgres => h.table == table,
+                        _ => h.table.eq_ignore_ascii_case(&table),
+                    }
+            })
     })
 }
 
@@ -733,15 +926,16 @@ impl MigrationPlan {
         }
     }
 
-    /// Fails when an icq migration in the directory already creates this same table on
-    /// this engine: a second one would fail when run. `--table` with another name is the
-    /// way to a second queue table.
+    /// Fails when the directory already holds what this plan would write: a migration
+    /// creating the table for a [`PlanAction::Create`] plan, one bringing it to schema
+    /// version 2 for an [`PlanAction::Upgrade`]. [`plan`] never makes such a plan (it
+    /// upgrades, or finds the directory up to date); [`Self::write`] checks again anyway.
     ///
     /// # Examples
     ///
     /// ```
     /// # let tmp = tempfile::tempdir()?;
-    /// use icq::migrate::{AddOptions, Versioning, add, plan};
+    /// use icq::migrate::{AddOptions, PlanAction, Versioning, add, plan};
     /// use icq::{Engine, TableName};
     ///
     /// let opts = AddOptions {
@@ -752,30 +946,27 @@ impl MigrationPlan {
     ///     versioning: Versioning::Inferred,
     /// };
     /// add(&opts)?;
-    /// assert!(plan(&opts, chrono::Utc::now())?.check_same_table().is_err());
+    /// let again = plan(&opts, chrono::Utc::now())?;
+    /// assert!(matches!(again.action, PlanAction::UpToDate { .. }));
+    /// again.check_same_table()?; // nothing to write, nothing twice
     /// let billing = TableName::parse("BillingCommands")?;
     /// let second_queue = AddOptions { table: billing, ..opts.clone() };
-    /// plan(&second_queue, chrono::Utc::now())?.check_same_table()?;
+    /// let other = plan(&second_queue, chrono::Utc::now())?;
+    /// assert_eq!(other.action, PlanAction::Create);
+    /// other.check_same_table()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_same_table(&self) -> Result<()> {
         let table = self.table.to_string();
-        // PostgreSQL's quoted names are case-sensitive; SQLite's are not, nor are MySQL's
-        // and SQL Server's with their usual settings.
-        let same_name = |other: &str| match self.engine {
-            Engine::Postgres => other == table,
-            _ => other.eq_ignore_ascii_case(&table),
+        let mut earlier = table_migrations(&self.existing, self.engine, &self.table);
+        let clash = match self.action {
+            PlanAction::Create => earlier.next(),
+            PlanAction::Upgrade { .. } => {
+                earlier.find(|m| m.icq.as_ref().is_some_and(|h| h.schema >= SCHEMA_VERSION))
+            }
+            PlanAction::UpToDate { .. } => None,
         };
-        let earlier = self
-            .existing
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
-            .find(|m| {
-                m.icq
-                    .as_ref()
-                    .is_some_and(|h| h.engine == self.engine && same_name(&h.table))
-            });
-        match earlier {
+        match clash {
             Some(m) => Err(Error::Usage(format!(
                 "{} already creates {table}; a second migration for it would fail when run. \
                  Pass --table NAME for another queue table, or --dir for another directory",
@@ -813,6 +1004,9 @@ impl MigrationPlan {
     pub fn write(&self) -> Result<Vec<PathBuf>> {
         self.check_engines()?;
         self.check_same_table()?;
+        if self.files.is_empty() {
+            return Ok(Vec::new());
+        }
         fs::create_dir_all(&self.dir)
             .map_err(Error::io(format!("creating {}", self.dir.display())))?;
         let mut written: Vec<PathBuf> = Vec::new();

@@ -9,23 +9,88 @@ use serde::Serialize;
 
 use super::{Render, Style, plural};
 use crate::ident::Engine;
-use crate::migrate::{Applied, InfoReport, MigrationKind, RevertReport, RunReport};
+use crate::migrate::{
+    Applied, InfoReport, MigrationKind, MigrationPlan, PlanAction, RevertReport, RunReport,
+};
 
-/// What `icq migrate add` wrote.
+/// What `icq migrate add` wrote, or that it had nothing to write.
 #[derive(Debug, Serialize)]
 pub struct Added {
     /// The engine the SQL is for.
     pub engine: Engine,
-    /// The version prefix of the file names.
-    pub version: String,
-    /// Simple or reversible.
-    pub kind: MigrationKind,
+    /// The table created or upgraded.
+    pub table: String,
+    /// `create` (the whole table), `upgrade` (schema version 1 to 2) or `up_to_date`
+    /// (nothing written).
+    pub action: &'static str,
+    /// The schema version the directory's migrations leave the table at.
+    pub schema_version: u32,
+    /// The version prefix of the file names (none when nothing was written).
+    pub version: Option<String>,
+    /// Simple or reversible (none when nothing was written).
+    pub kind: Option<MigrationKind>,
     /// The files written, in order.
     pub files: Vec<PathBuf>,
+    /// The migration already there: the version-1 one an upgrade follows, or the one that
+    /// makes the directory up to date.
+    pub existing: Option<PathBuf>,
+}
+
+impl Added {
+    /// The report for files `plan` wrote.
+    pub fn written(plan: &MigrationPlan, files: Vec<PathBuf>) -> Added {
+        let (action, existing) = match &plan.action {
+            PlanAction::Create => ("create", None),
+            PlanAction::Upgrade { from } => ("upgrade", Some(from.clone())),
+            PlanAction::UpToDate { by } => ("up_to_date", Some(by.clone())),
+        };
+        Added {
+            engine: plan.engine,
+            table: plan.table.to_string(),
+            action,
+            schema_version: crate::schema::SCHEMA_VERSION,
+            version: Some(plan.version.clone()),
+            kind: Some(plan.kind),
+            files,
+            existing,
+        }
+    }
+
+    /// The report for a directory that already brings the table to the current version.
+    pub fn up_to_date(plan: &MigrationPlan, by: PathBuf) -> Added {
+        Added {
+            engine: plan.engine,
+            table: plan.table.to_string(),
+            action: "up_to_date",
+            schema_version: crate::schema::SCHEMA_VERSION,
+            version: None,
+            kind: None,
+            files: Vec::new(),
+            existing: Some(by),
+        }
+    }
+
+    /// The sentence an up-to-date directory gets.
+    pub fn message(&self) -> String {
+        match &self.existing {
+            Some(by) if self.files.is_empty() => format!(
+                "{} is up to date: {} already brings {} to schema version {}; nothing written \
+                 (pass --table NAME for another queue table)\n",
+                by.parent().unwrap_or(by).display(),
+                by.display(),
+                self.table,
+                self.schema_version
+            ),
+            _ => String::new(),
+        }
+    }
 }
 
 impl Render for Added {
     fn human(&self, _style: &Style) -> String {
+        if self.files.is_empty() {
+            return self.message();
+        }
         self.files
             .iter()
             .map(|path| format!("{}\n", path.display()))

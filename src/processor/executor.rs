@@ -167,25 +167,45 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         cancellation: cancellation.clone(),
     };
     let context = job.context.clone();
+    let id_text = row.id.to_string();
+    let execution = crate::otel::Execution {
+        source: &shared.source.name,
+        queue: &row.queue,
+        type_name: &row.type_name,
+        id: &id_text,
+        attempt: attempts,
+        trace_parent: row.trace_parent.as_deref(),
+    };
+    let span = crate::otel::execution_span(&execution);
     let started = Instant::now();
     shared.leases.set_running(&lease, true);
-    let running = AssertUnwindSafe(with_context(context, handler.handle(job))).catch_unwind();
-    tokio::pin!(running);
-    // Asked to stop, the handler sees its cancellation fire and has STOP_GRACE to return;
-    // killed (a lapsing lease, a hard stop), it is dropped at once.
-    let outcome = tokio::select! {
-        biased;
-        _ = stopper.kill.cancelled() => None,
-        _ = stopper.stop.cancelled() => {
-            cancellation.cancel();
-            tokio::select! {
-                biased;
-                _ = stopper.kill.cancelled() => None,
-                outcome = &mut running => Some(outcome),
-                _ = tokio::time::sleep(STOP_GRACE) => None,
+    // The execution (and its borrow of the span) ends with this block.
+    let outcome = {
+        let running = tracing::Instrument::instrument(
+            AssertUnwindSafe(crate::otel::in_execution(
+                &span,
+                with_context(context, handler.handle(job)),
+            ))
+            .catch_unwind(),
+            span.clone(),
+        );
+        tokio::pin!(running);
+        // Asked to stop, the handler sees its cancellation fire and has STOP_GRACE to return;
+        // killed (a lapsing lease, a hard stop), it is dropped at once.
+        tokio::select! {
+            biased;
+            _ = stopper.kill.cancelled() => None,
+            _ = stopper.stop.cancelled() => {
+                cancellation.cancel();
+                tokio::select! {
+                    biased;
+                    _ = stopper.kill.cancelled() => None,
+                    outcome = &mut running => Some(outcome),
+                    _ = tokio::time::sleep(STOP_GRACE) => None,
+                }
             }
+            outcome = &mut running => Some(outcome),
         }
-        outcome = &mut running => Some(outcome),
     };
     shared.leases.set_running(&lease, false);
     // What a handler returns after it was asked to stop is a success, or the stop: a
@@ -243,10 +263,22 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         Err(err) if err.terminal => "terminal",
         Err(_) => "failed",
     };
+    let seconds = started.elapsed().as_secs_f64();
+    let error_type = match &result {
+        Ok(()) => None,
+        Err(err) if err.terminal => Some("terminal"),
+        Err(err) if err.message.starts_with("handler panicked") => Some("panic"),
+        Err(_) => Some("failed"),
+    };
+    if let Some(error_type) = error_type {
+        crate::otel::execution_failed(&span, error_type);
+    }
+    crate::otel::record_execution(&execution, error_type, seconds);
+    drop(span);
     shared
         .source
         .stats
-        .execution(&row.type_name, label, started.elapsed().as_secs_f64());
+        .execution(&row.type_name, label, seconds);
     let change = match result {
         Ok(()) => StateChange::Completed,
         Err(err) if err.terminal || attempts >= settings.max_attempts => dead(err.message),

@@ -2,9 +2,14 @@
 //!
 //! The templates are compiled into the binary; every name spliced into them is a
 //! validated [`TableName`] quoted by [`Engine::quote_ident`], so configuration can never
-//! inject SQL. The column shapes are the contract of SPEC §2 that the processor and any
-//! foreign writer rely on; the three indexes are `IX_<table>_Poll`, `IX_<table>_Retention`
-//! and `IX_<table>_DeadLetters`, partial (filtered) wherever the engine allows.
+//! inject SQL. The column shapes are the contract of SPEC §2 and §8 that the processor and
+//! any foreign writer rely on; the five indexes are `IX_<table>_Poll`,
+//! `IX_<table>_QueuePoll`, `IX_<table>_UniqueKey`, `IX_<table>_Retention` and
+//! `IX_<table>_DeadLetters`, partial (filtered) wherever the engine allows.
+//!
+//! Three renderings: [`render`] creates the current table (schema version 2),
+//! [`render_upgrade`] takes a version-1 table to version 2 and back, and [`render_v1`] is
+//! the original table (what older `icq migrate add` wrote).
 //!
 //! PostgreSQL, SQLite and MySQL/MariaDB scripts are plain statements that sqlx's migrator
 //! runs; the SQL Server script is T-SQL with `GO` batch separators, for sqlcmd, DbUp or
@@ -38,9 +43,10 @@ use crate::ident::{Engine, TableName};
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ddl {
-    /// Creates the table, its indexes and (PostgreSQL) the notify trigger.
+    /// Creates the table, its indexes and (PostgreSQL) the notify trigger; or, from
+    /// [`render_upgrade`], takes a version-1 table to version 2.
     pub up: String,
-    /// Removes everything `up` created.
+    /// Removes everything `up` created (from [`render_upgrade`]: back to version 1).
     pub down: String,
 }
 
@@ -78,6 +84,64 @@ pub fn render_v1(engine: Engine, table: &TableName) -> Ddl {
     Ddl {
         up: fill(up, engine, table),
         down: render(engine, table).down,
+    }
+}
+
+/// Renders the upgrade of a version-1 table to version 2 for `engine` and `table`: `up`
+/// adds the `Queue`, `Priority`, `UniqueKey`, `TraceParent` and `Snoozes` columns with
+/// defaults that keep existing rows running (queue `default`, priority 0), replaces the
+/// poll index with the claim-order one and adds the queue poll and unique-key indexes;
+/// `down` drops them again and restores the version-1 poll index (rows survive; their
+/// queue, priority and unique key are lost). `icq migrate add` writes it as
+/// `<version>_icq_schema_v2.sql` next to a version-1 migration.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// use icq::{Engine, TableName};
+///
+/// let table = TableName::default();
+/// let pool = sqlx::SqlitePool::connect(&url).await?;
+/// let run = |sql: String| sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&pool);
+/// run(icq::schema::render_v1(Engine::Sqlite, &table).up).await?; // an old table
+/// run(r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('t', '{}')"#.into()).await?;
+///
+/// let upgrade = icq::schema::render_upgrade(Engine::Sqlite, &table);
+/// run(upgrade.up).await?;
+/// let queue: String = sqlx::query_scalar(r#"SELECT "Queue" FROM "InternalCommands""#)
+///     .fetch_one(&pool)
+///     .await?;
+/// assert_eq!(queue, "default"); // the old row runs on
+/// run(upgrade.down).await?; // back to version 1, the row still there
+/// # Ok(())
+/// # }
+/// ```
+pub fn render_upgrade(engine: Engine, table: &TableName) -> Ddl {
+    let (up, down) = match engine {
+        Engine::Postgres => (
+            include_str!("../../templates/migrations/upgrade_v2/postgres.up.sql"),
+            include_str!("../../templates/migrations/upgrade_v2/postgres.down.sql"),
+        ),
+        Engine::Sqlite => (
+            include_str!("../../templates/migrations/upgrade_v2/sqlite.up.sql"),
+            include_str!("../../templates/migrations/upgrade_v2/sqlite.down.sql"),
+        ),
+        Engine::Mysql => (
+            include_str!("../../templates/migrations/upgrade_v2/mysql.up.sql"),
+            include_str!("../../templates/migrations/upgrade_v2/mysql.down.sql"),
+        ),
+        Engine::SqlServer => (
+            include_str!("../../templates/migrations/upgrade_v2/sqlserver.up.sql"),
+            include_str!("../../templates/migrations/upgrade_v2/sqlserver.down.sql"),
+        ),
+    };
+    Ddl {
+        up: fill(up, engine, table),
+        down: fill(down, engine, table),
     }
 }
 
@@ -126,8 +190,16 @@ fn fill(template: &str, engine: Engine, table: &TableName) -> String {
         Engine::Sqlite => table.derived_qualified(engine, "IX_", suffix),
         _ => table.derived(engine, "IX_", suffix),
     };
+    let qualified = |suffix: &str| table.derived_qualified(engine, "IX_", suffix);
+    let default = |column: &str| table.derived(engine, "DF_", &format!("_{column}"));
     template
         .replace("{{table}}", &table.quoted(engine))
+        .replace("{{ix_poll_qualified}}", &qualified("_Poll"))
+        .replace("{{ix_queue_poll_qualified}}", &qualified("_QueuePoll"))
+        .replace("{{ix_unique_key_qualified}}", &qualified("_UniqueKey"))
+        .replace("{{df_queue}}", &default("Queue"))
+        .replace("{{df_priority}}", &default("Priority"))
+        .replace("{{df_snoozes}}", &default("Snoozes"))
         .replace("{{table_unqualified}}", &engine.quote_ident(table.name()))
         .replace("{{ix_poll}}", &index("_Poll"))
         .replace("{{ix_queue_poll}}", &index("_QueuePoll"))
@@ -155,8 +227,12 @@ mod tests {
     fn every_placeholder_is_filled() {
         let table = TableName::parse("jobs.Queue").unwrap();
         for engine in Engine::ALL {
-            let ddl = render(engine, &table);
-            for sql in [&ddl.up, &ddl.down] {
+            let (ddl, upgrade, v1) = (
+                render(engine, &table),
+                render_upgrade(engine, &table),
+                render_v1(engine, &table),
+            );
+            for sql in [&ddl.up, &ddl.down, &upgrade.up, &upgrade.down, &v1.up] {
                 assert!(
                     !sql.contains("{{"),
                     "{engine}: unfilled placeholder in\n{sql}"
@@ -179,13 +255,27 @@ mod tests {
         );
         assert!(ddl.up.contains("CHECK (ISJSON([Payload]) = 1)"));
         assert!(ddl.up.contains(
-            "CREATE INDEX [IX_InternalCommands_Poll] ON [InternalCommands] ([RunAt]) INCLUDE"
+            "CREATE INDEX [IX_InternalCommands_Poll] ON [InternalCommands] ([Priority], [RunAt]) INCLUDE"
         ));
-        let code = ddl.up.lines().filter(|l| !l.trim_start().starts_with("--"));
+        assert!(ddl.up.contains(
+            "CREATE UNIQUE INDEX [IX_InternalCommands_UniqueKey] ON [InternalCommands] ([UniqueKey])"
+        ));
         assert!(
-            code.into_iter()
-                .all(|l| !l.contains('"') && !l.contains('`'))
+            ddl.up
+                .contains("CONSTRAINT [DF_InternalCommands_Queue] DEFAULT N'default'")
         );
+        let upgrade = render_upgrade(Engine::SqlServer, &TableName::default());
+        for sql in [&ddl.up, &ddl.down, &upgrade.up, &upgrade.down] {
+            let code = sql.lines().filter(|l| !l.trim_start().starts_with("--"));
+            assert!(
+                code.into_iter()
+                    .all(|l| !l.contains('"') && !l.contains('`')),
+                "{sql}"
+            );
+        }
+        assert!(upgrade.down.contains(
+            "DROP CONSTRAINT IF EXISTS [DF_InternalCommands_Queue], [DF_InternalCommands_Priority]"
+        ));
         assert!(
             ddl.down
                 .contains("DROP TABLE IF EXISTS [InternalCommands];")

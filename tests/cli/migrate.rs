@@ -583,3 +583,178 @@ fn sqlx_migrate_add_continues_after_icq() {
         ["0001_add_internal_commands.sql", "0002_users.sql"]
     );
 }
+
+/// An older icq's simple version-1 migration for `engine` in `dir`, as `<version>_add_internal_commands.sql`.
+fn write_v1(dir: &Path, version: &str, engine: Engine) {
+    let table = TableName::default();
+    let header = format!("{} engine={engine} table={table}\n", migrate::HEADER_PREFIX);
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{version}_add_internal_commands.sql")),
+        format!("{header}{}", icq::schema::render_v1(engine, &table).up),
+    )
+    .unwrap();
+}
+
+#[test]
+fn add_next_to_a_version_1_migration_writes_the_upgrade_on_every_engine() {
+    for engine in Engine::ALL {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(migrate::default_dir(engine));
+        write_v1(&dir, "0001", engine);
+        let out = icq(tmp.path())
+            .args(["migrate", "add", "--engine", engine.name()])
+            .assert()
+            .success()
+            .get_output()
+            .clone();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let expected = migrate::default_dir(engine).join("0002_icq_schema_v2.sql");
+        assert_eq!(stdout, format!("{}\n", expected.display()), "{engine}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains("at schema version 1; the new migration upgrades it to version 2")
+                && stderr.contains("restart the workers"),
+            "{engine}: {stderr}"
+        );
+        let sql = std::fs::read_to_string(tmp.path().join(&expected)).unwrap();
+        let upgrade = icq::schema::render_upgrade(engine, &TableName::default()).up;
+        assert_eq!(
+            sql,
+            format!(
+                "{} engine={engine} table=InternalCommands\n{upgrade}",
+                migrate::HEADER_PREFIX
+            )
+        );
+
+        // Then it is up to date: exit 0, nothing written, in JSON too.
+        let doc: serde_json::Value = serde_json::from_str(&stdout_of(icq(tmp.path()).args([
+            "migrate",
+            "add",
+            "--engine",
+            engine.name(),
+            "--format",
+            "json",
+        ])))
+        .unwrap();
+        assert_eq!(doc["action"], "up_to_date", "{doc}");
+        assert_eq!(doc["schema_version"], 2);
+        assert_eq!(doc["files"], serde_json::json!([]));
+        assert_eq!(
+            doc["existing"],
+            expected.display().to_string(),
+            "the upgrade is what makes it up to date"
+        );
+        assert_eq!(files(&dir).len(), 2, "{engine}: {:?}", files(&dir));
+    }
+}
+
+#[test]
+fn add_json_says_create_or_upgrade() {
+    let tmp = tempfile::tempdir().unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(
+        icq(tmp.path()).args(["migrate", "add", "--engine", "sqlite", "--format", "json"]),
+    ))
+    .unwrap();
+    assert_eq!(doc["action"], "create");
+    assert_eq!(doc["existing"], serde_json::Value::Null);
+
+    let tmp = tempfile::tempdir().unwrap();
+    write_v1(&tmp.path().join("migrations"), "0001", Engine::Sqlite);
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(icq(tmp.path()).args([
+        "migrate", "add", "--engine", "sqlite", "-r", "--format", "json",
+    ])))
+    .unwrap();
+    assert_eq!(doc["action"], "upgrade");
+    assert_eq!(doc["version"], "0002");
+    assert_eq!(doc["kind"], "reversible");
+    assert_eq!(doc["existing"], "migrations/0001_add_internal_commands.sql");
+    let names = files(&tmp.path().join("migrations"));
+    assert_eq!(
+        names,
+        [
+            "0001_add_internal_commands.sql",
+            "0002_icq_schema_v2.down.sql",
+            "0002_icq_schema_v2.up.sql"
+        ]
+    );
+    let down =
+        std::fs::read_to_string(tmp.path().join("migrations/0002_icq_schema_v2.down.sql")).unwrap();
+    assert!(down.contains("DROP COLUMN \"Queue\""), "{down}");
+    assert!(down.contains("Every row survives"), "{down}");
+}
+
+#[test]
+fn add_stdout_prints_the_upgrade_and_nothing_when_up_to_date() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_v1(&tmp.path().join("migrations"), "0001", Engine::Postgres);
+    let out =
+        stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres", "--stdout"]));
+    assert!(out.contains(r#"ADD COLUMN "Queue""#), "{out}");
+    assert!(!out.contains("CREATE TABLE"), "{out}");
+    assert_eq!(
+        files(&tmp.path().join("migrations")).len(),
+        1,
+        "nothing written"
+    );
+
+    stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres"]));
+    icq(tmp.path())
+        .args(["migrate", "add", "--engine", "postgres", "--stdout"])
+        .assert()
+        .success()
+        .stdout("")
+        .stderr(predicate::str::contains("is up to date"));
+}
+
+/// A version-1 file is told from a version-2 one by its SQL, not its comments: a v1 file
+/// stripped of comments stays version 1, a v2 one stripped of comments stays version 2,
+/// and a v1 file for a table named `Queue` is still version 1.
+#[test]
+fn the_version_of_an_existing_migration_survives_edits() {
+    let strip = |sql: &str| -> String {
+        sql.lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    for (table, engine) in [
+        ("InternalCommands", Engine::Mysql),
+        ("Queue", Engine::Postgres),
+    ] {
+        let table = TableName::parse(table).unwrap();
+        let header = format!("{} engine={engine} table={table}\n", migrate::HEADER_PREFIX);
+        let v1 = strip(&icq::schema::render_v1(engine, &table).up);
+        let v2 = strip(&icq::schema::render(engine, &table).up);
+        let opts = |dir: &Path| AddOptions {
+            engine,
+            table: table.clone(),
+            dir: dir.to_owned(),
+            kind: None,
+            versioning: Versioning::Inferred,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("0001_add_internal_commands.sql"),
+            format!("{header}{v1}"),
+        )
+        .unwrap();
+        let plan = migrate::plan(&opts(tmp.path()), chrono::Utc::now()).unwrap();
+        assert!(
+            matches!(plan.action, migrate::PlanAction::Upgrade { .. }),
+            "{engine} {table}: {:?}",
+            plan.action
+        );
+        std::fs::write(
+            tmp.path().join("0001_add_internal_commands.sql"),
+            format!("{header}{v2}"),
+        )
+        .unwrap();
+        let plan = migrate::plan(&opts(tmp.path()), chrono::Utc::now()).unwrap();
+        assert!(
+            matches!(plan.action, migrate::PlanAction::UpToDate { .. }),
+            "{engine} {table}: {:?}",
+            plan.action
+        );
+    }
+}

@@ -290,24 +290,23 @@ fn info_and_revert_on_a_missing_sqlite_file_create_nothing() {
 }
 
 /// Defect 7: `migrate add` twice into a directory that already creates the table wrote a
-/// second migration that failed when run (exit 0 with a warning).
+/// second migration that failed when run (exit 0 with a warning). Now the second `add`
+/// finds the table up to date and writes nothing.
 #[test]
-fn defect_7_add_twice_refuses_unless_another_table() {
+fn defect_7_add_twice_is_up_to_date_unless_another_table() {
     let tmp = tempfile::tempdir().unwrap();
     let first = stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres"]));
-    icq(tmp.path())
-        .args(["migrate", "add", "--engine", "postgres"])
-        .assert()
-        .code(2)
-        .stderr(
-            predicate::str::contains(format!("{} already creates InternalCommands", first.trim()))
-                .and(predicate::str::contains("--table NAME")),
-        );
+    let out = stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres"]));
+    assert_eq!(
+        out,
+        format!(
+            "migrations is up to date: {} already brings InternalCommands to schema version 2; \
+             nothing written (pass --table NAME for another queue table)\n",
+            first.trim()
+        )
+    );
     // Reversible or not, it is the same table.
-    icq(tmp.path())
-        .args(["migrate", "add", "--engine", "postgres", "-r"])
-        .assert()
-        .code(2);
+    stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres", "-r"]));
     assert_eq!(files(&tmp.path().join("migrations")).len(), 1);
 
     // Another table is another queue: allowed.
@@ -317,15 +316,401 @@ fn defect_7_add_twice_refuses_unless_another_table() {
     // On engines whose table names ignore case, `internalcommands` is the same table.
     let tmp = tempfile::tempdir().unwrap();
     stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "mysql"]));
-    icq(tmp.path())
-        .args([
-            "migrate",
-            "add",
-            "--engine",
-            "mysql",
-            "--table",
-            "internalcommands",
-        ])
-        .assert()
-        .code(2);
+    let out = stdout_of(icq(tmp.path()).args([
+        "migrate",
+        "add",
+        "--engine",
+        "mysql",
+        "--table",
+        "internalcommands",
+    ]));
+    assert!(out.contains("is up to date"), "{out}");
+    assert_eq!(files(&tmp.path().join("migrations")).len(), 1);
+}
+
+// ---- Schema version 2: upgrading a version-1 table (SPEC §8 "Upgrades") ----
+
+/// What an older icq wrote with `migrate add -r`: its header, the version-1 table, and the
+/// down file dropping it.
+pub(crate) fn write_v1_pair(dir: &Path, version: &str, engine: icq::Engine) {
+    let table = icq::TableName::default();
+    let header = format!(
+        "{} engine={engine} table={table}\n",
+        icq::migrate::HEADER_PREFIX
+    );
+    let v1 = icq::schema::render_v1(engine, &table);
+    std::fs::create_dir_all(dir).unwrap();
+    let up = dir.join(format!("{version}_add_internal_commands.up.sql"));
+    std::fs::write(up, format!("{header}{}", v1.up)).unwrap();
+    let down = dir.join(format!("{version}_add_internal_commands.down.sql"));
+    std::fs::write(down, format!("{header}{}", v1.down)).unwrap();
+}
+
+async fn column_count(db: &TestDb, column: &str) -> i64 {
+    let sql = match db.engine {
+        "postgres" => format!(
+            "SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_name = 'InternalCommands' AND column_name = '{column}'"
+        ),
+        "sqlite" => {
+            format!(
+                "SELECT COUNT(*) FROM pragma_table_info('InternalCommands') WHERE name = '{column}'"
+            )
+        }
+        _ => format!(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = 'InternalCommands' AND COLUMN_NAME = '{column}'"
+        ),
+    };
+    db.scalar_i64(&sql).await
+}
+
+async fn index_count(db: &TestDb) -> i64 {
+    let sql = match db.engine {
+        "postgres" => {
+            "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'InternalCommands' \
+             AND indexname LIKE 'IX_InternalCommands_%'"
+        }
+        "sqlite" => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
+             AND name LIKE 'IX_InternalCommands_%'"
+        }
+        _ => {
+            "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
+        }
+    };
+    db.scalar_i64(sql).await
+}
+
+/// `SELECT COUNT(*) FROM InternalCommands WHERE <condition>`, columns in {braces}.
+async fn count_where(db: &TestDb, condition: &str) -> i64 {
+    let mut condition = condition.to_owned();
+    for column in [
+        "Type",
+        "Queue",
+        "Priority",
+        "UniqueKey",
+        "ProcessedAt",
+        "DeadLetteredAt",
+    ] {
+        condition = condition.replace(&format!("{{{column}}}"), &db.q(column));
+    }
+    db.scalar_i64(&format!(
+        "SELECT COUNT(*) FROM {} WHERE {condition}",
+        db.q("InternalCommands")
+    ))
+    .await
+}
+
+/// Inserts a row of `ty` with only the two required columns (a plain-SQL enqueue, valid
+/// on both versions).
+async fn enqueue(db: &TestDb, ty: &str) {
+    db.execute(&format!(
+        "INSERT INTO {} ({}, {}) VALUES ('{ty}', '{{}}')",
+        db.q("InternalCommands"),
+        db.q("Type"),
+        db.q("Payload")
+    ))
+    .await;
+}
+
+/// A plain-SQL idempotent enqueue on a version-2 table: at most one pending row per key.
+async fn enqueue_unique(db: &TestDb, ty: &str, queue: &str, key: &str) {
+    let (t, c) = (db.q("InternalCommands"), |c: &str| db.q(c));
+    let columns = format!(
+        "({}, {}, {}, {}, {})",
+        c("Type"),
+        c("Payload"),
+        c("Queue"),
+        c("Priority"),
+        c("UniqueKey")
+    );
+    let values = format!("('{ty}', '{{}}', '{queue}', 5, '{key}')");
+    let sql = match db.engine {
+        "mysql" => format!("INSERT IGNORE INTO {t} {columns} VALUES {values}"),
+        _ => format!("INSERT INTO {t} {columns} VALUES {values} ON CONFLICT DO NOTHING"),
+    };
+    db.execute(&sql).await;
+}
+
+fn noop_config(dir: &Path, url: &str) -> std::path::PathBuf {
+    let path = dir.join("icq.yaml");
+    let text = format!(
+        "sources:\n  - name: main\n    url: \"{url}\"\n    settings:\n      \
+         polling_interval_seconds: 0.1\nhandlers:\n  old.pending:\n    noop: true\n  \
+         new.mail:\n    noop: true\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Applies (`up`) or reverts the latest migration with sqlx-cli or with icq.
+fn apply(cwd: &Path, url: &str, with_sqlx: bool, up: bool) -> String {
+    let dir = Path::new("migrations");
+    match (with_sqlx, up) {
+        (true, true) => sqlx(cwd, &["run"], dir, url),
+        (true, false) => sqlx(cwd, &["revert"], dir, url),
+        (false, true) => stdout_of(icq(cwd).args(["migrate", "run", "--database-url", url])),
+        (false, false) => stdout_of(icq(cwd).args(["migrate", "revert", "--database-url", url])),
+    }
+}
+
+/// A version-1 table with pending, completed and dead rows; `migrate add` writes the
+/// upgrade beside the old migration; it applies (with sqlx-cli or icq); the old pending
+/// rows run, new rows with a queue, a priority and a unique key run; a second `add` is a
+/// no-op; the revert takes the table back to version 1 with every row, and a worker still
+/// drains it; the other tool applies the upgrade again.
+async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
+    let db = TestDb::new(engine, if with_sqlx { "v2_sqlx" } else { "v2_icq" }).await;
+    let kind: icq::Engine = engine.parse().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let url = db.url.as_str();
+    let dir = cwd.join("migrations");
+    write_v1_pair(&dir, "0001", kind);
+    let out = apply(cwd, url, with_sqlx, true);
+    assert!(out.contains("1/migrate add internal commands"), "{out}");
+    assert_eq!(column_count(&db, "Queue").await, 0, "a version-1 table");
+
+    // Rows of every state, written by version-1 clients.
+    for ty in ["old.pending", "old.pending", "old.done", "old.dead"] {
+        enqueue(&db, ty).await;
+    }
+    let (t, run_at) = (db.q("InternalCommands"), db.q("RunAt"));
+    let (ty, processed, dead) = (db.q("Type"), db.q("ProcessedAt"), db.q("DeadLetteredAt"));
+    db.execute(&format!(
+        "UPDATE {t} SET {processed} = {run_at} WHERE {ty} = 'old.done'"
+    ))
+    .await;
+    db.execute(&format!(
+        "UPDATE {t} SET {dead} = {run_at} WHERE {ty} = 'old.dead'"
+    ))
+    .await;
+
+    // The upgrade, reversible like the migration before it, named for sqlx.
+    let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
+    assert_eq!(
+        out,
+        "migrations/0002_icq_schema_v2.up.sql\nmigrations/0002_icq_schema_v2.down.sql\n"
+    );
+    let written = std::fs::read_to_string(dir.join("0002_icq_schema_v2.up.sql")).unwrap();
+    assert!(
+        written.ends_with(&icq::schema::render_upgrade(kind, &icq::TableName::default()).up),
+        "{written}"
+    );
+    // Once it is there, `add` has nothing more to write.
+    let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
+    assert!(out.contains("is up to date"), "{out}");
+    assert_eq!(files(&dir).len(), 4, "{:?}", files(&dir));
+    let out = stdout_of(icq(cwd).args(["migrate", "info", "--database-url", url]));
+    assert_eq!(
+        out,
+        "1/installed add internal commands\n2/pending icq schema v2\n"
+    );
+
+    let out = apply(cwd, url, with_sqlx, true);
+    assert!(out.contains("2/migrate icq schema v2"), "{out}");
+    assert_eq!(column_count(&db, "Queue").await, 1);
+    assert_eq!(column_count(&db, "Snoozes").await, 1);
+    assert_eq!(index_count(&db).await, 5, "{engine}: the version-2 indexes");
+    assert_eq!(
+        count_where(&db, "{Queue} = 'default' AND {Priority} = 0").await,
+        4,
+        "the old rows are in the default queue"
+    );
+
+    // New rows with a queue, a priority and a unique key, from plain SQL.
+    enqueue_unique(&db, "new.mail", "mail", "k1").await;
+    enqueue_unique(&db, "new.mail", "mail", "k1").await;
+    assert_eq!(count_where(&db, "{UniqueKey} = 'k1'").await, 1);
+
+    let config = noop_config(cwd, url);
+    crate::work_until_idle(&config);
+    let pending = "{ProcessedAt} IS NULL AND {DeadLetteredAt} IS NULL";
+    assert_eq!(count_where(&db, pending).await, 0, "everything ran");
+    assert_eq!(
+        count_where(&db, "{Type} = 'old.pending' AND {ProcessedAt} IS NOT NULL").await,
+        2
+    );
+    assert_eq!(
+        count_where(&db, "{Queue} = 'mail' AND {ProcessedAt} IS NOT NULL").await,
+        1
+    );
+    // A completed row frees its key.
+    enqueue_unique(&db, "new.mail", "mail", "k1").await;
+    assert_eq!(count_where(&db, "{UniqueKey} = 'k1'").await, 2);
+
+    // Back to version 1: every row survives, the pending one included.
+    let out = apply(cwd, url, with_sqlx, false);
+    assert!(out.contains("2/revert icq schema v2"), "{out}");
+    assert_eq!(column_count(&db, "Queue").await, 0);
+    assert_eq!(column_count(&db, "Snoozes").await, 0);
+    assert_eq!(index_count(&db).await, 3, "{engine}: the version-1 indexes");
+    assert_eq!(count_where(&db, "1 = 1").await, 6);
+    assert_eq!(count_where(&db, pending).await, 1);
+    crate::work_until_idle(&config);
+    assert_eq!(
+        count_where(&db, pending).await,
+        0,
+        "a version-1 table still works"
+    );
+
+    // The other tool applies the upgrade again.
+    let out = apply(cwd, url, !with_sqlx, true);
+    assert!(out.contains("2/migrate icq schema v2"), "{out}");
+    assert_eq!(column_count(&db, "Queue").await, 1);
+    assert_eq!(count_where(&db, "{Queue} = 'default'").await, 6);
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_icq_postgres() {
+    v1_to_v2_and_back("postgres", false).await;
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_icq_sqlite() {
+    v1_to_v2_and_back("sqlite", false).await;
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_icq_mysql() {
+    v1_to_v2_and_back("mysql", false).await;
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_sqlx_cli_postgres() {
+    v1_to_v2_and_back("postgres", true).await;
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_sqlx_cli_sqlite() {
+    v1_to_v2_and_back("sqlite", true).await;
+}
+
+#[tokio::test]
+async fn v1_upgrade_and_revert_with_sqlx_cli_mysql() {
+    v1_to_v2_and_back("mysql", true).await;
+}
+
+/// A simple (one-file) version-1 migration, timestamped: the upgrade is one file with a
+/// later timestamp, sqlx-cli applies both in one run on a fresh database, and the table
+/// ends at version 2.
+async fn simple_timestamped_upgrade(engine: &'static str) {
+    let db = TestDb::new(engine, "v2_simple").await;
+    let kind: icq::Engine = engine.parse().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let dir = cwd.join("migrations");
+    std::fs::create_dir(&dir).unwrap();
+    let table = icq::TableName::default();
+    let header = format!(
+        "{} engine={engine} table={table}\n",
+        icq::migrate::HEADER_PREFIX
+    );
+    let v1 = icq::schema::render_v1(kind, &table).up;
+    std::fs::write(
+        dir.join("20250101000000_add_internal_commands.sql"),
+        format!("{header}{v1}"),
+    )
+    .unwrap();
+    let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
+    let name = out.trim().strip_prefix("migrations/").unwrap().to_owned();
+    assert!(name.ends_with("_icq_schema_v2.sql"), "{name}");
+    let version: i64 = name.split('_').next().unwrap().parse().unwrap();
+    assert!(version > 20250101000000, "{name}");
+    let out = sqlx(cwd, &["run"], Path::new("migrations"), &db.url);
+    assert!(out.contains("icq schema v2"), "{out}");
+    assert_eq!(column_count(&db, "Priority").await, 1);
+    assert_eq!(index_count(&db).await, 5);
+}
+
+#[tokio::test]
+async fn simple_timestamped_upgrade_postgres() {
+    simple_timestamped_upgrade("postgres").await;
+}
+
+#[tokio::test]
+async fn simple_timestamped_upgrade_sqlite() {
+    simple_timestamped_upgrade("sqlite").await;
+}
+
+#[tokio::test]
+async fn simple_timestamped_upgrade_mysql() {
+    simple_timestamped_upgrade("mysql").await;
+}
+
+/// The embedded default (icq's own SQLite database) upgrades a version-1 table on first
+/// use, once, saying so once; its pending row survives in the default queue.
+#[tokio::test]
+async fn embedded_default_upgrades_a_version_1_table_once() {
+    use sqlx::Connection as _;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let file = data.join("icq.db");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let v1 = icq::schema::render_v1(icq::Engine::Sqlite, &icq::TableName::default()).up;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(v1))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::raw_sql(r#"INSERT INTO "InternalCommands" ("Type", "Payload") VALUES ('t', '{}')"#)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+
+    let run = |args: &[&str]| {
+        icq(tmp.path())
+            .args(args)
+            .env("HOME", tmp.path())
+            .env("XDG_CONFIG_HOME", tmp.path().join("config"))
+            .env("ICQ_DATA_DIR", &data)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    // `icq work` logs (other commands upgrade just as well, silently). Without handlers it
+    // then refuses to process, which is beside the point here.
+    let upgrades = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stderr)
+            .matches("upgraded the embedded table to schema version 2")
+            .count()
+    };
+    let first = run(&["work", "--until-idle"]);
+    assert_eq!(
+        upgrades(&first),
+        1,
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let again = run(&["work", "--until-idle"]);
+    assert_eq!(
+        upgrades(&again),
+        0,
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let pending = run(&["pending", "--format", "json"]);
+    assert!(pending.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&pending.stdout).unwrap();
+    assert_eq!(doc[0]["due"], 1, "{doc}");
+
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let row: (String, i64) =
+        sqlx::query_as(r#"SELECT "Queue", "Priority" FROM "InternalCommands""#)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(row, ("default".to_owned(), 0));
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name LIKE 'IX_%'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(indexes, 5);
 }

@@ -1,0 +1,349 @@
+//! `icq console`: the operations console in the browser, served by the binary.
+//!
+//! Server-rendered HTML over axum (no build step, no client framework): an overview of
+//! every source (the counts of `icq pending`, per type, and throughput and backlog charts
+//! sampled while the console runs), lists by state with a type filter and keyset paging,
+//! one command in full, dead letters, and — only when started with `--allow-actions` and
+//! a token — requeue, replay, cancel and purge, each behind a confirmation page.
+//!
+//! Every figure comes from the library's operator API ([`crate::admin`]), the same calls
+//! the CLI's operator subcommands make. The console opens each source on its own and
+//! keeps going when one is down: the page shows an error banner and the next request
+//! tries again.
+//!
+//! Security ([`guard`]): loopback by default, a token required for any other address and
+//! for actions, POST + same-origin + token for every change, escaping by construction
+//! ([`html`]), strict response headers, and no URL shown anywhere (errors are redacted).
+
+mod actions;
+mod guard;
+mod history;
+mod html;
+mod pages;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use chrono::Utc;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SourceConfig};
+use crate::error::{Error, Result};
+use crate::sources::OpenSource;
+
+use history::SAMPLE_EVERY;
+
+/// How `icq console` was started.
+#[derive(Debug, Clone)]
+pub struct ConsoleOptions {
+    /// Where to listen (`--addr`).
+    pub addr: SocketAddr,
+    /// `--allow-actions`: requeue, replay, cancel and purge (needs the token).
+    pub allow_actions: bool,
+    /// `ICQ_CONSOLE_TOKEN`.
+    pub token: Option<String>,
+}
+
+impl ConsoleOptions {
+    /// Refuses what would expose the console or allow actions without a token: a
+    /// non-loopback `--addr` or `--allow-actions` without `ICQ_CONSOLE_TOKEN` is a usage
+    /// error (exit 2).
+    pub fn validate(&self) -> Result<()> {
+        let token = self.token.as_deref().filter(|t| !t.trim().is_empty());
+        if !self.addr.ip().is_loopback() && token.is_none() {
+            return Err(Error::Usage(format!(
+                "refusing to serve the console on {} (not a loopback address) without a token: \
+                 set ICQ_CONSOLE_TOKEN to a long random secret, or bind 127.0.0.1",
+                self.addr
+            )));
+        }
+        if self.allow_actions && token.is_none() {
+            return Err(Error::Usage(
+                "--allow-actions needs a token: set ICQ_CONSOLE_TOKEN to a long random secret \
+                 (the console asks for it before every requeue, replay, cancel or purge)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The console's shared state.
+#[derive(Clone)]
+pub(crate) struct Console {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    slots: Vec<Slot>,
+    allow_actions: bool,
+    token: Option<String>,
+    sign_in_required: bool,
+    /// The `Host` values a loopback console answers to (empty: any, behind the sign-in).
+    hosts: Vec<String>,
+    history: std::sync::Mutex<history::History>,
+}
+
+/// One configured source, opened on first use and again after a failed open.
+struct Slot {
+    config: SourceConfig,
+    open: Mutex<Option<OpenSource>>,
+}
+
+/// The sources that could be opened, and the errors of those that could not.
+pub(crate) struct Opened {
+    pub sources: Vec<OpenSource>,
+    pub errors: Vec<String>,
+}
+
+impl Console {
+    /// Opens (or reuses) every source; a source that cannot be opened is an error line.
+    pub(crate) async fn opened(&self) -> Opened {
+        let results = futures::future::join_all(self.inner.slots.iter().map(|slot| async move {
+            let mut open = slot.open.lock().await;
+            if let Some(source) = open.as_ref() {
+                return Ok(source.clone());
+            }
+            match crate::sources::open_one(&slot.config).await {
+                Ok(source) => {
+                    *open = Some(source.clone());
+                    Ok(source)
+                }
+                Err(err) => Err(describe(&err)),
+            }
+        }))
+        .await;
+        let mut opened = Opened {
+            sources: Vec::new(),
+            errors: Vec::new(),
+        };
+        for result in results {
+            match result {
+                Ok(source) => opened.sources.push(source),
+                Err(message) => opened.errors.push(message),
+            }
+        }
+        opened
+    }
+
+    /// The configured source names, in configuration order.
+    pub(crate) fn source_names(&self) -> Vec<String> {
+        self.inner
+            .slots
+            .iter()
+            .map(|s| s.config.name.clone())
+            .collect()
+    }
+
+    pub(crate) fn actions_allowed(&self) -> bool {
+        self.inner.allow_actions && self.inner.token.is_some()
+    }
+
+    /// Takes one sample of every open source's counts for the charts.
+    async fn sample(&self) {
+        let opened = self.opened().await;
+        let Ok(report) = crate::admin::pending(&opened.sources, false).await else {
+            return; // a database that is down: no point, the page shows the error
+        };
+        let figures: BTreeMap<String, history::Figures> = report
+            .rows
+            .iter()
+            .map(|row| {
+                (
+                    row.source.clone(),
+                    history::Figures {
+                        completed: row.counts.completed,
+                        backlog: row.counts.due + row.counts.scheduled,
+                    },
+                )
+            })
+            .collect();
+        if let Ok(mut history) = self.inner.history.lock() {
+            history.record(Utc::now(), figures);
+        }
+    }
+
+    async fn close(&self) {
+        for slot in &self.inner.slots {
+            if let Some(source) = slot.open.lock().await.take() {
+                crate::admin::close(std::slice::from_ref(&source)).await;
+            }
+        }
+    }
+}
+
+/// An error for a page: its message with any secret masked.
+pub(crate) fn describe(err: &Error) -> String {
+    crate::redact::redact_text(&err.to_string())
+}
+
+/// Serves the console for the selected sources of `config` until `shutdown` is
+/// cancelled; `ready` is told the bound address (with `--addr …:0`, the port chosen).
+///
+/// Sources are opened on first use, not here: a database that is down when the console
+/// starts shows as an error banner, and the console connects once it is back.
+pub async fn serve(
+    config: &Config,
+    source: Option<&str>,
+    options: ConsoleOptions,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    options.validate()?;
+    let slots = config
+        .select(source)?
+        .into_iter()
+        .map(|config| Slot {
+            config: config.clone(),
+            open: Mutex::new(None),
+        })
+        .collect();
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .map_err(|err| {
+            Error::Usage(format!(
+                "cannot listen on {}: {err} (is another console running? pick another --addr)",
+                options.addr
+            ))
+        })?;
+    let local = listener.local_addr().map_err(|cause| Error::Io {
+        context: format!("cannot read the address bound for {}", options.addr),
+        cause,
+    })?;
+    let loopback = local.ip().is_loopback();
+    let hosts = if loopback {
+        let port = local.port();
+        let mut hosts = vec![
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+        ];
+        if port == 80 {
+            hosts.extend(["127.0.0.1", "localhost", "[::1]"].map(String::from));
+        }
+        hosts.push(local.to_string());
+        hosts
+    } else {
+        Vec::new()
+    };
+    let console = Console {
+        inner: Arc::new(Inner {
+            slots,
+            allow_actions: options.allow_actions,
+            token: options.token.filter(|t| !t.trim().is_empty()),
+            sign_in_required: !loopback,
+            hosts,
+            history: std::sync::Mutex::new(history::History::default()),
+        }),
+    };
+
+    let sampler = {
+        let console = console.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    _ = tick.tick() => console.sample().await,
+                }
+            }
+        })
+    };
+
+    let app = router(console.clone());
+    ready(local);
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    shutdown.cancel();
+    let _ = sampler.await;
+    console.close().await;
+    served.map_err(|cause| Error::Io {
+        context: "the console's server stopped".into(),
+        cause,
+    })
+}
+
+fn router(console: Console) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/live", get(pages::live))
+        .route("/list", get(pages::list))
+        .route("/command", get(pages::command))
+        .route("/dead-letters", get(pages::dead_letters))
+        .route(
+            "/actions/{action}",
+            get(actions::confirm).post(actions::perform),
+        )
+        .route("/login", get(pages::login).post(actions::login))
+        .route("/static/console.js", get(script))
+        .route("/static/console.css", get(stylesheet))
+        .fallback(pages::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            guard::gate,
+        ))
+        .layer(axum::middleware::from_fn(guard::headers))
+        .with_state(console)
+}
+
+async fn script() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("static/console.js"),
+    )
+        .into_response()
+}
+
+async fn stylesheet() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("static/console.css"),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(addr: &str, allow_actions: bool, token: Option<&str>) -> ConsoleOptions {
+        ConsoleOptions {
+            addr: addr.parse().expect("an address"),
+            allow_actions,
+            token: token.map(String::from),
+        }
+    }
+
+    #[test]
+    fn exposure_and_actions_need_a_token() {
+        assert!(options("127.0.0.1:8089", false, None).validate().is_ok());
+        assert!(options("[::1]:8089", false, None).validate().is_ok());
+        assert!(options("0.0.0.0:8089", false, None).validate().is_err());
+        assert!(
+            options("0.0.0.0:8089", false, Some(" "))
+                .validate()
+                .is_err()
+        );
+        assert!(options("0.0.0.0:8089", false, Some("t")).validate().is_ok());
+        assert!(options("127.0.0.1:8089", true, None).validate().is_err());
+        assert!(
+            options("127.0.0.1:8089", true, Some("t"))
+                .validate()
+                .is_ok()
+        );
+        let err = options("10.0.0.1:80", false, None).validate().unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

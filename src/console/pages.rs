@@ -1,0 +1,745 @@
+//! The read-only pages: overview (and its live fragment), lists by state, one command,
+//! dead letters, sign-in, not found. Each reads through [`crate::admin`] exactly as the
+//! matching CLI subcommand does (`pending`, `list`, `show`, `dead-letters list`).
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::html::{Html, query};
+use super::{Console, describe, history};
+use crate::admin::{self, ListState, PendingReport};
+use crate::command::CommandId;
+use crate::error::Error;
+use crate::sources::OpenSource;
+
+/// Which navigation entry is current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nav {
+    Overview,
+    Lists,
+    DeadLetters,
+    None,
+}
+
+/// A whole page: header, navigation, error banners, body.
+pub(crate) fn render(
+    console: &Console,
+    status: StatusCode,
+    title: &str,
+    nav: Nav,
+    banners: &[String],
+    body: &Html,
+) -> Response {
+    let mut page = Html::new();
+    page.raw("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">")
+        .raw("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
+        .raw("<title>")
+        .text(title)
+        .raw(" · icq console</title><link rel=\"stylesheet\" href=\"/static/console.css\">")
+        .raw("<script src=\"/static/console.js\" defer></script></head><body><header><a class=\"brand\" href=\"/\">icq console</a><nav>");
+    for (entry, href, label) in [
+        (Nav::Overview, "/", "Overview"),
+        (Nav::Lists, "/list", "Commands"),
+        (Nav::DeadLetters, "/dead-letters", "Dead letters"),
+    ] {
+        page.raw("<a href=\"").raw(href).raw("\"");
+        if entry == nav {
+            page.raw(" aria-current=\"page\"");
+        }
+        page.raw(">").raw(label).raw("</a>");
+    }
+    page.raw("</nav>");
+    if console.actions_allowed() {
+        page.raw("<span class=\"mode actions\" title=\"Actions need the console token and a confirmation\">actions allowed</span>");
+    } else {
+        page.raw("<span class=\"mode\">read-only</span>");
+    }
+    page.raw("</header><main>")
+        .html(&banner(banners))
+        .html(body);
+    page.raw("</main></body></html>");
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        page.into_string(),
+    )
+        .into_response()
+}
+
+/// Error banners (a source that is down, a failed query).
+pub(crate) fn banner(errors: &[String]) -> Html {
+    let mut html = Html::new();
+    for error in errors {
+        html.raw("<div class=\"banner\" role=\"alert\">")
+            .text(error)
+            .raw("</div>");
+    }
+    html
+}
+
+/// A page that only says something went wrong, with the status that fits the error.
+pub(crate) fn error_page(console: &Console, title: &str, err: &Error) -> Response {
+    let status = match err {
+        Error::NotFound(_) => StatusCode::NOT_FOUND,
+        Error::Usage(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    render(
+        console,
+        status,
+        title,
+        Nav::None,
+        &[describe(err)],
+        &Html::new(),
+    )
+}
+
+fn time(html: &mut Html, at: Option<DateTime<Utc>>) {
+    match at {
+        Some(at) => {
+            html.raw("<time datetime=\"")
+                .text(at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .raw("\">")
+                .text(at.format("%Y-%m-%d %H:%M:%S"))
+                .raw("</time>");
+        }
+        None => {
+            html.raw("<span class=\"none\">-</span>");
+        }
+    }
+}
+
+fn command_link(html: &mut Html, source: &str, id: &CommandId) {
+    html.raw("<a class=\"id\" href=\"/command?")
+        .text(query(&[("source", source), ("id", id.as_str())]))
+        .raw("\">")
+        .text(id)
+        .raw("</a>");
+}
+
+/// The first line of a text, cut to `max` characters.
+fn excerpt(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() > max || text.lines().nth(1).is_some() {
+        let cut: String = line.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        line.to_owned()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// overview
+
+/// `GET /`: every source's counts, per type, and the charts; refreshed live by
+/// `/static/console.js` from [`live`].
+pub(crate) async fn overview(State(console): State<Console>) -> Response {
+    let mut body = Html::new();
+    body.raw("<h1>Overview</h1><div id=\"live\" data-refresh=\"/live\" data-every=\"")
+        .text(history::SAMPLE_EVERY.as_millis())
+        .raw("\">")
+        .html(&live_fragment(&console).await)
+        .raw("</div>");
+    render(
+        &console,
+        StatusCode::OK,
+        "Overview",
+        Nav::Overview,
+        &[],
+        &body,
+    )
+}
+
+/// `GET /live`: the overview's figures alone, for the live refresh.
+pub(crate) async fn live(State(console): State<Console>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        live_fragment(&console).await.into_string(),
+    )
+        .into_response()
+}
+
+async fn live_fragment(console: &Console) -> Html {
+    let opened = console.opened().await;
+    let mut errors = opened.errors.clone();
+    let totals = admin::pending(&opened.sources, false).await;
+    let by_type = admin::pending(&opened.sources, true).await;
+    let mut html = Html::new();
+    html.raw("<p class=\"stamp\">As of ")
+        .text(Utc::now().format("%H:%M:%S UTC"))
+        .raw(" · the same counts as <code>icq pending</code></p>");
+    match &totals {
+        Ok(report) => html.html(&counts_table(report, false)),
+        Err(err) => {
+            errors.push(describe(err));
+            &mut html
+        }
+    };
+    let mut front = banner(&errors);
+    front.html(&html);
+    let mut html = front;
+
+    let now = Utc::now();
+    let (throughput, backlog) = match console.inner.history.lock() {
+        Ok(history) => (history.throughput(), history.backlog()),
+        Err(_) => (Vec::new(), Vec::new()),
+    };
+    html.raw("<section class=\"charts\">")
+        .html(&history::chart(
+            "Throughput: completed per minute",
+            "/min",
+            &throughput,
+            now,
+        ))
+        .html(&history::chart(
+            "Backlog: due + scheduled",
+            "commands",
+            &backlog,
+            now,
+        ))
+        .raw("</section>");
+
+    html.html(&breakdowns(by_type.as_ref().ok()));
+    html
+}
+
+/// The breakdowns under the per-source totals.
+///
+/// PER-QUEUE BREAKDOWN (schema version 2): this is the one place a table per queue plugs
+/// in. Once the operator API counts by queue (a `queue` in `StateCount`, or an
+/// `admin::pending` grouped by queue), render it here with [`counts_table`] exactly like
+/// the per-type table below, and link each row to `/list?…&queue=`.
+fn breakdowns(by_type: Option<&PendingReport>) -> Html {
+    let mut html = Html::new();
+    if let Some(report) = by_type {
+        html.raw("<h2>By type</h2>");
+        if report.rows.is_empty() {
+            html.raw("<p class=\"none\">No commands yet.</p>");
+        } else {
+            html.html(&counts_table(report, true));
+        }
+    }
+    html
+}
+
+/// One row per source (and type): due, scheduled, running, dead, completed, each linking
+/// to its list.
+fn counts_table(report: &PendingReport, by_type: bool) -> Html {
+    let mut html = Html::new();
+    html.raw("<table class=\"counts\"");
+    if !by_type {
+        html.raw(" id=\"counts\"");
+    }
+    html.raw("><thead><tr><th>Source</th>");
+    if by_type {
+        html.raw("<th>Type</th>");
+    }
+    html.raw("<th>Due</th><th>Scheduled</th><th>Running</th><th>Dead</th><th>Completed</th></tr></thead><tbody>");
+    for row in &report.rows {
+        let type_name = row.counts.type_name.as_deref().unwrap_or("");
+        html.raw("<tr><td>").text(&row.source).raw("</td>");
+        if by_type {
+            html.raw("<td>").text(type_name).raw("</td>");
+        }
+        for (state, count) in [
+            ("due", row.counts.due),
+            ("scheduled", row.counts.scheduled),
+            ("running", row.counts.running),
+            ("dead", row.counts.dead),
+            ("completed", row.counts.completed),
+        ] {
+            html.raw("<td class=\"n\" data-source=\"")
+                .text(&row.source)
+                .raw("\" data-state=\"")
+                .text(state)
+                .raw("\"");
+            if by_type {
+                html.raw(" data-type=\"").text(type_name).raw("\"");
+            }
+            html.raw("><a href=\"/list?")
+                .text(query(&[
+                    ("source", &row.source),
+                    ("state", state),
+                    ("type", type_name),
+                ]))
+                .raw("\">")
+                .text(count)
+                .raw("</a></td>");
+        }
+        html.raw("</tr>");
+    }
+    html.raw("</tbody></table>");
+    html
+}
+
+// ---------------------------------------------------------------------------------------
+// lists
+
+/// The query of `GET /list`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ListQuery {
+    source: Option<String>,
+    state: Option<String>,
+    #[serde(rename = "type")]
+    type_name: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+const STATES: [(&str, ListState); 6] = [
+    ("due", ListState::Due),
+    ("scheduled", ListState::Scheduled),
+    ("running", ListState::Running),
+    ("dead", ListState::Dead),
+    ("completed", ListState::Completed),
+    ("pending", ListState::Pending),
+];
+
+/// The default page size of a list.
+const PAGE: u32 = 25;
+
+fn non_empty(value: Option<&String>) -> Option<&str> {
+    value.map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+/// `GET /list?source=&state=&type=&after=&limit=`: one page of one source's commands in a
+/// state (`icq list`), newest first for dead and completed, in queue order otherwise.
+pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQuery>) -> Response {
+    let names = console.source_names();
+    let source_name = non_empty(q.source.as_ref())
+        .map(str::to_owned)
+        .or_else(|| names.first().cloned())
+        .unwrap_or_default();
+    let state_name = non_empty(q.state.as_ref()).unwrap_or("due");
+    let Some((state_name, state)) = STATES.iter().find(|(name, _)| *name == state_name).copied()
+    else {
+        return error_page(
+            &console,
+            "Commands",
+            &Error::Usage(format!(
+                "unknown state `{state_name}`: one of due, scheduled, running, dead, completed, pending"
+            )),
+        );
+    };
+    let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
+    let limit = q.limit.unwrap_or(PAGE).clamp(1, 500);
+    let after = match non_empty(q.after.as_ref()).map(str::parse::<CommandId>) {
+        None => None,
+        Some(Ok(id)) => Some(id),
+        Some(Err(err)) => return error_page(&console, "Commands", &err),
+    };
+
+    let mut body = Html::new();
+    body.raw("<h1>Commands</h1>");
+    body.html(&filter_form(
+        &names,
+        &source_name,
+        state_name,
+        type_name.as_deref(),
+    ));
+
+    let opened = console.opened().await;
+    let mut errors = opened.errors.clone();
+    let source: Vec<OpenSource> = opened
+        .sources
+        .into_iter()
+        .filter(|s| s.name == source_name)
+        .collect();
+    if source.is_empty() && errors.is_empty() {
+        errors.push(format!("no source named `{source_name}` is configured"));
+    }
+    if !source.is_empty() {
+        let request = admin::ListRequest {
+            state,
+            type_name: type_name.clone(),
+            limit,
+            after: after.clone(),
+            before: None,
+        };
+        match admin::list(&source, &request).await {
+            Ok(report) => {
+                body.raw("<p class=\"total\">")
+                    .text(report.total)
+                    .raw(" ")
+                    .text(state_name)
+                    .raw(if report.total == 1 {
+                        " command"
+                    } else {
+                        " commands"
+                    });
+                if let Some(t) = &type_name {
+                    body.raw(" of type <code>").text(t).raw("</code>");
+                }
+                body.raw(" in <code>").text(&report.source).raw("</code>");
+                if after.is_some() {
+                    body.raw(" · a later page");
+                }
+                body.raw("</p>");
+                body.html(&list_table(&report, state));
+                body.raw("<nav class=\"pager\">");
+                if after.is_some() {
+                    body.raw("<a href=\"/list?")
+                        .text(query(&[
+                            ("source", &source_name),
+                            ("state", state_name),
+                            ("type", type_name.as_deref().unwrap_or("")),
+                        ]))
+                        .raw("\">First page</a>");
+                }
+                if let Some(next) = &report.next_after {
+                    let limit_text = if limit == PAGE {
+                        String::new()
+                    } else {
+                        limit.to_string()
+                    };
+                    body.raw("<a rel=\"next\" id=\"next-page\" href=\"/list?")
+                        .text(query(&[
+                            ("source", &source_name),
+                            ("state", state_name),
+                            ("type", type_name.as_deref().unwrap_or("")),
+                            ("after", next.as_str()),
+                            ("limit", &limit_text),
+                        ]))
+                        .raw("\">Next page →</a>");
+                }
+                body.raw("</nav>");
+            }
+            Err(err) => errors.push(describe(&err)),
+        }
+    }
+    render(
+        &console,
+        StatusCode::OK,
+        "Commands",
+        Nav::Lists,
+        &errors,
+        &body,
+    )
+}
+
+fn filter_form(names: &[String], source: &str, state: &str, type_name: Option<&str>) -> Html {
+    let mut html = Html::new();
+    html.raw("<form class=\"filters\" method=\"get\" action=\"/list\"><label>Source <select name=\"source\">");
+    for name in names {
+        html.raw("<option value=\"").text(name).raw("\"");
+        if name == source {
+            html.raw(" selected");
+        }
+        html.raw(">").text(name).raw("</option>");
+    }
+    html.raw("</select></label><label>State <select name=\"state\">");
+    for (name, _) in STATES {
+        html.raw("<option value=\"").text(name).raw("\"");
+        if name == state {
+            html.raw(" selected");
+        }
+        html.raw(">").text(name).raw("</option>");
+    }
+    html.raw("</select></label><label>Type <input name=\"type\" placeholder=\"any type\" value=\"")
+        .text(type_name.unwrap_or(""))
+        .raw("\"></label><button type=\"submit\">Filter</button></form>");
+    html
+}
+
+fn list_table(report: &admin::ListReport, state: ListState) -> Html {
+    let mut html = Html::new();
+    if report.commands.is_empty() {
+        html.raw("<p class=\"none\">Nothing here.</p>");
+        return html;
+    }
+    let when = match state {
+        ListState::Dead => "Dead since",
+        ListState::Completed => "Completed at",
+        _ => "Run at",
+    };
+    html.raw("<table class=\"commands\"><thead><tr><th>Id</th><th>Type</th><th>State</th><th>Attempts</th><th>")
+        .text(when)
+        .raw("</th><th>Last error</th></tr></thead><tbody>");
+    for command in &report.commands {
+        html.raw("<tr><td>");
+        command_link(&mut html, &report.source, &command.id);
+        html.raw("</td><td class=\"type\">")
+            .text(&command.type_name)
+            .raw("</td><td>")
+            .text(command.state.as_str())
+            .raw("</td><td class=\"n\">")
+            .text(command.attempts)
+            .raw("</td><td>");
+        time(&mut html, command.key_time(state));
+        html.raw("</td><td class=\"error\">")
+            .text(excerpt(command.last_error.as_deref().unwrap_or(""), 120))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table>");
+    html
+}
+
+// ---------------------------------------------------------------------------------------
+// one command
+
+/// The query of `GET /command`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct CommandQuery {
+    source: Option<String>,
+    id: Option<String>,
+}
+
+/// `GET /command?source=&id=`: one command in full (`icq show`).
+pub(crate) async fn command(
+    State(console): State<Console>,
+    Query(q): Query<CommandQuery>,
+) -> Response {
+    let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
+        Ok(id) => id,
+        Err(err) => return error_page(&console, "Command", &err),
+    };
+    let opened = console.opened().await;
+    let wanted = non_empty(q.source.as_ref());
+    let sources: Vec<OpenSource> = opened
+        .sources
+        .into_iter()
+        .filter(|s| wanted.is_none_or(|w| w == s.name))
+        .collect();
+    let shown = match admin::show(&sources, id).await {
+        Ok(shown) => shown,
+        Err(err) => {
+            let some_down = !opened.errors.is_empty();
+            let mut errors = opened.errors;
+            errors.push(describe(&err));
+            let status = match err {
+                // Not found in the sources that are up: it may be in one that is down.
+                Error::NotFound(_) if some_down => StatusCode::SERVICE_UNAVAILABLE,
+                Error::NotFound(_) => StatusCode::NOT_FOUND,
+                Error::Usage(_) => StatusCode::BAD_REQUEST,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            return render(
+                &console,
+                status,
+                "Command",
+                Nav::None,
+                &errors,
+                &Html::new(),
+            );
+        }
+    };
+    let row = &shown.row;
+    let mut body = Html::new();
+    body.raw("<h1>Command <code id=\"command-id\">")
+        .text(&row.id)
+        .raw("</code></h1><p><span class=\"state state-")
+        .text(shown.state.as_str())
+        .raw("\" id=\"command-state\">")
+        .text(shown.state.as_str())
+        .raw("</span> in source <code>")
+        .text(&shown.source)
+        .raw("</code></p>");
+
+    if console.actions_allowed() {
+        body.raw("<p class=\"actions\">");
+        let id = row.id.as_str();
+        let mut action = |name: &'static str, label: &'static str| {
+            body.raw("<a class=\"button\" href=\"/actions/")
+                .raw(name)
+                .raw("?")
+                .text(query(&[("source", &shown.source), ("id", id)]))
+                .raw("\">")
+                .raw(label)
+                .raw("</a> ");
+        };
+        match shown.state {
+            crate::State::Dead => {
+                action("requeue", "Requeue…");
+                action("replay", "Replay…");
+            }
+            crate::State::Completed => action("replay", "Replay…"),
+            crate::State::Due | crate::State::Scheduled => {
+                action("requeue", "Run now…");
+                action("cancel", "Cancel…");
+            }
+            crate::State::Running => {}
+        }
+        body.raw("</p>");
+    }
+
+    body.raw("<dl class=\"fields\">");
+    let field = |body: &mut Html, name: &'static str, value: &dyn Fn(&mut Html)| {
+        body.raw("<dt>").raw(name).raw("</dt><dd>");
+        value(body);
+        body.raw("</dd>");
+    };
+    field(&mut body, "Type", &|h| {
+        h.raw("<code>").text(&row.type_name).raw("</code>");
+    });
+    field(&mut body, "Attempts", &|h| {
+        h.text(row.attempts);
+    });
+    field(&mut body, "Created at", &|h| time(h, Some(row.created_at)));
+    field(&mut body, "Run at", &|h| time(h, Some(row.run_at)));
+    field(&mut body, "Locked until", &|h| time(h, row.locked_until));
+    field(&mut body, "Processed at", &|h| time(h, row.processed_at));
+    field(&mut body, "Dead-lettered at", &|h| {
+        time(h, row.dead_lettered_at)
+    });
+    field(&mut body, "User id", &|h| {
+        h.text(row.user_id.as_deref().unwrap_or("-"));
+    });
+    field(&mut body, "Roles", &|h| {
+        h.text(if row.roles.is_empty() {
+            "-".to_owned()
+        } else {
+            row.roles.join(", ")
+        });
+    });
+    field(&mut body, "Tenant id", &|h| {
+        h.text(row.tenant_id.as_deref().unwrap_or("-"));
+    });
+    field(&mut body, "Correlation id", &|h| {
+        h.text(row.correlation_id.as_deref().unwrap_or("-"));
+    });
+    body.raw("</dl>");
+    if !row.defects.is_empty() {
+        body.raw("<div class=\"banner\">Columns that could not be read: ")
+            .text(row.defects.join("; "))
+            .raw("</div>");
+    }
+    body.raw("<h2>Last error</h2>");
+    match &row.last_error {
+        Some(error) => {
+            body.raw("<pre id=\"last-error\">")
+                .text(error)
+                .raw("</pre>");
+        }
+        None => {
+            body.raw("<p class=\"none\">None.</p>");
+        }
+    }
+    let payload =
+        serde_json::to_string_pretty(&row.payload).unwrap_or_else(|_| row.payload.to_string());
+    body.raw("<h2>Payload</h2><pre id=\"payload\">")
+        .text(payload)
+        .raw("</pre>");
+    render(
+        &console,
+        StatusCode::OK,
+        &format!("Command {}", row.id),
+        Nav::None,
+        &opened.errors,
+        &body,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// dead letters
+
+/// The query of `GET /dead-letters`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DeadQuery {
+    #[serde(rename = "type")]
+    type_name: Option<String>,
+}
+
+/// How many dead letters the page shows (newest first, across sources); the dead list
+/// pages through all of them.
+const DEAD_PAGE: u32 = 100;
+
+/// `GET /dead-letters?type=`: the newest dead letters of every source
+/// (`icq dead-letters list`).
+pub(crate) async fn dead_letters(
+    State(console): State<Console>,
+    Query(q): Query<DeadQuery>,
+) -> Response {
+    let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
+    let opened = console.opened().await;
+    let mut errors = opened.errors.clone();
+    let mut body = Html::new();
+    body.raw("<h1>Dead letters</h1><form class=\"filters\" method=\"get\" action=\"/dead-letters\"><label>Type <input name=\"type\" placeholder=\"any type\" value=\"")
+        .text(type_name.as_deref().unwrap_or(""))
+        .raw("\"></label><button type=\"submit\">Filter</button></form>");
+    if console.actions_allowed() {
+        let t = type_name.as_deref().unwrap_or("");
+        body.raw("<p class=\"actions\"><a class=\"button\" href=\"/actions/requeue?")
+            .text(query(&[("all_dead", "1"), ("type", t)]))
+            .raw("\">Requeue all…</a> <a class=\"button\" href=\"/actions/purge?dead_letters=1\">Purge dead letters…</a> <a class=\"button\" href=\"/actions/purge?completed=1\">Purge completed…</a></p>");
+    }
+    let query_params = admin::DeadLetterQuery {
+        type_name: type_name.clone(),
+        limit: DEAD_PAGE,
+    };
+    match admin::dead_letters(&opened.sources, &query_params).await {
+        Ok(report) if report.rows.is_empty() => {
+            body.raw("<p class=\"none\">No dead letters.</p>");
+        }
+        Ok(report) => {
+            body.raw("<table class=\"commands\"><thead><tr><th>Source</th><th>Id</th><th>Type</th><th>Attempts</th><th>Dead since</th><th>Last error</th></tr></thead><tbody>");
+            for row in &report.rows {
+                body.raw("<tr><td>").text(&row.source).raw("</td><td>");
+                command_link(&mut body, &row.source, &row.summary.id);
+                body.raw("</td><td class=\"type\">")
+                    .text(&row.summary.type_name)
+                    .raw("</td><td class=\"n\">")
+                    .text(row.summary.attempts)
+                    .raw("</td><td>");
+                time(&mut body, Some(row.summary.dead_lettered_at));
+                body.raw("</td><td class=\"error\">")
+                    .text(excerpt(
+                        row.summary.last_error.as_deref().unwrap_or(""),
+                        120,
+                    ))
+                    .raw("</td></tr>");
+            }
+            body.raw("</tbody></table>");
+            if report.rows.len() as u32 >= DEAD_PAGE {
+                body.raw("<p>The newest ")
+                    .text(DEAD_PAGE)
+                    .raw("; page through all of them under <a href=\"/list?state=dead\">Commands</a>.</p>");
+            }
+        }
+        Err(err) => errors.push(describe(&err)),
+    }
+    render(
+        &console,
+        StatusCode::OK,
+        "Dead letters",
+        Nav::DeadLetters,
+        &errors,
+        &body,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// sign-in, not found
+
+/// `GET /login`: the token form of a console bound to a non-loopback address.
+pub(crate) async fn login(State(console): State<Console>) -> Response {
+    let mut body = Html::new();
+    body.raw("<h1>Sign in</h1><p>This console listens beyond loopback: give its token (ICQ_CONSOLE_TOKEN).</p><form method=\"post\" action=\"/login\"><label>Token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" required></label> <button type=\"submit\">Sign in</button></form>");
+    render(&console, StatusCode::OK, "Sign in", Nav::None, &[], &body)
+}
+
+/// Any other path.
+pub(crate) async fn not_found(State(console): State<Console>) -> Response {
+    render(
+        &console,
+        StatusCode::NOT_FOUND,
+        "Not found",
+        Nav::None,
+        &["No such page.".into()],
+        &Html::new(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::excerpt;
+
+    #[test]
+    fn excerpts_keep_the_first_line() {
+        assert_eq!(excerpt("boom", 10), "boom");
+        assert_eq!(excerpt("boom\nat line 2", 10), "boom…");
+        assert_eq!(excerpt("abcdefghijkl", 4), "abcd…");
+    }
+}

@@ -1,0 +1,442 @@
+//! The console over plain HTTP: figures equal the CLI's, lists filter and page, pages
+//! escape, and every mutation needs actions allowed, the same origin and the token.
+
+use std::process::Command;
+
+use reqwest::StatusCode;
+
+use crate::support::TestDb;
+use crate::{Console, DEAD, DUE_RECEIPTS, TOKEN, XSS, pending_json, seeded, state_of};
+
+/// `GET path`: status and body.
+async fn get(console: &Console, path: &str) -> (StatusCode, String) {
+    let response = reqwest::get(console.url(path)).await.expect("GET");
+    let status = response.status();
+    (status, response.text().await.expect("a body"))
+}
+
+/// `POST path` with a form body and extra headers: status and body.
+async fn post(
+    console: &Console,
+    path: &str,
+    form: &[(&str, &str)],
+    headers: &[(&str, String)],
+) -> (StatusCode, String) {
+    let body = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form)
+        .finish();
+    let mut request = reqwest::Client::new()
+        .post(console.url(path))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body);
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let response = request.send().await.expect("POST");
+    let status = response.status();
+    (status, response.text().await.expect("a body"))
+}
+
+/// The figure in the overview's cell for `source` and `state` (`data-source`,
+/// `data-state` on the per-source table).
+fn cell(page: &str, source: &str, state: &str) -> u64 {
+    let totals = page
+        .split("id=\"counts\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</table>").next())
+        .expect("the per-source table");
+    let marker = format!("data-source=\"{source}\" data-state=\"{state}\">");
+    let after = totals
+        .split(&marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no cell {source}/{state} in {totals}"));
+    let text = after.split("</a>").next().expect("a link");
+    let number = text.rsplit('>').next().expect("a number");
+    number.parse().expect("a count")
+}
+
+/// Ids linked from a list page (`/command?source=…&id=ID`), in order.
+fn listed_ids(page: &str) -> Vec<String> {
+    page.split("<a class=\"id\" href=\"/command?")
+        .skip(1)
+        .map(|rest| {
+            let href = rest.split('"').next().expect("an href");
+            href.split("id=")
+                .nth(1)
+                .expect("an id parameter")
+                .to_owned()
+        })
+        .collect()
+}
+
+fn next_page(page: &str) -> Option<String> {
+    page.split("id=\"next-page\" href=\"").nth(1).map(|rest| {
+        rest.split('"')
+            .next()
+            .expect("an href")
+            .replace("&amp;", "&")
+    })
+}
+
+async fn overview_counts_equal_pending_json(engine: &'static str) {
+    let db = seeded(engine, "console_overview").await;
+    let console = Console::start(&db.url, &[], None);
+    let (status, page) = get(&console, "/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let expected = pending_json(&db.url);
+    let rows = expected.as_array().expect("an array");
+    assert_eq!(rows.len(), 1);
+    for row in rows {
+        let source = row["source"].as_str().expect("a source");
+        for state in ["due", "scheduled", "running", "dead", "completed"] {
+            assert_eq!(
+                Some(cell(&page, source, state)),
+                row[state].as_u64(),
+                "{state} in {source}"
+            );
+        }
+    }
+    assert_eq!(cell(&page, "default", "due"), DUE_RECEIPTS as u64);
+    // The live fragment carries the same table; the charts are inline SVG.
+    let (_, live) = get(&console, "/live").await;
+    assert_eq!(cell(&live, "default", "dead"), 2);
+    assert!(live.contains("<svg"), "{live}");
+}
+
+async fn list_filters_by_type_and_pages(engine: &'static str) {
+    let db = seeded(engine, "console_list").await;
+    let console = Console::start(&db.url, &[], None);
+    let mut path = "/list?state=due&type=orders.receipt&limit=7".to_string();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (status, page) = get(&console, &path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(!page.contains("email.digest"), "filtered by type: {page}");
+        let ids = listed_ids(&page);
+        assert!(ids.len() <= 7);
+        seen.extend(ids);
+        pages += 1;
+        match next_page(&page) {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    assert_eq!(pages, DUE_RECEIPTS.div_ceil(7));
+    let mut distinct = seen.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!((seen.len(), distinct.len()), (DUE_RECEIPTS, DUE_RECEIPTS));
+    // Another type, another state.
+    let (_, page) = get(&console, "/list?state=scheduled&type=email.digest").await;
+    assert_eq!(listed_ids(&page).len(), 2, "{page}");
+    let (_, page) = get(&console, "/list?state=dead").await;
+    assert_eq!(listed_ids(&page), [DEAD, XSS], "newest first");
+}
+
+async fn show_page_and_escaping(engine: &'static str) {
+    let db = seeded(engine, "console_show").await;
+    let console = Console::start(&db.url, &[], None);
+    let (status, page) = get(&console, &format!("/command?id={XSS}")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("webhooks.deliver"));
+    assert!(
+        page.contains("&lt;script&gt;window.__xss = 1&lt;/script&gt;"),
+        "payload escaped: {page}"
+    );
+    assert!(
+        page.contains(
+            "&lt;script&gt;window.__xss = 3&lt;/script&gt; failed &amp; &lt;b&gt;bold&lt;/b&gt;"
+        ),
+        "last error escaped: {page}"
+    );
+    assert!(!page.contains("<script>window"), "{page}");
+    assert!(!page.contains("<img src=x"), "{page}");
+    assert!(
+        page.contains("{\n  &quot;html&quot;: "),
+        "payload pretty-printed: {page}"
+    );
+    let (_, dead) = get(&console, "/dead-letters").await;
+    assert!(dead.contains("&lt;script&gt;window.__xss = 3"), "{dead}");
+    assert!(!dead.contains("<script>window"), "{dead}");
+    // A missing id is a 404 page; a read-only console offers no actions.
+    let (status, _) = get(&console, "/command?id=10000000-0000-4000-8000-00000000ffff").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(!page.contains("/actions/"), "read-only: {page}");
+}
+
+async fn mutations_need_token_and_same_origin(engine: &'static str) {
+    let db = seeded(engine, "console_actions").await;
+    let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
+    let origin = format!("http://{}", console.host());
+    let requeue = [("id", DEAD)];
+
+    let (status, page) = get(&console, &format!("/actions/requeue?id={DEAD}")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Requeue 1 command"), "{page}");
+
+    // No token.
+    let (status, page) = post(
+        &console,
+        "/actions/requeue",
+        &requeue,
+        &[("origin", origin.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    assert_eq!(state_of(&db.url, DEAD), "dead");
+    // A wrong token.
+    let wrong = [("id", DEAD), ("token", "nope")];
+    let (status, _) = post(
+        &console,
+        "/actions/requeue",
+        &wrong,
+        &[("origin", origin.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // The token, from another origin (and from nowhere).
+    let with_token = [("id", DEAD), ("token", TOKEN)];
+    let (status, _) = post(
+        &console,
+        "/actions/requeue",
+        &with_token,
+        &[("origin", "http://evil.example".into())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(
+        &console,
+        "/actions/requeue",
+        &with_token,
+        &[
+            ("origin", origin.clone()),
+            ("sec-fetch-site", "cross-site".into()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(&console, "/actions/requeue", &with_token, &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(state_of(&db.url, DEAD), "dead");
+
+    // The token and the same origin: requeued.
+    let (status, page) = post(
+        &console,
+        "/actions/requeue",
+        &with_token,
+        &[("origin", origin.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Requeued 1 command."), "{page}");
+    assert_eq!(state_of(&db.url, DEAD), "due");
+
+    // Purge shows its dry run first, then deletes (the token in a header this time).
+    let (_, page) = get(&console, "/actions/purge?completed=1").await;
+    assert!(page.contains("Delete 3 completed commands"), "{page}");
+    assert_eq!(pending_json(&db.url)[0]["completed"], 3);
+    let (status, page) = post(
+        &console,
+        "/actions/purge",
+        &[("completed", "1")],
+        &[("origin", origin.clone()), ("x-icq-token", TOKEN.into())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(pending_json(&db.url)[0]["completed"], 0);
+
+    // Replay and cancel go through the same checks.
+    let (status, page) = post(
+        &console,
+        "/actions/cancel",
+        &[("id", crate::SCHEDULED), ("token", TOKEN)],
+        &[("origin", origin.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(state_of(&db.url, crate::SCHEDULED), "dead");
+    let (status, page) = post(
+        &console,
+        "/actions/replay",
+        &[("id", XSS), ("token", TOKEN)],
+        &[("origin", origin)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Replayed"), "{page}");
+}
+
+async fn read_only_console_refuses_every_mutation(engine: &'static str) {
+    let db = seeded(engine, "console_read_only").await;
+    // A token alone does not allow actions: --allow-actions does.
+    let console = Console::start(&db.url, &[], Some(TOKEN));
+    let origin = format!("http://{}", console.host());
+    let (status, _) = get(&console, &format!("/actions/requeue?id={DEAD}")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    for action in ["requeue", "replay", "cancel", "purge"] {
+        let (status, page) = post(
+            &console,
+            &format!("/actions/{action}"),
+            &[("id", DEAD), ("token", TOKEN), ("dead_letters", "1")],
+            &[("origin", origin.clone())],
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{action}: {page}");
+        assert!(page.contains("read-only"), "{page}");
+    }
+    assert_eq!(pending_json(&db.url)[0]["dead"], 2);
+}
+
+macro_rules! on_engines {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name("sqlite").await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name("postgres").await;
+                }
+            )*
+        }
+    };
+}
+
+on_engines!(
+    overview_counts_equal_pending_json,
+    list_filters_by_type_and_pages,
+    show_page_and_escaping,
+    mutations_need_token_and_same_origin,
+    read_only_console_refuses_every_mutation,
+);
+
+#[tokio::test]
+async fn security_headers_and_loopback_host_only() {
+    let db = TestDb::with_table("sqlite", "console_headers").await;
+    let console = Console::start(&db.url, &[], None);
+    let response = reqwest::get(console.url("/")).await.expect("GET");
+    let headers = response.headers();
+    let csp = headers["content-security-policy"].to_str().expect("ascii");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    let script = reqwest::get(console.url("/static/console.js"))
+        .await
+        .expect("GET");
+    assert!(
+        script.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/javascript")
+    );
+    // A DNS-rebinding page names the console by a host of its own: refused.
+    let response = reqwest::Client::new()
+        .get(console.url("/"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), StatusCode::MISDIRECTED_REQUEST);
+}
+
+#[test]
+fn exposing_the_console_or_actions_without_a_token_is_a_usage_error() {
+    for (args, needle) in [
+        (&["console", "--addr", "0.0.0.0:0"][..], "without a token"),
+        (
+            &["console", "--allow-actions"][..],
+            "--allow-actions needs a token",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_icq"))
+            .args(["--database-url", "sqlite::memory:"])
+            .args(args)
+            .env_remove("ICQ_CONSOLE_TOKEN")
+            .output()
+            .expect("run icq");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_non_loopback_console_asks_for_the_token_on_every_page() {
+    let db = TestDb::with_table("sqlite", "console_signin").await;
+    // 0.0.0.0 is not loopback; the test talks to it through 127.0.0.1.
+    let console = Console::start(&db.url, &["--addr", "0.0.0.0:0"], Some(TOKEN));
+    let port = console.base.rsplit(':').next().expect("a port").to_owned();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = client.get(format!("{base}/")).send().await.expect("GET");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "/login");
+    let response = client
+        .get(format!("{base}/"))
+        .header("x-icq-token", TOKEN)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = client
+        .post(format!("{base}/login"))
+        .header("origin", &base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={TOKEN}"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().expect("name=value");
+    let response = client
+        .get(format!("{base}/dead-letters"))
+        .header("cookie", pair)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_database_that_is_down_shows_a_banner_and_ctrl_c_stops_the_console() {
+    // Nothing listens on port 1: every page shows the error, the server stays up.
+    let mut console = Console::start("postgres://postgres:hunter2@127.0.0.1:1/test", &[], None);
+    for path in [
+        "/",
+        "/list",
+        "/dead-letters",
+        &format!("/command?id={DEAD}"),
+    ] {
+        let (status, page) = get(&console, path).await;
+        assert!(
+            status.is_success() || status == StatusCode::SERVICE_UNAVAILABLE,
+            "{path}: {status}"
+        );
+        assert!(page.contains("class=\"banner\""), "{path}: {page}");
+        assert!(!page.contains("hunter2"), "no password on the page: {page}");
+    }
+    let status = console.interrupt().expect("the console stops on Ctrl-C");
+    assert!(status.success(), "{status:?}");
+}
