@@ -398,7 +398,11 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
     )
 }
 
-fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
+fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
+    // A claim takes the best rows, but a statement's returned rows come in no particular
+    // order: the slots take them in claim order (`Priority`, then `RunAt`; a stable sort
+    // keeps the statement's order for ties).
+    rows.sort_by_key(|(claimed, _)| (claimed.row.priority, claimed.row.run_at));
     for (claimed, expires) in rows {
         let stopper = shared.leases.hold(&claimed.lease, expires);
         let bytes = claimed.payload_bytes;
