@@ -306,7 +306,14 @@ async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, 
 /// given the stop grace.
 async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
     let params = crate::engine::CommandGetParams { id: &lost.id };
-    match backend.command_get(&params).await {
+    // Bounded like every processor call: a hung read must not hold up the renewals.
+    let limit = health::call_deadline(Duration::from_secs(10));
+    let reading = health::deadline(
+        limit,
+        "reading a lost lease's row",
+        backend.command_get(&params),
+    );
+    match reading.await {
         Ok(Some(row)) if row.dead_lettered_at.is_some() => {
             let reason = row.last_error.as_deref().unwrap_or("");
             tracing::info!(source, id = %lost.id, reason = %crate::engine::bounded(reason, 200).escape_debug(), "cancelled by operator: stopping its handler");
