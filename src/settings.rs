@@ -18,6 +18,11 @@
 //! | `processing_delay_seconds` | 0 ..= 31 536 000 | whole |
 //! | `polling_interval_seconds` | 0.01 ..= 3 600 | |
 //! | `concurrency` | 1 ..= 10 000 | whole |
+//! | `max_snoozes` | 0 ..= 1 000 000 | whole |
+//!
+//! A source's `queues:` (beside `settings:` in `icq.yaml`, SPEC §8) land in
+//! [`Settings::queues`]: queue names follow [`validate_queue_name`], each queue's
+//! `concurrency` the range of `concurrency` above, and no queue is listed twice.
 
 use std::fmt;
 use std::time::Duration;
@@ -89,6 +94,90 @@ pub struct Settings {
     /// server-side prepared statements: every statement runs in its own transaction on
     /// the unnamed statement). Other engines ignore it.
     pub pooler: Pooler,
+    /// How many times one command may snooze (a handler asking to run later without
+    /// consuming an attempt: exec exit code 75, http 429/503, Rust
+    /// [`HandlerError::snooze`](crate::HandlerError::snooze)). The snooze that would go
+    /// past it dead-letters the command instead, saying how often it snoozed. Default
+    /// 1000; `0` refuses every snooze.
+    #[serde(deserialize_with = "read::max_snoozes")]
+    pub max_snoozes: u32,
+    /// The queues this worker serves, each with its own execution slots (a source's
+    /// `queues:` in `icq.yaml`, not a key of `settings:`). Empty (the default): every
+    /// queue, sharing `concurrency` slots. A worker that lists queues claims only those,
+    /// and a slow queue never holds another queue's slots. Needs a version-2 table.
+    #[serde(skip)]
+    pub queues: Vec<QueueSettings>,
+}
+
+/// One queue a worker serves and how many of its commands run at once.
+///
+/// # Examples
+///
+/// ```
+/// use icq::Settings;
+/// use icq::settings::QueueSettings;
+///
+/// let settings = Settings {
+///     queues: vec![QueueSettings::new("default", 8), QueueSettings::new("webhooks", 2)],
+///     ..Settings::default()
+/// };
+/// assert!(settings.validate().is_ok());
+/// let twice = Settings { queues: vec![QueueSettings::new("a", 1), QueueSettings::new("a", 2)], ..Settings::default() };
+/// assert_eq!(twice.validate().unwrap_err(), "queue `a` is listed twice in `queues`; list each queue once");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// The queue's name (the `Queue` column).
+    pub name: String,
+    /// Its commands executed at once (1 ..= 10 000).
+    pub concurrency: u32,
+}
+
+impl QueueSettings {
+    /// A queue named `name` with `concurrency` slots. See [`QueueSettings`]'s example.
+    pub fn new(name: impl Into<String>, concurrency: u32) -> QueueSettings {
+        QueueSettings {
+            name: name.into(),
+            concurrency,
+        }
+    }
+}
+
+/// The longest queue name, in bytes.
+pub const MAX_QUEUE_NAME_BYTES: usize = 128;
+
+/// Checks a queue name: 1 to 128 bytes, no control characters, not only whitespace.
+///
+/// # Examples
+///
+/// ```
+/// use icq::settings::validate_queue_name;
+///
+/// assert!(validate_queue_name("webhooks").is_ok());
+/// assert!(validate_queue_name("").is_err());
+/// assert!(validate_queue_name("a\nb").is_err());
+/// assert!(validate_queue_name(&"q".repeat(129)).is_err());
+/// ```
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a queue name must not be empty".into());
+    }
+    if name.len() > MAX_QUEUE_NAME_BYTES {
+        return Err(format!(
+            "queue name is {} bytes; the most is {MAX_QUEUE_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "queue name {:?} holds a control character; use printable text",
+            name
+        ));
+    }
+    if name.trim().is_empty() {
+        return Err("a queue name must not be only whitespace".into());
+    }
+    Ok(())
 }
 
 /// The connection pooler in front of a PostgreSQL source (`pooler:` in a source's
@@ -144,6 +233,8 @@ impl Default for Settings {
             concurrency: 8,
             claim_only_handled_types: false,
             pooler: Pooler::Session,
+            max_snoozes: 1000,
+            queues: Vec::new(),
         }
     }
 }
@@ -182,6 +273,7 @@ const CLEANUP_INTERVAL_HOURS: Limit = limit("cleanup_interval_hours", 0.001, 8_7
 const PROCESSING_DELAY_SECONDS: Limit = limit("processing_delay_seconds", 0.0, YEAR_SECONDS, true);
 const POLLING_INTERVAL_SECONDS: Limit = limit("polling_interval_seconds", 0.01, 3_600.0, false);
 const CONCURRENCY: Limit = limit("concurrency", 1.0, 10_000.0, true);
+const MAX_SNOOZES: Limit = limit("max_snoozes", 0.0, 1_000_000.0, true);
 
 /// A number for a message: plain, or in exponent form when plain would be unreadable.
 fn shown(value: f64) -> String {
@@ -255,6 +347,7 @@ impl Settings {
             (RETENTION_DAYS, self.retention_days),
             (PROCESSING_DELAY_SECONDS, self.processing_delay_seconds),
             (CONCURRENCY, u64::from(self.concurrency)),
+            (MAX_SNOOZES, u64::from(self.max_snoozes)),
         ];
         for (limit, value) in integers {
             // Exact for every allowed value; an out-of-range one stays out of range.
@@ -277,7 +370,27 @@ impl Settings {
                 shown(self.max_retry_backoff_seconds)
             ));
         }
+        for (index, queue) in self.queues.iter().enumerate() {
+            validate_queue_name(&queue.name).map_err(|why| format!("`queues`: {why}"))?;
+            let value = u64::from(queue.concurrency);
+            CONCURRENCY
+                .check(value as f64, &value.to_string())
+                .map_err(|why| format!("`queues`: queue `{}`: {why}", queue.name))?;
+            if self.queues[..index].iter().any(|q| q.name == queue.name) {
+                return Err(format!(
+                    "queue `{}` is listed twice in `queues`; list each queue once",
+                    queue.name
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Reads one queue's `concurrency` (range-checked like the source's).
+    pub(crate) fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(
+        d: D,
+    ) -> Result<u32, D::Error> {
+        read::concurrency(d)
     }
 
     /// The lease as a duration.
@@ -422,6 +535,7 @@ mod read {
         processing_delay_seconds: u64 = PROCESSING_DELAY_SECONDS;
         polling_interval_seconds: f64 = POLLING_INTERVAL_SECONDS;
         concurrency: u32 = CONCURRENCY;
+        max_snoozes: u32 = MAX_SNOOZES;
     }
 }
 

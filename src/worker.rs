@@ -216,7 +216,17 @@ impl Work {
             );
         }
         for source in &sources {
-            tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+            let queues: Vec<String> = source
+                .settings
+                .queues
+                .iter()
+                .map(|q| format!("{}:{}", q.name, q.concurrency))
+                .collect();
+            if queues.is_empty() {
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+            } else {
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), queues = %queues.join(","), "processing");
+            }
         }
         let processor = processor(registry, &sources);
         Ok(Work { sources, processor })
@@ -271,7 +281,7 @@ impl Work {
         for source in &self.sources {
             let stats = source.queue.stats().snapshot();
             if outcome.is_ok() {
-                tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, stale = stats.stale, "stopped");
+                tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, snoozed = stats.snoozed, cancelled = stats.cancelled, stale = stats.stale, "stopped");
             }
             summary.sources.push((source.name.clone(), stats));
             source.queue.backend().close().await;

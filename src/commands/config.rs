@@ -45,6 +45,12 @@ impl Render for CheckReport {
                 "  {} ({}, table {})\n",
                 source.name, source.engine, source.table
             ));
+            for queue in &source.queues {
+                out.push_str(&format!(
+                    "    queue {} (concurrency {})\n",
+                    queue.name, queue.concurrency
+                ));
+            }
         }
         out.push_str(&format!(
             "{}:\n",

@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::raw::{RawHandler, RawHttp, RawSource};
+use super::raw::{RawHandler, RawHttp, RawQueues, RawSource};
 use super::yaml::{Document, Seg};
 use super::{DatabaseUrl, EXAMPLE, HandlerConfig, HandlerKind, SourceConfig};
 use crate::ident::{Engine, TableName};
+use crate::settings::QueueSettings;
 
 /// The sources, in order: named uniquely, with a supported URL, table and settings.
 pub(crate) fn sources(
@@ -44,9 +45,14 @@ pub(crate) fn sources(
                 .map_err(|err| doc.error_at(&at("table"), &err.to_string()))?,
             None => TableName::default(),
         };
-        let settings = source.settings.unwrap_or_default();
+        let mut settings = source.settings.unwrap_or_default();
+        settings.queues = queues(index, source.queues, &settings, doc)?;
         settings.validate().map_err(|message| {
             let key = backticked(&message).unwrap_or_default();
+            if key == "queues" {
+                let path = [Seg::Key("sources"), Seg::Index(index), Seg::Key("queues")];
+                return doc.error_at(&path, &message);
+            }
             let path = [
                 Seg::Key("sources"),
                 Seg::Index(index),
@@ -66,6 +72,38 @@ pub(crate) fn sources(
             table,
             settings,
             embedded: false,
+        });
+    }
+    Ok(out)
+}
+
+/// A source's `queues:`: names checked, each `concurrency` defaulting to the source's.
+fn queues(
+    index: usize,
+    raw: Option<RawQueues>,
+    settings: &crate::Settings,
+    doc: &Document<'_>,
+) -> Result<Vec<QueueSettings>, String> {
+    let Some(RawQueues(raw)) = raw else {
+        return Ok(Vec::new());
+    };
+    let at = [Seg::Key("sources"), Seg::Index(index), Seg::Key("queues")];
+    if raw.is_empty() {
+        return Err(doc.error_at(
+            &at,
+            "`queues` is empty: list the queues this worker serves, e.g. \
+             queues: { default: { concurrency: 8 } }, or remove it to serve every queue",
+        ));
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    for (name, queue) in raw {
+        if let Err(why) = crate::settings::validate_queue_name(&name) {
+            let path = [at[0], at[1], at[2], Seg::Key(&name)];
+            return Err(doc.error_at(&path, &format!("invalid queue name {name:?}: {why}")));
+        }
+        out.push(QueueSettings {
+            concurrency: queue.concurrency.unwrap_or(settings.concurrency),
+            name,
         });
     }
     Ok(out)

@@ -40,7 +40,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use lookup::{embedded_default, load};
-pub use verify::{CheckReport, CheckedHandler, CheckedSource, check_file, check_text};
+pub use verify::{
+    CheckReport, CheckedHandler, CheckedQueue, CheckedSource, check_file, check_text,
+};
 
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};

@@ -30,7 +30,7 @@ pub(crate) struct RawConfig {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a source: a mapping with `name`, `url` and optionally `table` and `settings`"
+    expecting = "a source: a mapping with `name`, `url` and optionally `table`, `settings` and `queues`"
 )]
 pub(crate) struct RawSource {
     pub name: String,
@@ -39,6 +39,54 @@ pub(crate) struct RawSource {
     pub table: Option<String>,
     #[serde(default)]
     pub settings: Option<Settings>,
+    /// `queues:`, in file order (a repeated name is refused by the duplicate-key pass).
+    #[serde(default)]
+    pub queues: Option<RawQueues>,
+}
+
+/// `queues: { name: { concurrency: N }, ... }`, in file order.
+#[derive(Debug, Default)]
+pub(crate) struct RawQueues(pub Vec<(String, RawQueue)>);
+
+/// One queue of a source's `queues:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a queue: a mapping with `concurrency`, e.g. { concurrency: 2 }"
+)]
+pub(crate) struct RawQueue {
+    #[serde(default, deserialize_with = "queue_concurrency")]
+    pub concurrency: Option<u32>,
+}
+
+fn queue_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Settings::read_queue_concurrency(d).map(Some)
+}
+
+impl<'de> Deserialize<'de> for RawQueues {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(QueuesVisitor)
+    }
+}
+
+struct QueuesVisitor;
+
+impl<'de> Visitor<'de> for QueuesVisitor {
+    type Value = RawQueues;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a mapping of queue names to their settings, e.g. { default: { concurrency: 8 }, webhooks: { concurrency: 2 } }")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<RawQueues, A::Error> {
+        let mut queues = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            // `webhooks:` with nothing after it takes the defaults.
+            let queue = map.next_value::<Option<RawQueue>>()?.unwrap_or_default();
+            queues.push((name, queue));
+        }
+        Ok(RawQueues(queues))
+    }
 }
 
 /// One entry of `handlers:`.

@@ -159,7 +159,7 @@ fn unknown_source_key() {
     assert_eq!(
         message,
         "4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
-         `settings`"
+         `settings`, `queues`"
     );
 }
 
@@ -502,5 +502,91 @@ fn select_all_or_one_by_name() {
     assert_eq!(
         err.to_string(),
         "unknown source `c`; icq.yaml configures: orders, b"
+    );
+}
+
+#[test]
+fn queues_are_read_in_file_order_with_their_concurrency() {
+    let config = parse_text(&format!(
+        "{ONE_SOURCE}    settings: {{ concurrency: 3, max_snoozes: 5 }}\n    queues:\n      \
+         webhooks: {{ concurrency: 2 }}\n      default: {{ concurrency: 8 }}\n      reports:\n"
+    ))
+    .unwrap();
+    let settings = &config.sources[0].settings;
+    let queues: Vec<_> = settings
+        .queues
+        .iter()
+        .map(|q| (q.name.as_str(), q.concurrency))
+        .collect();
+    // `reports:` with nothing after it takes the source's concurrency.
+    assert_eq!(queues, [("webhooks", 2), ("default", 8), ("reports", 3)]);
+    assert_eq!(settings.max_snoozes, 5);
+    assert!(
+        parse_text(ONE_SOURCE).unwrap().sources[0]
+            .settings
+            .queues
+            .is_empty()
+    );
+    assert_eq!(
+        parse_text(ONE_SOURCE).unwrap().sources[0]
+            .settings
+            .max_snoozes,
+        1000
+    );
+}
+
+#[test]
+fn bad_queues_are_clear_errors_with_line_and_key() {
+    let queues = |body: &str| error(&format!("{ONE_SOURCE}    queues:\n{body}"));
+    let message = queues("      webhooks: { concurrency: 0 }\n");
+    assert_eq!(
+        message,
+        "5:32: sources[0].queues.webhooks.concurrency: `concurrency` must be a whole number \
+         from 1 to 10000 (got 0)"
+    );
+    let message =
+        queues("      webhooks: { concurrency: 2 }\n      webhooks: { concurrency: 3 }\n");
+    assert!(
+        message.starts_with("6:7: sources[0].queues: key `webhooks` appears twice"),
+        "{message}"
+    );
+    let message = queues("      webhooks: { concurency: 2 }\n");
+    assert!(
+        message.starts_with("5:19: sources[0].queues.webhooks: unknown field `concurency`"),
+        "{message}"
+    );
+    let message = queues("      \"a\\nb\": { concurrency: 2 }\n");
+    assert!(
+        message.starts_with("5:")
+            && message.contains("invalid queue name")
+            && message.contains("control character"),
+        "{message}"
+    );
+    let message = queues(&format!(
+        "      {}: {{ concurrency: 2 }}\n",
+        "q".repeat(129)
+    ));
+    assert!(message.contains("129 bytes; the most is 128"), "{message}");
+    let message = error(&format!("{ONE_SOURCE}    queues: {{}}\n"));
+    assert!(
+        message.starts_with("4:13: sources[0].queues: `queues` is empty"),
+        "{message}"
+    );
+    let message = error(&format!("{ONE_SOURCE}    queues: [default]\n"));
+    assert!(
+        message.starts_with("4:13: sources[0].queues: invalid type"),
+        "{message}"
+    );
+    // `queues` belongs to the source, not to its settings.
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings: {{ queues: {{ a: {{}} }} }}\n"
+    ));
+    assert!(message.contains("unknown field `queues`"), "{message}");
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings: {{ max_snoozes: -1 }}\n"
+    ));
+    assert!(
+        message.contains("`max_snoozes` must be a whole number from 0 to 1000000"),
+        "{message}"
     );
 }

@@ -83,6 +83,39 @@ pub struct CheckedSource {
     pub engine: String,
     /// Its commands table.
     pub table: String,
+    /// The queues its workers serve, each with its concurrency, in file order; empty when
+    /// it lists none (every queue, sharing the source's `concurrency`). Left out of the
+    /// JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<CheckedQueue>,
+}
+
+/// One queue of a checked source's `queues:`.
+///
+/// # Examples
+///
+/// ```
+/// use std::path::Path;
+///
+/// let text = "
+/// sources:
+///   - name: orders
+///     url: 'postgres://app@db/shop'
+///     queues: { default: { concurrency: 8 }, webhooks: { concurrency: 2 } }
+/// handlers:
+///   ping: { noop: true }
+/// ";
+/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &|_| None)?;
+/// let queues: Vec<_> = report.sources[0].queues.iter().map(|q| (q.name.as_str(), q.concurrency)).collect();
+/// assert_eq!(queues, [("default", 8), ("webhooks", 2)]);
+/// # Ok::<(), icq::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckedQueue {
+    /// The queue's name.
+    pub name: String,
+    /// Its commands executed at once.
+    pub concurrency: u32,
 }
 
 /// One handler of a checked file.
@@ -196,6 +229,15 @@ fn verify(
             name: source.name.clone(),
             engine: source.engine()?.name().to_owned(),
             table: source.table.to_string(),
+            queues: source
+                .settings
+                .queues
+                .iter()
+                .map(|q| CheckedQueue {
+                    name: q.name.clone(),
+                    concurrency: q.concurrency,
+                })
+                .collect(),
         });
     }
     Ok(CheckReport {

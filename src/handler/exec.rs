@@ -3,7 +3,17 @@
 //! Protocol: the payload JSON on stdin; `ICQ_COMMAND_ID`, `ICQ_COMMAND_TYPE`,
 //! `ICQ_ATTEMPT` (1-based), `ICQ_SOURCE`, `ICQ_USER_ID`, `ICQ_ROLES` (JSON array),
 //! `ICQ_TENANT_ID` and `ICQ_CORRELATION_ID` in the environment. Exit status 0 is success;
-//! anything else fails the attempt with the status and the tail of stderr.
+//! exit status 75 (`EX_TEMPFAIL`) snoozes the command (it runs again later without
+//! consuming an attempt): after the delay on the last line of stdout when it reads
+//! `snooze <seconds>` (a decimal number, 0 to [`MAX_SNOOZE`]), else after
+//! [`DEFAULT_SNOOZE`]; a `snooze` line with a negative, too long or unreadable delay fails
+//! the attempt saying why. Anything else fails the attempt with the status and the tail
+//! of stderr.
+//!
+//! When the execution is cancelled ([`Job::cancellation`]: an operator cancelled the
+//! command, its lease was lost, or the shutdown grace ran out) the process group gets
+//! SIGTERM; the processor drops the execution [`STOP_GRACE`](super::STOP_GRACE) later,
+//! which kills the group with SIGKILL as below.
 //!
 //! The program runs as the leader of its own process group, and nothing of that group
 //! outlives the attempt: the group is killed with SIGKILL past the timeout (then the
@@ -36,7 +46,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::{Handler, HandlerError, HandlerResult, Job};
+use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZE};
 
 /// Bytes of stderr kept for `LastError`.
 ///
@@ -52,7 +62,7 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 /// let noisy = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// let err = noisy.handle(job(serde_json::json!({}))).await.unwrap_err();
@@ -83,7 +93,7 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 /// handler.check_program().map_err(icq::Error::Usage)?;
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// handler.handle(job(serde_json::json!({ "order": 42 }))).await?;
@@ -155,7 +165,7 @@ impl ExecHandler {
 /// let handler = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// let started = Instant::now();
@@ -165,6 +175,71 @@ impl ExecHandler {
 /// # }
 /// ```
 pub const EXIT_DRAIN: Duration = Duration::from_millis(150);
+
+/// Bytes of stdout kept to read a snooze's `snooze <seconds>` line.
+const STDOUT_TAIL_BYTES: usize = 1024;
+
+/// The exit status that snoozes a command (`EX_TEMPFAIL` of sysexits.h).
+pub const EX_TEMPFAIL: i32 = 75;
+
+/// The snooze delay an exec program asked for: the last non-empty line of its stdout when
+/// that line reads `snooze <seconds>`, else [`DEFAULT_SNOOZE`]. A `snooze` line whose
+/// delay is negative, longer than [`MAX_SNOOZE`] or not a number is an error saying why.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use icq::handler::exec::snooze_delay;
+/// use icq::handler::DEFAULT_SNOOZE;
+///
+/// assert_eq!(snooze_delay("working...\nsnooze 30\n"), Ok(Duration::from_secs(30)));
+/// assert_eq!(snooze_delay("snooze 0.5"), Ok(Duration::from_millis(500)));
+/// assert_eq!(snooze_delay("busy, try later"), Ok(DEFAULT_SNOOZE));
+/// assert_eq!(snooze_delay(""), Ok(DEFAULT_SNOOZE));
+/// assert!(snooze_delay("snooze -5").unwrap_err().contains("negative"));
+/// assert!(snooze_delay("snooze 1e12").unwrap_err().contains("longer than"));
+/// assert!(snooze_delay("snooze soon").unwrap_err().contains("not a number"));
+/// ```
+pub fn snooze_delay(stdout: &str) -> Result<Duration, String> {
+    let Some(line) = stdout.lines().map(str::trim).rfind(|line| !line.is_empty()) else {
+        return Ok(DEFAULT_SNOOZE);
+    };
+    let mut words = line.split_whitespace();
+    if words.next() != Some("snooze") {
+        return Ok(DEFAULT_SNOOZE);
+    }
+    let (Some(seconds), None) = (words.next(), words.next()) else {
+        if line == "snooze" {
+            return Ok(DEFAULT_SNOOZE);
+        }
+        return Err(format!(
+            "`{}`: write `snooze <seconds>`",
+            crate::engine::bounded(line, 100)
+        ));
+    };
+    checked_snooze_seconds(seconds)
+}
+
+/// `seconds` (text) as a snooze delay: a non-negative number up to [`MAX_SNOOZE`].
+pub(crate) fn checked_snooze_seconds(seconds: &str) -> Result<Duration, String> {
+    let shown = crate::engine::bounded(seconds, 40);
+    let value: f64 = seconds
+        .parse()
+        .ok()
+        .filter(|v: &f64| !v.is_nan())
+        .ok_or_else(|| format!("snooze delay `{shown}` is not a number of seconds"))?;
+    if value < 0.0 {
+        return Err(format!("snooze delay `{shown}` is negative"));
+    }
+    if value > MAX_SNOOZE.as_secs_f64() {
+        return Err(format!(
+            "snooze delay `{shown}` s is longer than the most, {} s (30 days)",
+            MAX_SNOOZE.as_secs()
+        ));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
 
 /// The last `keep` bytes written to a stream.
 struct Tail {
@@ -412,6 +487,7 @@ impl Handler for ExecHandler {
             attempt,
             source,
             context: ctx,
+            cancellation,
         } = job;
         // Serialized once, and the value dropped before the program starts: what waits
         // for the program to read its stdin is the compact text alone, and it is dropped
@@ -455,6 +531,7 @@ impl Handler for ExecHandler {
             .await
             .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
         let mut running = Running::new(child);
+        let group = running.group;
         let child = &mut running.child;
         let stdin = child.stdin.take();
         let feed = async move {
@@ -470,6 +547,8 @@ impl Handler for ExecHandler {
         let mut stderr = child.stderr.take();
         let (mut out_buf, mut err_buf) = ([0u8; 8192], [0u8; 8192]);
         let mut tail = Tail::new(STDERR_TAIL_BYTES);
+        let mut out_tail = Tail::new(STDOUT_TAIL_BYTES);
+        let mut terminated = false;
         let deadline = self.timeout.map(|limit| started + limit);
         let mut status = None;
         let mut drained_by = None;
@@ -493,6 +572,17 @@ impl Handler for ExecHandler {
                 n = read_chunk(&mut stdout, &mut out_buf), if stdout.is_some() => {
                     if n == 0 {
                         stdout = None;
+                    } else {
+                        out_tail.push(&out_buf[..n]);
+                    }
+                }
+                () = cancellation.cancelled(), if !terminated && status.is_none() => {
+                    // Asked to stop: SIGTERM now; the processor drops this execution (and
+                    // so kills the group) if the program is still there after the grace.
+                    terminated = true;
+                    if let Some(group) = group {
+                        // The leader is unreaped (no status yet): the group id is ours.
+                        let _ = killpg(group, Signal::SIGTERM);
                     }
                 }
                 () = &mut feed, if !fed => fed = true,
@@ -537,6 +627,28 @@ impl Handler for ExecHandler {
         if status.success() {
             return Ok(());
         }
+        if terminated {
+            return Err(HandlerError::retry(with_stderr(
+                format!(
+                    "stopped: the execution was cancelled and its process group got SIGTERM; {}",
+                    describe_status(status)
+                ),
+                &tail.text(),
+            )));
+        }
+        if status.code() == Some(EX_TEMPFAIL) {
+            return Err(match snooze_delay(&out_tail.text()) {
+                Ok(delay) => {
+                    let mut snooze = HandlerError::snooze(delay);
+                    snooze.message = format!("exit status 75: {}", snooze.message);
+                    snooze
+                }
+                Err(why) => HandlerError::retry(with_stderr(
+                    format!("exit status 75 (snooze) with an unusable delay: {why}"),
+                    &tail.text(),
+                )),
+            });
+        }
         Err(HandlerError::retry(with_stderr(
             describe_status(status),
             &tail.text(),
@@ -559,6 +671,7 @@ mod tests {
             attempt: 1,
             source: Arc::from("s"),
             context: Context::default(),
+            cancellation: Default::default(),
         }
     }
 
@@ -583,6 +696,57 @@ mod tests {
             err.message.len() < STDERR_TAIL_BYTES + 100,
             "bounded: {}",
             err.message.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn exit_75_snoozes_after_the_last_stdout_line() {
+        let run = |script: &str| {
+            let handler =
+                ExecHandler::new(vec!["sh".into(), "-c".into(), script.into()], None).unwrap();
+            async move { handler.handle(job()).await.unwrap_err() }
+        };
+        let err = run("echo working; echo 'snooze 1'; exit 75").await;
+        assert_eq!(err.snooze, Some(Duration::from_secs(1)), "{err:?}");
+        let err = run("exit 75").await;
+        assert_eq!(err.snooze, Some(DEFAULT_SNOOZE), "{err:?}");
+        let err = run("echo 'snooze -1'; exit 75").await;
+        assert_eq!(err.snooze, None);
+        assert!(
+            err.message.starts_with(
+                "exit status 75 (snooze) with an unusable delay: snooze delay `-1` is negative"
+            ),
+            "{}",
+            err.message
+        );
+        // `snooze` on stdout without exit status 75 is an ordinary failure.
+        let err = run("echo 'snooze 1'; exit 1").await;
+        assert_eq!((err.snooze, err.message.as_str()), (None, "exit status 1"));
+    }
+
+    #[tokio::test]
+    async fn cancellation_sends_sigterm_to_the_group() {
+        let handler = ExecHandler::new(vec!["sleep".into(), "60".into()], None).unwrap();
+        let job = job();
+        let cancel = job.cancellation.clone();
+        let started = std::time::Instant::now();
+        let stopper = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            cancel.cancel();
+        });
+        let err = handler.handle(job).await.unwrap_err();
+        stopper.await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            err.message
+                .starts_with("stopped: the execution was cancelled")
+                && err.message.contains("signal 15"),
+            "{}",
+            err.message
         );
     }
 

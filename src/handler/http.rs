@@ -5,9 +5,12 @@
 //! `X-Icq-User-Id`, `X-Icq-Roles` (JSON array), `X-Icq-Tenant-Id` and
 //! `X-Icq-Correlation-Id`, every one on every request (empty when the command has no such
 //! context, or when its text holds a control character a header cannot carry). A 2xx
-//! status is success; any other status, a transport error
-//! or the timeout fails the attempt, with the status and a bounded excerpt of the body in
-//! `LastError`.
+//! status is success; 429 (Too Many Requests) and 503 (Service Unavailable) snooze the
+//! command (it runs again later without consuming an attempt) after the response's
+//! `Retry-After` (seconds or an HTTP date; [`DEFAULT_SNOOZE`] when absent; a negative,
+//! unreadable or longer than [`MAX_SNOOZE`] value fails the attempt saying why); any other
+//! status, a transport error or the timeout fails the attempt, with the status and a
+//! bounded excerpt of the body in `LastError`.
 //!
 //! Memory is bounded whatever the endpoint answers: a 2xx or 3xx body is never read, and
 //! of any other only the first [`BODY_EXCERPT_BYTES`] (plus one, to know it was longer)
@@ -29,7 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
-use super::{Handler, HandlerError, HandlerResult, Job};
+use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZE};
 
 /// Bytes of a failed response's body kept for `LastError`.
 ///
@@ -42,7 +45,7 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 /// use icq::Handler;
 ///
 /// let handler = HttpHandler::new("https://hooks.example.com/orders", &Default::default(), None)?;
-/// # let job = icq::Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "shop".into(), context: Default::default() };
+/// # let job = icq::Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "shop".into(), context: Default::default(), cancellation: Default::default() };
 /// if let Err(failed) = handler.handle(job).await {
 ///     // e.g. `HTTP 500 Internal Server Error: <the first 512 bytes of the body>`
 ///     assert!(failed.message.len() < BODY_EXCERPT_BYTES + 200);
@@ -240,6 +243,24 @@ impl Handler for HttpHandler {
                 status.as_u16()
             )));
         }
+        if matches!(status.as_u16(), 429 | 503) {
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            return Err(
+                match retry_after_delay(retry_after.as_deref(), chrono::Utc::now()) {
+                    Ok(delay) => {
+                        let mut snooze = HandlerError::snooze(delay);
+                        snooze.message = format!("HTTP {status}: {}", snooze.message);
+                        snooze
+                    }
+                    Err(why) => HandlerError::retry(format!(
+                        "HTTP {status} with an unusable Retry-After: {why}"
+                    )),
+                },
+            );
+        }
         let body = read_prefix(response, BODY_EXCERPT_BYTES + 1).await;
         let mut message = format!("HTTP {status}");
         let body = excerpt(&body);
@@ -249,6 +270,55 @@ impl Handler for HttpHandler {
         }
         Err(HandlerError::retry(message))
     }
+}
+
+/// The snooze a 429 or 503 response asks for: its `Retry-After` in seconds (a whole or
+/// decimal number) or as an HTTP date (a date already past is no delay), or
+/// [`DEFAULT_SNOOZE`] without one. A negative, unreadable or too long (beyond
+/// [`MAX_SNOOZE`]) value is an error saying why.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use chrono::TimeZone;
+/// use icq::handler::http::retry_after_delay;
+///
+/// let now = chrono::Utc.with_ymd_and_hms(2015, 10, 21, 7, 28, 0).unwrap();
+/// assert_eq!(retry_after_delay(Some("120"), now), Ok(Duration::from_secs(120)));
+/// let date = "Wed, 21 Oct 2015 07:29:30 GMT";
+/// assert_eq!(retry_after_delay(Some(date), now), Ok(Duration::from_secs(90)));
+/// assert_eq!(retry_after_delay(None, now), Ok(icq::handler::DEFAULT_SNOOZE));
+/// assert!(retry_after_delay(Some("-1"), now).is_err());
+/// assert!(retry_after_delay(Some("tomorrow"), now).is_err());
+/// ```
+pub fn retry_after_delay(
+    value: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<std::time::Duration, String> {
+    let Some(value) = value.map(str::trim) else {
+        return Ok(DEFAULT_SNOOZE);
+    };
+    let looks_numeric = value
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit() || matches!(c, '-' | '+' | '.'));
+    if looks_numeric {
+        return super::exec::checked_snooze_seconds(value);
+    }
+    let shown = crate::engine::bounded(value, 60);
+    let when = chrono::DateTime::parse_from_rfc2822(value)
+        .map_err(|_| format!("`{shown}` is neither a number of seconds nor an HTTP date"))?;
+    let delay = (when.with_timezone(&chrono::Utc) - now)
+        .to_std()
+        .unwrap_or_default();
+    if delay > MAX_SNOOZE {
+        return Err(format!(
+            "`{shown}` is more than {} s (30 days) away",
+            MAX_SNOOZE.as_secs()
+        ));
+    }
+    Ok(delay)
 }
 
 /// At most `limit` bytes from the start of `response`'s body, read chunk by chunk; the
@@ -290,6 +360,7 @@ mod tests {
             attempt: 1,
             source: Arc::from("s"),
             context: Context::default(),
+            cancellation: Default::default(),
         }
     }
 
@@ -477,6 +548,52 @@ mod tests {
                 .unwrap_err()
                 .message,
             "HTTP 500 Internal Server Error: database down\nretry later\\u{1b}[2J"
+        );
+    }
+
+    #[tokio::test]
+    async fn http_429_and_503_snooze_after_retry_after() {
+        let busy = Server::start("429 Too Many Requests", vec!["Retry-After: 1".into()], "").await;
+        let err = handler(&busy.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.snooze,
+            Some(std::time::Duration::from_secs(1)),
+            "{err:?}"
+        );
+        let down = Server::start("503 Service Unavailable", vec![], "").await;
+        let err = handler(&down.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(err.snooze, Some(DEFAULT_SNOOZE), "{err:?}");
+        let bad = Server::start("429 Too Many Requests", vec!["Retry-After: -3".into()], "").await;
+        let err = handler(&bad.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(err.snooze, None);
+        assert!(
+            err.message.contains("unusable Retry-After") && err.message.contains("negative"),
+            "{}",
+            err.message
+        );
+        let huge = Server::start(
+            "503 Service Unavailable",
+            vec!["Retry-After: 99999999999".into()],
+            "",
+        )
+        .await;
+        let err = handler(&huge.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert!(
+            err.snooze.is_none() && err.message.contains("longer than"),
+            "{}",
+            err.message
         );
     }
 

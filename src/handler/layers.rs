@@ -45,6 +45,7 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&[])).await?;
@@ -77,6 +78,7 @@ pub trait Layer {
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&["reports.run"])).await?;
@@ -151,6 +153,7 @@ impl Handler for Authorize {
 /// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
 /// #     attempt: 1, source: "shop".into(),
 /// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
+/// #     cancellation: Default::default(),
 /// # };
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// let err = handler.handle(job(&[])).await.unwrap_err();
@@ -233,10 +236,17 @@ impl Handler for Trace {
             correlation_id = job.context.correlation_id.as_deref().unwrap_or(""),
         );
         let started = std::time::Instant::now();
+        let cancellation = job.cancellation.clone();
         let result = self.inner.handle(job).instrument(span.clone()).await;
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         span.in_scope(|| match &result {
             Ok(()) => tracing::debug!(elapsed_ms, "command succeeded"),
+            // Asked to stop (an operator's cancel, a lost lease, the end of the shutdown
+            // grace): the processor says why, once.
+            Err(err) if cancellation.is_cancelled() => {
+                tracing::debug!(elapsed_ms, error = %err.message, "command stopped after its cancellation")
+            }
+            Err(err) if err.snooze.is_some() => tracing::debug!(elapsed_ms, snooze = %err.message, "command snoozed"),
             Err(err) => tracing::warn!(elapsed_ms, error = %err.message, terminal = err.terminal, "command failed"),
         });
         result

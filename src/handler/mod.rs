@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::command::{CommandId, CommandType, Context};
 
 pub use layers::{AuthorizeLayer, Layer, TimeoutLayer, TraceLayer};
@@ -42,6 +44,7 @@ pub use layers::{AuthorizeLayer, Layer, TimeoutLayer, TraceLayer};
 ///     attempt: 1,
 ///     source: "shop".into(),
 ///     context: Context::default(),
+///     cancellation: Default::default(),
 /// };
 /// assert_eq!(Noop.handle(job).await, Ok(()));
 /// # Ok(())
@@ -61,7 +64,69 @@ pub struct Job {
     pub source: Arc<str>,
     /// The captured scheduling context.
     pub context: Context,
+    /// Fires when this execution must stop: an operator cancelled the command (`icq
+    /// cancel` on a running row), its lease was lost, or the shutdown grace ran out.
+    /// After it fires the handler has [`STOP_GRACE`] to return (whatever it returns then
+    /// is stamped when the lease is still held, and dropped otherwise); then its future
+    /// is dropped. A long handler can watch it:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use icq::{HandlerError, HandlerResult, Job};
+    ///
+    /// async fn export(job: Job) -> HandlerResult {
+    ///     for _chunk in 0..1_000 {
+    ///         if job.cancellation.is_cancelled() {
+    ///             return Err(HandlerError::retry("stopped between chunks"));
+    ///         }
+    ///         tokio::select! {
+    ///             _ = job.cancellation.cancelled() => return Err(HandlerError::retry("stopped")),
+    ///             _ = tokio::time::sleep(Duration::from_millis(1)) => {} // one chunk of work
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// }
+    /// # let job = Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "s".into(), context: Default::default(), cancellation: Default::default() };
+    /// job.cancellation.cancel(); // what the processor does on `icq cancel`
+    /// assert!(export(job).await.is_err());
+    /// # }
+    /// ```
+    pub cancellation: CancellationToken,
 }
+
+/// How long a handler has to return once its [`Job::cancellation`] fired (an exec
+/// handler's process group gets SIGTERM then, and SIGKILL when this runs out) before the
+/// processor drops it.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(icq::handler::STOP_GRACE, std::time::Duration::from_secs(2));
+/// ```
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The delay of a snooze that names none (exec exit code 75 without a `snooze <seconds>`
+/// line, http 429/503 without `Retry-After`): 10 s, the default
+/// `retry_backoff_base_seconds`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(icq::handler::DEFAULT_SNOOZE, std::time::Duration::from_secs(10));
+/// ```
+pub const DEFAULT_SNOOZE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest snooze: 30 days. A longer one (or a negative or unreadable one) fails the
+/// attempt like an error, with the reason in `LastError`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(icq::handler::MAX_SNOOZE.as_secs(), 30 * 86_400);
+/// ```
+pub const MAX_SNOOZE: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 tokio::task_local! {
     static CURRENT_CONTEXT: Context;
@@ -143,6 +208,9 @@ pub struct HandlerError {
     pub message: String,
     /// Terminal errors dead-letter at once; others consume an attempt and retry.
     pub terminal: bool,
+    /// Set by [`HandlerError::snooze`]: run again after this delay without consuming an
+    /// attempt (`LastError` is left as it was).
+    pub snooze: Option<std::time::Duration>,
 }
 
 impl HandlerError {
@@ -159,6 +227,7 @@ impl HandlerError {
         HandlerError {
             message: message.into(),
             terminal: false,
+            snooze: None,
         }
     }
 
@@ -174,6 +243,38 @@ impl HandlerError {
         HandlerError {
             message: message.into(),
             terminal: true,
+            snooze: None,
+        }
+    }
+
+    /// Not now: run the command again after `delay`, without consuming an attempt
+    /// (SPEC §8 snooze; `LastError` is kept). A command snoozes at most `max_snoozes`
+    /// times (default 1000), then is dead-lettered saying so; a delay longer than
+    /// [`MAX_SNOOZE`] fails the attempt instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use icq::{HandlerError, HandlerResult, Job};
+    ///
+    /// async fn sync_inventory(job: Job) -> HandlerResult {
+    ///     let busy = job.payload["warehouse_busy"].as_bool().unwrap_or(false);
+    ///     if busy {
+    ///         // Not a failure: come back in a minute, with the attempt given back.
+    ///         return Err(HandlerError::snooze(Duration::from_secs(60)));
+    ///     }
+    ///     Ok(())
+    /// }
+    /// let err = HandlerError::snooze(Duration::from_secs(60));
+    /// assert_eq!(err.snooze, Some(Duration::from_secs(60)));
+    /// assert!(!err.terminal);
+    /// ```
+    pub fn snooze(delay: std::time::Duration) -> HandlerError {
+        HandlerError {
+            message: format!("snoozed for {:.3}s", delay.as_secs_f64()),
+            terminal: false,
+            snooze: Some(delay),
         }
     }
 }
@@ -227,7 +328,7 @@ pub type HandlerResult = Result<(), HandlerError>;
 /// Registry::new().insert("email.send", mailer.clone())?;
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// mailer.handle(job(serde_json::json!({ "to": "a@example.com" }))).await?;
@@ -256,7 +357,7 @@ pub trait Handler: Send + Sync + 'static {
 /// registry.insert("smoke.test", Arc::new(Noop))?;
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// assert_eq!(Noop.handle(job(serde_json::json!(null))).await, Ok(()));
@@ -302,7 +403,7 @@ impl Handler for Noop {
 /// let handler = registry.get(SendReceipt::TYPE).unwrap();
 /// # let job = |payload: serde_json::Value| icq::Job {
 /// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(),
+/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
 /// # };
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// handler.handle(job(serde_json::json!({ "order_id": 42 }))).await?;

@@ -217,13 +217,14 @@ pub(crate) fn settled(leases: &Leases, outbox: &Outbox, batch: &[SetState]) {
 /// Updates the counters for a stamped batch. Stale stamps are rare; when some rows were
 /// not stamped they are taken from the completions first for the counters.
 pub(crate) fn count(source: &str, stats: &Stats, batch: &[SetState], stamped: u64) {
-    let (mut completed, mut retried, mut dead) = (0u64, 0u64, 0u64);
+    let (mut completed, mut retried, mut dead, mut snoozed) = (0u64, 0u64, 0u64, 0u64);
     for change in batch {
         match change.change {
             StateChange::Completed => completed += 1,
             StateChange::Retry { .. } => retried += 1,
             StateChange::Dead { .. } => dead += 1,
-            StateChange::Release { .. } | StateChange::Snooze { .. } => {}
+            StateChange::Snooze { .. } => snoozed += 1,
+            StateChange::Release { .. } => {}
         }
     }
     let mut stale = (batch.len() as u64).saturating_sub(stamped);
@@ -234,7 +235,7 @@ pub(crate) fn count(source: &str, stats: &Stats, batch: &[SetState], stamped: u6
             stale,
             "dropped stale outcomes: their leases had passed to another claim"
         );
-        for counter in [&mut completed, &mut retried, &mut dead] {
+        for counter in [&mut completed, &mut retried, &mut dead, &mut snoozed] {
             let taken = stale.min(*counter);
             *counter -= taken;
             stale -= taken;
@@ -243,4 +244,5 @@ pub(crate) fn count(source: &str, stats: &Stats, batch: &[SetState], stamped: u6
     stats.succeeded(completed);
     stats.failed(retried);
     stats.dead_lettered(dead);
+    stats.snoozed(snoozed);
 }

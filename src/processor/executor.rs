@@ -1,12 +1,22 @@
 //! The executor: runs claimed rows, one at a time per execution slot, and turns each
 //! into exactly one stamp for the completer.
 //!
-//! The executor owns the handler's future: cancelling an execution (its lease was lost
-//! or is about to lapse, or the shutdown grace ran out) drops that future, which kills an
-//! exec handler's whole process group, so no handler keeps running once its lease can
-//! pass to another worker. A row that cannot run — undecodable columns, no handler, past
+//! The executor owns the handler's future. Asked to stop (an operator cancelled the row,
+//! its lease was lost, the shutdown grace ran out), it fires the job's
+//! [`cancellation`](crate::Job::cancellation) (an exec handler's process group gets
+//! SIGTERM) and gives the handler [`STOP_GRACE`] to return; killed (its lease is about to
+//! lapse, a hard stop) or past that grace, it drops the future, which kills an exec
+//! handler's whole process group, so no handler keeps running once its lease can pass to
+//! another worker. A stopped execution is released with its attempt given back, unless
+//! its lease is gone, when nothing is stamped (the token guard would drop it) and it is
+//! counted as cancelled. A row that cannot run — undecodable columns, no handler, past
 //! `max_attempts` — is dead-lettered on its own without running anything; a panic, an
 //! error and a timeout each consume one attempt.
+//!
+//! A snooze ([`HandlerError::snooze`], exec exit 75, http 429/503) is stamped as
+//! [`StateChange::Snooze`]: the attempt is given back and `LastError` kept. The snooze
+//! that would take a row past `max_snoozes` dead-letters it instead, and a delay longer
+//! than [`MAX_SNOOZE`] fails the attempt like an error, saying why.
 //!
 //! `Attempts` written by another program is taken at its word only when it is a count:
 //! NULL, a value outside `i32` (decoding defects) and a negative count are dead-lettered
@@ -24,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Buffered, Shared, retry};
 use crate::engine::{SetState, StateChange};
-use crate::handler::{HandlerError, Job, with_context};
+use crate::handler::{HandlerError, Job, MAX_SNOOZE, STOP_GRACE, with_context};
 
 /// One execution slot: takes buffered rows until `stop` is cancelled, then returns.
 pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
@@ -44,7 +54,14 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             .buffered_bytes
             .fetch_sub(item.claimed.payload_bytes, Ordering::AcqRel);
         let change = execute(&shared, item).await;
-        shared.outbox.push(change).await;
+        if shared.leases.is_lost(&change.lease) {
+            // Cancelled by an operator (or taken by another claim): the token guard would
+            // drop any stamp, so none is sent; counted, and logged once by the lease check.
+            shared.leases.forget(std::iter::once(&change.lease));
+            shared.source.stats.cancelled(1);
+        } else {
+            shared.outbox.push(change).await;
+        }
         shared.finished.fetch_add(1, Ordering::Relaxed);
         shared.active.fetch_sub(1, Ordering::AcqRel);
         shared.space.notify_one();
@@ -53,7 +70,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// Runs one buffered row and says what to stamp.
 pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
-    let Buffered { claimed, cancel } = item;
+    let Buffered { claimed, stopper } = item;
     let mut row = claimed.row;
     let payload = std::mem::take(&mut row.payload);
     let not_due_for = claimed.not_due_for;
@@ -63,7 +80,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         lease,
         change: StateChange::Release { run_in: None },
     };
-    if cancel.is_cancelled() {
+    if stopper.is_stopped() {
         return release(lease);
     }
     // The claim counts an attempt only on a count in 0..i32::MAX-1, so a negative count
@@ -139,6 +156,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
             },
         };
     }
+    let cancellation = CancellationToken::new();
     let job = Job {
         id: row.id.clone(),
         type_name: row.type_name.clone(),
@@ -146,6 +164,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         attempt: attempts,
         source: shared.source.name.clone(),
         context: row.context(),
+        cancellation: cancellation.clone(),
     };
     let context = job.context.clone();
     let id_text = row.id.to_string();
@@ -159,27 +178,85 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     };
     let span = crate::otel::execution_span(&execution);
     let started = Instant::now();
-    let running = tracing::Instrument::instrument(
-        AssertUnwindSafe(crate::otel::in_execution(
-            &span,
-            with_context(context, handler.handle(job)),
-        ))
-        .catch_unwind(),
-        span.clone(),
-    );
-    let result = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => {
-            tracing::warn!(source = %shared.source.name, id = %row.id, "execution stopped: its lease could not be kept or the shutdown grace ran out");
+    shared.leases.set_running(&lease, true);
+    // The execution (and its borrow of the span) ends with this block.
+    let outcome = {
+        let running = tracing::Instrument::instrument(
+            AssertUnwindSafe(crate::otel::in_execution(
+                &span,
+                with_context(context, handler.handle(job)),
+            ))
+            .catch_unwind(),
+            span.clone(),
+        );
+        tokio::pin!(running);
+        // Asked to stop, the handler sees its cancellation fire and has STOP_GRACE to return;
+        // killed (a lapsing lease, a hard stop), it is dropped at once.
+        tokio::select! {
+            biased;
+            _ = stopper.kill.cancelled() => None,
+            _ = stopper.stop.cancelled() => {
+                cancellation.cancel();
+                tokio::select! {
+                    biased;
+                    _ = stopper.kill.cancelled() => None,
+                    outcome = &mut running => Some(outcome),
+                    _ = tokio::time::sleep(STOP_GRACE) => None,
+                }
+            }
+            outcome = &mut running => Some(outcome),
+        }
+    };
+    shared.leases.set_running(&lease, false);
+    // What a handler returns after it was asked to stop is a success, or the stop: a
+    // stopped command is released with its attempt given back, as when it is dropped.
+    let outcome = match outcome {
+        Some(Ok(Err(_))) if stopper.stop.is_cancelled() => None,
+        other => other,
+    };
+    let result = match outcome {
+        None => {
+            if !shared.leases.is_lost(&lease) {
+                tracing::warn!(source = %shared.source.name, id = %row.id, "execution stopped: its lease could not be kept or the shutdown grace ran out");
+            }
             return release(lease);
         }
-        result = running => match result {
-            Ok(result) => result,
-            Err(panic) => Err(HandlerError::retry(format!(
-                "handler panicked: {}",
-                panic_message(panic)
-            ))),
-        },
+        Some(Ok(result)) => result,
+        Some(Err(panic)) => Err(HandlerError::retry(format!(
+            "handler panicked: {}",
+            panic_message(panic)
+        ))),
+    };
+    // A snooze is checked first: a bad delay is an ordinary failure, and one snooze too
+    // many dead-letters the row.
+    let result = match result {
+        Err(err) if err.snooze.is_some() && !err.terminal => {
+            match snooze_decision(
+                err.snooze.unwrap_or_default(),
+                row.snoozes,
+                settings.max_snoozes,
+            ) {
+                Snoozing::Snooze(delay) => {
+                    return SetState {
+                        lease,
+                        change: StateChange::Snooze { delay },
+                    };
+                }
+                Snoozing::TooOften(error) => {
+                    shared.source.stats.execution(
+                        &row.type_name,
+                        "terminal",
+                        started.elapsed().as_secs_f64(),
+                    );
+                    return SetState {
+                        change: dead(error),
+                        lease,
+                    };
+                }
+                Snoozing::BadDelay(error) => Err(HandlerError::retry(error)),
+            }
+        }
+        other => other,
     };
     let label = match &result {
         Ok(()) => "succeeded",
@@ -218,6 +295,41 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     SetState { lease, change }
 }
 
+/// What a handler's snooze becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Snoozing {
+    /// Run again after this delay, the attempt given back.
+    Snooze(std::time::Duration),
+    /// Snoozed `max_snoozes` times already: dead-letter it with this reason.
+    TooOften(String),
+    /// The delay is out of range: fail the attempt with this reason.
+    BadDelay(String),
+}
+
+/// Decides a snooze of `delay` for a row that has snoozed `snoozes` times already.
+pub(crate) fn snooze_decision(
+    delay: std::time::Duration,
+    snoozes: i32,
+    max_snoozes: u32,
+) -> Snoozing {
+    if delay > MAX_SNOOZE {
+        return Snoozing::BadDelay(format!(
+            "the handler asked to snooze for {:.0} s, longer than the most, {} s (30 days); \
+             failed as an error instead",
+            delay.as_secs_f64(),
+            MAX_SNOOZE.as_secs()
+        ));
+    }
+    let snoozes = u64::try_from(snoozes).unwrap_or(0);
+    if snoozes + 1 > u64::from(max_snoozes) {
+        return Snoozing::TooOften(format!(
+            "gave up: the command snoozed {snoozes} times, the most max_snoozes ({max_snoozes}) \
+             allows, and asked to snooze again"
+        ));
+    }
+    Snoozing::Snooze(delay)
+}
+
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
@@ -225,5 +337,37 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "(non-string panic payload)".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn snoozes_are_bounded_and_bad_delays_fail() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(snooze_decision(minute, 0, 1000), Snoozing::Snooze(minute));
+        assert_eq!(snooze_decision(minute, 999, 1000), Snoozing::Snooze(minute));
+        let Snoozing::TooOften(why) = snooze_decision(minute, 1000, 1000) else {
+            panic!("the 1001st snooze was allowed");
+        };
+        assert!(why.contains("snoozed 1000 times"), "{why}");
+        assert!(matches!(
+            snooze_decision(minute, 0, 0),
+            Snoozing::TooOften(_)
+        ));
+        // A foreign row with a negative count is taken as none.
+        assert_eq!(snooze_decision(minute, -5, 1), Snoozing::Snooze(minute));
+        let Snoozing::BadDelay(why) = snooze_decision(MAX_SNOOZE + Duration::from_secs(1), 0, 1000)
+        else {
+            panic!("a 30-day-plus snooze was allowed");
+        };
+        assert!(why.contains("longer than"), "{why}");
+        assert_eq!(
+            snooze_decision(MAX_SNOOZE, 0, 1000),
+            Snoozing::Snooze(MAX_SNOOZE)
+        );
     }
 }

@@ -4,10 +4,16 @@
 //! while buffered, while its handler runs, and while its stamp waits in the completer.
 //! The renewer extends all of them every `lease_seconds / 3` in one token-guarded
 //! statement, so a command whose worker is alive is never claimed by another. A lease
-//! that could not be extended is either lost (another claim holds the row now) or about
-//! to lapse (the database is unreachable): either way the execution is cancelled before
+//! about to lapse (the database is unreachable) has its execution killed at once, before
 //! the lease can expire, so two executions of one command never overlap — unless a
 //! process dies, when the lease lapses and the row runs again (at-least-once).
+//!
+//! A lease that is gone — an operator cancelled the row (`icq cancel`), or another claim
+//! holds it — is found by the renewal or, for running handlers, by the check every
+//! [`CHECK_EVERY`] (at once on PostgreSQL's cancel notification): the execution is asked
+//! to stop (its job's cancellation fires, an exec handler's group gets SIGTERM, and it is
+//! killed after the stop grace; at once when another claim holds the row), nothing is
+//! stamped for it, and the reason is logged once ("cancelled by operator").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,16 +24,41 @@ use tokio_util::sync::CancellationToken;
 
 use super::health;
 use crate::command::CommandId;
-use crate::engine::{Backend, Lease, LeaseExtendManyParams};
+use crate::engine::{Backend, Lease, LeaseCheckManyParams, LeaseExtendManyParams};
 
 /// One held lease.
 struct Held {
     lease: Lease,
-    /// Cancelled when the lease is lost or about to lapse, or at the end of the grace.
-    cancel: CancellationToken,
+    /// What stops its execution.
+    stopper: Stopper,
     /// When the lease lapses at the latest, by this process's clock: measured from
     /// before the statement that took or extended it was sent.
     expires: Instant,
+    /// Its handler is running (not buffered, not finished).
+    running: bool,
+    /// The lease is gone (an operator cancelled the row, or another claim holds it): no
+    /// stamp of this execution can land, so none is sent.
+    lost: bool,
+}
+
+/// The two ways an execution is stopped.
+#[derive(Clone, Default)]
+pub(crate) struct Stopper {
+    /// Asks the handler to stop: its [`crate::Job::cancellation`] fires (an exec
+    /// handler's group gets SIGTERM) and it has [`crate::handler::STOP_GRACE`] to return
+    /// before it is dropped. An operator's cancel, a lost lease, the end of the shutdown
+    /// grace.
+    pub(crate) stop: CancellationToken,
+    /// Drops the handler at once (an exec handler's group is killed with SIGKILL): a
+    /// lease about to lapse, a hard stop.
+    pub(crate) kill: CancellationToken,
+}
+
+impl Stopper {
+    /// Either was asked for.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled() || self.kill.is_cancelled()
+    }
 }
 
 /// The leases held by one source's processor.
@@ -43,18 +74,38 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers a freshly claimed lease; returns the token that cancels its execution.
-    pub(crate) fn hold(&self, lease: &Lease, expires: Instant) -> CancellationToken {
-        let cancel = CancellationToken::new();
+    /// Registers a freshly claimed lease; returns what stops its execution.
+    pub(crate) fn hold(&self, lease: &Lease, expires: Instant) -> Stopper {
+        let stopper = Stopper::default();
         self.lock().insert(
             lease.id.clone(),
             Held {
                 lease: lease.clone(),
-                cancel: cancel.clone(),
+                stopper: stopper.clone(),
                 expires,
+                running: false,
+                lost: false,
             },
         );
-        cancel
+        stopper
+    }
+
+    /// Marks the handler of `lease` as running (`true`) or done (`false`): only running
+    /// handlers are checked for operators' cancels.
+    pub(crate) fn set_running(&self, lease: &Lease, running: bool) {
+        if let Some(held) = self.lock().get_mut(&lease.id)
+            && held.lease.token == lease.token
+        {
+            held.running = running;
+        }
+    }
+
+    /// True when `lease` is known to be gone (cancelled by an operator, or taken by
+    /// another claim): a stamp for it would be dropped by the token guard.
+    pub(crate) fn is_lost(&self, lease: &Lease) -> bool {
+        self.lock()
+            .get(&lease.id)
+            .is_some_and(|held| held.lease.token == lease.token && held.lost)
     }
 
     /// Forgets leases whose outcome was stamped (or given up on).
@@ -75,10 +126,27 @@ impl Leases {
         self.lock().len()
     }
 
-    /// Cancels every execution (the end of the shutdown grace).
-    pub(crate) fn cancel_all(&self) {
+    /// Asks every execution to stop (the end of the shutdown grace): each handler's
+    /// cancellation fires and it has the stop grace to return.
+    pub(crate) fn stop_all(&self) {
         for held in self.lock().values() {
-            held.cancel.cancel();
+            held.stopper.stop.cancel();
+        }
+    }
+
+    /// Stops the execution of `lease` at once.
+    fn kill(&self, lease: &Lease) {
+        if let Some(held) = self.lock().get(&lease.id)
+            && held.lease.token == lease.token
+        {
+            held.stopper.kill.cancel();
+        }
+    }
+
+    /// Stops every execution at once (a hard stop).
+    pub(crate) fn kill_all(&self) {
+        for held in self.lock().values() {
+            held.stopper.kill.cancel();
         }
     }
 
@@ -86,38 +154,181 @@ impl Leases {
         self.lock().values().map(|h| h.lease.clone()).collect()
     }
 
-    /// Records the outcome of one renewal round started at `started`.
-    fn renewed(&self, asked: &[Lease], kept: &[Lease], started: Instant, lease: Duration) {
-        let kept: std::collections::HashSet<&Lease> = kept.iter().collect();
-        let mut held = self.lock();
-        for lease_asked in asked {
-            let Some(entry) = held.get_mut(&lease_asked.id) else {
-                continue; // stamped meanwhile
-            };
-            if entry.lease.token != lease_asked.token {
-                continue;
-            }
-            if kept.contains(lease_asked) {
-                entry.expires = started + lease;
-            } else {
-                // Another claim holds the row (or it was stamped in between, in which case
-                // cancelling a finished execution does nothing).
-                entry.cancel.cancel();
-            }
-        }
+    /// The leases of running handlers.
+    fn running(&self) -> Vec<Lease> {
+        self.lock()
+            .values()
+            .filter(|h| h.running && !h.lost)
+            .map(|h| h.lease.clone())
+            .collect()
     }
 
-    /// Cancels executions whose lease would lapse within `margin`.
+    /// Marks the leases of `asked` missing from `kept` as lost and asks their executions
+    /// to stop; returns the ones newly lost whose handler was running (`only_running`) or
+    /// all of them.
+    fn lose_missing(&self, asked: &[Lease], kept: &[Lease], only_running: bool) -> Vec<Lease> {
+        let kept: std::collections::HashSet<&Lease> = kept.iter().collect();
+        let mut held = self.lock();
+        let mut lost = Vec::new();
+        for asked in asked {
+            if kept.contains(asked) {
+                continue;
+            }
+            let Some(entry) = held.get_mut(&asked.id) else {
+                continue; // stamped meanwhile
+            };
+            if entry.lease.token != asked.token || entry.lost {
+                continue;
+            }
+            if only_running && !entry.running {
+                // Finished meanwhile: its stamp (not the operator) ended the lease.
+                continue;
+            }
+            entry.lost = true;
+            entry.stopper.stop.cancel();
+            lost.push(asked.clone());
+        }
+        lost
+    }
+
+    /// Records the outcome of one renewal round started at `started`; returns the leases
+    /// newly found lost.
+    fn renewed(
+        &self,
+        asked: &[Lease],
+        kept: &[Lease],
+        started: Instant,
+        lease: Duration,
+    ) -> Vec<Lease> {
+        {
+            let keep: std::collections::HashSet<&Lease> = kept.iter().collect();
+            let mut held = self.lock();
+            for lease_asked in asked.iter().filter(|l| keep.contains(l)) {
+                if let Some(entry) = held.get_mut(&lease_asked.id)
+                    && entry.lease.token == lease_asked.token
+                {
+                    entry.expires = started + lease;
+                }
+            }
+        }
+        // Another claim holds the others, or an operator cancelled them (or they were
+        // stamped in between, in which case stopping a finished execution does nothing).
+        self.lose_missing(asked, kept, false)
+    }
+
+    /// Kills executions whose lease would lapse within `margin`.
     fn cancel_lapsing(&self, margin: Duration) -> usize {
         let now = Instant::now();
         let mut cancelled = 0;
         for held in self.lock().values() {
-            if held.expires <= now + margin && !held.cancel.is_cancelled() {
-                held.cancel.cancel();
+            if held.expires <= now + margin && !held.stopper.kill.is_cancelled() {
+                held.stopper.kill.cancel();
                 cancelled += 1;
             }
         }
         cancelled
+    }
+}
+
+/// How often the leases of running handlers are checked for operators' cancels (and at
+/// once on a PostgreSQL cancel notification).
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Checks the leases of running handlers every [`CHECK_EVERY`], and at once when
+/// `cancelled` is signalled (a PostgreSQL `icq_cancel_<table>` notification), with one
+/// read ([`crate::engine::QueueOps::lease_check_many`]); the handlers whose lease is gone
+/// are asked to stop, and each is logged once: "cancelled by operator" when the row was
+/// dead-lettered, else as a lease lost to another claim.
+pub(crate) async fn check_loop(
+    source: Arc<str>,
+    backend: Arc<dyn Backend>,
+    leases: Arc<Leases>,
+    lease: Duration,
+    cancelled: Arc<tokio::sync::Notify>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(CHECK_EVERY) => {}
+            _ = cancelled.notified() => {}
+            _ = stop.cancelled() => return,
+        }
+        let asked = leases.running();
+        if asked.is_empty() {
+            continue;
+        }
+        for chunk in asked.chunks(EXTEND_CHUNK) {
+            let params = LeaseCheckManyParams {
+                leases: chunk.to_vec(),
+            };
+            let checking = health::deadline(
+                health::call_deadline(lease),
+                "checking leases",
+                backend.lease_check_many(&params),
+            );
+            let kept = tokio::select! {
+                kept = checking => kept,
+                _ = stop.cancelled() => return,
+            };
+            let kept = match kept {
+                Ok(kept) => kept,
+                Err(err) => {
+                    // The renewal notices real trouble; this is only the fast path.
+                    tracing::debug!(source = %source, error = %err, "cannot check leases");
+                    break;
+                }
+            };
+            let lost = leases.lose_missing(chunk, &kept, true);
+            explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
+        }
+    }
+}
+
+/// The most lost leases explained one by one in a round; the rest are counted.
+const EXPLAINED: usize = 5;
+
+/// Logs why each lease in `lost` is gone (the first [`EXPLAINED`]; then a count).
+async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &[Lease]) {
+    for lease in lost.iter().take(EXPLAINED) {
+        explain_lost(source, backend, leases, lease).await;
+    }
+    if lost.len() > EXPLAINED {
+        tracing::warn!(
+            source,
+            more = lost.len() - EXPLAINED,
+            "more leases were lost (cancelled by an operator or taken by another claim); their executions were stopped"
+        );
+    }
+}
+
+/// Logs, once, why a running command's lease is gone. A row still pending under another
+/// claim's token runs elsewhere now: its execution here is killed at once rather than
+/// given the stop grace.
+async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
+    let params = crate::engine::CommandGetParams { id: &lost.id };
+    // Bounded like every processor call: a hung read must not hold up the renewals.
+    let limit = health::call_deadline(Duration::from_secs(10));
+    let reading = health::deadline(
+        limit,
+        "reading a lost lease's row",
+        backend.command_get(&params),
+    );
+    match reading.await {
+        Ok(Some(row)) if row.dead_lettered_at.is_some() => {
+            let reason = row.last_error.as_deref().unwrap_or("");
+            tracing::info!(source, id = %lost.id, reason = %crate::engine::bounded(reason, 200).escape_debug(), "cancelled by operator: stopping its handler");
+        }
+        Ok(Some(row)) if row.processed_at.is_some() => {}
+        Ok(None) => {
+            tracing::info!(source, id = %lost.id, "the running command was deleted: stopping its handler");
+        }
+        Ok(Some(_)) => {
+            leases.kill(lost);
+            tracing::warn!(source, id = %lost.id, "the running command's lease passed to another claim: stopping its handler");
+        }
+        Err(err) => {
+            tracing::warn!(source, id = %lost.id, error = %err, "the running command's lease is gone (cancelled by an operator or taken by another claim): stopping its handler");
+        }
     }
 }
 
@@ -186,7 +397,8 @@ pub(crate) async fn renew_loop(
                         if kept.len() < chunk.len() {
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
                         }
-                        leases.renewed(chunk, &kept, started, lease);
+                        let lost = leases.renewed(chunk, &kept, started, lease);
+                        explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
                     }
                     Err(err) => {
                         tracing::warn!(source = %source, error = %err, "could not extend leases; retrying");

@@ -5,17 +5,30 @@
 //! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
-//!   cannot be kept;
-//! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert notifications.
+//!   cannot be kept, and checks the leases of running handlers every second (at once on a
+//!   PostgreSQL cancel notification) to stop the ones an operator cancelled;
+//! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert and cancel
+//!   notifications.
+//!
+//! Queues (SPEC §8): a source whose settings list `queues` gets one *lane* per queue — a
+//! producer and its own execution slots (the queue's `concurrency`), claiming only that
+//! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
+//! lease renewer and check, and the sweeper stay one per source. A slow queue therefore
+//! holds only its own slots. A source that lists none has one lane claiming every queue
+//! with `concurrency` slots, exactly as before queues existed. With `until_idle` the
+//! source stops when every lane is idle. Listing queues needs a version-2 table: `run`
+//! refuses to start on version 1 and names the upgrade.
 //!
 //! Guarantees: a row runs only under a live lease, and a live worker keeps its leases, so
 //! a command runs twice only when a process dies; every stamp is guarded by the lease
-//! token; a failure, a panic and a timeout each consume one attempt; a row that cannot be
-//! decoded, has no handler or is past `max_attempts` is dead-lettered on its own without
-//! running. On shutdown the producer stops claiming, buffered rows are released at once
-//! (their attempt given back), in-flight commands get the grace period, then are stopped
-//! (an exec handler's process group killed) and released; every outcome is stamped before
-//! `run` returns.
+//! token; a failure, a panic and a timeout each consume one attempt, a snooze none; a row
+//! that cannot be decoded, has no handler or is past `max_attempts` is dead-lettered on
+//! its own without running. On shutdown the producer stops claiming, buffered rows are
+//! released at once (their attempt given back), in-flight commands get the grace period,
+//! then are asked to stop (their [`Job::cancellation`](crate::Job::cancellation) fires, an
+//! exec handler's process group gets SIGTERM) and after
+//! [`STOP_GRACE`](crate::handler::STOP_GRACE) are dropped (the group killed) and released;
+//! every outcome is stamped before `run` returns.
 
 mod completer;
 mod executor;
@@ -251,6 +264,21 @@ impl Processor {
                 Error::Usage(format!("source `{}`: settings: {problem}", source.name))
             })?;
         }
+        for source in &self.sources {
+            if !source.settings.queues.is_empty() {
+                let version = source.backend.schema_version().await?;
+                if version < 2 {
+                    return Err(Error::Usage(format!(
+                        "source `{}` lists `queues:`, but table {} is schema version \
+                         {version}; queues, priorities and unique keys need version 2: add the \
+                         upgrade with `icq migrate add` (it writes <version>_icq_schema_v2.sql) \
+                         and apply it with `icq migrate run`",
+                        source.name,
+                        source.backend.table()
+                    )));
+                }
+            }
+        }
         let mut tasks = JoinSet::new();
         for source in &self.sources {
             let worker = SourceWorker {
@@ -284,12 +312,27 @@ impl Processor {
 /// A claimed row waiting in the buffer for an execution slot.
 pub(crate) struct Buffered {
     claimed: ClaimedRow,
-    /// Cancelled when its lease is lost or about to lapse, or the grace ran out.
-    cancel: CancellationToken,
+    /// Stops it when its lease is lost or about to lapse, or the grace ran out.
+    stopper: lease::Stopper,
 }
 
-/// State the roles of one source share.
+/// One set of execution slots and the producer that fills them: the whole source (every
+/// queue, `concurrency` slots) or one of the queues a worker lists (its own slots).
+pub(crate) struct Lane {
+    /// The queue, for messages; `None` for every queue.
+    pub(crate) name: Option<Arc<str>>,
+    /// Its execution slots.
+    pub(crate) concurrency: usize,
+    /// What its claims ask for (`ClaimParams::queues`).
+    pub(crate) queues: Option<Arc<[String]>>,
+    /// Its claims in flight at most.
+    pub(crate) claims_in_flight: usize,
+}
+
+/// State the roles of one lane share (the leases, the outbox and the completer belong to
+/// the source and are shared by its lanes).
 pub(crate) struct Shared {
+    lane: Lane,
     source: SourceHandle,
     registry: Arc<Registry>,
     leases: Arc<lease::Leases>,
@@ -325,17 +368,25 @@ impl SourceWorker {
         let src = &self.source;
         let settings = &src.settings;
         // Subscribing opens a connection of its own; claiming need not wait for it.
+        let cancelled = Arc::new(Notify::new());
         let listening = tokio::spawn({
             let src = src.clone();
-            async move { waker::listen(&src).await }
+            let cancelled = cancelled.clone();
+            async move { waker::listen(&src, cancelled).await }
         });
 
         let leases = Arc::new(lease::Leases::default());
-        let capacity = producer::buffer_capacity(
-            settings.batch_size,
-            settings.concurrency,
-            src.backend.claims_in_flight(),
-        );
+        let lanes = lanes(settings, src.backend.claims_in_flight());
+        let capacity: usize = lanes
+            .iter()
+            .map(|lane| {
+                producer::buffer_capacity(
+                    settings.batch_size,
+                    lane.concurrency as u32,
+                    lane.claims_in_flight,
+                )
+            })
+            .sum();
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),
         ));
@@ -358,36 +409,52 @@ impl SourceWorker {
             settings.lease(),
             renew_stop.clone(),
         ));
+        let checker = tokio::spawn(lease::check_loop(
+            src.name.clone(),
+            src.backend.clone(),
+            leases.clone(),
+            settings.lease(),
+            cancelled,
+            renew_stop.clone(),
+        ));
         let sweep_stop = CancellationToken::new();
         let sweeper = tokio::spawn(sweeper::run(src.clone(), sweep_stop.clone()));
 
-        let (buffer_tx, buffer_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            source: src.clone(),
-            registry: self.registry.clone(),
-            leases: leases.clone(),
-            types: settings.claim_only_handled_types.then(|| {
-                self.registry
-                    .types()
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-                    .into()
-            }),
-            buffer_tx,
-            buffer_rx: tokio::sync::Mutex::new(buffer_rx),
-            buffered: AtomicUsize::new(0),
-            buffered_bytes: AtomicUsize::new(0),
-            owner: uuid::Uuid::new_v4(),
-            active: AtomicUsize::new(0),
-            finished: Default::default(),
-            space: Notify::new(),
-            outbox: outbox.clone(),
+        let types: Option<Arc<[String]>> = settings.claim_only_handled_types.then(|| {
+            self.registry
+                .types()
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+                .into()
         });
+        let owner = uuid::Uuid::new_v4();
         let stop_taking = CancellationToken::new();
         let mut slots = JoinSet::new();
-        for _ in 0..settings.concurrency.max(1) {
-            slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
+        let mut shareds = Vec::with_capacity(lanes.len());
+        for lane in lanes {
+            let (buffer_tx, buffer_rx) = mpsc::unbounded_channel();
+            let concurrency = lane.concurrency;
+            let shared = Arc::new(Shared {
+                lane,
+                source: src.clone(),
+                registry: self.registry.clone(),
+                leases: leases.clone(),
+                types: types.clone(),
+                buffer_tx,
+                buffer_rx: tokio::sync::Mutex::new(buffer_rx),
+                buffered: AtomicUsize::new(0),
+                buffered_bytes: AtomicUsize::new(0),
+                owner,
+                active: AtomicUsize::new(0),
+                finished: Default::default(),
+                space: Notify::new(),
+                outbox: outbox.clone(),
+            });
+            for _ in 0..concurrency.max(1) {
+                slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
+            }
+            shareds.push(shared);
         }
 
         // Until-idle ends through the same teardown as a shutdown; a hard stop is a
@@ -401,25 +468,57 @@ impl SourceWorker {
                 shutdown.cancel();
             }
         });
-        let stopped = producer::run(
-            shared.clone(),
-            self.options.clone(),
-            src.wake.clone(),
-            shutdown,
-        )
-        .await;
+        // One producer per lane; the first to fail stops the others. A wake-up (one
+        // permit) reaches every lane: the new rows may be in any of their queues.
+        let wakes: Vec<Arc<Notify>> = if shareds.len() == 1 {
+            vec![src.wake.clone()]
+        } else {
+            shareds.iter().map(|_| Arc::new(Notify::new())).collect()
+        };
+        let fan_out = (wakes.len() > 1).then(|| {
+            let (wake, lanes) = (src.wake.clone(), wakes.clone());
+            tokio::spawn(async move {
+                loop {
+                    wake.notified().await;
+                    for lane in &lanes {
+                        lane.notify_one();
+                    }
+                }
+            })
+        });
+        let producers = shareds.iter().zip(wakes).map(|(shared, wake)| {
+            let shutdown = shutdown.clone();
+            let options = self.options.clone();
+            let shared = shared.clone();
+            async move {
+                let stopped = producer::run(shared, options, wake, shutdown.clone()).await;
+                if stopped.is_err() {
+                    shutdown.cancel();
+                }
+                stopped
+            }
+        });
+        let stopped = futures::future::join_all(producers)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>();
         hard_stop_watch.abort();
+        if let Some(fan_out) = fan_out {
+            fan_out.abort();
+        }
+        let stopped = stopped.map(|_| ());
 
         // Teardown: stop taking rows, give running commands their grace, then stop them.
         stop_taking.cancel();
-        let running = leases.len().saturating_sub(buffered_len(&shared));
+        let buffered: usize = shareds.iter().map(|shared| buffered_len(shared)).sum();
+        let running = leases.len().saturating_sub(buffered);
         if running > 0 && !self.options.until_idle {
             tracing::info!(source = %src.name, running, "waiting for in-flight commands");
         }
         // Rows still buffered never started: give them back at once, not after the grace
         // (the slots let go of the buffer as soon as they are told to stop taking rows).
         let mut released = 0;
-        {
+        for shared in &shareds {
             let mut buffer = shared.buffer_rx.lock().await;
             buffer.close();
             while let Ok(item) = buffer.try_recv() {
@@ -452,23 +551,119 @@ impl SourceWorker {
             // Leases still held: running commands and outcomes not yet stamped.
             let held = leases.len();
             tracing::warn!(source = %src.name, held, "{why}; stopping the commands still running");
-            // Each execution's future is dropped: an exec handler's process group is
-            // killed and its leader reaped before the slot pushes the release.
-            leases.cancel_all();
-            while slots.join_next().await.is_some() {}
+            // At the end of the grace each handler's cancellation fires (an exec
+            // handler's group gets SIGTERM) and it has the stop grace to return; at a hard
+            // stop, or when that runs out, its future is dropped: an exec handler's
+            // process group is killed and its leader reaped before the slot pushes the
+            // release.
+            if hard_stop.is_cancelled() {
+                leases.kill_all();
+            } else {
+                leases.stop_all();
+            }
+            let drain = async { while slots.join_next().await.is_some() {} };
+            tokio::pin!(drain);
+            tokio::select! {
+                () = &mut drain => {}
+                () = hard_stop.cancelled() => {
+                    leases.kill_all();
+                    drain.await;
+                }
+            }
         }
-        drop(shared);
+        drop(shareds);
         outbox.close();
         let _ = completer.await;
         renew_stop.cancel();
         let _ = renewer.await;
+        let _ = checker.await;
         sweep_stop.cancel();
         let _ = sweeper.await;
         listening.abort();
-        stopped.map(|_| ())
+        stopped
     }
+}
+
+/// The lanes of a source: one per listed queue, each with its own concurrency, or one for
+/// every queue with the source's `concurrency`. Each lane gets a share of the engine's
+/// claims in flight (at least one).
+pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
+    if settings.queues.is_empty() {
+        return vec![Lane {
+            name: None,
+            concurrency: settings.concurrency.max(1) as usize,
+            queues: None,
+            claims_in_flight: claims_in_flight.max(1),
+        }];
+    }
+    let n = settings.queues.len();
+    let share = claims_in_flight.div_ceil(n).max(1);
+    settings
+        .queues
+        .iter()
+        .map(|queue| Lane {
+            name: Some(queue.name.as_str().into()),
+            concurrency: queue.concurrency.max(1) as usize,
+            queues: Some(Arc::from(vec![queue.name.clone()])),
+            claims_in_flight: share,
+        })
+        .collect()
 }
 
 fn buffered_len(shared: &Shared) -> usize {
     shared.buffered.load(std::sync::atomic::Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::QueueSettings;
+
+    #[test]
+    fn one_lane_per_listed_queue_each_with_its_slots() {
+        let all = lanes(&Settings::default(), 4);
+        assert_eq!(all.len(), 1);
+        assert_eq!(
+            (
+                all[0].concurrency,
+                all[0].queues.is_none(),
+                all[0].claims_in_flight
+            ),
+            (8, true, 4)
+        );
+        let settings = Settings {
+            queues: vec![
+                QueueSettings::new("default", 8),
+                QueueSettings::new("webhooks", 2),
+                QueueSettings::new("reports", 1),
+            ],
+            ..Settings::default()
+        };
+        let listed = lanes(&settings, 4);
+        let shape: Vec<_> = listed
+            .iter()
+            .map(|lane| {
+                (
+                    lane.name.as_deref().unwrap().to_owned(),
+                    lane.concurrency,
+                    lane.queues.as_deref().unwrap().to_vec(),
+                    lane.claims_in_flight,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("default".into(), 8, vec!["default".to_string()], 2),
+                ("webhooks".into(), 2, vec!["webhooks".to_string()], 2),
+                ("reports".into(), 1, vec!["reports".to_string()], 2),
+            ]
+        );
+        // One claim in flight (SQLite) is one per lane, never none.
+        assert!(
+            lanes(&settings, 1)
+                .iter()
+                .all(|lane| lane.claims_in_flight == 1)
+        );
+    }
 }

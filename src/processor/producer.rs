@@ -168,8 +168,8 @@ pub(crate) async fn run(
 ) -> Result<Stopped> {
     let settings = &shared.source.settings;
     let batch = settings.batch_size.max(1) as usize;
-    let slots = settings.concurrency.max(1) as usize;
-    let in_flight = shared.source.backend.claims_in_flight().max(1);
+    let slots = shared.lane.concurrency.max(1);
+    let in_flight = shared.lane.claims_in_flight.max(1);
     let max_look_ahead = batch * in_flight;
     let mut pace = Pace::new(Instant::now(), shared.finished.load(Ordering::Relaxed));
     let mut sharing = Sharing::new(&shared, batch);
@@ -242,7 +242,7 @@ pub(crate) async fn run(
                 }
                 Ok(_) => {}
                 Err(err) => {
-                    tracing::warn!(source = %shared.source.name, error = %err, "cannot count due commands")
+                    tracing::warn!(source = %shared.source.name, queue = shared.lane.name.as_deref().unwrap_or("*"), error = %err, "cannot count due commands")
                 }
             }
         }
@@ -362,7 +362,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         processing_delay: Duration::from_secs(settings.processing_delay_seconds),
         token: LeaseToken::owned_by(shared.owner),
         types: shared.types.clone(),
-        queues: None,
+        queues: shared.lane.queues.clone(),
     };
     // Outcomes waiting to be stamped ride along: one round trip, one commit.
     let stamps = shared.outbox.take(completer::MAX_BATCH);
@@ -398,13 +398,21 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
     )
 }
 
-fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
+fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
+    // A claim takes the best rows, but a statement's returned rows come in no particular
+    // order: the slots take them in claim order (`Priority`, then `RunAt`; a stable sort
+    // keeps the statement's order for ties).
+    rows.sort_by_key(|(claimed, _)| (claimed.row.priority, claimed.row.run_at));
     for (claimed, expires) in rows {
-        let cancel = shared.leases.hold(&claimed.lease, expires);
+        let stopper = shared.leases.hold(&claimed.lease, expires);
         let bytes = claimed.payload_bytes;
         shared.buffered.fetch_add(1, Ordering::AcqRel);
         shared.buffered_bytes.fetch_add(bytes, Ordering::AcqRel);
-        if shared.buffer_tx.send(Buffered { claimed, cancel }).is_err() {
+        if shared
+            .buffer_tx
+            .send(Buffered { claimed, stopper })
+            .is_err()
+        {
             shared.buffered.fetch_sub(1, Ordering::AcqRel);
             shared.buffered_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
@@ -414,6 +422,11 @@ fn buffer(shared: &Shared, rows: Vec<(ClaimedRow, Instant)>) {
 /// What `--until-idle` waits for: due and running rows, only of the types this worker
 /// claims when `claim_only_handled_types` is on (the others wait for the worker that has
 /// their handler, and must not keep this one running).
+///
+/// A worker that lists queues is idle when every queue is: each queue's producer waits
+/// for the whole table's activity for now (rows of queues it does not serve keep it
+/// polling until `--until-idle`'s caller stops it). TODO(v2-engine merge): count only the
+/// lane's queues with `QueueOps::activity_in`.
 async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
     let limit = health::call_deadline(shared.source.settings.lease());
     let backend = &shared.source.backend;

@@ -32,6 +32,8 @@ pub struct Stats {
     failed: AtomicU64,
     dead_lettered: AtomicU64,
     stale: AtomicU64,
+    snoozed: AtomicU64,
+    cancelled: AtomicU64,
     /// Execution-time histograms per type: succeeded, terminal, failed.
     histograms: std::sync::RwLock<std::collections::HashMap<String, [metrics::Histogram; 3]>>,
 }
@@ -69,6 +71,11 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     /// Outcomes dropped because the lease had passed to another claim.
     pub stale: u64,
+    /// Snoozes stamped (the command runs again later, its attempt given back).
+    pub snoozed: u64,
+    /// Running commands stopped because their lease was gone: cancelled by an operator
+    /// (`icq cancel`), or (rarely) taken by another claim. Nothing is stamped for them.
+    pub cancelled: u64,
 }
 
 macro_rules! counter_method {
@@ -94,6 +101,8 @@ impl Stats {
             failed: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             stale: AtomicU64::new(0),
+            snoozed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
             histograms: Default::default(),
         }
     }
@@ -114,6 +123,13 @@ impl Stats {
         /// Counts outcomes dropped because their lease had passed to another claim. See
         /// [`Stats`]'s example.
         stale, "stale_stamps_total");
+    counter_method!(
+        /// Counts snoozes stamped. See [`Stats`]'s example.
+        snoozed, "snoozed_total");
+    counter_method!(
+        /// Counts running commands stopped because their lease was gone (an operator's
+        /// cancel). See [`Stats`]'s example.
+        cancelled, "cancelled_total");
 
     /// Records how long one execution of `type_name` took and how it ended. The
     /// histogram handles are registered once per type, not once per execution.
@@ -162,6 +178,8 @@ impl Stats {
             failed: self.failed.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             stale: self.stale.load(Ordering::Relaxed),
+            snoozed: self.snoozed.load(Ordering::Relaxed),
+            cancelled: self.cancelled.load(Ordering::Relaxed),
         }
     }
 }

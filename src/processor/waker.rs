@@ -11,17 +11,12 @@
 
 use super::SourceHandle;
 
-/// Subscribes the source's wake-up signal to the engine's insert notifications, where
-/// there are any. A failure is logged and polling covers it.
-pub(crate) async fn listen(source: &SourceHandle) {
-    match source
-        .backend
-        .listen(
-            source.wake.clone(),
-            std::sync::Arc::new(tokio::sync::Notify::new()),
-        )
-        .await
-    {
+/// Subscribes the source's wake-up signal to the engine's insert notifications, and
+/// `cancelled` to its cancel notifications (PostgreSQL's `icq_cancel_<table>`, sent when
+/// an operator cancels a running command: the lease check then runs at once), where
+/// there are any. A failure is logged; polling and the lease check every second cover it.
+pub(crate) async fn listen(source: &SourceHandle, cancelled: std::sync::Arc<tokio::sync::Notify>) {
+    match source.backend.listen(source.wake.clone(), cancelled).await {
         Ok(true) => tracing::debug!(source = %source.name, "listening for inserts"),
         // No LISTEN here (another engine, or a transaction pooler, which the driver
         // reports itself): polling finds new commands.

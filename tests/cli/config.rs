@@ -131,7 +131,7 @@ fn unknown_source_key() {
     assert_eq!(
         fixture_error("unknown_source_key.yaml"),
         "FILE:4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
-         `settings`"
+         `settings`, `queues`"
     );
 }
 
@@ -143,7 +143,7 @@ fn unknown_settings_key() {
          `batch_size`, `max_attempts`, `lease_seconds`, `retry_backoff_base_seconds`, \
          `max_retry_backoff_seconds`, `retention_days`, `cleanup_interval_hours`, \
          `processing_delay_seconds`, `polling_interval_seconds`, `concurrency`, \
-         `claim_only_handled_types`, `pooler`"
+         `claim_only_handled_types`, `pooler`, `max_snoozes`"
     );
 }
 

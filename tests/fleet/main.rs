@@ -12,6 +12,7 @@ mod look_ahead;
 mod pgbouncer;
 mod signals;
 mod stall;
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
