@@ -423,28 +423,35 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
 /// claims when `claim_only_handled_types` is on (the others wait for the worker that has
 /// their handler, and must not keep this one running).
 ///
-/// A worker that lists queues is idle when every queue is: each queue's producer waits
-/// for the whole table's activity for now (rows of queues it does not serve keep it
-/// polling until `--until-idle`'s caller stops it). TODO(v2-engine merge): count only the
-/// lane's queues with `QueueOps::activity_in`.
+/// A worker that lists queues is idle when every queue is: each queue's producer counts
+/// only its own queue (`QueueOps::activity_in`), so rows of queues this worker does not
+/// serve never keep it running.
 async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
     let limit = health::call_deadline(shared.source.settings.lease());
     let backend = &shared.source.backend;
+    let queues = shared.lane.queues.as_deref();
     let Some(types) = &shared.types else {
-        return health::deadline(limit, "counting due commands", backend.activity()).await;
+        let counting = backend.activity_in(queues);
+        return health::deadline(limit, "counting due commands", counting).await;
     };
     let params = crate::engine::admin::StateCountParams {
         by_type: true,
+        by_queue: queues.is_some(),
         ..Default::default()
     };
     let counting = backend.state_count(&params);
     let counts = health::deadline(limit, "counting due commands", counting).await?;
     let mut activity = crate::engine::Activity::default();
     for count in counts {
-        if count
-            .type_name
-            .as_deref()
-            .is_some_and(|t| types.iter().any(|mine| mine == t))
+        let in_lane = match (queues, count.queue.as_deref()) {
+            (Some(mine), Some(queue)) => mine.iter().any(|q| q == queue),
+            _ => true,
+        };
+        if in_lane
+            && count
+                .type_name
+                .as_deref()
+                .is_some_and(|t| types.iter().any(|mine| mine == t))
         {
             activity.due += count.due;
             activity.running += count.running;
