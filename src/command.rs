@@ -518,9 +518,10 @@ impl NewCommand {
         }
     }
 
-    /// Whether the insert must name the version-2 columns.
+    /// Whether the insert must name the version-2 columns (a trace context counts, its own
+    /// or the span it is scheduled in).
     pub(crate) fn uses_v2_columns(&self) -> bool {
-        self.needs_v2().is_some() || self.trace_parent.is_some()
+        self.needs_v2().is_some() || self.trace_parent_to_store().is_some()
     }
 
     /// Checks what every engine would otherwise reject less clearly: an empty or overlong

@@ -57,8 +57,12 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         if shared.leases.is_lost(&change.lease) {
             // Cancelled by an operator (or taken by another claim): the token guard would
             // drop any stamp, so none is sent; counted, and logged once by the lease check.
+            if shared.leases.is_taken(&change.lease) {
+                shared.source.stats.stale(1);
+            } else {
+                shared.source.stats.cancelled(1);
+            }
             shared.leases.forget(std::iter::once(&change.lease));
-            shared.source.stats.cancelled(1);
         } else {
             shared.outbox.push(change).await;
         }

@@ -39,6 +39,9 @@ struct Held {
     /// The lease is gone (an operator cancelled the row, or another claim holds it): no
     /// stamp of this execution can land, so none is sent.
     lost: bool,
+    /// The lease passed to another claim (not an operator's cancel): the dropped outcome
+    /// counts as stale, like any outcome a lapsed lease makes stale.
+    taken: bool,
 }
 
 /// The two ways an execution is stopped.
@@ -85,6 +88,7 @@ impl Leases {
                 expires,
                 running: false,
                 lost: false,
+                taken: false,
             },
         );
         stopper
@@ -136,11 +140,19 @@ impl Leases {
 
     /// Stops the execution of `lease` at once.
     fn kill(&self, lease: &Lease) {
-        if let Some(held) = self.lock().get(&lease.id)
+        if let Some(held) = self.lock().get_mut(&lease.id)
             && held.lease.token == lease.token
         {
+            held.taken = true;
             held.stopper.kill.cancel();
         }
+    }
+
+    /// Whether `lease` was lost to another claim (see [`Leases::is_lost`]).
+    pub(crate) fn is_taken(&self, lease: &Lease) -> bool {
+        self.lock()
+            .get(&lease.id)
+            .is_some_and(|held| held.lease.token == lease.token && held.taken)
     }
 
     /// Stops every execution at once (a hard stop).
