@@ -134,58 +134,19 @@ impl Drop for LogGuard {
 ///
 /// With `otel` (see [`init_otel`]) the OpenTelemetry layer joins: it exports the execution
 /// spans ([`crate::otel::SPAN_TARGET`]) and nothing else, and the log lines never include
-/// them.
+/// them. How the filters are laid out, and why: `log_dispatch`.
 pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
-    use tracing_subscriber::Layer;
-    use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"))
-        .add_directive(
-            format!("{}=off", crate::otel::SPAN_TARGET)
-                .parse()
-                .expect("a valid directive"),
-        );
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(log_queue_lines())
         .thread_name("icq-log")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_ansi(colour)
-        .with_writer(writer)
-        // A failed write is reported with `eprintln!`, which panics when stderr is
-        // closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
-        .log_internal_errors(false);
-    let fmt: Box<dyn Layer<_> + Send + Sync> = if json {
-        fmt.json().with_filter(filter).boxed()
-    } else {
-        // Escaped fields: handler stderr and response bodies cannot forge log lines.
-        fmt.fmt_fields(escaping_fields())
-            .with_filter(filter)
-            .boxed()
-    };
-    let otel_layer = otel.map(|otel| {
-        tracing_opentelemetry::layer()
-            .with_tracer(otel.tracer.clone())
-            // The spans carry the messaging attributes only, not the code location,
-            // thread or busy/idle timings of tracing-opentelemetry's defaults.
-            .with_location(false)
-            .with_threads(false)
-            .with_tracked_inactivity(false)
-            .with_filter(
-                tracing_subscriber::filter::Targets::new()
-                    .with_target(crate::otel::SPAN_TARGET, tracing::Level::INFO),
-            )
-    });
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(otel_layer)
-        .try_init();
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    let _ = log_dispatch(json, colour, otel, writer).try_init();
     let reported = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watch = tokio::runtime::Handle::try_current()
         .ok()
@@ -195,6 +156,98 @@ pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
         dropped,
         watch,
         reported,
+    }
+}
+
+/// The subscriber [`init_logging`] installs, writing to `writer`.
+///
+/// `RUST_LOG` (default `icq=info`) is one **global** filter, outermost, so whatever it
+/// rejects never reaches a layer. Without OpenTelemetry it is the only filter: it also
+/// turns [`crate::otel::SPAN_TARGET`] off, so the execution spans and metrics cost nothing
+/// (`tracing::enabled!` says no) and no layer filters on its own.
+///
+/// A per-layer filter (`Layer::with_filter`) is used only to split the log lines from the
+/// OpenTelemetry spans, and only when both layers are there. Per-layer filters keep the
+/// verdict of an `enabled` call in a thread-local until the event or span it was for is
+/// recorded; a check that is never followed by one (`tracing::enabled!`, `log_enabled!`
+/// through the `log` bridge: sqlx asks it for every server notice) leaves a stale "off",
+/// and the next event whose callsite is always enabled skips the `enabled` call, reads
+/// that stale verdict and is dropped. With the fmt layer alone behind a per-layer filter
+/// (and an absent OpenTelemetry layer making the filtered-out callsites "sometimes"),
+/// every command's metrics check swallowed whatever line came next on that worker
+/// thread, among them a replica's one "PostgreSQL failover: now using …". When both
+/// layers are there their filters are complementary (the fmt layer takes everything but
+/// the span target, OpenTelemetry only that), so no callsite is always enabled for both:
+/// every event asks `enabled` first, which overwrites any stale verdict.
+pub(crate) fn log_dispatch<W>(
+    json: bool,
+    colour: bool,
+    otel: Option<&Otel>,
+    writer: W,
+) -> tracing::Dispatch
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
+    let spans = |level: &str| {
+        format!("{}={level}", crate::otel::SPAN_TARGET)
+            .parse()
+            .expect("a valid directive")
+    };
+    let Some(otel) = otel else {
+        let filter = filter.add_directive(spans("off"));
+        return tracing_subscriber::registry()
+            .with(fmt_layer(json, colour, writer))
+            .with(filter)
+            .into();
+    };
+    let filter = filter.add_directive(spans("info"));
+    let not_spans = Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target(crate::otel::SPAN_TARGET, LevelFilter::OFF);
+    let otel_layer = tracing_opentelemetry::layer()
+        .with_tracer(otel.tracer.clone())
+        // The spans carry the messaging attributes only, not the code location,
+        // thread or busy/idle timings of tracing-opentelemetry's defaults.
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(Targets::new().with_target(crate::otel::SPAN_TARGET, tracing::Level::INFO));
+    tracing_subscriber::registry()
+        .with(fmt_layer(json, colour, writer).with_filter(not_spans))
+        .with(otel_layer)
+        .with(filter)
+        .into()
+}
+
+/// The log-line layer: text with escaped fields, or JSON.
+fn fmt_layer<S, W>(
+    json: bool,
+    colour: bool,
+    writer: W,
+) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer;
+
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(colour)
+        .with_writer(writer)
+        // A failed write is reported with `eprintln!`, which panics when stderr is
+        // closed (`icq work 2>&1 | head -0`): a lost log line is not an error.
+        .log_internal_errors(false);
+    if json {
+        fmt.json().boxed()
+    } else {
+        // Escaped fields: handler stderr and response bodies cannot forge log lines.
+        fmt.fmt_fields(escaping_fields()).boxed()
     }
 }
 
@@ -637,6 +690,40 @@ mod tests {
 
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// A check that no event follows (`tracing::enabled!`, as every execution's metrics
+    /// make, or `log_enabled!`) must not swallow the next line: per-layer filters keep
+    /// its verdict in a thread-local, and an always-enabled event after it read that
+    /// stale "off" and was dropped (a replica's failover line went missing that way).
+    #[test]
+    fn a_check_without_an_event_does_not_swallow_the_next_line() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let dispatch = log_dispatch(false, false, None, move || writer.clone());
+        // A thread of its own: the callsites below are registered while this dispatcher
+        // is the only one in use on it.
+        std::thread::spawn(move || {
+            tracing::dispatcher::with_default(&dispatch, || {
+                for round in 0..3 {
+                    let spans = tracing::enabled!(target: "icq::otel", tracing::Level::INFO);
+                    assert!(!spans, "no exporter: the execution spans are off");
+                    tracing::warn!(target: "icq::engine::postgres::connect", round, "after the check");
+                    tracing::info!(target: "icq::processor::health", round, "and the next one");
+                }
+            });
+        })
+        .join()
+        .unwrap();
+        let logged = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        for round in 0..3 {
+            for line in ["after the check", "and the next one"] {
+                assert!(
+                    logged.contains(&format!("{line} round={round}")),
+                    "{line} (round {round}) was dropped:\n{logged}"
+                );
+            }
         }
     }
 
