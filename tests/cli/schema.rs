@@ -57,7 +57,8 @@ async fn ddl_applies_and_two_column_insert_fills_defaults(engine: &'static str) 
         .await;
     assert_eq!(distinct, 2, "{engine}: ids are not distinct UUIDs");
 
-    // The five indexes exist under their contract names.
+    // The indexes exist under their contract names: five, four on SQLite (one poll index,
+    // which a worker serving some queues filters by `Queue`).
     let indexes = match engine {
         "postgres" => {
             "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'InternalCommands' \
@@ -72,7 +73,8 @@ async fn ddl_applies_and_two_column_insert_fills_defaults(engine: &'static str) 
              WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
         }
     };
-    assert_eq!(db.scalar_i64(indexes).await, 5, "{engine}: indexes");
+    let expected = if engine == "sqlite" { 4 } else { 5 };
+    assert_eq!(db.scalar_i64(indexes).await, expected, "{engine}: indexes");
 
     // The down script removes it all again.
     db.execute(&ddl.down).await;

@@ -9,12 +9,10 @@ ALTER TABLE {{table}} ADD COLUMN "TraceParent" TEXT    NULL;
 ALTER TABLE {{table}} ADD COLUMN "Snoozes"     INTEGER NOT NULL DEFAULT 0;
 
 -- The poll: pending rows in claim order ("Priority", "RunAt"), replacing the version-1
--- ("RunAt") index; the lease rides along so the claim's filter is answered from the index.
+-- ("RunAt") index; a worker serving some queues reads "Queue" from the index as it walks
+-- it (SQLite gets one poll index: every index is written by claims and completions).
 DROP INDEX IF EXISTS {{ix_poll}};
-CREATE INDEX {{ix_poll}} ON {{table_unqualified}} ("Priority", "RunAt", "LockedUntil")
-    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL;
--- The same order within one named queue, for workers that serve the queues they list.
-CREATE INDEX {{ix_queue_poll}} ON {{table_unqualified}} ("Queue", "Priority", "RunAt", "LockedUntil")
+CREATE INDEX {{ix_poll}} ON {{table_unqualified}} ("Priority", "RunAt", "Queue")
     WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL;
 -- At most one pending row per unique key; completed and dead rows free the key.
 -- Schedule idempotently from plain SQL with INSERT ... ON CONFLICT DO NOTHING.
