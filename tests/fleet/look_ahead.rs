@@ -12,7 +12,8 @@ use crate::{Replica, insert_many, lines, recording_handler, wait_until, write_co
 /// attempt to 184 of 1,000 rows that never started (the worker held 200 rows ahead). At
 /// the kill its 8 slots' next rows may be starting, plus the look-ahead: what the slots
 /// finish during four claims, which grows with the claim's round trip on a loaded machine
-/// (measured on a quiet one: 11 rows in all). The bound is three slots' worth.
+/// (measured on a quiet one: 11 rows in all; 27 in a fresh-clone CI run with the suite's
+/// eight tests at once on two cores). The bound is four slots' worth.
 async fn sigkill_charges_attempts_only_to_what_ran(engine: &'static str) {
     let db = TestDb::with_table(engine, "sigkill_charge").await;
     let dir = tempfile::tempdir().unwrap();
@@ -47,7 +48,7 @@ async fn sigkill_charges_attempts_only_to_what_ran(engine: &'static str) {
     let charged_without_run: Vec<&String> =
         charged.iter().filter(|id| !ran.contains(*id)).collect();
     assert!(
-        charged_without_run.len() <= 24,
+        charged_without_run.len() <= 32,
         "{engine}: {} rows were charged an attempt without running (ran {}): {charged_without_run:?}",
         charged_without_run.len(),
         ran.len()
