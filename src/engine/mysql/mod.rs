@@ -80,6 +80,16 @@ const INSERT_ROW: &str =
 const INSERT_ROW_V2: &str =
     "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?, ?, ?, ?, ?)";
 
+/// Takes the retention sweep's lock (`?` the table's lock name, `?` its schema or NULL
+/// for the connection's database) without waiting: 1 when taken. At most 10 + 16 + 1 + 16
+/// characters, within `GET_LOCK`'s 64.
+const SWEEP_LOCK: &str =
+    "SELECT GET_LOCK(CONCAT(?, '.', LEFT(SHA1(COALESCE(?, DATABASE(), '')), 16)), 0)";
+
+/// Releases [`SWEEP_LOCK`] (the same two parameters).
+const SWEEP_UNLOCK: &str =
+    "SELECT RELEASE_LOCK(CONCAT(?, '.', LEFT(SHA1(COALESCE(?, DATABASE(), '')), 16)))";
+
 /// Rows per multi-row insert.
 const INSERT_ROWS_PER_STATEMENT: usize = 1000;
 
@@ -802,9 +812,12 @@ impl QueueOps for MySqlDriver {
         let ctx = || self.ctx("deleting old completed commands");
         let lock = format!("icq.sweep.{:016x}", fnv1a(&self.t));
         let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
-        // One replica sweeps at a time: the others skip the round.
-        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        // One replica sweeps at a time: the others skip the round. `GET_LOCK` names are
+        // server-wide, so the name carries the database too: tables of one name in two
+        // databases of one server (two applications, or two tests) must not take turns.
+        let locked: Option<i64> = sqlx::query_scalar(SWEEP_LOCK)
             .bind(&lock)
+            .bind(self.table.schema())
             .fetch_one(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
@@ -816,8 +829,9 @@ impl QueueOps for MySqlDriver {
             .bind(i64::from(params.limit))
             .execute(&mut *conn)
             .await;
-        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+        let released = sqlx::query(SWEEP_UNLOCK)
             .bind(&lock)
+            .bind(self.table.schema())
             .execute(&mut *conn)
             .await;
         let done = done.map_err(Error::db(ctx()))?;
@@ -1000,5 +1014,82 @@ impl Lifecycle for MySqlDriver {
     async fn table_drop(&self) -> Result<()> {
         let ddl = crate::schema::render(Engine::Mysql, &self.table).down;
         super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+    use crate::engine::{QueueOps, SweepParams};
+
+    fn server() -> String {
+        std::env::var("ICQ_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    }
+
+    /// Two databases of one server with a table of one name each: a replica sweeping one
+    /// never makes the other skip its rounds (`GET_LOCK` names are server-wide).
+    #[tokio::test]
+    async fn the_sweep_lock_is_per_database() {
+        let base = server();
+        let mut admin = sqlx::MySqlConnection::connect(&base)
+            .await
+            .expect("MariaDB test server");
+        let table = TableName::parse(&format!("sweeplock_{}", std::process::id())).unwrap();
+        let mut drivers = Vec::new();
+        for n in 0..2 {
+            let db = format!("icqt_sweeplock_{}_{n}", std::process::id());
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{db}`; CREATE DATABASE `{db}`"
+            )))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+            let mut url = url::Url::parse(&base).unwrap();
+            url.set_path(&format!("/{db}"));
+            let driver = MySqlDriver::connect(url.as_str(), &table, &ConnectOptions::default())
+                .await
+                .unwrap();
+            driver
+                .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
+                .await
+                .unwrap();
+            drivers.push((db, url, driver));
+        }
+        // Another replica of the first database is sweeping: it holds that lock.
+        let mut holder = sqlx::MySqlConnection::connect(drivers[0].1.as_str())
+            .await
+            .unwrap();
+        let lock = format!("icq.sweep.{:016x}", fnv1a(&drivers[0].2.t));
+        let held: Option<i64> = sqlx::query_scalar(SWEEP_LOCK)
+            .bind(&lock)
+            .bind(None::<String>)
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+        assert_eq!(held, Some(1));
+        let params = SweepParams {
+            older_than: Duration::from_secs(86_400),
+            limit: 10,
+        };
+        assert_eq!(
+            drivers[0].2.completed_delete_batch(&params).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            drivers[1].2.completed_delete_batch(&params).await.unwrap(),
+            Some(0),
+            "the other database's sweep waited for this one's lock"
+        );
+        holder.close().await.unwrap();
+        for (db, _, driver) in drivers {
+            driver.close().await;
+            sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE `{db}`")))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+        }
     }
 }
