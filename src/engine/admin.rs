@@ -554,13 +554,6 @@ pub(crate) fn count_grouping(
     (select, group)
 }
 
-/// The PostgreSQL channel an operator's cancel of a running command notifies (the
-/// processor listens on it and checks its leases at once): `icq_cancel_<table name>`,
-/// without the schema. The same string as `crate::schema::cancel_channel`.
-pub(crate) fn cancel_channel(table: &crate::ident::TableName) -> String {
-    crate::schema::cancel_channel(table)
-}
-
 /// Fills the version-2 columns (`Queue`, `Priority`, `UniqueKey`, `TraceParent`,
 /// `Snoozes`) of a decoded row from `row` where it has them and they decode; a row of a
 /// version-1 table keeps the defaults (`default`, 0, none). The operator reads use it so

@@ -24,7 +24,7 @@ use crate::engine::admin::{
 };
 use crate::engine::admin::{RequeueBatch, requeue_page};
 use crate::engine::admin::{
-    cancel_channel, count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
 };
 use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
@@ -291,7 +291,7 @@ impl AdminOps for PgDriver {
         if rows.iter().any(|(_, running)| *running) {
             // Delivered at commit: the processor running one checks its leases at once.
             sqlx::query("SELECT pg_notify($1, '')")
-                .bind(cancel_channel(&self.table))
+                .bind(crate::schema::cancel_channel(&self.table))
                 .execute(&mut *tx)
                 .await
                 .map_err(Error::db(ctx()))?;
