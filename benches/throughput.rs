@@ -36,19 +36,18 @@ async fn drain(engine: &'static str, n: usize) -> (Duration, Duration) {
         .insert("bench.noop", Arc::new(icq::handler::Noop))
         .expect("register");
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        batch_size: 200,
-        concurrency: 64,
-        polling_interval_seconds: 0.1,
-        ..Settings::default()
-    }));
+    processor.add_source(
+        queue.source_handle(
+            Settings::default()
+                .with_batch_size(200)
+                .with_concurrency(64)
+                .with_polling_interval_seconds(0.1),
+        ),
+    );
     let started = Instant::now();
     processor
         .run(
-            RunOptions {
-                until_idle: true,
-                ..RunOptions::default()
-            },
+            RunOptions::default().with_until_idle(true),
             CancellationToken::new(),
         )
         .await

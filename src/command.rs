@@ -328,6 +328,7 @@ fn latest_instant() -> DateTime<Utc> {
 /// println!("will be scheduled as {}", command.id); // known before the insert
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct NewCommand {
     /// The id to insert; generated up front so the caller knows it before commit.
     pub id: CommandId,
@@ -654,13 +655,23 @@ pub fn validate_unique_key(key: &str) -> Result<()> {
 /// ```
 /// use icq::command::{CommandId, Scheduled};
 ///
-/// let id = CommandId::new();
-/// let scheduled = Scheduled { id: id.clone(), existing: false };
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # icq::schema::apply(&pool, &icq::TableName::default()).await?;
+/// # let queue = icq::Queue::from_pool("shop", &pool, &icq::TableName::default()).await?;
+/// let command = icq::NewCommand::new("t", serde_json::json!({}));
+/// let id: CommandId = command.id.clone();
+/// let scheduled: Scheduled = queue.schedule(&command).await?;
+/// assert!(!scheduled.existing);
 /// assert_eq!(scheduled, id);
 /// assert_eq!(scheduled.as_str(), id.as_str());
 /// assert_eq!(scheduled.to_string(), id.to_string());
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[non_exhaustive]
 pub struct Scheduled {
     /// The row's id: the new row's, or the existing pending row's.
     pub id: CommandId,
@@ -775,6 +786,7 @@ pub(crate) fn unreadable_columns(defects: &[String]) -> Vec<String> {
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct CommandRow {
     /// `Id`.
     pub id: CommandId,
@@ -857,19 +869,20 @@ impl CommandRow {
     /// # Examples
     ///
     /// ```
-    /// # let row = |defects: Vec<String>| icq::CommandRow {
-    /// #     id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}),
-    /// #     created_at: chrono::Utc::now(), run_at: chrono::Utc::now(), attempts: 0,
-    /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
-    /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
-    /// #     correlation_id: None, queue: "default".into(), priority: 0, unique_key: None,
-    /// #     trace_parent: None, snoozes: 0, defects,
-    /// # };
-    /// // `row(defects)` builds a CommandRow with the given `defects`.
-    /// assert_eq!(row(vec![]).defect_summary(), None);
-    /// let bad = row(vec!["Payload: not JSON".into()]);
-    /// let summary = bad.defect_summary();
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let table = icq::TableName::default();
+    /// # icq::schema::apply(&pool, &table).await?;
+    /// # let queue = icq::Queue::from_pool("shop", &pool, &table).await?;
+    /// let id = queue.schedule(&icq::NewCommand::new("t", serde_json::json!({}))).await?;
+    /// let mut row = queue.get(&id).await?.expect("just scheduled");
+    /// assert_eq!(row.defect_summary(), None);
+    /// row.defects.push("Payload: not JSON".into()); // what a decoder notes
+    /// let summary = row.defect_summary();
     /// assert_eq!(summary.as_deref(), Some("row cannot be processed: Payload: not JSON"));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn defect_summary(&self) -> Option<String> {
         if self.defects.is_empty() {
@@ -897,17 +910,17 @@ impl CommandRow {
     /// # Examples
     ///
     /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use chrono::{Duration, Utc};
     /// use icq::State;
     ///
-    /// # let mut row = icq::CommandRow {
-    /// #     id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}),
-    /// #     created_at: Utc::now(), run_at: Utc::now(), attempts: 0,
-    /// #     lock_token: None, locked_until: None, processed_at: None, dead_lettered_at: None,
-    /// #     last_error: None, user_id: None, roles: vec![], tenant_id: None,
-    /// #     correlation_id: None, queue: "default".into(), priority: 0, unique_key: None,
-    /// #     trace_parent: None, snoozes: 0, defects: vec![],
-    /// # };
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let table = icq::TableName::default();
+    /// # icq::schema::apply(&pool, &table).await?;
+    /// # let queue = icq::Queue::from_pool("shop", &pool, &table).await?;
+    /// # let id = queue.schedule(&icq::NewCommand::new("t", serde_json::json!({}))).await?;
+    /// let mut row = queue.get(&id).await?.expect("just scheduled");
     /// let now = Utc::now();
     /// row.run_at = now + Duration::hours(1);
     /// assert_eq!(row.state(now), State::Scheduled);
@@ -918,6 +931,8 @@ impl CommandRow {
     /// assert_eq!(row.state(now), State::Running);
     /// row.processed_at = Some(now);
     /// assert_eq!(row.state(now), State::Completed);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn state(&self, now: DateTime<Utc>) -> State {
         if self.processed_at.is_some() {

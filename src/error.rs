@@ -164,6 +164,22 @@ pub enum Error {
         /// What to do about it.
         hint: String,
     },
+
+    /// [`Queue::schedule_in`](crate::Queue::schedule_in) was given a connection of another
+    /// engine than the queue's (a PostgreSQL queue and a `SqliteConnection`): nothing was
+    /// scheduled (exit code 2).
+    #[error(
+        "the queue's table is on {}, but the connection passed to `schedule_in` is a {} \
+         connection; nothing was scheduled: pass a connection or transaction of the queue's \
+         own database (`&mut *tx` from the pool the queue was made from)",
+        queue.name(), connection.name()
+    )]
+    EngineMismatch {
+        /// The queue's engine.
+        queue: crate::ident::Engine,
+        /// The engine of the connection it was given.
+        connection: crate::ident::Engine,
+    },
 }
 
 /// How a failed database call can heal: what the processor does next (see
@@ -478,7 +494,10 @@ impl Error {
     /// ```
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Usage(_) | Error::Config { .. } | Error::ConfigCheck { .. } => 2,
+            Error::Usage(_)
+            | Error::Config { .. }
+            | Error::ConfigCheck { .. }
+            | Error::EngineMismatch { .. } => 2,
             Error::NotFound(_) => 3,
             _ => 1,
         }
@@ -500,7 +519,7 @@ impl Error {
     /// ```
     pub fn kind(&self) -> &'static str {
         match self {
-            Error::Usage(_) => "usage",
+            Error::Usage(_) | Error::EngineMismatch { .. } => "usage",
             Error::Config { .. } | Error::ConfigCheck { .. } => "config",
             Error::NotFound(_) => "not_found",
             Error::Connect { .. } => "connection",
@@ -547,6 +566,7 @@ impl Error {
             Error::CannotHeal { .. }
             | Error::TableMissing { .. }
             | Error::Usage(_)
+            | Error::EngineMismatch { .. }
             | Error::Config { .. }
             | Error::ConfigCheck { .. } => Healing::Never,
             _ => Healing::Retry,

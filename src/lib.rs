@@ -10,32 +10,35 @@
 //! arguments, calls one function here and renders the result. A service that embeds the
 //! queue builds it without the CLI: `cargo add icq-queue --no-default-features`.
 //!
-//! The public surface: [`Queue`] (connect, schedule, schedule inside your transaction,
-//! bulk scheduling), [`Processor`] with [`Handler`]s (typed ones through
-//! [`Registry::register`]), [`admin`] operations, [`Settings`], and [`Error`].
+//! The public surface: [`Queue`] (made from your pool or a URL; schedule, schedule inside
+//! your transaction, bulk scheduling), [`schema::apply`] (create or upgrade the table),
+//! [`Processor`] with [`Handler`]s (typed ones through [`Registry::register`]), [`admin`]
+//! operations, [`Settings`], and [`Error`].
 //!
-//! ## Scheduling inside your own transaction
+//! ## Embedding: the application's pool, its transactions, typed handlers
 //!
-//! The command commits or rolls back with the business change. On SQLite:
+//! [`Queue::from_pool`] takes the application's own sqlx pool ([`sqlx::PgPool`],
+//! [`sqlx::SqlitePool`] or [`sqlx::MySqlPool`]; icq re-exports [`sqlx`], so both use one
+//! version), [`schema::apply`] creates (or upgrades) the table from Rust, and
+//! [`Queue::schedule_in`] writes a command in the application's transaction: it commits
+//! or rolls back with the business change. A connection of another engine than the
+//! queue's is refused ([`Error::EngineMismatch`]). On SQLite:
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//! use icq::{NewCommand, Queue, TableName};
 //! use serde_json::json;
 //!
 //! # let dir = tempfile::tempdir()?;
 //! # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-//! let table = TableName::default();
 //! let pool = sqlx::SqlitePool::connect(&url).await?;
 //! sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)")
 //!     .execute(&pool)
 //!     .await?;
-//! // Normally a migration (`icq migrate add --engine sqlite`, then `icq migrate run`).
-//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Sqlite, &table).up))
-//!     .execute(&pool)
-//!     .await?;
-//! let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
+//! let table = TableName::default();
+//! icq::schema::apply(&pool, &table).await?; // or a migration: `icq migrate add`
+//! let queue = Queue::from_pool("shop", &pool, &table).await?;
 //!
 //! let mut tx = pool.begin().await?;
 //! sqlx::query("INSERT INTO orders (id, status) VALUES (42, 'paid')")
@@ -62,23 +65,21 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//! use icq::{Engine, NewCommand, Queue, TableName};
 //!
-//! let url = "postgres://postgres@127.0.0.1:5432/test";
+//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/test").await?;
 //! let table = TableName::parse("DocTxCommands")?;
-//! let pool = sqlx::PgPool::connect(url).await?;
 //! # let ddl = icq::schema::render(Engine::Postgres, &table);
 //! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down.clone())).execute(&pool).await?;
-//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Postgres, &table).up))
-//!     .execute(&pool)
-//!     .await?;
-//! let queue = Queue::connect("shop", url, &table, &ConnectOptions::default()).await?;
+//! icq::schema::apply(&pool, &table).await?;
+//! let queue = Queue::from_pool("shop", &pool, &table).await?;
 //! let mut tx = pool.begin().await?;
 //! let id = queue
 //!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", serde_json::json!({})))
 //!     .await?;
 //! queue.commit(tx).await?;
 //! assert!(queue.get(&id).await?.is_some());
+//! # queue.close().await;
 //! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down)).execute(&pool).await?;
 //! # Ok(())
 //! # }
@@ -89,17 +90,14 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use icq::{ConnectOptions, Engine, NewCommand, Queue, TableName};
+//! use icq::{Engine, NewCommand, Queue, TableName};
 //!
-//! let url = "mysql://root@127.0.0.1:3306/test";
+//! let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306/test").await?;
 //! let table = TableName::parse("DocTxCommands")?;
-//! let pool = sqlx::MySqlPool::connect(url).await?;
 //! # let ddl = icq::schema::render(Engine::Mysql, &table);
 //! # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.down.clone())).execute(&pool).await?;
-//! sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(Engine::Mysql, &table).up))
-//!     .execute(&pool)
-//!     .await?;
-//! let queue = Queue::connect("shop", url, &table, &ConnectOptions::default()).await?;
+//! icq::schema::apply(&pool, &table).await?;
+//! let queue = Queue::from_pool("shop", &pool, &table).await?;
 //! let mut tx = pool.begin().await?;
 //! let id = queue
 //!     .schedule_in(&mut *tx, &NewCommand::new("orders.receipt", serde_json::json!({})))
@@ -129,10 +127,10 @@
 //!
 //! # let dir = tempfile::tempdir()?;
 //! # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-//! # let table = icq::TableName::default();
 //! # let pool = sqlx::SqlitePool::connect(&url).await?;
-//! # sqlx::raw_sql(sqlx::AssertSqlSafe(icq::schema::render(icq::Engine::Sqlite, &table).up)).execute(&pool).await?;
-//! let queue = Queue::connect("shop", &url, &table, &Default::default()).await?;
+//! # let table = icq::TableName::default();
+//! # icq::schema::apply(&pool, &table).await?;
+//! let queue = Queue::from_pool("shop", &pool, &table).await?;
 //! queue.schedule(&NewCommand::typed(&SendReceipt { order_id: 42 })?).await?;
 //!
 //! let mut registry = Registry::new();
@@ -142,7 +140,7 @@
 //! })?;
 //! let mut processor = Processor::new(registry);
 //! processor.add_source(queue.source_handle(Settings::default()));
-//! let options = RunOptions { until_idle: true, ..RunOptions::default() };
+//! let options = RunOptions::default().with_until_idle(true); // drain, then return
 //! processor.run(options, tokio_util::sync::CancellationToken::new()).await?;
 //! assert_eq!(queue.stats().snapshot().succeeded, 1);
 //! # Ok(())
@@ -155,8 +153,12 @@ pub mod admin;
 #[cfg(feature = "cli")]
 pub(crate) mod bench;
 pub mod command;
+// The CLI's own layers (subcommands, icq.yaml, opening configured sources, `icq work`,
+// migration files): public for the binary and its tests, not part of the embedding API.
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod commands;
+#[doc(hidden)]
 pub mod config;
 #[cfg(feature = "cli")]
 pub(crate) mod console;
@@ -166,6 +168,7 @@ pub(crate) mod engine;
 pub mod error;
 pub mod handler;
 pub mod ident;
+#[doc(hidden)]
 pub mod migrate;
 #[cfg(feature = "otel")]
 pub mod otel;
@@ -180,19 +183,27 @@ pub mod queue;
 pub(crate) mod redact;
 pub mod schema;
 pub mod settings;
+#[doc(hidden)]
 pub mod sources;
 #[cfg(feature = "cli")]
 pub(crate) mod telemetry;
+#[doc(hidden)]
 pub mod worker;
+
+/// The sqlx icq is built with: use it (`icq::sqlx::PgPool`, ...) or depend on the same
+/// version, so the pool you pass to [`Queue::from_pool`] is the type icq takes.
+pub use sqlx;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
 pub use engine::ConnectOptions;
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
 pub use ident::{Engine, TableName};
-pub use processor::{Processor, RunOptions, Stats, StatsSnapshot};
-pub use queue::{Enqueue, Queue, schedule_in};
+pub use processor::{Processor, RunOptions, SourceHandle, Stats, StatsSnapshot};
+pub use queue::{Enqueue, Queue, QueueDatabase, schedule_in};
 pub use settings::Settings;
+/// The shutdown token [`Processor::run`] takes (tokio-util's).
+pub use tokio_util::sync::CancellationToken;
 
 /// The README's Rust examples, compiled as doctests so the README stays true.
 #[doc = include_str!("../README.md")]

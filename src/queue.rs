@@ -1,6 +1,9 @@
 //! Scheduling: a [`Queue`] is one source's handle for scheduling commands standalone
 //! (saved at once, waking the local processor), and [`schedule_in`] enrolls a command in
 //! the caller's own sqlx transaction, so it commits or rolls back with the business change.
+//!
+//! A queue is made from the application's own sqlx pool ([`Queue::from_pool`]) or from a
+//! URL, with pools of its own ([`Queue::connect`]).
 
 use std::sync::Arc;
 
@@ -12,15 +15,72 @@ use crate::command::{CommandId, NewCommand, Scheduled};
 use crate::engine::{self, Backend, ConnectOptions};
 use crate::engine::{CommandGetParams, CommandInsertManyParams, CommandInsertParams};
 use crate::error::{Error, Result};
-use crate::ident::TableName;
+use crate::ident::{Engine, TableName};
 use crate::processor::{SourceHandle, Stats};
 use crate::settings::Settings;
+
+/// What only icq implements: the engines a [`Queue`] runs on and the connections
+/// [`Enqueue`] takes. Not nameable outside the crate, so no other type can implement them.
+pub(crate) mod sealed {
+    use std::future::Future;
+    use std::sync::Arc;
+
+    use crate::engine::{Backend, mysql, postgres, sqlite};
+    use crate::error::Result;
+    use crate::ident::TableName;
+
+    /// A connection type [`super::Enqueue`] is implemented for.
+    pub trait Connection {}
+    impl Connection for sqlx::PgConnection {}
+    impl Connection for sqlx::SqliteConnection {}
+    impl Connection for sqlx::MySqlConnection {}
+
+    /// A sqlx database whose pool a queue can be made from.
+    pub trait Database: sqlx::Database {
+        /// The driver for `table` on the application's `pool`.
+        fn driver(
+            pool: &sqlx::Pool<Self>,
+            table: &TableName,
+        ) -> impl Future<Output = Result<Arc<dyn Backend>>> + Send;
+    }
+
+    impl Database for sqlx::Postgres {
+        async fn driver(pool: &sqlx::PgPool, table: &TableName) -> Result<Arc<dyn Backend>> {
+            Ok(Arc::new(
+                postgres::PgDriver::from_pool(pool.clone(), table).await?,
+            ))
+        }
+    }
+
+    impl Database for sqlx::Sqlite {
+        async fn driver(pool: &sqlx::SqlitePool, table: &TableName) -> Result<Arc<dyn Backend>> {
+            Ok(Arc::new(
+                sqlite::SqliteDriver::from_pool(pool.clone(), table).await?,
+            ))
+        }
+    }
+
+    impl Database for sqlx::MySql {
+        async fn driver(pool: &sqlx::MySqlPool, table: &TableName) -> Result<Arc<dyn Backend>> {
+            Ok(Arc::new(
+                mysql::MySqlDriver::from_pool(pool.clone(), table).await?,
+            ))
+        }
+    }
+}
+
+/// A sqlx database icq runs on: [`sqlx::Postgres`], [`sqlx::Sqlite`] or [`sqlx::MySql`]
+/// (MySQL and MariaDB). [`Queue::from_pool`] and [`crate::schema::apply`] take a pool of
+/// any of them. Sealed: implemented by icq only.
+pub trait QueueDatabase: sealed::Database {}
+
+impl<DB: sealed::Database> QueueDatabase for DB {}
 
 /// A connection (or, through `&mut *tx`, an open transaction) that can take a command.
 ///
 /// Implemented for sqlx's `PgConnection`, `SqliteConnection` and `MySqlConnection`, so a
 /// pooled connection (`&mut *conn`) or a transaction (`&mut *tx`) of any of them works
-/// with [`schedule_in`] and [`Queue::schedule_in`].
+/// with [`schedule_in`] and [`Queue::schedule_in`]. Sealed: implemented by icq only.
 ///
 /// # Examples
 ///
@@ -50,7 +110,22 @@ use crate::settings::Settings;
 /// # }
 /// ```
 #[async_trait]
-pub trait Enqueue: Send {
+pub trait Enqueue: sealed::Connection + Send {
+    /// The engine this connection speaks.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use icq::{Engine, Enqueue};
+    /// use sqlx::Connection;
+    ///
+    /// let conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+    /// assert_eq!(conn.engine(), Engine::Sqlite);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn engine(&self) -> Engine;
+
     /// Inserts `command` into `table` through this connection. With a unique key whose
     /// pending row exists, inserts nothing and returns that row's id
     /// ([`Scheduled::existing`]). See [`Enqueue`]'s example.
@@ -59,6 +134,10 @@ pub trait Enqueue: Send {
 
 #[async_trait]
 impl Enqueue for PgConnection {
+    fn engine(&self) -> Engine {
+        Engine::Postgres
+    }
+
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::postgres::insert_command(self, table, command).await
     }
@@ -66,6 +145,10 @@ impl Enqueue for PgConnection {
 
 #[async_trait]
 impl Enqueue for SqliteConnection {
+    fn engine(&self) -> Engine {
+        Engine::Sqlite
+    }
+
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::sqlite::insert_command(self, table, command).await
     }
@@ -73,6 +156,10 @@ impl Enqueue for SqliteConnection {
 
 #[async_trait]
 impl Enqueue for MySqlConnection {
+    fn engine(&self) -> Engine {
+        Engine::Mysql
+    }
+
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         engine::mysql::insert_command(self, table, command).await
     }
@@ -119,7 +206,9 @@ pub async fn schedule_in<C: Enqueue + ?Sized>(
 /// One source: a connection pool on its commands table, and the signal that wakes the
 /// processor running in this process.
 ///
-/// Cloning is cheap: clones share the pool, the wake-up signal and the counters.
+/// Made from the application's own pool ([`Queue::from_pool`]) or from a URL
+/// ([`Queue::connect`], which opens pools of its own). Cloning is cheap: clones share the
+/// pool, the wake-up signal and the counters.
 ///
 /// # Examples
 ///
@@ -128,18 +217,19 @@ pub async fn schedule_in<C: Enqueue + ?Sized>(
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let pool = sqlx::SqlitePool::connect(&url).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// use icq::{ConnectOptions, NewCommand, Queue, TableName};
+/// use icq::{Engine, NewCommand, Queue, TableName};
 ///
+/// let pool = sqlx::SqlitePool::connect(&url).await?; // the application's pool
 /// let table = TableName::default();
-/// let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
+/// icq::schema::apply(&pool, &table).await?; // creates the table (or upgrades it)
+/// let queue = Queue::from_pool("shop", &pool, &table).await?;
 /// assert_eq!((queue.name(), queue.table().name()), ("shop", "InternalCommands"));
+/// assert_eq!(queue.engine(), Engine::Sqlite);
 ///
 /// let id = queue.schedule(&NewCommand::new("orders.receipt", serde_json::json!({}))).await?;
 /// assert!(queue.get(&id).await?.is_some());
-/// queue.close().await;
+/// queue.close().await; // the application's pool stays open
+/// assert!(!pool.is_closed());
 /// # Ok(())
 /// # }
 /// ```
@@ -171,7 +261,7 @@ impl Queue {
     /// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
     /// use icq::{ConnectOptions, Error, Queue, TableName};
     ///
-    /// let options = ConnectOptions { max_connections: 4, ..ConnectOptions::default() };
+    /// let options = ConnectOptions::default().with_max_connections(4);
     /// let queue = Queue::connect("shop", &url, &TableName::default(), &options).await?;
     /// assert_eq!(queue.name(), "shop");
     ///
@@ -188,6 +278,70 @@ impl Queue {
         options: &ConnectOptions,
     ) -> Result<Queue> {
         let backend = engine::connect(url, table, options)
+            .await
+            .map_err(|err| err.in_source(name))?;
+        let queue = Queue::from_backend(name, backend);
+        queue.ensure_table(false).await?;
+        Ok(queue)
+    }
+
+    /// A queue on the application's own sqlx pool (a [`sqlx::PgPool`],
+    /// [`sqlx::SqlitePool`] or [`sqlx::MySqlPool`]) for `table`, which must exist (create
+    /// or upgrade it with [`crate::schema::apply`], or with a migration: `icq migrate
+    /// add`). Scheduling, reads and the processor's claims, stamps, lease renewals and
+    /// retention sweeps all use `pool`; [`Queue::close`] leaves it open.
+    ///
+    /// What differs from [`Queue::connect`], which opens pools of its own:
+    ///
+    /// - **Pool size.** A processor working a backlog uses up to about eight connections
+    ///   of `pool` at once (four claims in flight, stamps, lease renewals, the sweep):
+    ///   size `max_connections` for the application's own load plus that.
+    /// - **PostgreSQL.** icq still opens one connection of its own, from `pool`'s connect
+    ///   options: the LISTEN connection that wakes the processor on inserts and operator
+    ///   cancels (it reconnects when lost). A transaction pooler (PgBouncer's
+    ///   `pool_mode = transaction`) is detected when the queue is made (one extra
+    ///   connection) and handled as `pooler: transaction` is: no LISTEN (the processor
+    ///   polls) and each statement in its own transaction; the application's options
+    ///   should then turn sqlx's statement cache off (`statement_cache_capacity(0)`). The
+    ///   processor's claims and stamps commit as durably as the application's writes
+    ///   (its own pools use `synchronous_commit = off`), and a URL listing several hosts
+    ///   (failover) is [`Queue::connect`]'s alone.
+    /// - **SQLite.** `pool` is used as configured: icq's own connect sets WAL
+    ///   (`journal_mode(Wal)`), `synchronous(Normal)` and a 30 s `busy_timeout`, and a
+    ///   shared pool wants them too (a busy timeout above all: the processor writes from
+    ///   several connections).
+    /// - **Abandoned calls.** The processor abandons a database call that outlives its
+    ///   deadline (a tenth of the lease). Its own pools then close the connection when it
+    ///   comes back; `pool` has no such hook, so a connection on a dead socket is held
+    ///   until TCP gives up on it: keep TCP keepalives (or a server-side statement timeout)
+    ///   on where connections cross a proxy or NAT.
+    ///
+    /// # Examples
+    ///
+    /// On SQLite (see [`Queue`]'s example); PostgreSQL and MySQL/MariaDB take their pools
+    /// the same way:
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use icq::{Queue, TableName};
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://app@db/shop").await?;
+    /// let table = TableName::default();
+    /// icq::schema::apply(&pool, &table).await?;
+    /// let queue = Queue::from_pool("shop", &pool, &table).await?;
+    ///
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db/shop").await?;
+    /// let queue = Queue::from_pool("shop", &pool, &table).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_pool<DB: QueueDatabase>(
+        name: &str,
+        pool: &sqlx::Pool<DB>,
+        table: &TableName,
+    ) -> Result<Queue> {
+        let backend = DB::driver(pool, table)
             .await
             .map_err(|err| err.in_source(name))?;
         let queue = Queue::from_backend(name, backend);
@@ -250,6 +404,11 @@ impl Queue {
     /// The source name. See [`Queue`]'s example.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The engine of the queue's database. See [`Queue`]'s example.
+    pub fn engine(&self) -> Engine {
+        self.backend.engine()
     }
 
     /// The driver, for operator queries.
@@ -348,6 +507,8 @@ impl Queue {
     /// `&mut *tx`): the caller's commit persists it, a rollback erases it. Commit with
     /// [`Queue::commit`] to also wake the local processor.
     ///
+    /// `conn` must be of the queue's own engine: a connection of another
+    /// ([`Enqueue::engine`]) fails with [`Error::EngineMismatch`] and writes nothing.
     ///
     /// # Examples
     ///
@@ -375,6 +536,10 @@ impl Queue {
         conn: &mut C,
         command: &NewCommand,
     ) -> Result<Scheduled> {
+        let (queue, connection) = (self.engine(), conn.engine());
+        if queue != connection {
+            return Err(Error::EngineMismatch { queue, connection });
+        }
         conn.enqueue(self.table(), command).await
     }
 
@@ -415,8 +580,10 @@ impl Queue {
         self.backend.command_get(&CommandGetParams { id }).await
     }
 
-    /// Closes the connection pool (in-flight statements finish first). Clones of the queue
-    /// share the pool, so this closes theirs too. See [`Queue`]'s example.
+    /// Closes the connection pools icq opened (in-flight statements finish first); a
+    /// queue made by [`Queue::from_pool`] stops only its own LISTEN connection and leaves
+    /// the application's pool open. Clones of the queue share the pools, so this closes
+    /// theirs too. See [`Queue`]'s example.
     pub async fn close(&self) {
         self.backend.close().await;
     }
@@ -466,7 +633,7 @@ impl Queue {
     /// registry.insert("ping", std::sync::Arc::new(icq::handler::Noop))?;
     /// let mut processor = Processor::new(registry);
     /// processor.add_source(queue.source_handle(Settings::default()));
-    /// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+    /// let options = RunOptions::default().with_until_idle(true);
     /// processor.run(options, Default::default()).await?;
     ///
     /// let stats = queue.stats().snapshot();
@@ -492,7 +659,7 @@ impl Queue {
     /// # let queue = source.queue.clone();
     /// use icq::{Processor, Registry, Settings};
     ///
-    /// let settings = Settings { concurrency: 2, ..Settings::default() };
+    /// let settings = Settings::default().with_concurrency(2);
     /// let mut processor = Processor::new(Registry::new());
     /// processor.add_source(queue.source_handle(settings));
     /// assert_eq!(processor.sources().len(), 1);

@@ -40,7 +40,7 @@ use serde::de::{self, Visitor};
 /// ```
 /// use icq::Settings;
 ///
-/// let settings = Settings { concurrency: 16, max_attempts: 10, ..Settings::default() };
+/// let settings = Settings::default().with_concurrency(16).with_max_attempts(10);
 /// assert!(settings.validate().is_ok());
 /// assert_eq!(Settings::default().batch_size, 50);
 ///
@@ -51,6 +51,7 @@ use serde::de::{self, Visitor};
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, expecting = "a mapping of settings")]
+#[non_exhaustive]
 pub struct Settings {
     /// Most rows claimed in one statement.
     #[serde(deserialize_with = "read::batch_size")]
@@ -117,15 +118,15 @@ pub struct Settings {
 /// use icq::Settings;
 /// use icq::settings::QueueSettings;
 ///
-/// let settings = Settings {
-///     queues: vec![QueueSettings::new("default", 8), QueueSettings::new("webhooks", 2)],
-///     ..Settings::default()
-/// };
+/// let settings = Settings::default()
+///     .with_queues(vec![QueueSettings::new("default", 8), QueueSettings::new("webhooks", 2)]);
 /// assert!(settings.validate().is_ok());
-/// let twice = Settings { queues: vec![QueueSettings::new("a", 1), QueueSettings::new("a", 2)], ..Settings::default() };
+/// let twice = Settings::default()
+///     .with_queues(vec![QueueSettings::new("a", 1), QueueSettings::new("a", 2)]);
 /// assert_eq!(twice.validate().unwrap_err(), "queue `a` is listed twice in `queues`; list each queue once");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueSettings {
     /// The queue's name (the `Queue` column).
     pub name: String,
@@ -196,6 +197,7 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Pooler {
     /// A direct connection, or a pooler that gives each client one server connection for
     /// its whole session (PgBouncer's `pool_mode = session`): LISTEN and prepared
@@ -236,6 +238,94 @@ impl Default for Settings {
             max_snoozes: 1000,
             queues: Vec::new(),
         }
+    }
+}
+
+/// Builders: `Settings::default().with_concurrency(16)` (the struct may grow, so it is
+/// not built with a struct literal outside icq). See [`Settings`]'s example.
+impl Settings {
+    /// These settings with [`Settings::batch_size`] set to `batch_size`.
+    pub fn with_batch_size(mut self, batch_size: u32) -> Settings {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// These settings with [`Settings::max_attempts`] set to `max_attempts`.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Settings {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// These settings with [`Settings::lease_seconds`] set to `lease_seconds`.
+    pub fn with_lease_seconds(mut self, lease_seconds: u64) -> Settings {
+        self.lease_seconds = lease_seconds;
+        self
+    }
+
+    /// These settings with [`Settings::retry_backoff_base_seconds`] set to `retry_backoff_base_seconds`.
+    pub fn with_retry_backoff_base_seconds(mut self, retry_backoff_base_seconds: f64) -> Settings {
+        self.retry_backoff_base_seconds = retry_backoff_base_seconds;
+        self
+    }
+
+    /// These settings with [`Settings::max_retry_backoff_seconds`] set to `max_retry_backoff_seconds`.
+    pub fn with_max_retry_backoff_seconds(mut self, max_retry_backoff_seconds: f64) -> Settings {
+        self.max_retry_backoff_seconds = max_retry_backoff_seconds;
+        self
+    }
+
+    /// These settings with [`Settings::retention_days`] set to `retention_days`.
+    pub fn with_retention_days(mut self, retention_days: u64) -> Settings {
+        self.retention_days = retention_days;
+        self
+    }
+
+    /// These settings with [`Settings::cleanup_interval_hours`] set to `cleanup_interval_hours`.
+    pub fn with_cleanup_interval_hours(mut self, cleanup_interval_hours: f64) -> Settings {
+        self.cleanup_interval_hours = cleanup_interval_hours;
+        self
+    }
+
+    /// These settings with [`Settings::processing_delay_seconds`] set to `processing_delay_seconds`.
+    pub fn with_processing_delay_seconds(mut self, processing_delay_seconds: u64) -> Settings {
+        self.processing_delay_seconds = processing_delay_seconds;
+        self
+    }
+
+    /// These settings with [`Settings::polling_interval_seconds`] set to `polling_interval_seconds`.
+    pub fn with_polling_interval_seconds(mut self, polling_interval_seconds: f64) -> Settings {
+        self.polling_interval_seconds = polling_interval_seconds;
+        self
+    }
+
+    /// These settings with [`Settings::concurrency`] set to `concurrency`.
+    pub fn with_concurrency(mut self, concurrency: u32) -> Settings {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// These settings with [`Settings::claim_only_handled_types`] set to `claim_only_handled_types`.
+    pub fn with_claim_only_handled_types(mut self, claim_only_handled_types: bool) -> Settings {
+        self.claim_only_handled_types = claim_only_handled_types;
+        self
+    }
+
+    /// These settings with [`Settings::pooler`] set to `pooler`.
+    pub fn with_pooler(mut self, pooler: Pooler) -> Settings {
+        self.pooler = pooler;
+        self
+    }
+
+    /// These settings with [`Settings::max_snoozes`] set to `max_snoozes`.
+    pub fn with_max_snoozes(mut self, max_snoozes: u32) -> Settings {
+        self.max_snoozes = max_snoozes;
+        self
+    }
+
+    /// These settings with [`Settings::queues`] set to `queues`.
+    pub fn with_queues(mut self, queues: Vec<QueueSettings>) -> Settings {
+        self.queues = queues;
+        self
     }
 }
 
@@ -328,15 +418,11 @@ impl Settings {
     /// ```
     /// use icq::Settings;
     ///
-    /// let zero_lease = Settings { lease_seconds: 0, ..Settings::default() };
+    /// let zero_lease = Settings::default().with_lease_seconds(0);
     /// let problem = zero_lease.validate().unwrap_err();
     /// assert_eq!(problem, "`lease_seconds` must be a whole number from 1 to 604800 (got 0)");
     ///
-    /// let inverted = Settings {
-    ///     retry_backoff_base_seconds: 60.0,
-    ///     max_retry_backoff_seconds: 5.0,
-    ///     ..Settings::default()
-    /// };
+    /// let inverted = Settings::default().with_retry_backoff_base_seconds(60.0).with_max_retry_backoff_seconds(5.0);
     /// assert!(inverted.validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), String> {
@@ -398,7 +484,7 @@ impl Settings {
     /// # Examples
     ///
     /// ```
-    /// let settings = icq::Settings { lease_seconds: 90, ..Default::default() };
+    /// let settings = icq::Settings::default().with_lease_seconds(90);
     /// assert_eq!(settings.lease(), std::time::Duration::from_secs(90));
     /// ```
     pub fn lease(&self) -> Duration {
@@ -415,7 +501,7 @@ impl Settings {
     /// use icq::Settings;
     ///
     /// assert_eq!(Settings::default().polling_interval(), Duration::from_secs(2));
-    /// let unvalidated = Settings { polling_interval_seconds: 0.0, ..Settings::default() };
+    /// let unvalidated = Settings::default().with_polling_interval_seconds(0.0);
     /// assert_eq!(unvalidated.polling_interval(), Duration::from_millis(10)); // its minimum
     /// ```
     pub fn polling_interval(&self) -> Duration {
@@ -427,7 +513,7 @@ impl Settings {
     /// # Examples
     ///
     /// ```
-    /// let settings = icq::Settings { cleanup_interval_hours: 0.5, ..Default::default() };
+    /// let settings = icq::Settings::default().with_cleanup_interval_hours(0.5);
     /// assert_eq!(settings.cleanup_interval(), std::time::Duration::from_secs(1800));
     /// ```
     pub fn cleanup_interval(&self) -> Duration {
@@ -447,7 +533,7 @@ impl Settings {
     /// # Examples
     ///
     /// ```
-    /// let settings = icq::Settings { retention_days: 2, ..Default::default() };
+    /// let settings = icq::Settings::default().with_retention_days(2);
     /// assert_eq!(settings.retention(), std::time::Duration::from_secs(2 * 86_400));
     /// ```
     pub fn retention(&self) -> Duration {

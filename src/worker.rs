@@ -147,7 +147,7 @@ pub fn processor(registry: Registry, sources: &[OpenSource]) -> Processor {
 /// let queue = &work.sources()[0].queue;
 /// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
 /// queue.schedule(&NewCommand::new("pong", serde_json::json!({}))).await?; // no handler
-/// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+/// let options = RunOptions::default().with_until_idle(true);
 /// let summary = work.run(options, Default::default()).await?;
 /// assert_eq!(summary.sources[0].1.succeeded, 1);
 /// assert_eq!(summary.dead_lettered(), 1);
@@ -182,7 +182,7 @@ pub struct Work {
 /// let queue = &work.sources()[0].queue;
 /// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
 /// queue.schedule(&NewCommand::new("pong", serde_json::json!({}))).await?; // no handler
-/// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+/// let options = RunOptions::default().with_until_idle(true);
 /// let summary = work.run(options, Default::default()).await?;
 /// let (name, stats) = &summary.sources[0];
 /// assert_eq!((name.as_str(), stats.claimed, stats.succeeded), ("shop", 2, 1));

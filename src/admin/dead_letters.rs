@@ -36,7 +36,7 @@ pub const DEFAULT_DEAD_LETTER_LIMIT: u32 = 50;
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{DeadLetterQuery, dead_letters};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
@@ -86,7 +86,7 @@ impl Default for DeadLetterQuery {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{DeadLetterQuery, dead_letters};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -126,7 +126,7 @@ pub struct DeadLetterRow {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{DeadLetterQuery, dead_letters};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -166,7 +166,7 @@ pub struct DeadLetterReport {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{DeadLetterQuery, dead_letters};
 ///
 /// // `sources`: one source holding a dead letter `dead`.

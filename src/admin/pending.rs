@@ -62,7 +62,7 @@ pub struct PendingCount {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let report = icq::admin::pending(&sources, false).await?;
 /// let json = serde_json::to_value(&report)?; // `icq pending --format json`
@@ -108,7 +108,7 @@ pub struct PendingReport {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let totals = icq::admin::pending(&sources, false).await?;
 /// assert_eq!((totals.rows[0].counts.dead, totals.rows[0].counts.completed), (1, 1));

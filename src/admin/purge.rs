@@ -108,7 +108,7 @@ struct PurgePart {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{PurgeRequest, plan_purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
@@ -143,7 +143,7 @@ pub struct PurgePlan {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{PurgeRequest, plan_purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
@@ -185,7 +185,7 @@ pub struct PurgeCount {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
@@ -298,7 +298,7 @@ impl PurgePlan {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use std::time::Duration;
 /// use icq::admin::{PurgeRequest, plan_purge};
 ///
@@ -373,7 +373,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.

@@ -30,7 +30,7 @@ use super::{distinct, locate_checked, state_name};
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let report = icq::admin::replay(&sources, &[done.clone()]).await?;
 /// let replayed = &report.replayed[0];
@@ -75,7 +75,7 @@ pub struct Replayed {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let report = icq::admin::replay(&sources, &[dead.clone()]).await?;
 /// let new = report.replayed[0].id.clone();
@@ -118,7 +118,7 @@ pub struct ReplayReport {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::{Error, NewCommand, State};
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.

@@ -33,7 +33,7 @@ use super::{Progress, distinct, locate_checked};
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{NoProgress, REQUEUE_BATCH, RequeueTarget, plan_requeue, requeue};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -65,7 +65,7 @@ pub const REQUEUE_BATCH: u32 = 1000;
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{RequeueTarget, plan_requeue};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -154,7 +154,7 @@ impl Skipped {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{RequeueTarget, plan_requeue};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -213,7 +213,7 @@ impl RequeuePlan {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::admin::{NoProgress, RequeueTarget, plan_requeue, requeue};
 ///
 /// // `sources`: one source holding a dead letter `dead`.
@@ -255,7 +255,7 @@ pub struct RequeueReport {
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::Error;
 /// use icq::admin::{RequeueTarget, plan_requeue};
 ///
@@ -390,7 +390,7 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
 /// # registry.insert("ok", std::sync::Arc::new(icq::handler::Noop))?;
 /// # let mut processor = icq::Processor::new(registry);
 /// # processor.add_source(queue.source_handle(Default::default()));
-/// # processor.run(icq::RunOptions { until_idle: true, ..Default::default() }, Default::default()).await?;
+/// # processor.run(icq::RunOptions::default().with_until_idle(true), Default::default()).await?;
 /// use icq::State;
 /// use icq::admin::{NoProgress, RequeueTarget, plan_requeue, requeue};
 ///

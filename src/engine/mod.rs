@@ -400,10 +400,14 @@ pub trait QueueOps: Send + Sync + 'static {
     /// another processor: the rows every claim of this one steps over while other
     /// replicas share the table. Cheap (an index range of `window` rows).
     async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64>;
+}
 
+/// What only `icq bench` asks of a driver, kept out of the queue path's [`QueueOps`].
+#[async_trait]
+pub trait BenchOps: Send + Sync + 'static {
     /// Inserts `rows` completed rows (`ProcessedAt` = now, type `bench.retained`) in a
     /// few set-based statements, for `icq bench`'s claim measurement with a large
-    /// retained history. Not part of the queue path.
+    /// retained history.
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()>;
 }
 
@@ -546,11 +550,11 @@ where
     Ok(())
 }
 
-/// Everything one source's driver offers: its lifecycle, queue operations and operator
-/// queries.
-pub trait Backend: Lifecycle + QueueOps + AdminOps {}
+/// Everything one source's driver offers: its lifecycle, queue operations, operator
+/// queries and `icq bench`'s helper.
+pub trait Backend: Lifecycle + QueueOps + AdminOps + BenchOps {}
 
-impl<T: Lifecycle + QueueOps + AdminOps> Backend for T {}
+impl<T: Lifecycle + QueueOps + AdminOps + BenchOps> Backend for T {}
 
 /// Connection options for a source's pool ([`crate::Queue::connect`]).
 ///
@@ -560,15 +564,14 @@ impl<T: Lifecycle + QueueOps + AdminOps> Backend for T {}
 /// use std::time::Duration;
 /// use icq::ConnectOptions;
 ///
-/// let options = ConnectOptions {
-///     max_connections: 4,
-///     acquire_timeout: Duration::from_secs(2),
-///     ..ConnectOptions::default()
-/// };
+/// let options = ConnectOptions::default()
+///     .with_max_connections(4)
+///     .with_acquire_timeout(Duration::from_secs(2));
 /// assert_eq!(ConnectOptions::default().max_connections, 10);
-/// # let _ = options;
+/// assert_eq!(options.max_connections, 4);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ConnectOptions {
     /// Most pooled connections.
     pub max_connections: u32,
@@ -579,6 +582,26 @@ pub struct ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// These options with [`ConnectOptions::max_connections`] set. See
+    /// [`ConnectOptions`]'s example.
+    pub fn with_max_connections(mut self, max_connections: u32) -> ConnectOptions {
+        self.max_connections = max_connections;
+        self
+    }
+
+    /// These options with [`ConnectOptions::acquire_timeout`] set. See
+    /// [`ConnectOptions`]'s example.
+    pub fn with_acquire_timeout(mut self, acquire_timeout: Duration) -> ConnectOptions {
+        self.acquire_timeout = acquire_timeout;
+        self
+    }
+
+    /// These options with [`ConnectOptions::pooler`] set.
+    pub fn with_pooler(mut self, pooler: crate::settings::Pooler) -> ConnectOptions {
+        self.pooler = pooler;
+        self
+    }
+
     /// The pool options every driver starts from: these limits, no ping before each
     /// acquire (a broken connection fails its statement and is replaced; pinging first
     /// would double the round trips of the hot path), and the release check that closes a

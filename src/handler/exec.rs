@@ -60,10 +60,7 @@ use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZ
 ///
 /// let argv = ["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 3"];
 /// let noisy = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("reports.render", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// let err = noisy.handle(job(serde_json::json!({}))).await.unwrap_err();
 /// assert!(err.message.len() < STDERR_TAIL_BYTES + 100, "{} bytes", err.message.len());
@@ -91,10 +88,7 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 /// let argv = vec!["sh".into(), "-c".into(), script.into()];
 /// let handler = ExecHandler::new(argv, Some(Duration::from_secs(5)))?;
 /// handler.check_program().map_err(icq::Error::Usage)?;
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("reports.render", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// handler.handle(job(serde_json::json!({ "order": 42 }))).await?;
 /// let failed = handler.handle(job(serde_json::json!({ "order": 7 }))).await.unwrap_err();
@@ -163,10 +157,7 @@ impl ExecHandler {
 /// // The program exits at once but leaves a background process holding stdout open.
 /// let argv = ["sh", "-c", "sleep 30 & exit 0"];
 /// let handler = ExecHandler::new(argv.map(String::from).to_vec(), None)?;
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.render".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("reports.render", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// let started = Instant::now();
 /// handler.handle(job(serde_json::json!({}))).await?;

@@ -45,7 +45,7 @@ use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZ
 /// use icq::Handler;
 ///
 /// let handler = HttpHandler::new("https://hooks.example.com/orders", &Default::default(), None)?;
-/// # let job = icq::Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "shop".into(), context: Default::default(), cancellation: Default::default() };
+/// # let job = icq::Job::new("t", serde_json::json!({})).with_source("shop");
 /// if let Err(failed) = handler.handle(job).await {
 ///     // e.g. `HTTP 500 Internal Server Error: <the first 512 bytes of the body>`
 ///     assert!(failed.message.len() < BODY_EXCERPT_BYTES + 200);

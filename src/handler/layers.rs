@@ -41,12 +41,9 @@ use super::{Handler, HandlerError, HandlerResult, Job};
 ///
 /// let count = Arc::new(AtomicU64::new(0));
 /// let handler = CountLayer(count.clone()).layer(Arc::new(Noop));
-/// # let job = |roles: &[&str]| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
-/// #     attempt: 1, source: "shop".into(),
-/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
-/// #     cancellation: Default::default(),
-/// # };
+/// # let job = |roles: &[&str]| icq::Job::new("reports.run", serde_json::json!({}))
+/// #     .with_source("shop")
+/// #     .with_context(icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() });
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&[])).await?;
 /// assert_eq!(count.load(Ordering::Relaxed), 1);
@@ -74,12 +71,9 @@ pub trait Layer {
 ///
 /// let layer = AuthorizeLayer { required: vec!["reports.run".into()] };
 /// let handler = layer.layer(Arc::new(Noop));
-/// # let job = |roles: &[&str]| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
-/// #     attempt: 1, source: "shop".into(),
-/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
-/// #     cancellation: Default::default(),
-/// # };
+/// # let job = |roles: &[&str]| icq::Job::new("reports.run", serde_json::json!({}))
+/// #     .with_source("shop")
+/// #     .with_context(icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() });
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// handler.handle(job(&["reports.run"])).await?;
 /// let refused = handler.handle(job(&["orders.write"])).await.unwrap_err();
@@ -149,12 +143,9 @@ impl Handler for Authorize {
 ///     Ok(())
 /// }));
 /// let handler = TimeoutLayer { timeout: Duration::from_millis(20) }.layer(slow);
-/// # let job = |roles: &[&str]| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "reports.run".into(), payload: serde_json::json!({}),
-/// #     attempt: 1, source: "shop".into(),
-/// #     context: icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() },
-/// #     cancellation: Default::default(),
-/// # };
+/// # let job = |roles: &[&str]| icq::Job::new("reports.run", serde_json::json!({}))
+/// #     .with_source("shop")
+/// #     .with_context(icq::Context { roles: roles.iter().map(|r| r.to_string()).collect(), ..Default::default() });
 /// // `job(roles)` builds the `Job` a processor would pass, with these captured roles.
 /// let err = handler.handle(job(&[])).await.unwrap_err();
 /// assert_eq!((err.message.as_str(), err.terminal), ("timed out after 0.0s", false));

@@ -26,8 +26,8 @@ pub use layers::{AuthorizeLayer, Layer, TimeoutLayer, TraceLayer};
 
 /// One execution of one command.
 ///
-/// The processor builds one per attempt; build one yourself to test a handler without a
-/// database.
+/// The processor builds one per attempt; build one yourself ([`Job::new`] and the
+/// `with_*` builders) to test a handler without a database.
 ///
 /// # Examples
 ///
@@ -35,22 +35,19 @@ pub use layers::{AuthorizeLayer, Layer, TimeoutLayer, TraceLayer};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use icq::handler::{Handler, Noop};
-/// use icq::{CommandId, Context, Job};
+/// use icq::{Context, Job};
 ///
-/// let job = Job {
-///     id: CommandId::new(),
-///     type_name: "orders.receipt".into(),
-///     payload: serde_json::json!({ "order": 42 }),
-///     attempt: 1,
-///     source: "shop".into(),
-///     context: Context::default(),
-///     cancellation: Default::default(),
-/// };
+/// let job = Job::new("orders.receipt", serde_json::json!({ "order": 42 }))
+///     .with_attempt(2)
+///     .with_source("shop")
+///     .with_context(Context { user_id: Some("u-7".into()), ..Context::default() });
+/// assert_eq!((job.attempt, &*job.source), (2, "shop"));
 /// assert_eq!(Noop.handle(job).await, Ok(()));
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Job {
     /// The command's id.
     pub id: CommandId,
@@ -88,12 +85,59 @@ pub struct Job {
     ///     }
     ///     Ok(())
     /// }
-    /// # let job = Job { id: icq::CommandId::new(), type_name: "t".into(), payload: serde_json::json!({}), attempt: 1, source: "s".into(), context: Default::default(), cancellation: Default::default() };
+    /// # let job = Job::new("t", serde_json::json!({}));
     /// job.cancellation.cancel(); // what the processor does on `icq cancel`
     /// assert!(export(job).await.is_err());
     /// # }
     /// ```
     pub cancellation: CancellationToken,
+}
+
+impl Job {
+    /// A first attempt (`attempt` 1) of a command of `type_name` with `payload`: a new
+    /// id, source `test`, an empty context and a cancellation that has not fired. See
+    /// [`Job`]'s example.
+    pub fn new(type_name: impl Into<String>, payload: serde_json::Value) -> Job {
+        Job {
+            id: CommandId::new(),
+            type_name: type_name.into(),
+            payload,
+            attempt: 1,
+            source: Arc::from("test"),
+            context: Context::default(),
+            cancellation: CancellationToken::new(),
+        }
+    }
+
+    /// This job with [`Job::id`] set.
+    pub fn with_id(mut self, id: CommandId) -> Job {
+        self.id = id;
+        self
+    }
+
+    /// This job with [`Job::attempt`] set (1-based). See [`Job`]'s example.
+    pub fn with_attempt(mut self, attempt: u32) -> Job {
+        self.attempt = attempt;
+        self
+    }
+
+    /// This job with [`Job::source`] set. See [`Job`]'s example.
+    pub fn with_source(mut self, source: impl Into<Arc<str>>) -> Job {
+        self.source = source.into();
+        self
+    }
+
+    /// This job with [`Job::context`] set. See [`Job`]'s example.
+    pub fn with_context(mut self, context: Context) -> Job {
+        self.context = context;
+        self
+    }
+
+    /// This job with [`Job::cancellation`] set.
+    pub fn with_cancellation(mut self, cancellation: CancellationToken) -> Job {
+        self.cancellation = cancellation;
+        self
+    }
 }
 
 /// How long a handler has to return once its [`Job::cancellation`] fired (an exec
@@ -203,6 +247,7 @@ pub async fn with_context<F: Future>(context: Context, future: F) -> F::Output {
 /// assert!(!charge("five").unwrap_err().terminal); // from the `anyhow::Error`
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HandlerError {
     /// The text stored in `LastError`.
     pub message: String,
@@ -326,10 +371,7 @@ pub type HandlerResult = Result<(), HandlerError>;
 ///
 /// let mailer = Arc::new(Mailer { sent: AtomicU64::new(0) });
 /// Registry::new().insert("email.send", mailer.clone())?;
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("orders.receipt", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// mailer.handle(job(serde_json::json!({ "to": "a@example.com" }))).await?;
 /// assert!(mailer.handle(job(serde_json::json!({}))).await.unwrap_err().terminal);
@@ -355,10 +397,7 @@ pub trait Handler: Send + Sync + 'static {
 ///
 /// let mut registry = icq::Registry::new();
 /// registry.insert("smoke.test", Arc::new(Noop))?;
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("orders.receipt", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// assert_eq!(Noop.handle(job(serde_json::json!(null))).await, Ok(()));
 /// # Ok(())
@@ -401,10 +440,7 @@ impl Handler for Noop {
 ///     Ok(())
 /// })?;
 /// let handler = registry.get(SendReceipt::TYPE).unwrap();
-/// # let job = |payload: serde_json::Value| icq::Job {
-/// #     id: icq::CommandId::new(), type_name: "orders.receipt".into(), payload, attempt: 1,
-/// #     source: "shop".into(), context: icq::Context::default(), cancellation: Default::default(),
-/// # };
+/// # let job = |payload: serde_json::Value| icq::Job::new("orders.receipt", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// handler.handle(job(serde_json::json!({ "order_id": 42 }))).await?;
 /// let err = handler.handle(job(serde_json::json!({ "order": "x" }))).await.unwrap_err();

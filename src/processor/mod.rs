@@ -54,19 +54,43 @@ use crate::handler::Registry;
 use crate::settings::Settings;
 pub use stats::{Stats, StatsSnapshot};
 
-/// One source as the processor sees it.
+/// One source as the processor sees it: a queue and the settings to process it with
+/// ([`Queue::source_handle`](crate::Queue::source_handle)). Opaque: add it to a
+/// [`Processor`].
 #[derive(Clone)]
 pub struct SourceHandle {
     /// The configured name (`ICQ_SOURCE`).
-    pub name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// The engine driver.
-    pub backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     /// How to process it.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// Signalled when a command is scheduled (in-process or via LISTEN).
-    pub wake: Arc<Notify>,
+    pub(crate) wake: Arc<Notify>,
     /// Counters.
-    pub stats: Arc<Stats>,
+    pub(crate) stats: Arc<Stats>,
+}
+
+impl SourceHandle {
+    /// The source's name. See [`Queue::source_handle`](crate::Queue::source_handle)'s
+    /// example.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The settings it is processed with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+impl std::fmt::Debug for SourceHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceHandle")
+            .field("name", &self.name)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Options for a processor run.
@@ -78,9 +102,9 @@ pub struct SourceHandle {
 /// use icq::RunOptions;
 ///
 /// // `icq work --until-idle`: drain what is due, then return (tests, batch jobs, cron).
-/// let drain = RunOptions { until_idle: true, ..RunOptions::default() };
+/// let drain = RunOptions::default().with_until_idle(true);
 /// // A service: run until shutdown, then give running commands 10 s to finish.
-/// let service = RunOptions { shutdown_grace: Duration::from_secs(10), ..RunOptions::default() };
+/// let service = RunOptions::default().with_shutdown_grace(Duration::from_secs(10));
 /// assert!(drain.until_idle && !service.until_idle);
 /// assert_eq!(RunOptions::default().shutdown_grace, Duration::from_secs(30));
 /// ```
@@ -109,11 +133,9 @@ pub struct SourceHandle {
 /// queue.schedule(&NewCommand::new("render", serde_json::json!({}))).await?;
 ///
 /// let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
-/// let options = RunOptions {
-///     shutdown_grace: Duration::from_secs(600),
-///     hard_stop: hard_stop.clone(),
-///     ..RunOptions::default()
-/// };
+/// let options = RunOptions::default()
+///     .with_shutdown_grace(Duration::from_secs(600))
+///     .with_hard_stop(hard_stop.clone());
 /// let worker = tokio::spawn({
 ///     let shutdown = shutdown.clone();
 ///     async move { processor.run(options, shutdown).await }
@@ -130,6 +152,7 @@ pub struct SourceHandle {
 /// # }
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// Return once nothing is due or running (later-scheduled rows do not count).
     pub until_idle: bool,
@@ -141,6 +164,28 @@ pub struct RunOptions {
     /// given back and returns after every stamp is written. The teardown waits for
     /// whichever comes first, `shutdown_grace` or this token. Never cancelled by default.
     pub hard_stop: CancellationToken,
+}
+
+/// Builders: `RunOptions::default().with_until_idle(true)` (the struct may grow, so it is
+/// not built with a struct literal outside icq). See [`RunOptions`]'s example.
+impl RunOptions {
+    /// These options with [`RunOptions::until_idle`] set.
+    pub fn with_until_idle(mut self, until_idle: bool) -> RunOptions {
+        self.until_idle = until_idle;
+        self
+    }
+
+    /// These options with [`RunOptions::shutdown_grace`] set.
+    pub fn with_shutdown_grace(mut self, shutdown_grace: Duration) -> RunOptions {
+        self.shutdown_grace = shutdown_grace;
+        self
+    }
+
+    /// These options with [`RunOptions::hard_stop`] set.
+    pub fn with_hard_stop(mut self, hard_stop: CancellationToken) -> RunOptions {
+        self.hard_stop = hard_stop;
+        self
+    }
 }
 
 impl Default for RunOptions {
@@ -179,8 +224,8 @@ impl Default for RunOptions {
 /// })))?;
 ///
 /// let mut processor = Processor::new(registry);
-/// processor.add_source(queue.source_handle(Settings { concurrency: 2, ..Settings::default() }));
-/// let options = RunOptions { until_idle: true, ..RunOptions::default() };
+/// processor.add_source(queue.source_handle(Settings::default().with_concurrency(2)));
+/// let options = RunOptions::default().with_until_idle(true);
 /// processor.run(options, Default::default()).await?;
 /// let stats = queue.stats().snapshot();
 /// assert_eq!((stats.succeeded, stats.dead_lettered), (1, 1));

@@ -10,20 +10,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Every [`Queue`](crate::Queue) has one ([`Queue::stats`](crate::Queue::stats)), which
 /// the processor running the queue's source counts into; each count also goes to the
 /// `metrics` facade (`icq_internal_commands_claimed_total{source=...}` and the like).
+/// Read them with [`Stats::snapshot`]; only the processor counts.
 ///
 /// # Examples
 ///
 /// ```
-/// use icq::Stats;
-///
-/// let stats = Stats::new("orders".into());
-/// stats.claimed(3);
-/// stats.succeeded(2);
-/// stats.failed(1);
-/// stats.execution("orders.receipt", "succeeded", 0.012);
-/// let snapshot = stats.snapshot();
-/// assert_eq!((snapshot.claimed, snapshot.succeeded, snapshot.failed), (3, 2, 1));
-/// assert_eq!((snapshot.dead_lettered, snapshot.stale), (0, 0));
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # icq::schema::apply(&pool, &icq::TableName::default()).await?;
+/// let queue = icq::Queue::from_pool("orders", &pool, &icq::TableName::default()).await?;
+/// let snapshot = queue.stats().snapshot();
+/// assert_eq!((snapshot.claimed, snapshot.succeeded, snapshot.failed), (0, 0, 0));
+/// # Ok(())
+/// # }
 /// ```
 pub struct Stats {
     source: Arc<str>,
@@ -52,14 +52,13 @@ impl std::fmt::Debug for Stats {
 /// # Examples
 ///
 /// ```
-/// let stats = icq::Stats::new("orders".into());
-/// stats.dead_lettered(1);
-/// let snapshot = stats.snapshot();
-/// assert_eq!(snapshot, icq::StatsSnapshot { dead_lettered: 1, ..Default::default() });
-/// assert_eq!(serde_json::to_value(snapshot)?["dead_lettered"], 1);
+/// let snapshot = icq::StatsSnapshot::default();
+/// assert_eq!(snapshot.dead_lettered, 0);
+/// assert_eq!(serde_json::to_value(snapshot)?["dead_lettered"], 0);
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct StatsSnapshot {
     /// Rows claimed.
     pub claimed: u64,
@@ -81,7 +80,7 @@ pub struct StatsSnapshot {
 macro_rules! counter_method {
     ($(#[$doc:meta])* $name:ident, $series:literal) => {
         $(#[$doc])*
-        pub fn $name(&self, n: u64) {
+        pub(crate) fn $name(&self, n: u64) {
             if n > 0 {
                 self.$name.fetch_add(n, Ordering::Relaxed);
                 metrics::counter!(concat!("icq_internal_commands_", $series), "source" => self.source.to_string())
@@ -92,8 +91,8 @@ macro_rules! counter_method {
 }
 
 impl Stats {
-    /// Counters for the source named `source`. See [`Stats`]'s example.
-    pub fn new(source: Arc<str>) -> Stats {
+    /// Counters for the source named `source`.
+    pub(crate) fn new(source: Arc<str>) -> Stats {
         Stats {
             source,
             claimed: AtomicU64::new(0),
@@ -108,35 +107,34 @@ impl Stats {
     }
 
     counter_method!(
-        /// Counts rows claimed. See [`Stats`]'s example.
+        /// Counts rows claimed.
         claimed, "claimed_total");
     counter_method!(
-        /// Counts rows stamped completed. See [`Stats`]'s example.
+        /// Counts rows stamped completed.
         succeeded, "succeeded_total");
     counter_method!(
-        /// Counts failed attempts stamped for retry. See [`Stats`]'s example.
+        /// Counts failed attempts stamped for retry.
         failed, "failed_total");
     counter_method!(
-        /// Counts rows stamped dead. See [`Stats`]'s example.
+        /// Counts rows stamped dead.
         dead_lettered, "dead_lettered_total");
     counter_method!(
-        /// Counts outcomes dropped because their lease had passed to another claim. See
-        /// [`Stats`]'s example.
+        /// Counts outcomes dropped because their lease had passed to another claim.
         stale, "stale_stamps_total");
     counter_method!(
-        /// Counts snoozes stamped. See [`Stats`]'s example.
+        /// Counts snoozes stamped.
         snoozed, "snoozed_total");
     counter_method!(
         /// Counts running commands stopped because their lease was gone (an operator's
-        /// cancel). See [`Stats`]'s example.
+        /// cancel).
         cancelled, "cancelled_total");
 
     /// Records how long one execution of `type_name` took and how it ended. The
     /// histogram handles are registered once per type, not once per execution.
     ///
     /// `outcome` is `succeeded`, `terminal` or (anything else) `failed`; it only feeds the
-    /// `icq_internal_commands_execution_seconds` histogram. See [`Stats`]'s example.
-    pub fn execution(&self, type_name: &str, outcome: &'static str, seconds: f64) {
+    /// `icq_internal_commands_execution_seconds` histogram.
+    pub(crate) fn execution(&self, type_name: &str, outcome: &'static str, seconds: f64) {
         let index = match outcome {
             "succeeded" => 0,
             "terminal" => 1,

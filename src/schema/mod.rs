@@ -11,11 +11,97 @@
 //! [`render_upgrade`] takes a version-1 table to version 2 and back, and [`render_v1`] is
 //! the original table (what older `icq migrate add` wrote).
 //!
+//! From Rust, [`apply`] brings a table on the application's pool to the current version:
+//! it creates a missing table, upgrades a version-1 one and leaves a current one alone.
+//!
 //! PostgreSQL, SQLite and MySQL/MariaDB scripts are plain statements that sqlx's migrator
 //! runs; the SQL Server script is T-SQL with `GO` batch separators, for sqlcmd, DbUp or
 //! Flyway.
 
+use crate::engine::Backend;
+use crate::error::Result;
 use crate::ident::{Engine, TableName};
+use crate::queue::QueueDatabase;
+
+/// What [`apply`] did to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaChange {
+    /// The table was missing and was created at [`SCHEMA_VERSION`].
+    Created,
+    /// The table was at version 1 and was upgraded to [`SCHEMA_VERSION`]
+    /// ([`render_upgrade`]).
+    Upgraded,
+    /// The table was at [`SCHEMA_VERSION`] already: nothing was run.
+    UpToDate,
+}
+
+/// Creates `table` on the application's `pool`, or upgrades it, to [`SCHEMA_VERSION`]:
+/// a missing table is created ([`render`]'s `up`: the table, its indexes and, on
+/// PostgreSQL, the notify trigger), a version-1 table is upgraded in place
+/// ([`render_upgrade`]'s `up`: its rows keep running) and a current one is left alone,
+/// so it can run at every start of the application. The schema of a schema-qualified
+/// name must exist.
+///
+/// Replicas starting together may all call it: one creates (or upgrades) the table, and
+/// a call whose DDL lost that race finds the table at the current version and returns
+/// [`SchemaChange::UpToDate`]. The CLI's way to the same table is a migration file
+/// (`icq migrate add`, then `icq migrate run` or sqlx-cli): use one or the other for a
+/// given table, since `apply` does not record itself in `_sqlx_migrations`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// use icq::schema::SchemaChange;
+/// use icq::{Engine, TableName};
+///
+/// let pool = sqlx::SqlitePool::connect(&url).await?;
+/// let table = TableName::default();
+/// assert_eq!(icq::schema::apply(&pool, &table).await?, SchemaChange::Created);
+/// assert_eq!(icq::schema::apply(&pool, &table).await?, SchemaChange::UpToDate);
+///
+/// // A version-1 table (written by an older icq) is upgraded, its rows kept.
+/// let old = TableName::parse("OldCommands")?;
+/// let v1 = icq::schema::render_v1(Engine::Sqlite, &old).up;
+/// sqlx::raw_sql(sqlx::AssertSqlSafe(v1)).execute(&pool).await?;
+/// assert_eq!(icq::schema::apply(&pool, &old).await?, SchemaChange::Upgraded);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn apply<DB: QueueDatabase>(
+    pool: &sqlx::Pool<DB>,
+    table: &TableName,
+) -> Result<SchemaChange> {
+    let backend = DB::driver(pool, table).await?;
+    apply_on(&*backend).await
+}
+
+/// [`apply`] through a driver.
+pub(crate) async fn apply_on(backend: &dyn Backend) -> Result<SchemaChange> {
+    let (engine, table) = (backend.engine(), backend.table());
+    let (change, ddl) = if !backend.table_exists().await? {
+        (SchemaChange::Created, render(engine, table).up)
+    } else if backend.schema_version().await? < SCHEMA_VERSION {
+        (SchemaChange::Upgraded, render_upgrade(engine, table).up)
+    } else {
+        return Ok(SchemaChange::UpToDate);
+    };
+    match backend.schema_apply(&ddl).await {
+        Ok(()) => Ok(change),
+        // Another process applied it meanwhile: its DDL won, this one failed on what it
+        // had created. The table is there at the current version.
+        Err(err) => match backend.table_exists().await {
+            Ok(true) if backend.schema_version().await.ok() == Some(SCHEMA_VERSION) => {
+                Ok(SchemaChange::UpToDate)
+            }
+            _ => Err(err),
+        },
+    }
+}
 
 /// The up and down SQL for one engine and table.
 ///

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod embedding;
 mod semantics;
 mod unique_keys;
 
@@ -24,6 +25,20 @@ macro_rules! cli_for_each_engine {
         mod cli_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::unique_keys::$name("mysql").await } )* }
     };
 }
+
+/// Expands each listed test of [`embedding`] into one `#[tokio::test]` per engine.
+macro_rules! embedding_for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod embed_postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::embedding::$name("postgres").await } )* }
+        mod embed_sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::embedding::$name("sqlite").await } )* }
+        mod embed_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::embedding::$name("mysql").await } )* }
+    };
+}
+
+embedding_for_each_engine!(
+    the_applications_pool_schedules_in_its_transaction_and_drains,
+    schema_apply_upgrades_version_1_and_tolerates_replicas,
+);
 
 cli_for_each_engine!(
     eight_schedule_processes_with_one_key_create_one_row,

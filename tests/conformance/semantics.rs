@@ -35,12 +35,10 @@ async fn connect(db: &TestDb) -> Queue {
 }
 
 fn fast_settings() -> Settings {
-    Settings {
-        polling_interval_seconds: 0.05,
-        retry_backoff_base_seconds: 0.05,
-        max_retry_backoff_seconds: 0.2,
-        ..Settings::default()
-    }
+    Settings::default()
+        .with_polling_interval_seconds(0.05)
+        .with_retry_backoff_base_seconds(0.05)
+        .with_max_retry_backoff_seconds(0.2)
 }
 
 /// Runs `processor` until `done` returns true (checked every 50 ms) or `limit` passes.
@@ -72,10 +70,7 @@ async fn run_until_idle(processor: &Processor) {
     tokio::time::timeout(
         Duration::from_secs(60),
         processor.run(
-            RunOptions {
-                until_idle: true,
-                ..RunOptions::default()
-            },
+            RunOptions::default().with_until_idle(true),
             CancellationToken::new(),
         ),
     )
@@ -302,12 +297,10 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
         .schedule(&NewCommand::new("always.fails", serde_json::json!({})))
         .await
         .unwrap();
-    let slow = Settings {
-        retry_backoff_base_seconds: 20.0,
-        max_retry_backoff_seconds: 600.0,
-        max_attempts: 3,
-        ..fast_settings()
-    };
+    let slow = fast_settings()
+        .with_retry_backoff_base_seconds(20.0)
+        .with_max_retry_backoff_seconds(600.0)
+        .with_max_attempts(3);
     let mut processor = Processor::new(registry.clone());
     processor.add_source(queue.source_handle(slow));
     let before = chrono::Utc::now();
@@ -340,10 +333,7 @@ pub async fn failures_follow_the_backoff_curve_then_dead_letter(engine: &'static
         .await
         .unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        max_attempts: 3,
-        ..fast_settings()
-    }));
+    processor.add_source(queue.source_handle(fast_settings().with_max_attempts(3)));
     let q = queue.clone();
     assert!(
         run_until(processor, Duration::from_secs(30), || {
@@ -426,11 +416,9 @@ pub async fn panic_timeout_and_exit_status_each_consume_an_attempt(engine: &'sta
                 .unwrap(),
         );
     }
-    let settings = Settings {
-        retry_backoff_base_seconds: 60.0,
-        max_retry_backoff_seconds: 600.0,
-        ..fast_settings()
-    };
+    let settings = fast_settings()
+        .with_retry_backoff_base_seconds(60.0)
+        .with_max_retry_backoff_seconds(600.0);
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(settings));
     let q = queue.clone();
@@ -570,11 +558,11 @@ pub async fn four_processors_drain_5000_exactly_once(engine: &'static str) {
             .unwrap();
         let mut processor = Processor::new(registry);
         // A separate pool per processor, as separate replicas would have.
-        processor.add_source(connect(&db).await.source_handle(Settings {
-            batch_size: 100,
-            concurrency: 16,
-            ..fast_settings()
-        }));
+        processor.add_source(
+            connect(&db)
+                .await
+                .source_handle(fast_settings().with_batch_size(100).with_concurrency(16)),
+        );
         processors.push(processor);
     }
     let started = Instant::now();
@@ -626,10 +614,7 @@ pub async fn lease_is_renewed_while_the_handler_runs(engine: &'static str) {
             .unwrap();
         registry
     };
-    let short_lease = Settings {
-        lease_seconds: 1,
-        ..fast_settings()
-    };
+    let short_lease = fast_settings().with_lease_seconds(1);
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
     for _ in 0..2 {
@@ -686,10 +671,7 @@ pub async fn stale_lease_outcome_is_dropped(engine: &'static str) {
             })),
         )
         .unwrap();
-    let settings = Settings {
-        lease_seconds: 1,
-        ..fast_settings()
-    };
+    let settings = fast_settings().with_lease_seconds(1);
     let queue_a = connect(&db).await;
     let mut processor = Processor::new(registry);
     processor.add_source(queue_a.source_handle(settings));
@@ -794,11 +776,9 @@ pub async fn shutdown_releases_unstarted_and_finishes_in_flight(engine: &'static
     processor.add_source(queue.source_handle(fast_settings()));
     let (stop, run) = run_until_stopped(
         processor,
-        RunOptions {
-            until_idle: false,
-            shutdown_grace: Duration::from_millis(200),
-            ..RunOptions::default()
-        },
+        RunOptions::default()
+            .with_until_idle(false)
+            .with_shutdown_grace(Duration::from_millis(200)),
     );
     wait_notified(&started, "the handler started").await;
     assert!(row(&queue, &id).await.lock_token.is_some(), "claimed");
@@ -848,18 +828,13 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         );
     }
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        concurrency: 1,
-        batch_size: 10,
-        ..fast_settings()
-    }));
+    processor
+        .add_source(queue.source_handle(fast_settings().with_concurrency(1).with_batch_size(10)));
     let (stop, run) = run_until_stopped(
         processor,
-        RunOptions {
-            until_idle: false,
-            shutdown_grace: Duration::from_secs(30),
-            ..RunOptions::default()
-        },
+        RunOptions::default()
+            .with_until_idle(false)
+            .with_shutdown_grace(Duration::from_secs(30)),
     );
     wait_notified(&started, "the first command started").await;
     let (t, lock, attempts) = (
@@ -948,10 +923,7 @@ pub async fn processing_delay_holds_young_rows_back(engine: &'static str) {
         .unwrap();
     let delay = 2;
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        processing_delay_seconds: delay,
-        ..fast_settings()
-    }));
+    processor.add_source(queue.source_handle(fast_settings().with_processing_delay_seconds(delay)));
     run_until_idle(&processor).await;
     let r = row(&queue, &id).await;
     let ran = seen.lock().unwrap().clone();
@@ -1038,10 +1010,7 @@ pub async fn retention_sweep_loop_keeps_dead_letters(engine: &'static str) {
         .insert("unused", Arc::new(icq::handler::Noop))
         .unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        retention_days: 7,
-        ..fast_settings()
-    }));
+    processor.add_source(queue.source_handle(fast_settings().with_retention_days(7)));
     let old_done = count("old.done");
     assert!(
         run_until(processor, Duration::from_secs(30), || {
@@ -1105,10 +1074,9 @@ pub async fn notify_wakes_processor_without_polling() {
         .unwrap();
     let poll = Duration::from_secs(30);
     let mut processor = Processor::new(registry);
-    processor.add_source(queue.source_handle(Settings {
-        polling_interval_seconds: poll.as_secs_f64(),
-        ..Settings::default()
-    }));
+    processor.add_source(
+        queue.source_handle(Settings::default().with_polling_interval_seconds(poll.as_secs_f64())),
+    );
     let run_started = Instant::now();
     let (stop, run) = run_until_stopped(processor, RunOptions::default());
     // The canary's claim is followed at once by another, empty one; once the canary is

@@ -300,10 +300,7 @@ async fn a_dropped_table_stops_only_its_own_source() {
             .insert("errors.test", Arc::new(icq::handler::Noop))
             .unwrap();
         let mut processor = Processor::new(registry);
-        let settings = Settings {
-            polling_interval_seconds: 0.1,
-            ..Settings::default()
-        };
+        let settings = Settings::default().with_polling_interval_seconds(0.1);
         for queue in queues {
             processor.add_source(queue.source_handle(settings.clone()));
         }
@@ -338,10 +335,7 @@ async fn a_dropped_table_stops_only_its_own_source() {
 
     let drain = processor(&[&gone]);
     let started = Instant::now();
-    let options = RunOptions {
-        until_idle: true,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().with_until_idle(true);
     let err = drain
         .run(options, CancellationToken::new())
         .await

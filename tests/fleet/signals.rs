@@ -368,16 +368,15 @@ async fn hard_stop_alone_stops_the_processor(engine: &'static str) {
     let script = format!("echo $$ >> '{}'; exec sleep 60", pidfile.display());
     registry.insert_exec("sig.test", sh(script), None).unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(source.queue.source_handle(Settings {
-        polling_interval_seconds: 0.1,
-        ..Settings::default()
-    }));
+    processor.add_source(
+        source
+            .queue
+            .source_handle(Settings::default().with_polling_interval_seconds(0.1)),
+    );
     let hard_stop = CancellationToken::new();
-    let options = RunOptions {
-        shutdown_grace: Duration::from_secs(600),
-        hard_stop: hard_stop.clone(),
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default()
+        .with_shutdown_grace(Duration::from_secs(600))
+        .with_hard_stop(hard_stop.clone());
     let run = tokio::spawn(async move { processor.run(options, CancellationToken::new()).await });
     let pids = pids_in(&pidfile, 1).await;
     assert!(alive(pids[0]));

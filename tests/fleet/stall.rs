@@ -231,19 +231,14 @@ async fn stalled_connections_are_abandoned(engine: &'static str) {
     let runs = Arc::new(Mutex::new(Runs::default()));
     let mut processor = Processor::new(registry(runs.clone(), Duration::from_millis(100)));
     // A 3 s lease: database calls are abandoned after 1 s (a tenth, at least 1 s).
-    let settings = Settings {
-        lease_seconds: 3,
-        polling_interval_seconds: 0.2,
-        concurrency: 4,
-        batch_size: 4,
-        ..Settings::default()
-    };
+    let settings = Settings::default()
+        .with_lease_seconds(3)
+        .with_polling_interval_seconds(0.2)
+        .with_concurrency(4)
+        .with_batch_size(4);
     processor.add_source(queue.source_handle(settings));
     let run = tokio::spawn(async move {
-        let options = RunOptions {
-            until_idle: true,
-            ..RunOptions::default()
-        };
+        let options = RunOptions::default().with_until_idle(true);
         processor.run(options, CancellationToken::new()).await
     });
     assert!(
@@ -335,11 +330,9 @@ async fn resumes_within_5_s_of_the_servers_return(engine: &'static str) {
     .unwrap();
     let runs = Arc::new(Mutex::new(Runs::default()));
     let mut processor = Processor::new(registry(runs.clone(), Duration::from_millis(1)));
-    let settings = Settings {
-        lease_seconds: 30,
-        polling_interval_seconds: 0.5,
-        ..Settings::default()
-    };
+    let settings = Settings::default()
+        .with_lease_seconds(30)
+        .with_polling_interval_seconds(0.5);
     processor.add_source(queue.source_handle(settings));
     let stop = CancellationToken::new();
     let run = tokio::spawn({

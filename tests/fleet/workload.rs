@@ -42,10 +42,7 @@ fn start(
     let mut processor = Processor::new(registry);
     processor.add_source(source.queue.source_handle(settings.clone()));
     let shutdown = CancellationToken::new();
-    let options = RunOptions {
-        shutdown_grace: grace,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().with_shutdown_grace(grace);
     let task = tokio::spawn({
         let shutdown = shutdown.clone();
         async move { processor.run(options, shutdown).await }
@@ -79,14 +76,12 @@ fn p99(latencies: &mut [u64]) -> u64 {
 async fn issue_21_a_slow_queue_never_starves_another() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "starve").await;
-        let settings = Settings {
-            polling_interval_seconds: 0.2,
-            queues: vec![
+        let settings = Settings::default()
+            .with_polling_interval_seconds(0.2)
+            .with_queues(vec![
                 QueueSettings::new("default", 8),
                 QueueSettings::new("webhooks", 2),
-            ],
-            ..Settings::default()
-        };
+            ]);
         let source = open(&db, &settings).await;
         let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
         let webhooks_started = Arc::new(AtomicU32::new(0));
@@ -200,11 +195,7 @@ async fn issue_21_a_slow_queue_never_starves_another() {
 async fn issue_21_priorities_are_claimed_in_order() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "priority").await;
-        let settings = Settings {
-            concurrency: 1,
-            batch_size: 3,
-            ..Settings::default()
-        };
+        let settings = Settings::default().with_concurrency(1).with_batch_size(3);
         let source = open(&db, &settings).await;
         let order = Arc::new(Mutex::new(Vec::<i64>::new()));
         let mut registry = Registry::new();
@@ -232,10 +223,7 @@ async fn issue_21_priorities_are_claimed_in_order() {
         }
         let mut processor = Processor::new(registry);
         processor.add_source(source.queue.source_handle(settings.clone()));
-        let options = RunOptions {
-            until_idle: true,
-            ..RunOptions::default()
-        };
+        let options = RunOptions::default().with_until_idle(true);
         processor.run(options, Default::default()).await.unwrap();
         let mut expected: Vec<i64> = priorities.iter().map(|&p| i64::from(p)).collect();
         expected.sort();
@@ -340,10 +328,7 @@ async fn issue_21_snooze_keeps_attempts() {
         let db = TestDb::with_table(engine, "snooze").await;
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("snoozed-once");
-        let settings = Settings {
-            polling_interval_seconds: 0.2,
-            ..Settings::default()
-        };
+        let settings = Settings::default().with_polling_interval_seconds(0.2);
         let source = open(&db, &settings).await;
         let (url, requests) = busy_once_server().await;
         let mut registry = Registry::new();
@@ -422,11 +407,9 @@ async fn issue_21_snooze_keeps_attempts() {
 async fn issue_21_snoozes_are_bounded_by_max_snoozes() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "snooze_bound").await;
-        let settings = Settings {
-            max_snoozes: 3,
-            polling_interval_seconds: 0.05,
-            ..Settings::default()
-        };
+        let settings = Settings::default()
+            .with_max_snoozes(3)
+            .with_polling_interval_seconds(0.05);
         let source = open(&db, &settings).await;
         let mut registry = Registry::new();
         registry
@@ -588,11 +571,9 @@ async fn issue_21_cancel_stops_a_running_exec_on_another_replica() {
 async fn issue_21_cancel_fires_a_rust_handlers_token_on_another_replica() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "cancel_rust").await;
-        let settings = Settings {
-            lease_seconds: 60,
-            polling_interval_seconds: 0.2,
-            ..Settings::default()
-        };
+        let settings = Settings::default()
+            .with_lease_seconds(60)
+            .with_polling_interval_seconds(0.2);
         let source = open(&db, &settings).await;
         let started = Arc::new(AtomicU32::new(0));
         let fired: Arc<Mutex<HashMap<&'static str, Instant>>> = Default::default();
@@ -664,10 +645,7 @@ async fn issue_21_queues_on_a_version_1_table_name_the_upgrade() {
         let kind: icq::Engine = engine.parse().unwrap();
         db.execute(&icq::schema::render_v1(kind, &icq::TableName::default()).up)
             .await;
-        let settings = Settings {
-            queues: vec![QueueSettings::new("webhooks", 2)],
-            ..Settings::default()
-        };
+        let settings = Settings::default().with_queues(vec![QueueSettings::new("webhooks", 2)]);
         let source = open(&db, &settings).await;
         let mut registry = Registry::new();
         registry
@@ -675,10 +653,7 @@ async fn issue_21_queues_on_a_version_1_table_name_the_upgrade() {
             .unwrap();
         let mut processor = Processor::new(registry.clone());
         processor.add_source(source.queue.source_handle(settings.clone()));
-        let options = RunOptions {
-            until_idle: true,
-            ..RunOptions::default()
-        };
+        let options = RunOptions::default().with_until_idle(true);
         let err = processor
             .run(options.clone(), Default::default())
             .await

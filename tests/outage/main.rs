@@ -48,21 +48,16 @@ async fn drain_through(engine: &'static str, outage: impl std::future::Future<Ou
         )
         .unwrap();
     let mut processor = Processor::new(registry);
-    let settings = Settings {
-        lease_seconds: 5,
-        polling_interval_seconds: 0.2,
-        concurrency: 8,
-        batch_size: 20,
-        ..Settings::default()
-    };
+    let settings = Settings::default()
+        .with_lease_seconds(5)
+        .with_polling_interval_seconds(0.2)
+        .with_concurrency(8)
+        .with_batch_size(20);
     processor.add_source(queue.source_handle(settings));
     let run = tokio::spawn(async move {
         processor
             .run(
-                RunOptions {
-                    until_idle: true,
-                    ..RunOptions::default()
-                },
+                RunOptions::default().with_until_idle(true),
                 CancellationToken::new(),
             )
             .await

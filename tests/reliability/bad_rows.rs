@@ -248,11 +248,9 @@ async fn process(
         async move {
             processor
                 .run(
-                    RunOptions {
-                        until_idle: false,
-                        shutdown_grace: Duration::from_secs(5),
-                        ..RunOptions::default()
-                    },
+                    RunOptions::default()
+                        .with_until_idle(false)
+                        .with_shutdown_grace(Duration::from_secs(5)),
                     stop,
                 )
                 .await
@@ -434,12 +432,10 @@ async fn check(db: &TestDb, hostile: &Hostile, concurrency: u32, tag: &str) {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let settings = Settings {
-        polling_interval_seconds: 0.1,
-        concurrency,
-        lease_seconds: hostile.lease_seconds,
-        ..Settings::default()
-    };
+    let settings = Settings::default()
+        .with_polling_interval_seconds(0.1)
+        .with_concurrency(concurrency)
+        .with_lease_seconds(hostile.lease_seconds);
     let wait_for_settle = !matches!(hostile.expect, Expect::NotRun | Expect::StaysDead(_));
     let run = process(
         db,

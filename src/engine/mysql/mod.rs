@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
     CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams, marks,
@@ -54,6 +54,9 @@ pub struct MySqlDriver {
     version: super::SchemaVersionCache,
     /// When a claim last looked for rows no claim in priority order settles.
     unusable: super::UnusableGate,
+    /// The pool is the application's ([`MySqlDriver::from_pool`]): closing the driver
+    /// leaves it open.
+    shared_pool: bool,
 }
 
 struct Sql {
@@ -488,6 +491,17 @@ impl MySqlDriver {
             .connect(&normalized)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+        Self::on_pool(pool, table, false).await
+    }
+
+    /// A driver on the application's own pool, for `table`. Closing the driver leaves
+    /// `pool` open.
+    pub(crate) async fn from_pool(pool: MySqlPool, table: &TableName) -> Result<Self> {
+        Self::on_pool(pool, table, true).await
+    }
+
+    /// The driver on `pool`, once `table`'s schema (database) is found to exist.
+    async fn on_pool(pool: MySqlPool, table: &TableName, shared_pool: bool) -> Result<Self> {
         if let Some(schema) = table.schema() {
             // On MySQL/MariaDB the schema is a database: a missing one is a different
             // mistake from a missing table, so say which.
@@ -499,7 +513,9 @@ impl MySqlDriver {
             .await
             .map_err(Error::db(format!("looking up the schema of {table}")))?;
             if found == 0 {
-                pool.close().await;
+                if !shared_pool {
+                    pool.close().await;
+                }
                 return Err(Error::schema_missing(table, Engine::Mysql));
             }
         }
@@ -511,6 +527,7 @@ impl MySqlDriver {
             t,
             version: Default::default(),
             unusable: Default::default(),
+            shared_pool,
         })
     }
 
@@ -916,7 +933,10 @@ impl QueueOps for MySqlDriver {
             .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
         super::decode_count(&row, "others")
     }
+}
 
+#[async_trait]
+impl BenchOps for MySqlDriver {
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
         let rows = params.rows;
         // MariaDB caps recursive CTEs at 1000 iterations by default, so the rows come from
@@ -1008,7 +1028,9 @@ impl Lifecycle for MySqlDriver {
     }
 
     async fn close(&self) {
-        self.pool.close().await;
+        if !self.shared_pool {
+            self.pool.close().await;
+        }
     }
 
     async fn table_drop(&self) -> Result<()> {

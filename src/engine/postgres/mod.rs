@@ -48,7 +48,7 @@ use sqlx::postgres::PgValueFormat;
 
 use super::decode::{Decoder, text_columns};
 use super::{
-    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
     CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
@@ -90,6 +90,9 @@ pub struct PgDriver {
     /// The table's schema version, once looked up.
     version: super::SchemaVersionCache,
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The pool is the application's ([`PgDriver::from_pool`]): closing the driver leaves
+    /// it open.
+    shared_pool: bool,
 }
 
 /// The statements of the queue path, rendered once per table. `Arc<str>` so a query
@@ -803,8 +806,57 @@ impl PgDriver {
             unusable: Default::default(),
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
+            shared_pool: false,
         };
         if let Err(err) = driver.check_connection(url, table).await {
+            driver.close().await;
+            return Err(err);
+        }
+        Ok(driver)
+    }
+
+    /// A driver on the application's own pool, for `table`: schedules, reads and the
+    /// processor's claims and stamps all go through `pool` (so they commit as durably as
+    /// the application's own writes: no `synchronous_commit = off`), and the LISTEN
+    /// connection is opened from `pool`'s connect options. One server, no failover watcher.
+    /// A transaction pooler in front of the server is detected (one extra connection, once)
+    /// and then handled as `pooler: transaction` is: no LISTEN, each statement in its own
+    /// transaction. Closing the driver leaves `pool` open.
+    pub(crate) async fn from_pool(pool: PgPool, table: &TableName) -> Result<Self> {
+        let options = (*pool.connect_options()).clone();
+        let shown = "the application's PostgreSQL pool";
+        let pooling = connect::transaction_pooling(&pool, &options)
+            .await
+            .map_err(Error::db(format!("connecting through {shown}")))?;
+        let servers = connect::Servers {
+            hosts: vec![connect::Host {
+                label: String::new(),
+                options,
+            }],
+            attrs: connect::SessionAttrs::Any,
+        };
+        let failover = connect::Failover::start(shown, servers).await?;
+        let t = table.quoted(Engine::Postgres);
+        let driver = PgDriver {
+            work: pool.clone(),
+            pool,
+            table: table.clone(),
+            sql: Sql::new(&t),
+            t,
+            failover,
+            pooler: if pooling {
+                Pooler::Transaction
+            } else {
+                Pooler::Session
+            },
+            cursor: cursor::ClaimCursor::default(),
+            unusable: Default::default(),
+            version: Default::default(),
+            listener: std::sync::Mutex::new(None),
+            shared_pool: true,
+        };
+        // The pooler is known: only the schema is left to check.
+        if let Err(err) = driver.check_connection(shown, table).await {
             driver.close().await;
             return Err(err);
         }
@@ -814,7 +866,7 @@ impl PgDriver {
     /// What `connect` checks once connected: no transaction pooler unless the setting
     /// says so, and the table's schema exists.
     async fn check_connection(&self, url: &str, table: &TableName) -> Result<()> {
-        if self.pooler == Pooler::Session {
+        if self.pooler == Pooler::Session && !self.shared_pool {
             let pooling =
                 connect::transaction_pooling(&self.pool, &self.failover.current_options())
                     .await
@@ -1213,7 +1265,10 @@ impl QueueOps for PgDriver {
             .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
         super::decode_count(&row, "others")
     }
+}
 
+#[async_trait]
+impl BenchOps for PgDriver {
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
         let rows = params.rows;
         let sql = format!(
@@ -1354,8 +1409,10 @@ impl Lifecycle for PgDriver {
             task.abort();
         }
         self.failover.stop();
-        self.work.close().await;
-        self.pool.close().await;
+        if !self.shared_pool {
+            self.work.close().await;
+            self.pool.close().await;
+        }
     }
 
     async fn table_drop(&self) -> Result<()> {

@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
-    Activity, BenchFillCompletedParams, ClaimParams, ClaimedRow, CommandGetParams,
+    Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
     CommandSetStateManyParams, ConnectOptions, Lease, LeaseCheckManyParams, LeaseExtendManyParams,
     LeaseOthersAtHeadParams, Lifecycle, QueueOps, SetState, SweepParams,
@@ -51,6 +51,9 @@ pub struct SqliteDriver {
     version: super::SchemaVersionCache,
     /// When a claim last looked for rows no claim in due order settles.
     unusable: super::UnusableGate,
+    /// The pool is the application's ([`SqliteDriver::from_pool`]): closing the driver
+    /// leaves it open.
+    shared_pool: bool,
 }
 
 struct Sql {
@@ -659,6 +662,18 @@ impl SqliteDriver {
                 other => break other.map_err(Error::db(format!("opening {}", redact_url(url))))?,
             }
         };
+        Self::on_pool(pool, table, false).await
+    }
+
+    /// A driver on the application's own pool, for `table`, as it is configured: icq's
+    /// own connect sets WAL, `synchronous = NORMAL` and a 30 s busy timeout, which the
+    /// application's options should set too. Closing the driver leaves `pool` open.
+    pub(crate) async fn from_pool(pool: SqlitePool, table: &TableName) -> Result<Self> {
+        Self::on_pool(pool, table, true).await
+    }
+
+    /// The driver on `pool`, once `table`'s schema is found to exist.
+    async fn on_pool(pool: SqlitePool, table: &TableName, shared_pool: bool) -> Result<Self> {
         if let Some(schema) = table.schema() {
             // SQLite's schemas are the connection's attached databases (`main`, `temp`):
             // any other schema is missing, which is not the same as a missing table.
@@ -669,7 +684,9 @@ impl SqliteDriver {
                     .await
                     .map_err(Error::db(format!("looking up the schema of {table}")))?;
             if found == 0 && !schema.eq_ignore_ascii_case("temp") {
-                pool.close().await;
+                if !shared_pool {
+                    pool.close().await;
+                }
                 return Err(Error::schema_missing(table, Engine::Sqlite));
             }
         }
@@ -682,6 +699,7 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
+            shared_pool,
         })
     }
 
@@ -1119,7 +1137,10 @@ impl QueueOps for SqliteDriver {
             .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
         super::decode_count(&row, "others")
     }
+}
 
+#[async_trait]
+impl BenchOps for SqliteDriver {
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()> {
         let rows = params.rows;
         if rows == 0 {
@@ -1199,7 +1220,9 @@ impl Lifecycle for SqliteDriver {
     }
 
     async fn close(&self) {
-        self.pool.close().await;
+        if !self.shared_pool {
+            self.pool.close().await;
+        }
     }
 
     async fn table_drop(&self) -> Result<()> {
