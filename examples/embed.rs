@@ -1,6 +1,8 @@
-//! Embedding icq in a service: a business change and its command commit in one
-//! transaction, a rolled-back change schedules nothing, and a typed handler processes
-//! what was committed. Runs on a throw-away SQLite file, so it needs no server:
+//! Embedding icq in a service, as the README's "The Rust API" does it: icq takes the
+//! application's own pool (`Queue::from_pool`) and creates its table from Rust
+//! (`icq::schema::apply`); a business change and its command commit in one transaction, a
+//! rolled-back change schedules nothing, and a typed handler processes what was committed
+//! until the queue is idle. Runs on a throw-away SQLite file, so it needs no server:
 //!
 //! ```sh
 //! cargo run --example embed
@@ -11,14 +13,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use icq::ConnectOptions;
+use icq::sqlx::{self, sqlite::SqliteConnectOptions, sqlite::SqliteJournalMode};
 use icq::{
-    CommandType, Context, Engine, NewCommand, Processor, Queue, Registry, RunOptions, Settings,
-    TableName,
+    CancellationToken, CommandType, Context, NewCommand, Processor, Queue, Registry, RunOptions,
+    Settings, TableName,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::Connection as _;
-use tokio_util::sync::CancellationToken;
 
 /// The command: send the receipt of a paid order.
 #[derive(Serialize, Deserialize)]
@@ -33,27 +33,29 @@ impl CommandType for SendReceipt {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
     let table = TableName::default();
 
-    // The application's own schema, and icq's table (normally a migration:
-    // `icq migrate add` + `icq migrate run`, or sqlx-cli).
-    let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+    // The application's own pool (WAL and a busy timeout, as icq's own SQLite connect
+    // sets them) and schema.
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("shop.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(30));
+    let pool = sqlx::SqlitePool::connect_with(options).await?;
     sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL)")
-        .execute(&mut conn)
+        .execute(&pool)
         .await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(
-        icq::schema::render(Engine::Sqlite, &table).up,
-    ))
-    .execute(&mut conn)
-    .await?;
     sqlx::raw_sql("INSERT INTO orders (id, status) VALUES (42, 'new'), (43, 'new')")
-        .execute(&mut conn)
+        .execute(&pool)
         .await?;
-    let queue = Queue::connect("shop", &url, &table, &ConnectOptions::default()).await?;
+
+    // icq's table, created (or upgraded) from Rust, and a queue on the same pool.
+    icq::schema::apply(&pool, &table).await?;
+    let queue = Queue::from_pool("shop", &pool, &table).await?;
 
     // 1. Order 42 is paid: the status change and its command commit together.
-    let mut tx = conn.begin().await?;
+    let mut tx = pool.begin().await?;
     sqlx::query("UPDATE orders SET status = 'paid' WHERE id = ?")
         .bind(42_i64)
         .execute(&mut *tx)
@@ -67,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     queue.commit(tx).await?; // commits, then wakes the local processor
 
     // 2. Order 43's payment fails: rolling back schedules nothing.
-    let mut tx = conn.begin().await?;
+    let mut tx = pool.begin().await?;
     sqlx::query("UPDATE orders SET status = 'paid' WHERE id = ?")
         .bind(43_i64)
         .execute(&mut *tx)
@@ -76,7 +78,6 @@ async fn main() -> anyhow::Result<()> {
         .schedule_in(&mut *tx, &NewCommand::typed(&SendReceipt { order_id: 43 })?)
         .await?;
     tx.rollback().await?;
-    conn.close().await?;
 
     // 3. A typed handler, run by the processor until nothing is due.
     let sent = Arc::new(AtomicU64::new(0));
@@ -95,14 +96,13 @@ async fn main() -> anyhow::Result<()> {
     })?;
     let mut processor = Processor::new(registry);
     processor.add_source(queue.source_handle(Settings::default()));
-    let options = RunOptions {
-        until_idle: true,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().with_until_idle(true);
     processor.run(options, CancellationToken::new()).await?;
 
     let sent = sent.load(Ordering::SeqCst);
     println!("{sent} receipt sent; the rolled-back order scheduled nothing");
     anyhow::ensure!(sent == 1, "expected exactly one receipt, sent {sent}");
+    queue.close().await; // icq's own connections; the application's pool stays open
+    anyhow::ensure!(!pool.is_closed(), "the application's pool was closed");
     Ok(())
 }
