@@ -302,7 +302,10 @@ impl Queue {
     ///   `pool_mode = transaction`) is detected when the queue is made (one extra
     ///   connection) and handled as `pooler: transaction` is: no LISTEN (the processor
     ///   polls) and each statement in its own transaction; the application's options
-    ///   should then turn sqlx's statement cache off (`statement_cache_capacity(0)`). The
+    ///   should then turn sqlx's statement cache off (`statement_cache_capacity(0)`).
+    ///   Behind PgBouncer in either mode they also need `extra_float_digits(None)` (unless
+    ///   PgBouncer's `ignore_startup_parameters` lists it): PgBouncer refuses sqlx's default
+    ///   startup parameter, and icq's own connections leave it out. The
     ///   processor's claims and stamps commit as durably as the application's writes
     ///   (its own pools use `synchronous_commit = off`), and a URL listing several hosts
     ///   (failover) is [`Queue::connect`]'s alone.

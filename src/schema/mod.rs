@@ -106,7 +106,7 @@ pub(crate) async fn apply_on(backend: &dyn Backend) -> Result<SchemaChange> {
 /// The up and down SQL for one engine and table.
 ///
 /// Apply `up` with any SQL runner (sqlx's `raw_sql`, a migration tool), or let
-/// [`crate::migrate::add`] write it into a migration file.
+/// `icq migrate add` write it into a migration file, or [`apply`] it to your pool.
 ///
 /// # Examples
 ///

@@ -261,3 +261,90 @@ async fn transaction_mode_without_the_setting_fails_naming_it() {
         stderr.trim()
     );
 }
+
+/// Issue 23: `Queue::from_pool` on an application's pool that goes through PgBouncer in
+/// transaction mode (its statement cache and `extra_float_digits` startup parameter off, as
+/// such a pool needs) finds the pooler by
+/// itself, and the in-process processor drains by polling, each statement in its own
+/// transaction; the application's pool is left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_pool_through_transaction_mode_finds_the_pooler_and_drains() {
+    use icq::{Processor, Queue, Registry, RunOptions, Settings, TableName};
+    use std::str::FromStr;
+
+    // What the driver says while it starts and runs: it should find the pooler.
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = log.clone();
+    // Global: the driver logs from the runtime's worker threads (nextest gives each test a
+    // process of its own).
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || Sink(sink.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish(),
+    )
+    .expect("no other subscriber in this test's process");
+    let (_scratch, cluster, bouncer) = setup("transaction", 300).await;
+    let options = sqlx::postgres::PgConnectOptions::from_str(&bouncer.url("postgres"))
+        .expect("the pooler's URL")
+        .statement_cache_capacity(0)
+        .extra_float_digits(None);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect_with(options)
+        .await
+        .expect("the application's pool");
+    let queue = Queue::from_pool("shop", &pool, &TableName::default())
+        .await
+        .expect("from_pool through the pooler");
+    let mut registry = Registry::new();
+    registry
+        .insert("fleet.noop", std::sync::Arc::new(icq::handler::Noop))
+        .unwrap();
+    let mut processor = Processor::new(registry);
+    processor
+        .add_source(queue.source_handle(Settings::default().with_polling_interval_seconds(0.1)));
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        processor.run(
+            RunOptions::default().with_until_idle(true),
+            Default::default(),
+        ),
+    )
+    .await
+    .expect("drained within 120 s")
+    .expect("the processor ran");
+    let once = try_count(
+        &cluster.url("postgres"),
+        r#"SELECT count(*) FROM "InternalCommands" WHERE "ProcessedAt" IS NOT NULL AND "Attempts" = 1"#,
+    )
+    .await;
+    assert_eq!(
+        once,
+        Some(300),
+        "every command completed on its first attempt"
+    );
+    assert_eq!(queue.stats().snapshot().succeeded, 300);
+    let log = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(
+        log.contains("pooler: transaction: no LISTEN"),
+        "the pooler should have been found:\n{log}"
+    );
+    for bad in ["does not exist", "WARN", "ERROR"] {
+        assert!(!log.contains(bad), "`{bad}` in the log:\n{log}");
+    }
+    queue.close().await;
+    assert!(!pool.is_closed());
+    drop(bouncer);
+}
