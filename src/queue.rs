@@ -242,12 +242,15 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Connects to `url` (engine from the scheme) for `table`, checking the table exists.
-    /// An unreachable server fails at once with the cause ([`Error::Connect`], e.g.
-    /// `connection refused (127.0.0.1:1)`), not after the pool's acquire timeout.
+    /// Connects to `url` (engine from the scheme) for `table`, checking the table exists,
+    /// with pools of the queue's own (what `icq work` uses; a service that has a pool
+    /// already hands it over with [`Queue::from_pool`]). An unreachable server fails at
+    /// once with the cause ([`Error::Connect`], e.g. `connection refused (127.0.0.1:1)`),
+    /// not after the pool's acquire timeout. A PostgreSQL URL may list several hosts, and
+    /// the queue follows a failover to the writable one.
     ///
     /// The table must exist: create it with a migration (`icq migrate add`, then
-    /// `icq migrate run` or sqlx-cli), or from [`crate::schema::render`].
+    /// `icq migrate run` or sqlx-cli), or with [`crate::schema::apply`].
     ///
     /// # Examples
     ///
@@ -304,10 +307,10 @@ impl Queue {
     ///   polls) and each statement in its own transaction; the application's options
     ///   should then turn sqlx's statement cache off (`statement_cache_capacity(0)`).
     ///   Behind PgBouncer in either mode they also need `extra_float_digits(None)` (unless
-    ///   PgBouncer's `ignore_startup_parameters` lists it): PgBouncer refuses sqlx's default
-    ///   startup parameter, and icq's own connections leave it out. The
-    ///   processor's claims and stamps commit as durably as the application's writes
-    ///   (its own pools use `synchronous_commit = off`), and a URL listing several hosts
+    ///   PgBouncer's `ignore_startup_parameters` lists it): PgBouncer refuses sqlx's
+    ///   default startup parameter, and icq's own connections leave it out. The
+    ///   processor's claims and stamps commit as durably as the application's writes (its
+    ///   own pools use `synchronous_commit = off`), and a URL listing several hosts
     ///   (failover) is [`Queue::connect`]'s alone.
     /// - **SQLite.** `pool` is used as configured: icq's own connect sets WAL
     ///   (`journal_mode(Wal)`), `synchronous(Normal)` and a 30 s `busy_timeout`, and a
