@@ -244,85 +244,85 @@ impl Default for Settings {
 /// Builders: `Settings::default().with_concurrency(16)` (the struct may grow, so it is
 /// not built with a struct literal outside icq). See [`Settings`]'s example.
 impl Settings {
-    /// These settings with [`Settings::batch_size`] set to `batch_size`.
+    /// These settings with [`Settings::batch_size`] set.
     pub fn with_batch_size(mut self, batch_size: u32) -> Settings {
         self.batch_size = batch_size;
         self
     }
 
-    /// These settings with [`Settings::max_attempts`] set to `max_attempts`.
+    /// These settings with [`Settings::max_attempts`] set.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Settings {
         self.max_attempts = max_attempts;
         self
     }
 
-    /// These settings with [`Settings::lease_seconds`] set to `lease_seconds`.
+    /// These settings with [`Settings::lease_seconds`] set.
     pub fn with_lease_seconds(mut self, lease_seconds: u64) -> Settings {
         self.lease_seconds = lease_seconds;
         self
     }
 
-    /// These settings with [`Settings::retry_backoff_base_seconds`] set to `retry_backoff_base_seconds`.
+    /// These settings with [`Settings::retry_backoff_base_seconds`] set.
     pub fn with_retry_backoff_base_seconds(mut self, retry_backoff_base_seconds: f64) -> Settings {
         self.retry_backoff_base_seconds = retry_backoff_base_seconds;
         self
     }
 
-    /// These settings with [`Settings::max_retry_backoff_seconds`] set to `max_retry_backoff_seconds`.
+    /// These settings with [`Settings::max_retry_backoff_seconds`] set.
     pub fn with_max_retry_backoff_seconds(mut self, max_retry_backoff_seconds: f64) -> Settings {
         self.max_retry_backoff_seconds = max_retry_backoff_seconds;
         self
     }
 
-    /// These settings with [`Settings::retention_days`] set to `retention_days`.
+    /// These settings with [`Settings::retention_days`] set.
     pub fn with_retention_days(mut self, retention_days: u64) -> Settings {
         self.retention_days = retention_days;
         self
     }
 
-    /// These settings with [`Settings::cleanup_interval_hours`] set to `cleanup_interval_hours`.
+    /// These settings with [`Settings::cleanup_interval_hours`] set.
     pub fn with_cleanup_interval_hours(mut self, cleanup_interval_hours: f64) -> Settings {
         self.cleanup_interval_hours = cleanup_interval_hours;
         self
     }
 
-    /// These settings with [`Settings::processing_delay_seconds`] set to `processing_delay_seconds`.
+    /// These settings with [`Settings::processing_delay_seconds`] set.
     pub fn with_processing_delay_seconds(mut self, processing_delay_seconds: u64) -> Settings {
         self.processing_delay_seconds = processing_delay_seconds;
         self
     }
 
-    /// These settings with [`Settings::polling_interval_seconds`] set to `polling_interval_seconds`.
+    /// These settings with [`Settings::polling_interval_seconds`] set.
     pub fn with_polling_interval_seconds(mut self, polling_interval_seconds: f64) -> Settings {
         self.polling_interval_seconds = polling_interval_seconds;
         self
     }
 
-    /// These settings with [`Settings::concurrency`] set to `concurrency`.
+    /// These settings with [`Settings::concurrency`] set.
     pub fn with_concurrency(mut self, concurrency: u32) -> Settings {
         self.concurrency = concurrency;
         self
     }
 
-    /// These settings with [`Settings::claim_only_handled_types`] set to `claim_only_handled_types`.
+    /// These settings with [`Settings::claim_only_handled_types`] set.
     pub fn with_claim_only_handled_types(mut self, claim_only_handled_types: bool) -> Settings {
         self.claim_only_handled_types = claim_only_handled_types;
         self
     }
 
-    /// These settings with [`Settings::pooler`] set to `pooler`.
+    /// These settings with [`Settings::pooler`] set.
     pub fn with_pooler(mut self, pooler: Pooler) -> Settings {
         self.pooler = pooler;
         self
     }
 
-    /// These settings with [`Settings::max_snoozes`] set to `max_snoozes`.
+    /// These settings with [`Settings::max_snoozes`] set.
     pub fn with_max_snoozes(mut self, max_snoozes: u32) -> Settings {
         self.max_snoozes = max_snoozes;
         self
     }
 
-    /// These settings with [`Settings::queues`] set to `queues`.
+    /// These settings with [`Settings::queues`] set.
     pub fn with_queues(mut self, queues: Vec<QueueSettings>) -> Settings {
         self.queues = queues;
         self
