@@ -544,6 +544,12 @@ mod tests {
             assert!(!host.label.contains("pw") && !host.label.contains("S2"));
             assert!(host.url.ends_with("/d?password=S2"), "{}", host.url);
         }
+        // A driver's message quoting the password is masked too.
+        let said = crate::redact::redact_in("login failed: pw, S1, S2", url);
+        assert!(
+            !said.contains("pw") && !said.contains("S1") && !said.contains("S2"),
+            "{said}"
+        );
         let shown = crate::redact::redact_url(url);
         assert!(
             !shown.contains("pw@") && !shown.contains("S1") && !shown.contains("S2"),
