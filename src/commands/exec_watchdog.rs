@@ -3,14 +3,21 @@
 //! the process groups of the handlers still running (see
 //! [`crate::handler::exec::watchdog`]).
 
-/// Runs the watchdog until its stdin ends; says on stderr what it killed.
+/// Runs the watchdog until its stdin ends; says on stderr what it killed. The stderr it
+/// shares with the dead worker may be a pipe nobody reads any more: the line is given a
+/// second, and the process exits whether or not it was written.
 pub fn run() -> anyhow::Result<()> {
     let killed = crate::handler::exec::watchdog::run(std::io::stdin().lock());
     if killed > 0 {
-        crate::output::note(&format!(
-            "icq exec-watchdog: the worker is gone; killed the process groups of {killed} exec \
-             handler(s) it left running"
-        ));
+        let (written, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            crate::output::note(&format!(
+                "icq exec-watchdog: the worker is gone; killed the process groups of {killed} \
+                 exec handler(s) it left running"
+            ));
+            let _ = written.send(());
+        });
+        let _ = wait.recv_timeout(std::time::Duration::from_secs(1));
     }
     Ok(())
 }
