@@ -713,16 +713,23 @@ async fn migrate_applies_to_the_writable_host_of_a_multi_host_url() {
     let work = tempfile::tempdir().expect("temp dir");
     let dir = work.path().join("migrations");
     let dir_arg = dir.to_str().expect("a UTF-8 temp path");
-    let (status, _, stderr) = icq_output(
-        &["migrate", "add", "--engine", "postgres", "--dir", dir_arg],
-        work.path(),
-    );
-    assert!(status.success(), "icq migrate add: {stderr}");
-
     let (s, p) = (standby.port, primary.port);
     let standby_first = format!(
         "postgres://postgres@127.0.0.1:{s},127.0.0.1:{p}/postgres?target_session_attrs=read-write"
     );
+    // `add` takes the engine from the URL.
+    let (status, _, stderr) = icq_output(
+        &[
+            "migrate",
+            "add",
+            "--database-url",
+            &standby_first,
+            "--dir",
+            dir_arg,
+        ],
+        work.path(),
+    );
+    assert!(status.success(), "icq migrate add: {stderr}");
     let (status, stdout, stderr) = icq_output(
         &[
             "migrate",

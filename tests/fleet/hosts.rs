@@ -83,3 +83,35 @@ async fn a_dead_port_listed_first_in_the_query_form_is_passed_over() {
     // The parameter sqlx would have logged is named, without its value.
     assert!(all.contains("PassWord"), "{all}");
 }
+
+/// A host list that breaks libpq's count rule is refused before connecting, by `icq config
+/// check` and by a command given the URL, naming the rule and not the password.
+#[test]
+fn a_host_list_breaking_libpqs_count_rule_is_refused_naming_it() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let url = "postgres://app:s3cret-marker@/orders?host=db1,db2&port=5432,5433,5434";
+    let config = work.path().join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  - name: main\n    url: {}\nhandlers:\n  t:\n    noop: true\n",
+            serde_json::to_string(url).unwrap()
+        ),
+    )
+    .expect("write icq.yaml");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    let rule = "3 port numbers for 2 hosts: libpq's rule is one port for every host, or a \
+                single port for all of them";
+    for args in [
+        &["config", "check", "--config", config][..],
+        &["pending", "--database-url", url],
+    ] {
+        let (status, stdout, stderr) = icq_output(args, work.path());
+        assert_eq!(status.code(), Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(rule), "{args:?}: {stderr}");
+        assert!(
+            !(stdout + &stderr).contains("s3cret-marker"),
+            "{args:?}: a secret was shown"
+        );
+    }
+}

@@ -1,9 +1,11 @@
 //! Which PostgreSQL server a source talks to, through what, and finding it again.
 //!
-//! - **Several hosts.** A `url` may list hosts as libpq writes them
-//!   (`postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write`). Each host gets
-//!   its own sqlx options (sqlx takes one host); the user, password, database and every
-//!   other parameter are shared. `target_session_attrs` may be `any`, `read-write` or
+//! - **Several hosts.** A `url` may list hosts as libpq writes them, in the authority
+//!   (`postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write`) or in the query
+//!   (`postgres://u:p@/db?host=h1,h2&port=5432,5433`), read by libpq's rules
+//!   ([`postgres_hosts`]). Each host gets its own sqlx options (sqlx takes one host); the
+//!   user, password, database and every other parameter are shared. `icq migrate` makes
+//!   the same choice of server for its one connection ([`connect_options`]). `target_session_attrs` may be `any`, `read-write` or
 //!   `primary` (the last two mean the same to icq: a server that accepts writes); with
 //!   several hosts and no `target_session_attrs`, icq wants a writable server, since a
 //!   queue must write.
