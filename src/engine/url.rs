@@ -168,9 +168,19 @@ pub(crate) fn postgres_hosts(url: &str) -> Result<Option<PgHosts>, String> {
     if !several {
         // One server: the query's own `host`, `port` and `hostaddr` stay for sqlx.
         let query = joined_query(kept.iter().map(|(pair, _)| *pair));
+        // Named as the query names it, when it does (`?host=/run/postgresql&port=6000`).
+        let label = match (q_host.as_deref().or(q_hostaddr.as_deref()), &q_port) {
+            (Some(host), Some(port)) => format!(
+                "{}:{}",
+                crate::redact::escape_for_log(host),
+                crate::redact::escape_for_log(port)
+            ),
+            (Some(host), None) => crate::redact::escape_for_log(host),
+            (None, _) => host_list.to_string(),
+        };
         return Ok(Some(PgHosts {
             hosts: vec![PgHost {
-                label: host_list.to_string(),
+                label,
                 url: format!("{scheme}://{authority}{path}{query}{fragment}"),
             }],
             session_attrs,
@@ -452,7 +462,7 @@ mod tests {
         // One host: as written, `target_session_attrs` alone taken out.
         let (labels, urls, attrs) =
             listed("postgres://u@h/d?a=1&target_session_attrs=any&host=/tmp&port=6000");
-        assert_eq!(labels, ["h"]);
+        assert_eq!(labels, ["/tmp:6000"]);
         assert_eq!(urls, ["postgres://u@h/d?a=1&host=/tmp&port=6000"]);
         assert_eq!(attrs.as_deref(), Some("any"));
         assert_eq!(postgres_hosts("sqlite:q.db").unwrap(), None);
