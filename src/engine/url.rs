@@ -234,11 +234,17 @@ pub(crate) fn postgres_hosts(url: &str) -> Result<Option<PgHosts>, String> {
             if n == 1 { "" } else { "s" }
         ));
     }
-    let query = joined_query(
-        kept.iter()
-            .filter(|(_, server)| !server)
-            .map(|(pair, _)| *pair),
-    );
+    let shared = Shared {
+        scheme,
+        userinfo,
+        path,
+        query: joined_query(
+            kept.iter()
+                .filter(|(_, server)| !server)
+                .map(|(pair, _)| *pair),
+        ),
+        fragment,
+    };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let host = hosts.as_ref().map_or("", |hosts| hosts[i].as_str());
@@ -249,13 +255,11 @@ pub(crate) fn postgres_hosts(url: &str) -> Result<Option<PgHosts>, String> {
         if host.is_empty() && addr.is_empty() {
             return Err(
                 "an empty host in the host list (write `h1:5432,h2:5433`, or \
-                        `?host=h1,h2&port=5432,5433`)"
+                 `?host=h1,h2&port=5432,5433`)"
                     .to_string(),
             );
         }
-        out.push(one_server(
-            scheme, userinfo, path, &query, fragment, host, addr, port,
-        ));
+        out.push(one_server(&shared, host, addr, port));
     }
     Ok(Some(PgHosts {
         hosts: out,
@@ -263,19 +267,20 @@ pub(crate) fn postgres_hosts(url: &str) -> Result<Option<PgHosts>, String> {
     }))
 }
 
-/// The URL for one server of a host list, and its label.
-#[allow(clippy::too_many_arguments)]
-fn one_server(
-    scheme: &str,
-    userinfo: &str,
-    path: &str,
-    query: &str,
-    fragment: &str,
-    host: &str,
-    addr: &str,
-    port: &str,
-) -> PgHost {
-    let mut extra: Vec<String> = Vec::new();
+/// What every server of a host list shares: the URL around its hosts.
+struct Shared<'a> {
+    scheme: &'a str,
+    /// `user:password@`, or nothing.
+    userinfo: &'a str,
+    path: &'a str,
+    /// `?…` without the server's parameters, or nothing.
+    query: String,
+    fragment: &'a str,
+}
+
+/// The URL for one server of a host list, and its label. `host` may be empty (then
+/// `addr` is not) or a Unix socket directory; `addr` and `port` may be empty.
+fn one_server(shared: &Shared<'_>, host: &str, addr: &str, port: &str) -> PgHost {
     let bracketed = |h: &str| {
         if h.contains(':') && !h.starts_with('[') {
             format!("[{h}]")
@@ -283,34 +288,29 @@ fn one_server(
             h.to_string()
         }
     };
-    // A Unix socket directory goes in the query (sqlx reads `host=/dir` as a socket);
-    // the authority then needs a host of some kind.
-    let authority_host = if host.starts_with('/') {
-        extra.push(format!("host={}", encode(host)));
-        "localhost".to_string()
-    } else if host.is_empty() {
-        bracketed(addr)
+    let socket = host.starts_with('/');
+    let name = if socket {
+        host.to_string()
     } else {
-        bracketed(host)
+        bracketed(if host.is_empty() { addr } else { host })
+    };
+    // A socket directory and its port go in the query (sqlx reads `host=/dir` as a
+    // socket); the authority then needs a host of some kind.
+    let mut extra: Vec<String> = Vec::new();
+    let authority = if socket {
+        extra.push(format!("host={}", encode(host)));
+        if !port.is_empty() {
+            extra.push(format!("port={}", encode(port)));
+        }
+        "localhost".to_string()
+    } else if port.is_empty() {
+        name.clone()
+    } else {
+        format!("{name}:{port}")
     };
     if !addr.is_empty() {
         extra.push(format!("hostaddr={}", encode(addr)));
     }
-    let authority_port = if port.is_empty() || host.starts_with('/') {
-        if host.starts_with('/') && !port.is_empty() {
-            extra.push(format!("port={port}"));
-        }
-        String::new()
-    } else {
-        format!(":{port}")
-    };
-    let name = if host.is_empty() {
-        bracketed(addr)
-    } else if host.starts_with('/') {
-        host.to_string()
-    } else {
-        bracketed(host)
-    };
     let mut label = crate::redact::escape_for_log(&name);
     if !host.is_empty() && !addr.is_empty() {
         label.push_str(&format!(
@@ -319,20 +319,23 @@ fn one_server(
         ));
     }
     if !port.is_empty() {
-        label.push_str(&format!(":{port}"));
+        label.push_str(&format!(":{}", crate::redact::escape_for_log(port)));
     }
-    let query = if extra.is_empty() {
-        query.to_string()
-    } else if query.is_empty() {
-        format!("?{}", extra.join("&"))
-    } else {
-        format!("{query}&{}", extra.join("&"))
+    let Shared {
+        scheme,
+        userinfo,
+        path,
+        query,
+        fragment,
+    } = shared;
+    let query = match (query.is_empty(), extra.is_empty()) {
+        (_, true) => query.clone(),
+        (true, false) => format!("?{}", extra.join("&")),
+        (false, false) => format!("{query}&{}", extra.join("&")),
     };
     PgHost {
         label,
-        url: format!(
-            "{scheme}://{userinfo}{authority_host}{authority_port}{path}{query}{fragment}"
-        ),
+        url: format!("{scheme}://{userinfo}{authority}{path}{query}{fragment}"),
     }
 }
 
