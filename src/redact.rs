@@ -384,7 +384,8 @@ fn secrets_of(url: &str) -> Vec<String> {
 }
 
 /// A libpq multi-host URL (`postgres://u:p@h1:5432,h2:5433/db`) with its host list cut
-/// to the first host, so the URL parser reads its user information and query (the
+/// to the first host, or one with no host (`postgres://u:p@/db?host=h1,h2`, libpq's query
+/// form) given `localhost`, so the URL parser reads its user information and query (the
 /// secrets are the same for every host). Any other text is returned unchanged.
 fn first_host_only(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else {
@@ -394,15 +395,19 @@ fn first_host_only(url: &str) -> String {
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
     let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
-    match authority[hosts_start..].find(',') {
-        Some(comma) => format!(
-            "{}{}{}",
-            &url[..start + hosts_start],
-            &authority[hosts_start..hosts_start + comma],
-            &rest[authority_end..]
-        ),
-        None => url.to_string(),
+    let hosts = &authority[hosts_start..];
+    let first = match hosts.split(',').next() {
+        Some("") | None => "localhost",
+        Some(first) => first,
+    };
+    if first == hosts {
+        return url.to_string();
     }
+    format!(
+        "{}{first}{}",
+        &url[..start + hosts_start],
+        &rest[authority_end..]
+    )
 }
 
 /// Masks, inside `text` (e.g. a driver's message), every occurrence of the secrets that

@@ -7,6 +7,7 @@ pub mod completions;
 pub mod config;
 pub mod console;
 pub mod dead_letters;
+pub mod exec_watchdog;
 pub mod list;
 pub mod man;
 pub mod migrate;
@@ -147,6 +148,10 @@ pub enum Command {
     /// Print the icq(1) man page, or write every page into a directory.
     #[command(after_help = man::MAN)]
     Man(man::ManArgs),
+
+    /// Internal: kills what a worker's exec handlers left running once it is gone.
+    #[command(hide = true)]
+    ExecWatchdog,
 }
 
 impl Cli {
@@ -177,6 +182,7 @@ fn format_given(matches: &clap::ArgMatches) -> bool {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     crate::output::request_tables(cli.global.format_given && cli.global.format == Format::Table);
+    exec_watchdog::enable();
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,
@@ -195,6 +201,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Completions(args) => completions::run(args),
         Command::Config(cmd) => config::run(cmd, &cli.global),
         Command::Man(args) => man::run(args),
+        Command::ExecWatchdog => exec_watchdog::run(),
     }
 }
 

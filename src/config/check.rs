@@ -148,8 +148,9 @@ pub(crate) fn check_database_url(url: &str) -> Result<Engine, String> {
         // A PostgreSQL URL may list several hosts (libpq's `h1:5432,h2:5433`): each is
         // checked as a URL of its own.
         let hosts = match engine {
-            Engine::Postgres => crate::engine::postgres::split_hosts(url)
-                .map(|(hosts, _)| hosts.into_iter().map(|(_, one)| one).collect())
+            Engine::Postgres => crate::engine::url::postgres_hosts(url)
+                .map_err(|why| format!("the database URL's host list: {why}"))?
+                .map(|listed| listed.hosts.into_iter().map(|host| host.url).collect())
                 .unwrap_or_else(|| vec![url.to_string()]),
             _ => vec![url.to_string()],
         };

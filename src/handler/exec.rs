@@ -32,9 +32,13 @@
 //! fires when the *thread* that forked the child exits, and tokio's pool threads can
 //! retire). A program started just as the worker dies finds itself orphaned after setting
 //! the signal and does not run. The signal reaches the program itself, not processes it
-//! started (a shell wrapper should `exec` its last command); setuid programs clear it. On
-//! other Unix systems there is no such signal: a killed worker's programs run on until
-//! they end by themselves.
+//! started; setuid programs clear it. On other Unix systems there is no such signal.
+//!
+//! What the program started in its group dies with the worker too when a [`watchdog`] is
+//! enabled (`icq work` enables it): a process of its own that kills every group still
+//! running once the worker is gone, however it ended. Only what leaves the group
+//! (`setsid`) escapes. Without one (the library's default), a killed worker's grandchildren
+//! run on, as do, on other Unix systems, its programs themselves.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -47,6 +51,8 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZE};
+
+pub mod watchdog;
 
 /// Bytes of stderr kept for `LastError`.
 ///
@@ -305,13 +311,17 @@ struct Running {
 }
 
 impl Running {
-    /// `child`, which was started as the leader of a group of its own.
+    /// `child`, which was started as the leader of a group of its own (listed with the
+    /// watchdog, when there is one).
     fn new(child: Child) -> Running {
         let group = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
             .filter(|&pid| pid > 1)
             .map(Pid::from_raw);
+        if let Some(group) = group {
+            watchdog::started(group);
+        }
         Running {
             child,
             group,
@@ -319,10 +329,12 @@ impl Running {
         }
     }
 
-    /// Sends SIGKILL to every member of the group (a group already gone is no error).
+    /// Sends SIGKILL to every member of the group (a group already gone is no error); the
+    /// watchdog then has nothing of it left to kill.
     fn kill_group(&self) {
         if let Some(group) = self.group {
             let _ = killpg(group, Signal::SIGKILL);
+            watchdog::ended(group);
         }
     }
 

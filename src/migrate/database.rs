@@ -474,7 +474,17 @@ async fn with_connection(
     };
     match Engine::from_url(url)? {
         Engine::Postgres => {
-            let options = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad_url)?;
+            // The writable server of a URL listing several hosts (libpq's forms), as
+            // `icq work` would pick it; a single host as written.
+            let options = crate::engine::postgres::connect_options(url)
+                .await
+                .map_err(|err| match err {
+                    Error::Database {
+                        cause: cause @ sqlx::Error::Configuration(_),
+                        ..
+                    } => bad_url(cause),
+                    other => other,
+                })?;
             perform::<sqlx::PgConnection>(options, operation, connecting, &database).await
         }
         Engine::Mysql => {

@@ -680,3 +680,120 @@ async fn drain_survives_promotion_of_a_synchronous_standby() {
         repeated.len()
     );
 }
+
+/// Runs `icq ARGS…` with no configuration or `$DATABASE_URL` from the environment; the
+/// exit status, stdout and stderr.
+pub(crate) fn icq_output(args: &[&str], cwd: &Path) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(icq_bin())
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run icq");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 19: `icq migrate` takes a URL listing several hosts, in either of libpq's forms,
+/// and applies to the writable one (a standby listed first is passed over); a URL naming
+/// only the standby with `target_session_attrs=read-write` fails, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_applies_to_the_writable_host_of_a_multi_host_url() {
+    let scratch = Scratch::new();
+    let primary = Cluster::init(&scratch, "primary");
+    primary.start();
+    let standby = Cluster::standby_of(&primary, &scratch, "standby");
+    standby.start();
+    let work = tempfile::tempdir().expect("temp dir");
+    let dir = work.path().join("migrations");
+    let dir_arg = dir.to_str().expect("a UTF-8 temp path");
+    let (s, p) = (standby.port, primary.port);
+    let standby_first = format!(
+        "postgres://postgres@127.0.0.1:{s},127.0.0.1:{p}/postgres?target_session_attrs=read-write"
+    );
+    // `add` takes the engine from the URL.
+    let (status, _, stderr) = icq_output(
+        &[
+            "migrate",
+            "add",
+            "--database-url",
+            &standby_first,
+            "--dir",
+            dir_arg,
+        ],
+        work.path(),
+    );
+    assert!(status.success(), "icq migrate add: {stderr}");
+    let (status, stdout, stderr) = icq_output(
+        &[
+            "migrate",
+            "run",
+            "--database-url",
+            &standby_first,
+            "--dir",
+            dir_arg,
+        ],
+        work.path(),
+    );
+    assert!(
+        status.success(),
+        "icq migrate run with the standby listed first: {stdout}\n{stderr}"
+    );
+    let table = r#"SELECT count(*) FROM pg_tables WHERE tablename = 'InternalCommands'"#;
+    assert_eq!(
+        try_count(&primary.url("postgres"), table).await,
+        Some(1),
+        "the table is on the primary"
+    );
+
+    // libpq's query form, no `target_session_attrs` (several hosts: a writable one).
+    let query_form = format!("postgres://postgres@/postgres?host=127.0.0.1,127.0.0.1&port={s},{p}");
+    let (status, stdout, stderr) = icq_output(
+        &[
+            "migrate",
+            "info",
+            "--format",
+            "json",
+            "--database-url",
+            &query_form,
+            "--dir",
+            dir_arg,
+        ],
+        work.path(),
+    );
+    assert!(status.success(), "icq migrate info: {stdout}\n{stderr}");
+    let info: serde_json::Value = serde_json::from_str(&stdout).expect("migrate info JSON");
+    assert_eq!(
+        info["migrations"][0]["state"], "installed",
+        "info read the primary: {info}"
+    );
+
+    let standby_only =
+        format!("postgres://postgres@127.0.0.1:{s}/postgres?target_session_attrs=read-write");
+    let (status, stdout, stderr) = icq_output(
+        &[
+            "migrate",
+            "run",
+            "--database-url",
+            &standby_only,
+            "--dir",
+            dir_arg,
+        ],
+        work.path(),
+    );
+    assert!(
+        !status.success(),
+        "a run on the standby alone succeeded: {stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("no writable server among the URL's hosts")
+            && stderr.contains(&format!("127.0.0.1:{s} (read-only (in recovery))")),
+        "the refusal says why: {stderr}"
+    );
+}

@@ -8,6 +8,7 @@ mod support;
 mod clock;
 mod errors;
 mod failover;
+mod hosts;
 mod look_ahead;
 mod pgbouncer;
 mod signals;

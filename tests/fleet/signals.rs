@@ -8,7 +8,8 @@
 //! - SIGHUP, SIGQUIT and SIGUSR1 are graceful stops like SIGTERM: the running command
 //!   finishes and is stamped, and the worker exits 0.
 //! - SIGKILL of `icq work`: its exec handlers die with it (Linux parent-death signal)
-//!   within a second.
+//!   within a second, and what they started in their process groups within two (the
+//!   watchdog, `icq exec-watchdog`), which then exits.
 //!
 //! Handlers write their pids to a file; liveness is read from /proc (a zombie counts as
 //! dead: it runs nothing).
@@ -310,6 +311,102 @@ async fn sigkill_of_the_worker_kills_its_exec_handlers(engine: &'static str) {
     );
 }
 
+/// The pids whose process group is `group` (read from /proc), alive.
+fn members(group: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // pid (comm) state ppid pgrp ...
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok())
+                    == Some(group)
+            })
+        })
+        .filter(|&pid| alive(pid))
+        .collect()
+}
+
+/// The live children of `parent` whose command line contains `text`.
+fn children_running(parent: i32, text: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                });
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains(text)
+        })
+        .filter(|&pid| alive(pid))
+        .collect()
+}
+
+/// Issue 19: SIGKILL of `icq work` while two exec handlers run, each a shell with a
+/// background and a foreground `sleep` in its process group (`sh -c 'sleep 300 & sleep
+/// 300'`): the parent-death signal kills the shell only; the watchdog kills the rest of
+/// both groups within 2 s, and then exits.
+async fn sigkill_of_the_worker_kills_its_handlers_grandchildren(engine: &'static str) {
+    let db = TestDb::with_table(engine, "sigkill_grandchildren").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pids");
+    let script = format!("echo $$ >> '{}'; sleep 300 & sleep 300", pidfile.display());
+    let config = write_config(dir.path(), &db.url, 2, &sh(script));
+    insert(&db, 2).await;
+
+    let mut worker = Worker::start(&config, &[]);
+    let groups = pids_in(&pidfile, 2).await;
+    let start = Instant::now();
+    let mut all: Vec<i32> = Vec::new();
+    // Both groups with their two `sleep`s (and the shell, unless it `exec`s the last one).
+    while all.len() < 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{engine}: the handlers' groups never filled: {all:?}\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        all = groups.iter().flat_map(|&group| members(group)).collect();
+    }
+    let worker_pid = i32::try_from(worker.child.id()).unwrap();
+    let watchdogs = children_running(worker_pid, "exec-watchdog");
+    assert_eq!(watchdogs.len(), 1, "{engine}: one watchdog for the worker");
+
+    worker.signal(Signal::SIGKILL);
+    let status = worker.exit_within(Duration::from_secs(5)).await;
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let left = survivors(&all, Duration::from_secs(2)).await;
+    let log = worker.log();
+    for &pid in &left {
+        // Ours to clean up: a grandchild of a worker this test started.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    assert!(
+        left.is_empty(),
+        "{engine}: handler processes {left:?} (of {all:?}) outlived their SIGKILLed worker\n{log}"
+    );
+    assert!(
+        survivors(&watchdogs, Duration::from_secs(2))
+            .await
+            .is_empty(),
+        "{engine}: the watchdog {watchdogs:?} did not exit\n{log}"
+    );
+    assert!(
+        log.contains("killed the process groups of 2 exec handler(s)"),
+        "{engine}: the watchdog says what it did\n{log}"
+    );
+}
+
 mod second_sigint {
     #[tokio::test]
     async fn sqlite() {
@@ -342,6 +439,10 @@ mod sigkill {
     #[tokio::test]
     async fn sqlite() {
         super::sigkill_of_the_worker_kills_its_exec_handlers("sqlite").await
+    }
+    #[tokio::test]
+    async fn grandchildren_sqlite() {
+        super::sigkill_of_the_worker_kills_its_handlers_grandchildren("sqlite").await
     }
 }
 

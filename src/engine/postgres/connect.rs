@@ -1,9 +1,11 @@
 //! Which PostgreSQL server a source talks to, through what, and finding it again.
 //!
-//! - **Several hosts.** A `url` may list hosts as libpq writes them
-//!   (`postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write`). Each host gets
-//!   its own sqlx options (sqlx takes one host); the user, password, database and every
-//!   other parameter are shared. `target_session_attrs` may be `any`, `read-write` or
+//! - **Several hosts.** A `url` may list hosts as libpq writes them, in the authority
+//!   (`postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write`) or in the query
+//!   (`postgres://u:p@/db?host=h1,h2&port=5432,5433`), read by libpq's rules
+//!   ([`postgres_hosts`]). Each host gets its own sqlx options (sqlx takes one host); the
+//!   user, password, database and every other parameter are shared. `icq migrate` makes
+//!   the same choice of server for its one connection ([`connect_options`]). `target_session_attrs` may be `any`, `read-write` or
 //!   `primary` (the last two mean the same to icq: a server that accepts writes); with
 //!   several hosts and no `target_session_attrs`, icq wants a writable server, since a
 //!   queue must write.
@@ -40,6 +42,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Row};
 use tokio::sync::Notify;
 
+use crate::engine::url::{PgHost, PgHosts, postgres_hosts};
 use crate::error::{Error, Result};
 use crate::redact::{redact_text, redact_url};
 use crate::settings::Pooler;
@@ -74,11 +77,16 @@ pub(crate) struct Servers {
     pub(crate) attrs: SessionAttrs,
 }
 
-/// Parses a PostgreSQL URL that may list several hosts (libpq's form) into one set of
-/// sqlx options per host, set up for `pooler`.
+/// Parses a PostgreSQL URL that may list several hosts (libpq's forms, see
+/// [`postgres_hosts`]) into one set of sqlx options per host, set up for `pooler`.
 pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
     let shown = || redact_url(url);
-    let Some((one_host_urls, attrs_written)) = split_hosts(url) else {
+    let listed = postgres_hosts(url).map_err(|why| Error::Usage(format!("{}: {why}", shown())))?;
+    let Some(PgHosts {
+        hosts: one_host_urls,
+        session_attrs,
+    }) = listed
+    else {
         let options =
             PgConnectOptions::from_str(url).map_err(Error::db(format!("parsing {}", shown())))?;
         return Ok(Servers {
@@ -89,14 +97,8 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
             attrs: SessionAttrs::Any,
         });
     };
-    if one_host_urls.len() > 1 && one_host_urls.iter().any(|(label, _)| label.is_empty()) {
-        return Err(Error::Usage(format!(
-            "{}: an empty host in the host list (write `h1:5432,h2:5433`)",
-            shown()
-        )));
-    }
     let mut hosts = Vec::with_capacity(one_host_urls.len());
-    for (label, one) in one_host_urls {
+    for PgHost { label, url: one } in one_host_urls {
         let options = PgConnectOptions::from_str(&one)
             .map_err(Error::db(format!("parsing host `{label}` of {}", shown())))?;
         hosts.push(Host {
@@ -104,7 +106,7 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
             options: tune(options, pooler),
         });
     }
-    let attrs = match attrs_written.as_deref() {
+    let attrs = match session_attrs.as_deref() {
         None if hosts.len() > 1 => SessionAttrs::ReadWrite,
         None | Some("any") => SessionAttrs::Any,
         Some("read-write" | "primary") => SessionAttrs::ReadWrite,
@@ -117,63 +119,6 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         }
     };
     Ok(Servers { hosts, attrs })
-}
-
-/// One URL per host of a multi-host URL, each with the host's label (`host:port`), and
-/// the URL's `target_session_attrs`.
-pub(crate) type HostUrls = (Vec<(String, String)>, Option<String>);
-
-/// A URL of libpq's form cut into one URL per host, each with the host's label
-/// (`host:port` as written), and the value of `target_session_attrs`, which is taken out
-/// of every URL (sqlx does not know it). `None` for a URL without `://`.
-pub(crate) fn split_hosts(url: &str) -> Option<HostUrls> {
-    let scheme_end = url.find("://")?;
-    let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
-    let (userinfo, host_list) = authority.split_at(hosts_start);
-    let (tail, attrs) = take_session_attrs(tail);
-    let urls = host_list
-        .split(',')
-        .map(|label| {
-            (
-                label.to_string(),
-                format!("{scheme}://{userinfo}{label}{tail}"),
-            )
-        })
-        .collect();
-    Some((urls, attrs))
-}
-
-/// The URL's path and query without `target_session_attrs` (which sqlx does not know),
-/// and that parameter's value.
-fn take_session_attrs(tail: &str) -> (String, Option<String>) {
-    let Some(q) = tail.find('?') else {
-        return (tail.to_string(), None);
-    };
-    let (path, query) = (&tail[..q], &tail[q + 1..]);
-    let (query, fragment) = match query.find('#') {
-        Some(f) => (&query[..f], &query[f..]),
-        None => (query, ""),
-    };
-    let mut value = None;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some(("target_session_attrs", v)) => {
-                value = Some(v.to_string());
-                false
-            }
-            _ => !pair.is_empty(),
-        })
-        .collect();
-    let query = if kept.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", kept.join("&"))
-    };
-    (format!("{path}{query}{fragment}"), value)
 }
 
 /// The options icq sets on every PostgreSQL connection: no `extra_float_digits` startup
@@ -236,6 +181,42 @@ async fn check(host: &Host, attrs: SessionAttrs) -> std::result::Result<(), Stri
     verdict
 }
 
+/// The index of the server to start on: the first of the list usable for the URL's
+/// `target_session_attrs`, each looked at in turn; a single host without
+/// `target_session_attrs` is taken as written (its connection reports what is wrong with
+/// it). The error names every host and why it was passed over.
+async fn choose(url: &str, servers: &Servers) -> Result<usize> {
+    if servers.hosts.len() == 1 && servers.attrs == SessionAttrs::Any {
+        return Ok(0);
+    }
+    let mut reasons = Vec::new();
+    for (i, host) in servers.hosts.iter().enumerate() {
+        match check(host, servers.attrs).await {
+            Ok(()) => return Ok(i),
+            Err(reason) => reasons.push(format!("{} ({reason})", host.label)),
+        }
+    }
+    Err(Error::Usage(format!(
+        "connecting to {}: no {}server among the URL's hosts: {}",
+        redact_url(url),
+        if servers.attrs == SessionAttrs::ReadWrite {
+            "writable "
+        } else {
+            ""
+        },
+        reasons.join(", ")
+    )))
+}
+
+/// The options for one connection to the server `url` names: with several hosts (libpq's
+/// forms) or `target_session_attrs`, the first usable one, as a source would pick it
+/// (`icq migrate` applies its migrations there).
+pub(crate) async fn connect_options(url: &str) -> Result<PgConnectOptions> {
+    let servers = parse(url, Pooler::Session)?;
+    let chosen = choose(url, &servers).await?;
+    Ok(servers.hosts[chosen].options.clone())
+}
+
 /// One source's choice of server, shared by its pools, its LISTEN task and the watcher.
 pub(crate) struct Failover {
     servers: Servers,
@@ -253,33 +234,7 @@ impl Failover {
     /// `target_session_attrs` (a single host is taken as written, and its pool reports
     /// what is wrong with it). Starts the watcher when there are several hosts.
     pub(crate) async fn start(url: &str, servers: Servers) -> Result<Arc<Failover>> {
-        let needs_look = servers.hosts.len() > 1 || servers.attrs == SessionAttrs::ReadWrite;
-        let mut current = 0;
-        if needs_look {
-            let mut reasons = Vec::new();
-            let mut found = None;
-            for (i, host) in servers.hosts.iter().enumerate() {
-                match check(host, servers.attrs).await {
-                    Ok(()) => {
-                        found = Some(i);
-                        break;
-                    }
-                    Err(reason) => reasons.push(format!("{} ({reason})", host.label)),
-                }
-            }
-            current = found.ok_or_else(|| {
-                Error::Usage(format!(
-                    "connecting to {}: no {}server among the URL's hosts: {}",
-                    redact_url(url),
-                    if servers.attrs == SessionAttrs::ReadWrite {
-                        "writable "
-                    } else {
-                        ""
-                    },
-                    reasons.join(", ")
-                ))
-            })?;
-        }
+        let current = choose(url, &servers).await?;
         let failover = Arc::new(Failover {
             current: AtomicUsize::new(current),
             servers,
@@ -579,19 +534,6 @@ mod tests {
         assert!(!err.contains("secret"), "{err}");
         let empty = parse("postgres://u@h1,,h2/db", Pooler::Session).unwrap_err();
         assert!(empty.to_string().contains("empty host"), "{empty}");
-    }
-
-    #[test]
-    fn target_session_attrs_is_taken_out_of_the_query() {
-        assert_eq!(
-            take_session_attrs("/db?a=1&target_session_attrs=read-write&b=2"),
-            ("/db?a=1&b=2".to_string(), Some("read-write".to_string()))
-        );
-        assert_eq!(
-            take_session_attrs("/db?target_session_attrs=any"),
-            ("/db".to_string(), Some("any".to_string()))
-        );
-        assert_eq!(take_session_attrs("/db"), ("/db".to_string(), None));
     }
 
     #[test]

@@ -32,7 +32,7 @@ mod admin;
 mod connect;
 mod cursor;
 
-pub(crate) use connect::split_hosts;
+pub(crate) use connect::connect_options;
 
 use std::sync::Arc;
 use std::time::Duration;
