@@ -62,6 +62,10 @@ pub(crate) const BUFFERED_PAYLOAD_BYTES: usize = 16 << 20;
 /// claim can wait for room instead of chasing every freed slot.
 const LOOK_AHEAD_CLAIMS: f64 = 4.0;
 
+/// `until_idle`: the first wait before counting again when other processors still hold
+/// due or running rows; it doubles up to the polling interval.
+const IDLE_RECHECK_FIRST: Duration = Duration::from_millis(10);
+
 /// How often the producer looks for other processors' leases while it is busy.
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// How long one sighting of another processor's lease keeps the producer at one claim.
@@ -185,6 +189,11 @@ pub(crate) async fn run(
     let mut db_health =
         health::Health::new(shared.source.name.clone(), "claim", options.until_idle);
     let mut gave_up = None;
+    // `until_idle` with work still due or running elsewhere (another replica's claim in
+    // flight, its last rows running): look again soon, then less often. The wall time of a
+    // fleet's drain ends with its last replica's exit, so a fixed wait here was paid by
+    // every drain shared with other replicas.
+    let mut idle_recheck = IDLE_RECHECK_FIRST;
 
     let stopped = loop {
         if shutdown.is_cancelled() {
@@ -234,13 +243,18 @@ pub(crate) async fn run(
                     // Due but not claimable yet (processing delay) or taken by a racing
                     // replica: look again shortly.
                     tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = tokio::time::sleep(idle_recheck) => {}
                         _ = shutdown.cancelled() => {}
                     }
+                    idle_recheck = (idle_recheck * 2).min(poll);
                     want = true;
                     continue;
                 }
-                Ok(_) => {}
+                Ok(_) => {
+                    // Running on another processor: its outcome ends the drain.
+                    next_poll = next_poll.min(Instant::now() + idle_recheck);
+                    idle_recheck = (idle_recheck * 2).min(poll);
+                }
                 Err(err) => {
                     tracing::warn!(source = %shared.source.name, queue = shared.lane.name.as_deref().unwrap_or("*"), error = %err, "cannot count due commands")
                 }
@@ -261,7 +275,9 @@ pub(crate) async fn run(
                         shared.source.stats.claimed(claimed as u64);
                         buffer(&shared, rows);
                         want = claimed > 0;
-                        if !want {
+                        if want {
+                            idle_recheck = IDLE_RECHECK_FIRST;
+                        } else {
                             next_poll = Instant::now() + poll;
                         }
                     }

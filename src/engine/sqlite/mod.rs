@@ -54,6 +54,8 @@ pub struct SqliteDriver {
     /// The pool is the application's ([`SqliteDriver::from_pool`]): closing the driver
     /// leaves it open.
     shared_pool: bool,
+    /// When a claim last looked for pending rows whose `Id` is not text.
+    unusable_ids: super::UnusableGate,
 }
 
 struct Sql {
@@ -700,6 +702,7 @@ impl SqliteDriver {
             version: Default::default(),
             unusable: Default::default(),
             shared_pool,
+            unusable_ids: Default::default(),
         })
     }
 
@@ -709,8 +712,14 @@ impl SqliteDriver {
 
     /// Dead-letters pending rows whose `Id` is not text. A read first, so that the usual
     /// case (there are none) takes no write lock; outside the claim's transaction, which
-    /// must not upgrade a read to a write.
+    /// must not upgrade a read to a write. At most once per [`super::UNUSABLE_EVERY`]
+    /// (at once when a processor starts), not before every claim: a claim that meets a
+    /// non-text id dead-letters it by its bytes itself, and a NULL id, which no claim
+    /// can lease, settles within that period.
     async fn dead_letter_unusable_ids(&self) -> Result<()> {
+        if !self.unusable_ids.due() {
+            return Ok(());
+        }
         let ctx = || self.ctx("looking for rows whose Id is not text");
         let found: bool = sqlx::query_scalar(AssertSqlSafe(self.sql.unusable_ids_exist.clone()))
             .fetch_one(&self.pool)
