@@ -632,14 +632,14 @@ pub struct Confirmation {
 }
 
 /// Asks "`question` [y/N]" on a terminal. With `--yes` the answer is yes without asking;
-/// off a terminal without `--yes` it is an [`Error::Usage`] (exit 2) and nothing happens.
+/// off a terminal without `--yes` it is an [`Error::Refused`] (exit 2) and nothing happens.
 pub fn confirm(question: &str, confirmation: Confirmation) -> Result<bool> {
     if confirmation.yes {
         return Ok(true);
     }
     if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
         let question = question.trim_end_matches('?');
-        return Err(Error::Usage(format!(
+        return Err(Error::Refused(format!(
             "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
              to confirm; nothing was changed",
             lowercase_first(question)

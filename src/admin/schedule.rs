@@ -89,7 +89,7 @@ impl Default for InputLimit {
 
 impl InputLimit {
     fn exceeded(&self, what: &str) -> Error {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "{what} is larger than {} bytes, the input limit; nothing was read past it and \
              nothing was scheduled (raise the limit with {})",
             self.bytes, self.raise_with
@@ -97,7 +97,7 @@ impl InputLimit {
     }
 }
 
-/// Reads all of `reader` (a payload file, stdin), failing with [`Error::Usage`] as soon as
+/// Reads all of `reader` (a payload file, stdin), failing with [`Error::Invalid`] as soon as
 /// it holds more than `limit.bytes`: memory never holds more than the limit. `origin`
 /// names the input in errors. See [`InputLimit`]'s example.
 pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Result<Vec<u8>> {
@@ -386,7 +386,7 @@ struct JobLine {
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
 /// "tenant_id"?, "correlation_id"?, "queue"?, "priority"?: -32768…32767,
 /// "unique_key"?}`; blank lines are skipped. The first bad line is an
-/// [`Error::Usage`] naming `origin` and the line number. A text already in memory has no
+/// [`Error::Invalid`] naming `origin`, the line number and the field. A text already in memory has no
 /// line limit; to read a file or stdin, stream it through [`read_jobs`].
 ///
 /// # Examples
@@ -418,7 +418,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
 
 /// Reads a JSON Lines document of commands (see [`parse_jobs`] for the format) from
 /// `reader` one line at a time: a line longer than `limit.bytes` fails at once with
-/// [`Error::Usage`] naming its number and the limit, after reading no more of it than the
+/// [`Error::Invalid`] naming its number and the limit, after reading no more of it than the
 /// limit, so a file without line breaks (`/dev/zero`) costs the limit, not all memory.
 ///
 /// # Examples
@@ -471,7 +471,7 @@ pub fn read_jobs(
         commands.push(parse_job_line(&line, origin, number)?);
     }
     if commands.is_empty() {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "{origin} holds no commands (one JSON object per line)"
         )));
     }
@@ -481,7 +481,7 @@ pub fn read_jobs(
 /// One line of a JSON Lines document as a validated command.
 fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand> {
     let bad = |e: &dyn std::fmt::Display| {
-        Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled"))
+        Error::invalid(format!("{origin}:{number}: {e}; nothing was scheduled"))
     };
     let job: JobLine = serde_json::from_slice(line).map_err(|e| bad(&e))?;
     let field = |name: &str, e: Error| bad(&format!("field `{name}`: {e}"));
@@ -494,7 +494,7 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
         let priority = i16::try_from(priority).map_err(|_| {
             field(
                 "priority",
-                Error::Usage(format!(
+                Error::invalid(format!(
                     "{priority} is out of range (a priority is -32768 to 32767)"
                 )),
             )

@@ -215,6 +215,35 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
         .map_or(1, crate::Error::exit_code)
 }
 
+/// The message of an error that reached the binary: each error of the chain, joined by
+/// `: `, leaving out a cause whose text the message already holds (icq's errors include
+/// their source's text and return it from `source()` too).
+///
+/// # Examples
+///
+/// ```
+/// let parse = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+/// let invalid = icq::Error::invalid_because(format!("--payload is not JSON: {parse}"), parse);
+/// let err = anyhow::Error::new(invalid).context("scheduling");
+/// let message = icq::commands::error_message(&err);
+/// assert_eq!(message.matches("EOF while parsing").count(), 1, "{message}");
+/// assert!(message.starts_with("scheduling: --payload is not JSON: "), "{message}");
+/// ```
+pub fn error_message(err: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
 /// The `kind` of the JSON error document for an error that reached the binary: the
 /// library error's [`crate::Error::kind`] when there is one in the chain, `io` for a bare
 /// I/O error, `runtime` otherwise.

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 
 /// Reads a payload argument: JSON text, `@path` for a file's contents, or `@-` for stdin.
-/// Text that is not JSON is an [`Error::Usage`] carrying the parse error.
+/// Text that is not JSON is an [`Error::Invalid`] carrying the parse error.
 pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
     let (text, origin) = match argument.strip_prefix('@') {
         Some("-") => {
@@ -25,17 +25,20 @@ pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
         None => (argument.to_owned(), "--payload".to_owned()),
     };
     serde_json::from_str(&text).map_err(|e| {
-        Error::Usage(format!(
-            "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
-             or @file to read one)"
-        ))
+        Error::invalid_because(
+            format!(
+                "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
+                 or @file to read one)"
+            ),
+            e,
+        )
     })
 }
 
 /// Parses a duration like `30s`, `5m`, `12h`, `7d`, `2w` or a sum such as `1h30m`.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let bad = || {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "`{text}` is not a duration: write a number and a unit (s, m, h, d or w), \
              like 30s, 5m, 12h, 7d or 1h30m"
         ))
@@ -45,7 +48,7 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         return Err(bad());
     }
     if rest.starts_with('-') {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "`{text}` must not be negative: write how long, like 30s, 5m or 7d"
         )));
     }
@@ -82,9 +85,12 @@ pub fn parse_instant(text: &str) -> Result<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text.trim())
         .map(|at| at.with_timezone(&Utc))
         .map_err(|e| {
-            Error::Usage(format!(
-                "`{text}` is not an RFC 3339 instant ({e}): write it like 2026-01-31T12:00:00Z"
-            ))
+            Error::invalid_because(
+                format!(
+                    "`{text}` is not an RFC 3339 instant ({e}): write it like 2026-01-31T12:00:00Z"
+                ),
+                e,
+            )
         })
 }
 

@@ -42,7 +42,6 @@ pub async fn run(args: PendingArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 pub(crate) fn parse_queue(raw: &str) -> Result<String, String> {
     match admin::check_queue_name(raw) {
         Ok(()) => Ok(raw.to_owned()),
-        Err(crate::Error::Usage(why)) => Err(why),
-        Err(other) => Err(other.to_string()),
+        Err(err) => Err(err.to_string()),
     }
 }

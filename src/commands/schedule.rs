@@ -253,10 +253,13 @@ fn read_payload(argument: &str, limit: &admin::InputLimit) -> crate::Result<serd
         }
     };
     serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Usage(format!(
-            "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
-             or @file to read one)"
-        ))
+        Error::invalid_because(
+            format!(
+                "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
+                 or @file to read one)"
+            ),
+            e,
+        )
     })
 }
 

@@ -154,7 +154,7 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<OpenSourc
     let opened = console.opened().await;
     let wanted = fields.source.as_deref();
     if let Some(error) = opened.errors.first() {
-        return Err(Error::Usage(format!(
+        return Err(Error::Refused(format!(
             "{error}; nothing was planned or changed"
         )));
     }
@@ -508,7 +508,7 @@ mod tests {
         }
         assert!(matches!(
             Action::parse("cancel", &Fields::parse(b"queue=")),
-            Err(Error::Usage(_))
+            Err(err) if err.exit_code() == 2
         ));
         match Action::parse("purge", &Fields::parse(b"dead_letters=1&queue=emails")) {
             Ok(Action::Purge(request)) => {

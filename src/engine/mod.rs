@@ -527,7 +527,7 @@ pub(crate) const UNIQUE_KEY_TRIES: usize = 20;
 /// The error when the pending row holding a unique key keeps settling (or cannot be
 /// seen) between the insert and the read.
 pub(crate) fn unique_key_unsettled(table: &TableName, key: &str) -> crate::Error {
-    crate::Error::Usage(format!(
+    crate::Error::Conflict(format!(
         "scheduling into {table}: a pending row holds unique key `{key}`, but its id could not \
          be read (it kept settling, or the transaction's snapshot predates it: schedule with \
          a unique key in a READ COMMITTED transaction); nothing was scheduled"
@@ -637,7 +637,7 @@ async fn connect_driver(
         Engine::Mysql => Ok(Arc::new(
             mysql::MySqlDriver::connect(url, table, options).await?,
         )),
-        Engine::SqlServer => Err(crate::Error::Usage(
+        Engine::SqlServer => Err(crate::Error::Unsupported(
             "SQL Server is supported for migrations only (`icq migrate add --engine sqlserver`); \
              the processor and operator commands need PostgreSQL, SQLite or MySQL/MariaDB"
                 .into(),

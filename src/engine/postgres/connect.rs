@@ -90,7 +90,7 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         });
     };
     if one_host_urls.len() > 1 && one_host_urls.iter().any(|(label, _)| label.is_empty()) {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "{}: an empty host in the host list (write `h1:5432,h2:5433`)",
             shown()
         )));
@@ -109,7 +109,7 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         None | Some("any") => SessionAttrs::Any,
         Some("read-write" | "primary") => SessionAttrs::ReadWrite,
         Some(other) => {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "{}: `target_session_attrs={other}` is not supported: icq takes `any`, \
                  `read-write` or `primary` (a queue must write)",
                 shown()
@@ -267,17 +267,18 @@ impl Failover {
                     Err(reason) => reasons.push(format!("{} ({reason})", host.label)),
                 }
             }
-            current = found.ok_or_else(|| {
-                Error::Usage(format!(
-                    "connecting to {}: no {}server among the URL's hosts: {}",
-                    redact_url(url),
+            current = found.ok_or_else(|| Error::Connect {
+                context: format!("connecting to {}", redact_url(url)),
+                reason: format!(
+                    "no {}server among the URL's hosts: {}",
                     if servers.attrs == SessionAttrs::ReadWrite {
                         "writable "
                     } else {
                         ""
                     },
                     reasons.join(", ")
-                ))
+                ),
+                hint: String::new(),
             })?;
         }
         let failover = Arc::new(Failover {

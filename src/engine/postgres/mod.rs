@@ -450,7 +450,7 @@ async fn insert_with(
 ) -> Result<Scheduled> {
     command.validate()?;
     let id = command.id.as_uuid().ok_or_else(|| {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "`{}` is not a UUID: PostgreSQL stores ids as uuid",
             command.id
         ))
@@ -820,7 +820,7 @@ impl PgDriver {
                     .await
                     .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
             if pooling {
-                return Err(Error::Usage(format!(
+                return Err(Error::Unsupported(format!(
                     "{}: the server hands consecutive statements of one connection to \
                      different server connections (a pooler in transaction mode, such as \
                      PgBouncer's `pool_mode = transaction`), where LISTEN and prepared \
@@ -995,7 +995,7 @@ impl QueueOps for PgDriver {
         for command in commands {
             command.validate()?;
             if command.id.as_uuid().is_none() {
-                return Err(Error::Usage(format!(
+                return Err(Error::invalid(format!(
                     "`{}` is not a UUID: PostgreSQL stores ids as uuid",
                     command.id
                 )));
