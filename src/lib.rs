@@ -153,15 +153,12 @@
 
 pub mod admin;
 #[cfg(feature = "cli")]
-pub(crate) mod bench;
+pub(crate) mod cli;
 pub mod command;
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod commands;
 pub mod config;
-#[cfg(feature = "cli")]
-pub(crate) mod console;
-#[cfg(feature = "cli")]
-pub(crate) mod demo;
 pub(crate) mod engine;
 pub mod error;
 pub mod handler;
@@ -173,16 +170,12 @@ pub mod otel;
 #[path = "otel_off.rs"]
 #[allow(missing_docs, dead_code)]
 pub mod otel;
-#[cfg(feature = "cli")]
-pub(crate) mod output;
 mod processor;
 pub mod queue;
 pub(crate) mod redact;
 pub mod schema;
 pub mod settings;
 pub mod sources;
-#[cfg(feature = "cli")]
-pub(crate) mod telemetry;
 pub mod worker;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};

@@ -30,7 +30,7 @@ mod requeue;
 mod schedule;
 mod show;
 
-pub use crate::engine::admin::{ListState, StateCount};
+pub use crate::engine::admin::{CANCELLED, FinishedKind, ListState, StateCount};
 pub use cancel::{
     CancelPlan, CancelReport, CancelTarget, CancelledCommand, WasState, cancel, plan_cancel,
 };

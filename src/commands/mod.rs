@@ -72,7 +72,7 @@ pub struct GlobalArgs {
     pub format_given: bool,
 }
 
-pub use crate::output::{Format, note};
+pub use crate::cli::output::{Format, note};
 pub use crate::redact::redact_text;
 
 /// The subcommands.
@@ -176,7 +176,9 @@ fn format_given(matches: &clap::ArgMatches) -> bool {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    crate::output::request_tables(cli.global.format_given && cli.global.format == Format::Table);
+    crate::cli::output::request_tables(
+        cli.global.format_given && cli.global.format == Format::Table,
+    );
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,

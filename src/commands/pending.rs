@@ -4,7 +4,8 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::{admin, output};
+use crate::admin;
+use crate::cli::output;
 
 /// Arguments of `icq pending`.
 #[derive(Debug, Clone, Args)]

@@ -13,9 +13,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::admin;
+use crate::cli::output;
 use crate::command::{Context, NewCommand, RunAt};
 use crate::error::Error;
-use crate::{admin, output};
 
 /// Arguments of `icq schedule`.
 #[derive(Debug, Clone, Args)]

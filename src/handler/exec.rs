@@ -140,7 +140,7 @@ impl ExecHandler {
     /// ```
     pub fn check_program(&self) -> Result<(), String> {
         let path = std::env::var("PATH").ok();
-        match crate::config::verify::program_problem(&self.argv[0], path.as_deref()) {
+        match super::program::program_problem(&self.argv[0], path.as_deref()) {
             Some(problem) => Err(problem),
             None => Ok(()),
         }
