@@ -483,7 +483,24 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
     let bad = |e: &dyn std::fmt::Display| {
         Error::invalid(format!("{origin}:{number}: {e}; nothing was scheduled"))
     };
-    let job: JobLine = serde_json::from_slice(line).map_err(|e| bad(&e))?;
+    // serde_path_to_error names the field a type error is in (`priority`, `roles[1]`),
+    // which serde_json alone does not.
+    let malformed = |path: String, e: serde_json::Error| {
+        let field = match path.as_str() {
+            // The root, or a field serde names itself (`unknown field `when``).
+            "" | "." => String::new(),
+            path if e.to_string().contains(&format!("`{path}`")) => String::new(),
+            path => format!("field `{path}`: "),
+        };
+        Error::invalid_because(
+            format!("{origin}:{number}: {field}{e}; nothing was scheduled"),
+            e,
+        )
+    };
+    let mut reader = serde_json::Deserializer::from_slice(line);
+    let job: JobLine = serde_path_to_error::deserialize(&mut reader)
+        .map_err(|e| malformed(e.path().to_string(), e.into_inner()))?;
+    reader.end().map_err(|e| malformed(String::new(), e))?;
     let field = |name: &str, e: Error| bad(&format!("field `{name}`: {e}"));
     let mut command = NewCommand::new(job.type_name, job.payload);
     if let Some(queue) = job.queue {
@@ -520,6 +537,40 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 23: a type error in a JSON Lines document names the field it is in (serde
+    /// alone says only `invalid type: string "high", expected i64 at line 1 column 45`).
+    #[test]
+    fn issue_23_jsonl_type_errors_name_the_field() {
+        for (line, expected) in [
+            (
+                r#"{"type": "a", "payload": 1, "priority": "high"}"#,
+                r#"f:1: field `priority`: invalid type: string "high", expected i64 at line 1 column 46; nothing was scheduled"#,
+            ),
+            (
+                r#"{"type": "a", "payload": 1, "roles": ["ops", 5]}"#,
+                "f:1: field `roles[1]`: invalid type: integer `5`, expected a string at line 1 column 46",
+            ),
+            (
+                r#"{"type": 7, "payload": 1}"#,
+                "f:1: field `type`: invalid type: integer `7`, expected a string at line 1 column 10",
+            ),
+            (
+                r#"{"type": "a", "payload": 1, "run_at": "tomorrow"}"#,
+                "f:1: field `run_at`: ",
+            ),
+            // Not a field's fault: said as before, with the column.
+            (
+                r#"{"type": "a", "payload": 1} {}"#,
+                "f:1: trailing characters at line 1 column 29",
+            ),
+        ] {
+            let err = parse_jobs(line, "f").unwrap_err();
+            assert!(err.to_string().starts_with(expected), "{err}");
+            assert_eq!(err.exit_code(), 2);
+            assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+        }
+    }
 
     #[test]
     fn job_lines_parse_and_bad_lines_name_their_number() {
