@@ -676,6 +676,23 @@ pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// Refuses, on a table below schema version 2, a command that asks for what only version
+/// 2 has (a queue, a priority, a unique key): [`crate::Error::NeedsSchemaV2`], before
+/// anything is written.
+pub(crate) fn refuse_v2_asks<'a>(
+    table: &TableName,
+    version: u32,
+    mut commands: impl Iterator<Item = &'a NewCommand>,
+) -> crate::Result<()> {
+    if version >= 2 {
+        return Ok(());
+    }
+    match commands.find_map(NewCommand::needs_v2) {
+        Some(what) => Err(crate::Error::needs_schema_v2(table, what)),
+        None => Ok(()),
+    }
+}
+
 /// The driver conformance suite (`tests/driver/`): every driver through this seam, on
 /// every engine. Compiled into the library's unit tests so it needs no public driver:
 /// `cargo test --lib engine::conformance`.

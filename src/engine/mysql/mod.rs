@@ -336,33 +336,18 @@ async fn insert_one(
     version: u32,
 ) -> Result<Scheduled> {
     command.validate()?;
-    if version < 2
-        && let Some(what) = command.needs_v2()
-    {
-        return Err(Error::needs_schema_v2(table, what));
-    }
-    if version < 2 || !command.uses_v2_columns() {
+    super::refuse_v2_asks(table, version, std::iter::once(command))?;
+    let v2 = version >= 2 && command.uses_v2_columns();
+    let Some(key) = command.unique_key.as_ref().filter(|_| v2) else {
+        let statement = if v2 { &sql.v2 } else { &sql.v1 };
         let payloads = vec![command.payload.to_string()];
         insert_rows(
             conn,
-            &sql.v1,
+            statement,
             table,
             std::slice::from_ref(command),
             payloads,
-            false,
-        )
-        .await?;
-        return Ok(Scheduled::new(command.id.clone()));
-    }
-    let Some(key) = &command.unique_key else {
-        let payloads = vec![command.payload.to_string()];
-        insert_rows(
-            conn,
-            &sql.v2,
-            table,
-            std::slice::from_ref(command),
-            payloads,
-            true,
+            v2,
         )
         .await?;
         return Ok(Scheduled::new(command.id.clone()));
@@ -795,11 +780,7 @@ impl QueueOps for MySqlDriver {
         } else {
             1
         };
-        if version < 2
-            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
-        {
-            return Err(Error::needs_schema_v2(&self.table, what));
-        }
+        super::refuse_v2_asks(&self.table, version, commands.iter())?;
         let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let t = &self.t;
         let ctx = || self.ctx("scheduling commands in bulk");

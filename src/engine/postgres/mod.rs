@@ -455,11 +455,7 @@ async fn insert_with(
             command.id
         ))
     })?;
-    if version < 2
-        && let Some(what) = command.needs_v2()
-    {
-        return Err(Error::needs_schema_v2(table, what));
-    }
+    super::refuse_v2_asks(table, version, std::iter::once(command))?;
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
     let v2 = version >= 2 && command.uses_v2_columns();
@@ -1005,11 +1001,7 @@ impl QueueOps for PgDriver {
             return Ok(Vec::new());
         }
         let version = self.insert_version(commands.iter()).await?;
-        if version < 2
-            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
-        {
-            return Err(Error::needs_schema_v2(&self.table, what));
-        }
+        super::refuse_v2_asks(&self.table, version, commands.iter())?;
         let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let ctx = "scheduling commands in bulk";
         let mut tx = self.pool.begin().await.map_err(self.db(ctx))?;
