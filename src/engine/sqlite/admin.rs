@@ -48,6 +48,20 @@ fn dead_filter(filter: &DeadLetterFilter) -> String {
     sql
 }
 
+/// Binds a dead-letter filter's values in the order [`dead_filter`] numbers them.
+fn bind_dead_filter<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Sqlite, O, sqlx::sqlite::SqliteArguments>,
+    filter: &'q DeadLetterFilter,
+) -> sqlx::query::QueryAs<'q, sqlx::Sqlite, O, sqlx::sqlite::SqliteArguments> {
+    let query = query
+        .bind(format_timestamp(filter.dead_before))
+        .bind(&filter.type_name);
+    match &filter.queue {
+        Some(queue) => query.bind(queue),
+        None => query,
+    }
+}
+
 /// The limit's placeholder after a dead-letter filter's.
 fn limit_after(filter: &DeadLetterFilter) -> &'static str {
     if filter.queue.is_some() { "?4" } else { "?3" }
@@ -383,13 +397,7 @@ impl AdminOps for SqliteDriver {
             "SELECT COUNT(*) FROM {t} AS c WHERE {}",
             dead_filter(filter)
         );
-        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(format_timestamp(filter.dead_before))
-            .bind(&filter.type_name);
-        if let Some(queue) = &filter.queue {
-            query = query.bind(queue);
-        }
-        let n: i64 = query
+        let (n,): (i64,) = bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), filter)
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting dead letters")))?;
@@ -417,17 +425,12 @@ impl AdminOps for SqliteDriver {
             dead_filter(&params.filter),
             limit_after(&params.filter)
         );
-        let mut query = sqlx::query_as::<_, (String, Option<String>)>(AssertSqlSafe(sql))
-            .bind(format_timestamp(params.filter.dead_before))
-            .bind(&params.filter.type_name);
-        if let Some(queue) = &params.filter.queue {
-            query = query.bind(queue);
-        }
-        let rows = query
-            .bind(i64::from(params.limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
+        let rows: Vec<(String, Option<String>)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
         Ok(rows.into_iter().map(DeadLetterKey::from).collect())
     }
 
@@ -462,19 +465,14 @@ impl AdminOps for SqliteDriver {
             dead_filter(&params.filter),
             limit_after(&params.filter)
         );
-        let mut query = sqlx::query_as::<_, (String, String, String)>(AssertSqlSafe(sql))
-            .bind(format_timestamp(params.filter.dead_before))
-            .bind(&params.filter.type_name);
-        if let Some(queue) = &params.filter.queue {
-            query = query.bind(queue);
-        }
-        let rows = query
-            .bind(i64::from(params.limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(
-                self.ctx("reading dead letters whose unique key is taken"),
-            ))?;
+        let rows: Vec<(String, String, String)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(
+                    self.ctx("reading dead letters whose unique key is taken"),
+                ))?;
         Ok(rows.into_iter().map(KeyConflict::from).collect())
     }
 
