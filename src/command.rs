@@ -103,13 +103,12 @@ impl FromStr for CommandId {
     fn from_str(s: &str) -> Result<CommandId> {
         let text = s.trim();
         if text.is_empty() {
-            return Err(Error::Usage(
-                "a command id must not be empty: ids look like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
-                    .into(),
+            return Err(Error::invalid(
+                "a command id must not be empty: ids look like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e",
             ));
         }
         if text.chars().count() > 255 || text.chars().any(char::is_control) {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "`{}` is not a command id: ids are at most 255 printable characters",
                 text.escape_debug()
             )));
@@ -401,8 +400,9 @@ impl NewCommand {
     /// # Ok::<(), icq::Error>(())
     /// ```
     pub fn typed<C: CommandType>(command: &C) -> Result<NewCommand> {
-        let payload = serde_json::to_value(command)
-            .map_err(|e| Error::Usage(format!("command {} cannot be serialized: {e}", C::TYPE)))?;
+        let payload = serde_json::to_value(command).map_err(|e| {
+            Error::invalid_because(format!("command {} cannot be serialized: {e}", C::TYPE), e)
+        })?;
         Ok(NewCommand::new(C::TYPE, payload))
     }
 
@@ -540,23 +540,23 @@ impl NewCommand {
     /// ```
     pub fn validate(&self) -> Result<()> {
         if self.type_name.trim().is_empty() {
-            return Err(Error::Usage("a command type must not be empty".into()));
+            return Err(Error::invalid("a command type must not be empty"));
         }
         if self.type_name.len() > 255 {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "command type `{}…` is longer than 255 characters",
                 self.type_name.chars().take(40).collect::<String>()
             )));
         }
         match self.run_at {
             RunAt::After(delay) if delay > MAX_DELAY => {
-                return Err(Error::Usage(format!(
+                return Err(Error::invalid(format!(
                     "a delay of {}s is too long: commands can be scheduled at most 100 years ahead",
                     delay.as_secs()
                 )));
             }
             RunAt::At(at) if !(earliest_instant()..=latest_instant()).contains(&at) => {
-                return Err(Error::Usage(format!(
+                return Err(Error::invalid(format!(
                     "{at} is out of range: RunAt must be between 1970-01-01 and 9999-12-31 (UTC)"
                 )));
             }
@@ -569,8 +569,8 @@ impl NewCommand {
         if let Some(parent) = &self.trace_parent
             && (parent.len() > 255 || parent.contains('\0'))
         {
-            return Err(Error::Usage(
-                "a trace parent must be at most 255 bytes, without NUL".into(),
+            return Err(Error::invalid(
+                "a trace parent must be at most 255 bytes, without NUL",
             ));
         }
         Ok(())
@@ -583,7 +583,9 @@ pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 /// The longest unique key, in bytes (MariaDB's `VARCHAR(255)`).
 pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 
-/// Checks a queue name: 1–128 bytes, no control characters, not only whitespace.
+/// Checks a queue name: 1 to [`MAX_QUEUE_NAME_BYTES`] bytes, no control characters (so no
+/// NUL or line break), not only whitespace. A bad name is [`Error::Invalid`] (exit code 2).
+/// `icq::admin::check_queue_name` is this same function.
 ///
 /// # Examples
 ///
@@ -598,21 +600,33 @@ pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 /// assert!(validate_queue_name(&"q".repeat(129)).is_err());
 /// ```
 pub fn validate_queue_name(name: &str) -> Result<()> {
-    if name.trim().is_empty() {
-        return Err(Error::Usage("a queue name must not be empty".into()));
+    let problem = if name.is_empty() {
+        "it is empty".to_owned()
+    } else if name.len() > MAX_QUEUE_NAME_BYTES {
+        format!(
+            "it is {} bytes long (at most {MAX_QUEUE_NAME_BYTES})",
+            name.len()
+        )
+    } else if name.chars().any(char::is_control) {
+        "it holds a control character".to_owned()
+    } else if name.trim().is_empty() {
+        "it is only whitespace".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid(format!(
+        "`{}` is not a queue name: {problem}; a queue name is 1 to {MAX_QUEUE_NAME_BYTES} \
+         bytes of text without control characters",
+        crate::redact::escape_for_log(&truncated(name, 40))
+    )))
+}
+
+/// At most the first `chars` characters of `text`, with `…` when it was longer.
+fn truncated(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
-    if name.len() > MAX_QUEUE_NAME_BYTES {
-        return Err(Error::Usage(format!(
-            "queue name `{}…` is longer than {MAX_QUEUE_NAME_BYTES} bytes",
-            name.chars().take(40).collect::<String>()
-        )));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(Error::Usage(format!(
-            "queue name {name:?} holds a control character (a line break, a tab, NUL, …)"
-        )));
-    }
-    Ok(())
 }
 
 /// Checks a unique key: 1–255 bytes, no NUL.
@@ -629,16 +643,16 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
 /// ```
 pub fn validate_unique_key(key: &str) -> Result<()> {
     if key.is_empty() {
-        return Err(Error::Usage("a unique key must not be empty".into()));
+        return Err(Error::invalid("a unique key must not be empty"));
     }
     if key.len() > MAX_UNIQUE_KEY_BYTES {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "unique key `{}…` is longer than {MAX_UNIQUE_KEY_BYTES} bytes",
             key.chars().take(40).collect::<String>()
         )));
     }
     if key.contains('\0') {
-        return Err(Error::Usage("a unique key must not hold NUL".into()));
+        return Err(Error::invalid("a unique key must not hold NUL"));
     }
     Ok(())
 }

@@ -17,10 +17,16 @@ use std::path::PathBuf;
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A boxed error kept as the [`source`](std::error::Error::source) of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong inside icq.
 ///
-/// Every message is meant to be shown as is; [`Error::kind`] and [`Error::exit_code`]
-/// classify it for programs.
+/// Every message is meant to be shown as is: it holds the underlying error's text too. A
+/// variant that wraps another error also returns it from
+/// [`source`](std::error::Error::source), for programs that walk the chain (the `icq`
+/// binary prints each text once). [`Error::kind`] and [`Error::exit_code`] classify it for
+/// programs. New variants may be added: match with a wildcard arm.
 ///
 /// # Examples
 ///
@@ -28,17 +34,72 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// use icq::{Error, TableName};
 ///
 /// match TableName::parse("orders; DROP TABLE users") {
-///     Err(Error::Usage(message)) => assert!(message.starts_with("invalid table name")),
+///     Err(Error::Invalid { message, .. }) => assert!(message.starts_with("invalid table name")),
 ///     other => panic!("unexpected: {other:?}"),
 /// }
 /// let err = TableName::parse("a b").unwrap_err();
 /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// The configuration file or a command-line value is invalid (exit code 2).
+    /// The command line (or the call) is incomplete or contradicts itself: a missing or
+    /// conflicting flag, several sources where one is needed (exit code 2).
     #[error("{0}")]
     Usage(String),
+
+    /// A value is malformed or out of range: a command id, a queue or table name, a
+    /// duration, a URL, a JSON payload (exit code 2, kind `usage`).
+    #[error("{message}")]
+    Invalid {
+        /// What is wrong with the value and what a valid one looks like (it includes the
+        /// text of `source`, when there is one).
+        message: String,
+        /// The parser's own error, when one said why.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The request is understood but refused as things stand: a command in the wrong state
+    /// for the operation, a change without the confirmation it needs, a console that would
+    /// serve actions without a token. Nothing was changed (exit code 2, kind `usage`).
+    #[error("{0}")]
+    Refused(String),
+
+    /// A queue, a priority or a unique key was asked of a table at schema version 1; the
+    /// message names the upgrade. Nothing was changed (exit code 2, kind `usage`).
+    #[error(
+        "table {table} is schema version 1; queues, priorities and unique keys need version 2: \
+         add the upgrade with `icq migrate add` (it writes <version>_icq_schema_v2.sql) and \
+         apply it with `icq migrate run` (asked for: {asked_for}); nothing was changed"
+    )]
+    NeedsSchemaV2 {
+        /// The (display form of the) table.
+        table: String,
+        /// What needed version 2, e.g. `a unique key`.
+        asked_for: String,
+    },
+
+    /// What was asked is not something icq supports: SQL Server outside migrations, a
+    /// PostgreSQL pooler in transaction mode (exit code 2, kind `usage`).
+    #[error("{0}")]
+    Unsupported(String),
+
+    /// Someone else changed the rows while this request was applying, so it was rolled back
+    /// (or stopped) as the message says; running it again usually succeeds (exit code 1,
+    /// kind `conflict`).
+    #[error("{0}")]
+    Conflict(String),
+
+    /// Something inside icq failed at run time: a source worker crashed, a client could
+    /// not be built, a process-wide recorder was taken (exit code 1, kind `runtime`).
+    #[error("{context}: {source}")]
+    Runtime {
+        /// What icq was doing.
+        context: String,
+        /// What failed (its text is part of the message).
+        source: BoxError,
+    },
 
     /// A configuration file could not be read or parsed (exit code 2).
     #[error("{}", located(path, message))]
@@ -390,31 +451,8 @@ fn create_schema_hint(engine: &str, schema: &str) -> String {
 }
 
 impl Error {
-    /// [`Error::TableMissing`] for `table`, whose schema does not exist (`source_name`
-    /// is filled in by [`Error::in_source`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use icq::{Engine, Error, TableName};
-    ///
-    /// let table = TableName::parse("jobs.InternalCommands")?;
-    /// let err = Error::schema_missing(&table, Engine::Postgres).in_source("orders");
-    /// assert!(matches!(&err, Error::TableMissing { missing_schema: Some(s), .. } if s == "jobs"));
-    /// assert!(err.to_string().contains(r#"`CREATE SCHEMA "jobs"`"#), "{err}");
-    /// # Ok::<(), icq::Error>(())
-    /// ```
-    pub fn schema_missing(table: &crate::TableName, engine: crate::Engine) -> Error {
-        Error::TableMissing {
-            source_name: String::new(),
-            table: table.to_string(),
-            engine: engine.name(),
-            missing_schema: table.schema().map(str::to_owned),
-        }
-    }
-
-    /// [`Error::Usage`] for asking a version-1 table for `what` (a queue, a priority, a
-    /// unique key: schema version 2), naming the upgrade.
+    /// [`Error::NeedsSchemaV2`] for asking a version-1 `table` for `what` (a queue, a
+    /// priority, a unique key: schema version 2), naming the upgrade.
     ///
     /// # Examples
     ///
@@ -422,17 +460,87 @@ impl Error {
     /// use icq::{Error, TableName};
     ///
     /// let err = Error::needs_schema_v2(&TableName::default(), "a unique key");
-    /// assert_eq!(err.exit_code(), 2);
+    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
     /// assert!(err.to_string().starts_with("table InternalCommands is schema version 1"), "{err}");
     /// assert!(err.to_string().contains("icq migrate add"), "{err}");
     /// ```
-    pub fn needs_schema_v2(table: &crate::TableName, what: &str) -> Error {
-        Error::Usage(format!(
-            "table {table} is schema version 1; queues, priorities and unique keys need \
-             version 2: add the upgrade with `icq migrate add` (it writes \
-             <version>_icq_schema_v2.sql) and apply it with `icq migrate run` (asked for: \
-             {what})"
-        ))
+    pub fn needs_schema_v2(table: &impl std::fmt::Display, what: &str) -> Error {
+        Error::NeedsSchemaV2 {
+            table: table.to_string(),
+            asked_for: what.to_owned(),
+        }
+    }
+
+    /// [`Error::Invalid`] without a source: for a value icq itself found wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = icq::Error::invalid("`-5s` must not be negative");
+    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+    /// assert!(std::error::Error::source(&err).is_none());
+    /// ```
+    pub fn invalid(message: impl Into<String>) -> Error {
+        Error::Invalid {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Invalid`] whose `message` (which should include the text of `source`) came
+    /// from a parser's error, kept as the source.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let parse = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+    /// let err = icq::Error::invalid_because(format!("--payload is not JSON: {parse}"), parse);
+    /// assert!(std::error::Error::source(&err).is_some());
+    /// ```
+    pub fn invalid_because(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Invalid {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The same error with `prefix: ` before its message, for errors that carry their
+    /// message as text (the others already name what they are about).
+    pub(crate) fn prefixed(self, prefix: &str) -> Error {
+        let with = |text: String| format!("{prefix}: {text}");
+        match self {
+            Error::Usage(text) => Error::Usage(with(text)),
+            Error::Invalid { message, source } => Error::Invalid {
+                message: with(message),
+                source,
+            },
+            Error::Refused(text) => Error::Refused(with(text)),
+            Error::Unsupported(text) => Error::Unsupported(with(text)),
+            Error::Conflict(text) => Error::Conflict(with(text)),
+            Error::Runtime { context, source } => Error::Runtime {
+                context: with(context),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// Wraps a run-time failure inside icq with what it was doing: for `map_err`
+    /// ([`Error::Runtime`], exit code 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = icq::Error::runtime("cannot build the HTTP client")(std::io::Error::other("no TLS"));
+    /// assert_eq!(err.to_string(), "cannot build the HTTP client: no TLS");
+    /// assert_eq!((err.kind(), err.exit_code()), ("runtime", 1));
+    /// ```
+    pub fn runtime<E: Into<BoxError>>(context: impl Into<String>) -> impl FnOnce(E) -> Error {
+        let context = context.into();
+        move |source| Error::Runtime {
+            context,
+            source: source.into(),
+        }
     }
 }
 
@@ -481,7 +589,10 @@ pub fn without_line_suffix(text: &str) -> &str {
 }
 
 impl Error {
-    /// The exit code the `icq` binary uses for this error: 2 usage, 3 not found, 1 otherwise.
+    /// The exit code the `icq` binary uses for this error: 2 for what the caller can fix in
+    /// the request ([`Error::Usage`], [`Error::Invalid`], [`Error::Refused`],
+    /// [`Error::NeedsSchemaV2`], [`Error::Unsupported`], configuration), 3 not found, 1 for
+    /// run-time failures.
     ///
     /// # Examples
     ///
@@ -489,12 +600,17 @@ impl Error {
     /// use icq::Error;
     ///
     /// assert_eq!(Error::Usage("bad flag".into()).exit_code(), 2);
+    /// assert_eq!(Error::Conflict("changed meanwhile".into()).exit_code(), 1);
     /// assert_eq!(Error::NotFound("no command with id x".into()).exit_code(), 3);
     /// assert_eq!(Error::DeadLettered { count: 1 }.exit_code(), 1);
     /// ```
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Usage(_)
+            | Error::Invalid { .. }
+            | Error::Refused(_)
+            | Error::NeedsSchemaV2 { .. }
+            | Error::Unsupported(_)
             | Error::Config { .. }
             | Error::ConfigCheck { .. }
             | Error::EngineMismatch { .. } => 2,
@@ -504,9 +620,10 @@ impl Error {
     }
 
     /// A stable, machine-readable name for what kind of error this is: the `kind` of the
-    /// `--format json` error document (`usage`, `config`, `not_found`, `connection`,
-    /// `database` (also [`Error::CannotHeal`]), `table_missing`, `migration`, `io`,
-    /// `malformed_row`, `dead_lettered`, `bench`).
+    /// `--format json` error document (`usage` (every exit-2 request error but
+    /// configuration), `config`, `not_found`, `connection`, `database` (also
+    /// [`Error::CannotHeal`]), `table_missing`, `migration`, `io`, `malformed_row`,
+    /// `dead_lettered`, `bench`, `conflict`, `runtime`).
     ///
     /// # Examples
     ///
@@ -519,7 +636,14 @@ impl Error {
     /// ```
     pub fn kind(&self) -> &'static str {
         match self {
-            Error::Usage(_) | Error::EngineMismatch { .. } => "usage",
+            Error::Usage(_)
+            | Error::Invalid { .. }
+            | Error::Refused(_)
+            | Error::NeedsSchemaV2 { .. }
+            | Error::Unsupported(_)
+            | Error::EngineMismatch { .. } => "usage",
+            Error::Conflict(_) => "conflict",
+            Error::Runtime { .. } => "runtime",
             Error::Config { .. } | Error::ConfigCheck { .. } => "config",
             Error::NotFound(_) => "not_found",
             Error::Connect { .. } => "connection",
@@ -566,6 +690,10 @@ impl Error {
             Error::CannotHeal { .. }
             | Error::TableMissing { .. }
             | Error::Usage(_)
+            | Error::Invalid { .. }
+            | Error::Refused(_)
+            | Error::NeedsSchemaV2 { .. }
+            | Error::Unsupported(_)
             | Error::EngineMismatch { .. }
             | Error::Config { .. }
             | Error::ConfigCheck { .. } => Healing::Never,
@@ -711,6 +839,16 @@ mod tests {
         let cases = [
             (Error::Usage("x".into()), "usage", 2),
             (Error::NotFound("x".into()), "not_found", 3),
+            (Error::invalid("x"), "usage", 2),
+            (Error::Refused("x".into()), "usage", 2),
+            (Error::needs_schema_v2(&"T", "x"), "usage", 2),
+            (Error::Unsupported("x".into()), "usage", 2),
+            (Error::Conflict("x".into()), "conflict", 1),
+            (
+                Error::runtime("a source worker crashed")(std::io::Error::other("panic")),
+                "runtime",
+                1,
+            ),
             (
                 Error::ConfigCheck {
                     path: "icq.yaml".into(),

@@ -106,7 +106,7 @@ impl Engine {
             "sqlite" => Ok(Engine::Sqlite),
             "mysql" | "mariadb" => Ok(Engine::Mysql),
             "sqlserver" | "mssql" => Ok(Engine::SqlServer),
-            _ => Err(Error::Usage(format!(
+            _ => Err(Error::invalid(format!(
                 "cannot tell the database engine from URL scheme `{scheme}:`; use postgres://, \
                  postgresql://, sqlite:, mysql:// or mariadb://"
             ))),
@@ -148,7 +148,7 @@ impl FromStr for Engine {
             "sqlite" => Ok(Engine::Sqlite),
             "mysql" | "mariadb" => Ok(Engine::Mysql),
             "sqlserver" | "mssql" => Ok(Engine::SqlServer),
-            other => Err(Error::Usage(format!(
+            other => Err(Error::invalid(format!(
                 "unknown engine `{other}`; choose one of postgres, sqlite, mysql, sqlserver"
             ))),
         }
@@ -197,7 +197,7 @@ impl TableName {
             [name] => (None, *name),
             [schema, name] => (Some(*schema), *name),
             _ => {
-                return Err(Error::Usage(format!(
+                return Err(Error::invalid(format!(
                     "invalid table name `{raw}`: use `Name` or `schema.Name`"
                 )));
             }
@@ -313,12 +313,38 @@ fn validate_ident(part: &str, whole: &str) -> Result<()> {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') || part.len() > 50 {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "invalid table name `{whole}`: each part must start with a letter or `_`, contain \
              only letters, digits and `_`, and be at most 50 characters"
         )));
     }
     Ok(())
+}
+
+impl Error {
+    /// [`Error::TableMissing`] for `table`, whose schema does not exist (`source_name`
+    /// is filled in by [`Error::in_source`]). It lives here, by the table name, so that
+    /// the error module depends on nothing above it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, Error, TableName};
+    ///
+    /// let table = TableName::parse("jobs.InternalCommands")?;
+    /// let err = Error::schema_missing(&table, Engine::Postgres).in_source("orders");
+    /// assert!(matches!(&err, Error::TableMissing { missing_schema: Some(s), .. } if s == "jobs"));
+    /// assert!(err.to_string().contains(r#"`CREATE SCHEMA "jobs"`"#), "{err}");
+    /// # Ok::<(), icq::Error>(())
+    /// ```
+    pub fn schema_missing(table: &TableName, engine: Engine) -> Error {
+        Error::TableMissing {
+            source_name: String::new(),
+            table: table.to_string(),
+            engine: engine.name(),
+            missing_schema: table.schema().map(str::to_owned),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@
 
 pub mod admin;
 #[cfg(feature = "cli")]
-pub(crate) mod bench;
+pub(crate) mod cli;
 pub mod command;
 // The CLI's own layers (subcommands, icq.yaml, opening configured sources, `icq work`,
 // migration files): public for the binary and its tests, not part of the embedding API.
@@ -160,10 +160,6 @@ pub mod command;
 pub mod commands;
 #[doc(hidden)]
 pub mod config;
-#[cfg(feature = "cli")]
-pub(crate) mod console;
-#[cfg(feature = "cli")]
-pub(crate) mod demo;
 pub(crate) mod engine;
 pub mod error;
 pub mod handler;
@@ -176,8 +172,6 @@ pub mod otel;
 #[path = "otel_off.rs"]
 #[allow(missing_docs, dead_code)]
 pub mod otel;
-#[cfg(feature = "cli")]
-pub(crate) mod output;
 mod processor;
 pub mod queue;
 pub(crate) mod redact;
@@ -185,8 +179,6 @@ pub mod schema;
 pub mod settings;
 #[doc(hidden)]
 pub mod sources;
-#[cfg(feature = "cli")]
-pub(crate) mod telemetry;
 #[doc(hidden)]
 pub mod worker;
 

@@ -68,14 +68,14 @@ fn build_handler(type_name: &str, config: &HandlerConfig) -> Result<Arc<dyn Hand
         HandlerKind::Exec { argv } => {
             let exec = ExecHandler::new(argv.clone(), config.timeout)?;
             exec.check_program()
-                .map_err(|problem| Error::Usage(format!("handler `{type_name}`: {problem}")))?;
+                .map_err(|problem| Error::invalid(format!("handler `{type_name}`: {problem}")))?;
             // The exec handler enforces its own timeout so it can kill the process group.
             Arc::new(exec)
         }
         HandlerKind::Noop => with_timeout(Arc::new(Noop), config),
         HandlerKind::Http { url, headers } => Arc::new(
             HttpHandler::new(url, headers, config.timeout)
-                .map_err(|err| Error::Usage(format!("handler `{type_name}`: {err}")))?,
+                .map_err(|err| err.prefixed(&format!("handler `{type_name}`")))?,
         ),
     };
     let authorized = AuthorizeLayer {

@@ -211,7 +211,7 @@ pub struct CancelReport {
 }
 
 /// Checks a cancel without changing anything: every id must exist ([`Error::NotFound`])
-/// and be pending, running or not ([`Error::Usage`] otherwise, naming each); a queue
+/// and be pending, running or not ([`Error::Refused`] otherwise, naming each); a queue
 /// filter must name a queue of a version-2 table.
 ///
 /// # Examples
@@ -238,7 +238,7 @@ pub struct CancelReport {
 /// // `sources`: one source holding a dead letter `dead`.
 /// let unknown = plan_cancel(&sources, &CancelTarget::Ids(vec![CommandId::new()])).await;
 /// assert!(matches!(unknown, Err(Error::NotFound(_))));
-/// let Err(Error::Usage(why)) = plan_cancel(&sources, &CancelTarget::Ids(vec![dead])).await else {
+/// let Err(Error::Refused(why)) = plan_cancel(&sources, &CancelTarget::Ids(vec![dead])).await else {
 ///     panic!("a dead letter cannot be cancelled");
 /// };
 /// assert!(why.contains("already a dead letter"), "{why}");
@@ -411,7 +411,7 @@ pub async fn cancel(plan: &CancelPlan, progress: &dyn Progress) -> Result<Cancel
                         .filter(|(id, _)| !done.iter().any(|row| same_id(&row.id, id)))
                         .map(|(id, _)| id.to_string())
                         .collect();
-                    return Err(Error::Usage(format!(
+                    return Err(Error::Conflict(format!(
                         "source `{}`: {} of the {} commands completed or were dead-lettered \
                          while being cancelled and were left alone ({}; {} cancelled in all); \
                          check them with `icq show ID`",

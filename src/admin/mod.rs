@@ -7,7 +7,7 @@
 //!
 //! - **Nothing changes on a bad request.** Ids are located in every selected source and
 //!   their states checked before anything is written: an unknown id is
-//!   [`Error::NotFound`] (exit 3), a row in the wrong state is [`Error::Usage`] (exit 2),
+//!   [`Error::NotFound`] (exit 3), a row in the wrong state is [`Error::Refused`] (exit 2),
 //!   and in both cases no row was touched. Within a source, requeueing explicit ids is one
 //!   transaction guarded in SQL, so a row that changes state concurrently rolls the whole
 //!   request back.
@@ -30,7 +30,7 @@ mod requeue;
 mod schedule;
 mod show;
 
-pub use crate::engine::admin::{ListState, StateCount};
+pub use crate::engine::admin::{CANCELLED, FinishedKind, ListState, StateCount};
 pub use cancel::{
     CancelPlan, CancelReport, CancelTarget, CancelledCommand, WasState, cancel, plan_cancel,
 };
@@ -183,7 +183,7 @@ pub(super) async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<
 
 /// Locates `ids` in every source and checks each row's state at its database's clock:
 /// `check` returns `Err(reason)` for a row the operation must not touch. An unknown id is
-/// [`Error::NotFound`] and any refusal is [`Error::Usage`] (all reasons in one message),
+/// [`Error::NotFound`] and any refusal is [`Error::Refused`] (all reasons in one message),
 /// and in both cases nothing was written ("nothing was {done}"). Returns the accepted
 /// rows grouped by source, in source order.
 pub(super) async fn locate_checked(
@@ -220,7 +220,7 @@ pub(super) async fn locate_checked(
         per_source.push((index, accepted));
     }
     if !refusals.is_empty() {
-        return Err(Error::Usage(format!(
+        return Err(Error::Refused(format!(
             "{}; {consequence}",
             refusals.join("; ")
         )));
@@ -305,48 +305,7 @@ where
     outcome
 }
 
-/// The longest queue name, in bytes.
-pub const MAX_QUEUE_NAME_BYTES: usize = 128;
-
-/// Checks a queue name: 1 to [`MAX_QUEUE_NAME_BYTES`] bytes, no control characters (so
-/// no NUL or line break), not only whitespace. A bad name is [`Error::Usage`].
-///
-/// # Examples
-///
-/// ```
-/// use icq::admin::check_queue_name;
-///
-/// assert!(check_queue_name("emails").is_ok());
-/// assert!(check_queue_name("").is_err());
-/// assert!(check_queue_name("   ").is_err());
-/// assert!(check_queue_name("a\nb").is_err());
-/// assert!(check_queue_name(&"q".repeat(129)).is_err());
-/// ```
-pub fn check_queue_name(queue: &str) -> Result<()> {
-    // The same rule as `crate::command::validate_queue_name` (issue 21).
-    let problem = if queue.is_empty() {
-        Some("it is empty".to_owned())
-    } else if queue.len() > MAX_QUEUE_NAME_BYTES {
-        Some(format!(
-            "it is {} bytes long (at most {MAX_QUEUE_NAME_BYTES})",
-            queue.len()
-        ))
-    } else if queue.chars().any(char::is_control) {
-        Some("it holds a control character".to_owned())
-    } else if queue.trim().is_empty() {
-        Some("it is only whitespace".to_owned())
-    } else {
-        None
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => Err(Error::Usage(format!(
-            "`{}` is not a queue name: {problem}; a queue name is 1 to \
-             {MAX_QUEUE_NAME_BYTES} bytes of text without control characters",
-            crate::redact::escape_for_log(queue)
-        ))),
-    }
-}
+pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_name as check_queue_name};
 
 /// Checks a `--queue` filter before anything is read or written: a valid name, and every
 /// source's table at schema version 2 (a version-1 table has no queues: the refusal
@@ -359,20 +318,10 @@ pub(super) async fn check_queue_filter(sources: &[OpenSource], queue: Option<&st
     for source in sources {
         let backend = source.queue.backend();
         if backend.schema_version().await? < 2 {
-            return Err(needs_schema_v2(backend.table(), "a --queue filter"));
+            return Err(Error::needs_schema_v2(backend.table(), "a --queue filter"));
         }
     }
     Ok(())
-}
-
-/// The refusal of a version-2 feature on a version-1 table (the words of
-/// `Error::needs_schema_v2`, issue 21).
-pub(super) fn needs_schema_v2(table: &crate::ident::TableName, what: &str) -> Error {
-    Error::Usage(format!(
-        "table {table} is schema version 1; queues, priorities and unique keys need version 2 \
-         ({what} asked for one): add the upgrade with `icq migrate add` (it writes \
-         <version>_icq_schema_v2.sql) and apply it with `icq migrate run`; nothing was changed"
-    ))
 }
 
 /// Closes every source's connection pool (call once a command is done).

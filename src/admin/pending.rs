@@ -167,7 +167,7 @@ pub struct PendingRequest {
 }
 
 /// Counts as [`pending`] does, per queue and/or type, of one queue or all. A queue filter
-/// is checked first: a bad name or a version-1 table is [`Error::Usage`].
+/// is checked first: a bad name is [`Error::Invalid`], a version-1 table [`Error::NeedsSchemaV2`].
 ///
 /// See [`PendingRequest`]'s example.
 pub async fn pending_with(

@@ -326,7 +326,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
     let age = match request.older_than {
         None => chrono::TimeDelta::zero(),
         Some(age) => chrono::TimeDelta::from_std(age)
-            .map_err(|_| Error::Usage("--older-than is too long".into()))?,
+            .map_err(|_| Error::invalid("--older-than is too long"))?,
     };
     super::check_queue_filter(sources, request.queue.as_deref()).await?;
     let mut parts = Vec::new();
@@ -335,7 +335,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
         let now = backend.clock_now().await?;
         let before = now
             .checked_sub_signed(age)
-            .ok_or_else(|| Error::Usage("--older-than reaches before the year 0".into()))?;
+            .ok_or_else(|| Error::invalid("--older-than reaches before the year 0"))?;
         for kind in &kinds {
             let filter = FinishedFilter {
                 kind: *kind,

@@ -129,7 +129,7 @@ pub struct ReplayReport {
 ///
 /// let pending = queue.schedule(&NewCommand::new("ok", serde_json::json!({}))).await?.id;
 /// let refused = icq::admin::replay(&sources, &[pending]).await;
-/// assert!(matches!(refused, Err(Error::Usage(_)))); // it will run on its own
+/// assert!(matches!(refused, Err(Error::Refused(_)))); // it will run on its own
 /// # Ok(())
 /// # }
 /// ```

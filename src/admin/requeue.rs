@@ -234,7 +234,7 @@ pub struct RequeueReport {
 
 /// Checks a requeue without changing anything: every id must exist in a selected source
 /// ([`Error::NotFound`] otherwise) and be dead or pending without a live lease
-/// ([`Error::Usage`] otherwise); `--all-dead` counts the dead letters as of now. A dead
+/// ([`Error::Refused`] otherwise); `--all-dead` counts the dead letters as of now. A dead
 /// letter whose unique key a pending row holds is set aside as skipped, not refused: it
 /// cannot be pending next to that row.
 ///
@@ -261,7 +261,7 @@ pub struct RequeueReport {
 ///
 /// // `sources`: one source holding a dead letter `dead` and a completed command `done`.
 /// let completed = RequeueTarget::Ids(vec![done]);
-/// let Err(Error::Usage(why)) = plan_requeue(&sources, &completed).await else {
+/// let Err(Error::Refused(why)) = plan_requeue(&sources, &completed).await else {
 ///     panic!("a completed command cannot be requeued");
 /// };
 /// assert!(why.contains("icq replay"), "{why}"); // what to do instead
@@ -418,7 +418,7 @@ pub async fn requeue(plan: &RequeuePlan, progress: &dyn Progress) -> Result<Requ
                 let done = part.backend.command_requeue_many(&params).await?;
                 if done != ids.len() as u64 {
                     let requeued = report.requeued;
-                    return Err(Error::Usage(format!(
+                    return Err(Error::Conflict(format!(
                         "source `{}`: some of the commands changed state while being requeued \
                          (a processor or another operator touched them), so none of them were \
                          requeued there{}; check them with `icq dead-letters show ID` and try again",

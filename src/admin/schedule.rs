@@ -89,7 +89,7 @@ impl Default for InputLimit {
 
 impl InputLimit {
     fn exceeded(&self, what: &str) -> Error {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "{what} is larger than {} bytes, the input limit; nothing was read past it and \
              nothing was scheduled (raise the limit with {})",
             self.bytes, self.raise_with
@@ -97,7 +97,7 @@ impl InputLimit {
     }
 }
 
-/// Reads all of `reader` (a payload file, stdin), failing with [`Error::Usage`] as soon as
+/// Reads all of `reader` (a payload file, stdin), failing with [`Error::Invalid`] as soon as
 /// it holds more than `limit.bytes`: memory never holds more than the limit. `origin`
 /// names the input in errors. See [`InputLimit`]'s example.
 pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Result<Vec<u8>> {
@@ -386,7 +386,7 @@ struct JobLine {
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
 /// "tenant_id"?, "correlation_id"?, "queue"?, "priority"?: -32768…32767,
 /// "unique_key"?}`; blank lines are skipped. The first bad line is an
-/// [`Error::Usage`] naming `origin` and the line number. A text already in memory has no
+/// [`Error::Invalid`] naming `origin`, the line number and the field. A text already in memory has no
 /// line limit; to read a file or stdin, stream it through [`read_jobs`].
 ///
 /// # Examples
@@ -418,7 +418,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<NewCommand>> {
 
 /// Reads a JSON Lines document of commands (see [`parse_jobs`] for the format) from
 /// `reader` one line at a time: a line longer than `limit.bytes` fails at once with
-/// [`Error::Usage`] naming its number and the limit, after reading no more of it than the
+/// [`Error::Invalid`] naming its number and the limit, after reading no more of it than the
 /// limit, so a file without line breaks (`/dev/zero`) costs the limit, not all memory.
 ///
 /// # Examples
@@ -471,7 +471,7 @@ pub fn read_jobs(
         commands.push(parse_job_line(&line, origin, number)?);
     }
     if commands.is_empty() {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "{origin} holds no commands (one JSON object per line)"
         )));
     }
@@ -481,9 +481,26 @@ pub fn read_jobs(
 /// One line of a JSON Lines document as a validated command.
 fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand> {
     let bad = |e: &dyn std::fmt::Display| {
-        Error::Usage(format!("{origin}:{number}: {e}; nothing was scheduled"))
+        Error::invalid(format!("{origin}:{number}: {e}; nothing was scheduled"))
     };
-    let job: JobLine = serde_json::from_slice(line).map_err(|e| bad(&e))?;
+    // serde_path_to_error names the field a type error is in (`priority`, `roles[1]`),
+    // which serde_json alone does not.
+    let malformed = |path: String, e: serde_json::Error| {
+        let field = match path.as_str() {
+            // The root, or a field serde names itself (`unknown field `when``).
+            "" | "." => String::new(),
+            path if e.to_string().contains(&format!("`{path}`")) => String::new(),
+            path => format!("field `{path}`: "),
+        };
+        Error::invalid_because(
+            format!("{origin}:{number}: {field}{e}; nothing was scheduled"),
+            e,
+        )
+    };
+    let mut reader = serde_json::Deserializer::from_slice(line);
+    let job: JobLine = serde_path_to_error::deserialize(&mut reader)
+        .map_err(|e| malformed(e.path().to_string(), e.into_inner()))?;
+    reader.end().map_err(|e| malformed(String::new(), e))?;
     let field = |name: &str, e: Error| bad(&format!("field `{name}`: {e}"));
     let mut command = NewCommand::new(job.type_name, job.payload);
     if let Some(queue) = job.queue {
@@ -494,7 +511,7 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
         let priority = i16::try_from(priority).map_err(|_| {
             field(
                 "priority",
-                Error::Usage(format!(
+                Error::invalid(format!(
                     "{priority} is out of range (a priority is -32768 to 32767)"
                 )),
             )
@@ -520,6 +537,40 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 23: a type error in a JSON Lines document names the field it is in (serde
+    /// alone says only `invalid type: string "high", expected i64 at line 1 column 45`).
+    #[test]
+    fn issue_23_jsonl_type_errors_name_the_field() {
+        for (line, expected) in [
+            (
+                r#"{"type": "a", "payload": 1, "priority": "high"}"#,
+                r#"f:1: field `priority`: invalid type: string "high", expected i64 at line 1 column 46; nothing was scheduled"#,
+            ),
+            (
+                r#"{"type": "a", "payload": 1, "roles": ["ops", 5]}"#,
+                "f:1: field `roles[1]`: invalid type: integer `5`, expected a string at line 1 column 46",
+            ),
+            (
+                r#"{"type": 7, "payload": 1}"#,
+                "f:1: field `type`: invalid type: integer `7`, expected a string at line 1 column 10",
+            ),
+            (
+                r#"{"type": "a", "payload": 1, "run_at": "tomorrow"}"#,
+                "f:1: field `run_at`: ",
+            ),
+            // Not a field's fault: said as before, with the column.
+            (
+                r#"{"type": "a", "payload": 1} {}"#,
+                "f:1: trailing characters at line 1 column 29",
+            ),
+        ] {
+            let err = parse_jobs(line, "f").unwrap_err();
+            assert!(err.to_string().starts_with(expected), "{err}");
+            assert_eq!(err.exit_code(), 2);
+            assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+        }
+    }
 
     #[test]
     fn job_lines_parse_and_bad_lines_name_their_number() {

@@ -34,7 +34,7 @@ fn main() {
     if let Err(err) = runtime.block_on(icq::commands::run(cli)) {
         fail(
             format,
-            &format!("{err:#}"),
+            &icq::commands::error_message(&err),
             icq::commands::error_kind(&err),
             icq::commands::exit_code(&err),
         );

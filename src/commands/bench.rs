@@ -1,13 +1,13 @@
 //! `icq bench`: measures enqueue, drain, idle latency and claim times on scratch tables
-//! (see `crate::bench`), then prints the figures.
+//! (see `crate::cli::bench`), then prints the figures.
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::BenchOptions;
+use crate::cli::bench::BenchOptions;
+use crate::cli::output;
 use crate::config::DatabaseUrl;
 use crate::error::Error;
-use crate::output;
 
 /// Arguments of `icq bench`.
 #[derive(Debug, Args)]
@@ -21,7 +21,7 @@ pub struct BenchArgs {
     /// Commands enqueued in bulk and drained (a tenth of this, at least 100, is also
     /// enqueued one transaction per command first).
     #[arg(long, default_value_t = 20_000, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..=crate::bench::MAX_JOBS))]
+          value_parser = clap::value_parser!(u64).range(1..=crate::cli::bench::MAX_JOBS))]
     pub jobs: u64,
 
     /// Execution slots of the drain worker (default: the settings default, 8).
@@ -56,7 +56,7 @@ pub async fn run(args: BenchArgs, global: &super::GlobalArgs) -> anyhow::Result<
     let interrupt = CancellationToken::new();
     let signals = stop_on_signals(interrupt.clone());
     let progress = output::progress();
-    let report = crate::bench::run(&options, progress.as_ref(), interrupt).await;
+    let report = crate::cli::bench::run(&options, progress.as_ref(), interrupt).await;
     signals.abort();
     output::emit(global.format, &report?)?;
     Ok(())

@@ -6,8 +6,8 @@ use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
 use crate::admin::{self, CancelTarget};
+use crate::cli::output::{self, Confirmation};
 use crate::command::CommandId;
-use crate::output::{self, Confirmation};
 
 /// Arguments of `icq cancel`.
 #[derive(Debug, Clone, Args)]

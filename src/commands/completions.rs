@@ -1,5 +1,5 @@
 //! `icq completions <shell>`: prints a completion script for bash, zsh, fish, ...
-//! through [`crate::output::raw`], so a closed or full stdout is an error or nothing, not a
+//! through [`crate::cli::output::raw`], so a closed or full stdout is an error or nothing, not a
 //! panic.
 
 use clap::{Args, CommandFactory};
@@ -19,6 +19,6 @@ pub fn run(args: CompletionsArgs) -> anyhow::Result<()> {
     let mut command = super::Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "icq", &mut script);
-    crate::output::raw(&String::from_utf8_lossy(&script))?;
+    crate::cli::output::raw(&String::from_utf8_lossy(&script))?;
     Ok(())
 }

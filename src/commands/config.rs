@@ -3,8 +3,8 @@
 use clap::Subcommand;
 
 use super::GlobalArgs;
+use crate::cli::output::{self, Render, Style};
 use crate::config::{CheckReport, ConfigRequest};
-use crate::output::{self, Render, Style};
 
 /// Configuration subcommands.
 #[derive(Debug, Subcommand)]

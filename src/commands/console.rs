@@ -9,7 +9,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::GlobalArgs;
-use crate::console::{self, ConsoleOptions};
+use crate::cli::console::{self, ConsoleOptions};
 
 /// Arguments of `icq console`.
 #[derive(Debug, Clone, Args)]
@@ -59,7 +59,7 @@ pub async fn run(args: ConsoleArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         options,
         shutdown,
         |addr| {
-            crate::output::note(&format!(
+            crate::cli::output::note(&format!(
                 "icq console listening on http://{addr}/ ({mode}); Ctrl-C stops it"
             ));
         },

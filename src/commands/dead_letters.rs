@@ -4,8 +4,9 @@
 use clap::{Args, Subcommand};
 
 use super::GlobalArgs;
+use crate::admin;
+use crate::cli::output;
 use crate::command::CommandId;
-use crate::{admin, output};
 
 /// Dead-letter subcommands.
 #[derive(Debug, Clone, Subcommand)]

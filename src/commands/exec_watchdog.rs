@@ -11,7 +11,7 @@ pub fn run() -> anyhow::Result<()> {
     if killed > 0 {
         let (written, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            crate::output::note(&format!(
+            crate::cli::output::note(&format!(
                 "icq exec-watchdog: the worker is gone; killed the process groups of {killed} \
                  exec handler(s) it left running"
             ));

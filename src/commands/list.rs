@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::admin;
+use crate::admin::ListState;
+use crate::cli::output;
 use crate::command::CommandId;
-use crate::engine::admin::ListState;
-use crate::{admin, output};
 
 /// Arguments of `icq list`.
 #[derive(Debug, Clone, Args)]

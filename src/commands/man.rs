@@ -26,7 +26,7 @@ pub fn run(args: ManArgs) -> anyhow::Result<()> {
             clap_mangen::Man::new(command)
                 .render(&mut page)
                 .context("rendering the man page")?;
-            crate::output::raw(&String::from_utf8_lossy(&page))?;
+            crate::cli::output::raw(&String::from_utf8_lossy(&page))?;
             Ok(())
         }
     }
@@ -56,7 +56,7 @@ fn write_pages(command: clap::Command, dir: &std::path::Path) -> anyhow::Result<
         .map(|path| path.display().to_string())
         .collect();
     written.sort();
-    crate::output::raw(&format!("{}\n", written.join("\n")))?;
+    crate::cli::output::raw(&format!("{}\n", written.join("\n")))?;
     Ok(())
 }
 

@@ -11,10 +11,10 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use super::{GlobalArgs, man};
+use crate::cli::output::{self, Format, migrate::Added};
 use crate::error::Error;
 use crate::ident::{Engine, TableName};
 use crate::migrate::{self, AddOptions, MigrateOptions, MigrationKind, PlanAction, Versioning};
-use crate::output::{self, Format, migrate::Added};
 use crate::redact::redact_url;
 use crate::sources::{MigrationTarget, migration_target};
 

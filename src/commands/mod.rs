@@ -73,7 +73,7 @@ pub struct GlobalArgs {
     pub format_given: bool,
 }
 
-pub use crate::output::{Format, note};
+pub use crate::cli::output::{Format, note};
 pub use crate::redact::redact_text;
 
 /// The subcommands.
@@ -181,7 +181,9 @@ fn format_given(matches: &clap::ArgMatches) -> bool {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    crate::output::request_tables(cli.global.format_given && cli.global.format == Format::Table);
+    crate::cli::output::request_tables(
+        cli.global.format_given && cli.global.format == Format::Table,
+    );
     exec_watchdog::enable();
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
@@ -220,6 +222,35 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
     err.chain()
         .find_map(|cause| cause.downcast_ref::<crate::Error>())
         .map_or(1, crate::Error::exit_code)
+}
+
+/// The message of an error that reached the binary: each error of the chain, joined by
+/// `: `, leaving out a cause whose text the message already holds (icq's errors include
+/// their source's text and return it from `source()` too).
+///
+/// # Examples
+///
+/// ```
+/// let parse = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+/// let invalid = icq::Error::invalid_because(format!("--payload is not JSON: {parse}"), parse);
+/// let err = anyhow::Error::new(invalid).context("scheduling");
+/// let message = icq::commands::error_message(&err);
+/// assert_eq!(message.matches("EOF while parsing").count(), 1, "{message}");
+/// assert!(message.starts_with("scheduling: --payload is not JSON: "), "{message}");
+/// ```
+pub fn error_message(err: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
 }
 
 /// The `kind` of the JSON error document for an error that reached the binary: the

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 
 /// Reads a payload argument: JSON text, `@path` for a file's contents, or `@-` for stdin.
-/// Text that is not JSON is an [`Error::Usage`] carrying the parse error.
+/// Text that is not JSON is an [`Error::Invalid`] carrying the parse error.
 pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
     let (text, origin) = match argument.strip_prefix('@') {
         Some("-") => {
@@ -25,56 +25,34 @@ pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
         None => (argument.to_owned(), "--payload".to_owned()),
     };
     serde_json::from_str(&text).map_err(|e| {
-        Error::Usage(format!(
-            "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
-             or @file to read one)"
-        ))
+        Error::invalid_because(
+            format!(
+                "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
+                 or @file to read one)"
+            ),
+            e,
+        )
     })
 }
 
-/// Parses a duration like `30s`, `5m`, `12h`, `7d`, `2w` or a sum such as `1h30m`.
+/// Parses a duration like `30s`, `5m`, `12h`, `7d`, `2w` or a sum such as `1h30m` (or
+/// `1h 30m`), with humantime's units (`ms`, `min`, `hours`, `days`, ...).
 pub fn parse_duration(text: &str) -> Result<Duration> {
-    let bad = || {
-        Error::Usage(format!(
-            "`{text}` is not a duration: write a number and a unit (s, m, h, d or w), \
-             like 30s, 5m, 12h, 7d or 1h30m"
-        ))
-    };
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    if rest.starts_with('-') {
-        return Err(Error::Usage(format!(
+    let trimmed = text.trim();
+    if trimmed.starts_with('-') {
+        return Err(Error::invalid(format!(
             "`{text}` must not be negative: write how long, like 30s, 5m or 7d"
         )));
     }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        let after = &rest[digits..];
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(after.len());
-        let seconds = match &after[..unit_len] {
-            "s" => 1,
-            "m" => 60,
-            "h" => 3600,
-            "d" => 86_400,
-            "w" => 604_800,
-            _ => return Err(bad()),
-        };
-        total = number
-            .checked_mul(seconds)
-            .and_then(|s| total.checked_add(s))
-            .ok_or_else(bad)?;
-        rest = &after[unit_len..];
-    }
-    Ok(Duration::from_secs(total))
+    humantime::parse_duration(trimmed).map_err(|e| {
+        Error::invalid_because(
+            format!(
+                "`{text}` is not a duration ({e}): write a number and a unit, like 30s, 5m, \
+                 12h, 7d or 1h30m"
+            ),
+            e,
+        )
+    })
 }
 
 /// Parses an RFC 3339 instant (`2026-01-31T12:00:00Z`, any offset) as UTC.
@@ -82,9 +60,12 @@ pub fn parse_instant(text: &str) -> Result<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text.trim())
         .map(|at| at.with_timezone(&Utc))
         .map_err(|e| {
-            Error::Usage(format!(
-                "`{text}` is not an RFC 3339 instant ({e}): write it like 2026-01-31T12:00:00Z"
-            ))
+            Error::invalid_because(
+                format!(
+                    "`{text}` is not an RFC 3339 instant ({e}): write it like 2026-01-31T12:00:00Z"
+                ),
+                e,
+            )
         })
 }
 
@@ -99,15 +80,14 @@ mod tests {
         assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(43_200));
         assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        for bad in [
-            "",
-            "7",
-            "d",
-            "7x",
-            "1.5h",
-            "1h 30m",
-            "99999999999999999999w",
-        ] {
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("2w").unwrap(),
+            Duration::from_secs(1_209_600)
+        );
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        for bad in ["", "7", "d", "7x", "99999999999999999999w"] {
             let err = parse_duration(bad).unwrap_err();
             assert!(
                 err.to_string().contains("like 30s, 5m, 12h, 7d"),

@@ -4,7 +4,8 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::{admin, output};
+use crate::admin;
+use crate::cli::output;
 
 /// Arguments of `icq pending`.
 #[derive(Debug, Clone, Args)]
@@ -42,7 +43,6 @@ pub async fn run(args: PendingArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 pub(crate) fn parse_queue(raw: &str) -> Result<String, String> {
     match admin::check_queue_name(raw) {
         Ok(()) => Ok(raw.to_owned()),
-        Err(crate::Error::Usage(why)) => Err(why),
-        Err(other) => Err(other.to_string()),
+        Err(err) => Err(err.to_string()),
     }
 }

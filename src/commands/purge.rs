@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::GlobalArgs;
 use crate::admin::{self, PurgeRequest};
-use crate::output::{self, Confirmation};
+use crate::cli::output::{self, Confirmation};
 
 /// Arguments of `icq purge`.
 #[derive(Debug, Clone, Args)]

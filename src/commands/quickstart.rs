@@ -8,8 +8,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::Format;
-use crate::demo::{self, TourReport};
-use crate::output;
+use crate::cli::demo::{self, TourReport};
+use crate::cli::output;
 use crate::processor::{Processor, RunOptions};
 use crate::sources::OpenSource;
 

@@ -4,8 +4,9 @@
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::admin;
+use crate::cli::output;
 use crate::command::CommandId;
-use crate::{admin, output};
 
 /// Arguments of `icq replay`.
 #[derive(Debug, Clone, Args)]

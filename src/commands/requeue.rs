@@ -6,8 +6,8 @@ use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
 use crate::admin::{self, RequeueTarget};
+use crate::cli::output::{self, Confirmation};
 use crate::command::CommandId;
-use crate::output::{self, Confirmation};
 
 /// Arguments of `icq requeue`.
 #[derive(Debug, Clone, Args)]

@@ -13,9 +13,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::admin;
+use crate::cli::output;
 use crate::command::{Context, NewCommand, RunAt};
 use crate::error::Error;
-use crate::{admin, output};
 
 /// Arguments of `icq schedule`.
 #[derive(Debug, Clone, Args)]
@@ -253,10 +254,13 @@ fn read_payload(argument: &str, limit: &admin::InputLimit) -> crate::Result<serd
         }
     };
     serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Usage(format!(
-            "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
-             or @file to read one)"
-        ))
+        Error::invalid_because(
+            format!(
+                "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
+                 or @file to read one)"
+            ),
+            e,
+        )
     })
 }
 

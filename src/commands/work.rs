@@ -105,12 +105,12 @@ pub enum LogFormat {
 }
 
 /// Installs the log subscriber on stderr in `format`: see
-/// [`crate::telemetry::init_logging`] (non-blocking; keep the guard until exit).
+/// [`crate::cli::telemetry::init_logging`] (non-blocking; keep the guard until exit).
 fn init_logging(
     format: LogFormat,
-    otel: Option<&crate::telemetry::Otel>,
-) -> crate::telemetry::LogGuard {
-    crate::telemetry::init_logging(format == LogFormat::Json, otel)
+    otel: Option<&crate::cli::telemetry::Otel>,
+) -> crate::cli::telemetry::LogGuard {
+    crate::cli::telemetry::init_logging(format == LogFormat::Json, otel)
 }
 
 /// The signals that stop `icq work`: graceful on the first, hard on the second.
@@ -190,15 +190,16 @@ fn tokio_stream_of(
 pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
     // OpenTelemetry first (its layer joins the log subscriber); dropped last, after the
     // processor has stamped everything, so the final spans and metrics are flushed.
-    let otel = crate::telemetry::init_otel()?;
+    let otel = crate::cli::telemetry::init_otel()?;
     let _logs = init_logging(args.effective_log_format(global.format), otel.as_ref());
     let work = crate::worker::Work::open(&global.source_request()).await?;
     if let Some(addr) = args.metrics_addr {
-        crate::telemetry::serve(addr)?;
+        crate::cli::telemetry::serve(addr)?;
         tracing::info!(%addr, "serving Prometheus metrics");
     }
-    let gauges = (args.metrics_addr.is_some() || otel.is_some())
-        .then(|| crate::telemetry::spawn_pending_gauges(work.sources(), Duration::from_secs(2)));
+    let gauges = (args.metrics_addr.is_some() || otel.is_some()).then(|| {
+        crate::cli::telemetry::spawn_pending_gauges(work.sources(), Duration::from_secs(2))
+    });
     let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
     let forced = stop_on_signals(shutdown.clone(), hard_stop.clone())?;
     let options = RunOptions {

@@ -124,7 +124,7 @@ pub(crate) fn load_in(request: &ConfigRequest, env: &Environment<'_>) -> Result<
     let source = match given {
         Some((url, origin)) => {
             check_database_url(&url)
-                .map_err(|message| Error::Usage(format!("{origin}: {message}")))?;
+                .map_err(|message| Error::invalid(format!("{origin}: {message}")))?;
             SourceConfig::from_url(DEFAULT_SOURCE, DatabaseUrl::new(url), false)
         }
         None => embedded_in(env)?,
@@ -203,7 +203,7 @@ fn read_named(path: &Path, origin: &str) -> Result<(PathBuf, String)> {
 /// Applies `--database-url` to the selected or only source of a file.
 fn override_url(config: &mut Config, url: &str, source: Option<&str>) -> Result<()> {
     check_database_url(url)
-        .map_err(|message| Error::Usage(format!("--database-url: {message}")))?;
+        .map_err(|message| Error::invalid(format!("--database-url: {message}")))?;
     let index = match source {
         Some(name) => {
             let selected = config.select(Some(name))?;
@@ -259,7 +259,7 @@ pub(crate) fn embedded_in(env: &Environment<'_>) -> Result<SourceConfig> {
 /// percent-decodes the path and splits it at `?`).
 fn sqlite_url(file: &Path) -> Result<String> {
     let Some(path) = file.to_str() else {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "the data directory path {} is not valid UTF-8; set $ICQ_DATA_DIR to another one",
             file.display()
         )));

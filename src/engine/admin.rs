@@ -139,6 +139,16 @@ pub struct DeadLetterKey {
     pub unique_key: Option<String>,
 }
 
+impl From<(String, Option<String>)> for DeadLetterKey {
+    /// A row of the text-id engines' dead-letter page: `Id`, `UniqueKey`.
+    fn from((id, unique_key): (String, Option<String>)) -> Self {
+        DeadLetterKey {
+            id: CommandId::stored(id),
+            unique_key,
+        }
+    }
+}
+
 /// The rows of [`AdminOps::command_requeue_dead_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandRequeueDeadManyParams {
@@ -211,6 +221,18 @@ pub struct KeyConflict {
     pub unique_key: String,
     /// The pending row holding the key.
     pub held_by: CommandId,
+}
+
+impl From<(String, String, String)> for KeyConflict {
+    /// A row of the text-id engines' key-conflict read: the dead letter's `Id`, its
+    /// `UniqueKey`, the pending row's `Id`.
+    fn from((id, unique_key, held_by): (String, String, String)) -> Self {
+        KeyConflict {
+            id: CommandId::stored(id),
+            unique_key,
+            held_by: CommandId::stored(held_by),
+        }
+    }
 }
 
 /// The explicit rows of [`AdminOps::command_requeue_many`].
@@ -554,46 +576,32 @@ pub(crate) fn count_grouping(
     (select, group)
 }
 
-/// Fills the version-2 columns (`Queue`, `Priority`, `UniqueKey`, `TraceParent`,
-/// `Snoozes`) of a decoded row from `row` where it has them and they decode; a row of a
-/// version-1 table keeps the defaults (`default`, 0, none). The operator reads use it so
-/// their views show the queue whatever the row decoder fills.
-pub(crate) fn decode_v2_columns<R>(row: &R, out: &mut CommandRow)
+/// Requeues the dead letters `ids` with `requeue` (one statement for all of them); when
+/// that meets a unique key another writer made pending since the page was read, one row
+/// at a time, leaving dead the ones whose key is taken. Returns how many were requeued.
+/// `context` says what was being done, for a database error.
+pub(crate) async fn requeue_dead_around_taken_keys<'a, I, F, Fut>(
+    ids: &'a [I],
+    mut requeue: F,
+    context: impl Fn() -> String,
+) -> Result<u64>
 where
-    R: sqlx::Row,
-    String: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
-    i16: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
-    i32: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
-    i64: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    F: FnMut(&'a [I]) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<u64, sqlx::Error>>,
 {
-    let int = |column: &str| -> Option<i64> {
-        match row.try_get::<Option<i64>, _>(column) {
-            Ok(value) => value,
-            Err(_) => match row.try_get::<Option<i32>, _>(column) {
-                Ok(value) => value.map(i64::from),
-                Err(_) => row
-                    .try_get::<Option<i16>, _>(column)
-                    .ok()
-                    .flatten()
-                    .map(i64::from),
-            },
+    match requeue(ids).await {
+        Err(err) if is_unique_violation(&err) => {
+            let mut done = 0;
+            for id in ids {
+                match requeue(std::slice::from_ref(id)).await {
+                    Ok(n) => done += n,
+                    Err(err) if is_unique_violation(&err) => {}
+                    Err(err) => return Err(crate::Error::db(context())(err)),
+                }
+            }
+            Ok(done)
         }
-    };
-    if let Ok(Some(queue)) = row.try_get::<Option<String>, _>("Queue") {
-        out.queue = queue;
-    }
-    if let Some(priority) = int("Priority").and_then(|p| i16::try_from(p).ok()) {
-        out.priority = priority;
-    }
-    if let Ok(key) = row.try_get::<Option<String>, _>("UniqueKey") {
-        out.unique_key = key;
-    }
-    if let Ok(parent) = row.try_get::<Option<String>, _>("TraceParent") {
-        out.trace_parent = parent;
-    }
-    if let Some(snoozes) = int("Snoozes").and_then(|n| i32::try_from(n).ok()) {
-        out.snoozes = snoozes;
+        other => other.map_err(crate::Error::db(context())),
     }
 }
 

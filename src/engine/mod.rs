@@ -531,7 +531,7 @@ pub(crate) const UNIQUE_KEY_TRIES: usize = 20;
 /// The error when the pending row holding a unique key keeps settling (or cannot be
 /// seen) between the insert and the read.
 pub(crate) fn unique_key_unsettled(table: &TableName, key: &str) -> crate::Error {
-    crate::Error::Usage(format!(
+    crate::Error::Conflict(format!(
         "scheduling into {table}: a pending row holds unique key `{key}`, but its id could not \
          be read (it kept settling, or the transaction's snapshot predates it: schedule with \
          a unique key in a READ COMMITTED transaction); nothing was scheduled"
@@ -660,7 +660,7 @@ async fn connect_driver(
         Engine::Mysql => Ok(Arc::new(
             mysql::MySqlDriver::connect(url, table, options).await?,
         )),
-        Engine::SqlServer => Err(crate::Error::Usage(
+        Engine::SqlServer => Err(crate::Error::Unsupported(
             "SQL Server is supported for migrations only (`icq migrate add --engine sqlserver`); \
              the processor and operator commands need PostgreSQL, SQLite or MySQL/MariaDB"
                 .into(),
@@ -697,6 +697,23 @@ where
 /// `?, ?, …` with `n` markers (SQLite and MySQL placeholders for an `IN (…)` list).
 pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
+}
+
+/// Refuses, on a table below schema version 2, a command that asks for what only version
+/// 2 has (a queue, a priority, a unique key): [`crate::Error::NeedsSchemaV2`], before
+/// anything is written.
+pub(crate) fn refuse_v2_asks<'a>(
+    table: &TableName,
+    version: u32,
+    mut commands: impl Iterator<Item = &'a NewCommand>,
+) -> crate::Result<()> {
+    if version >= 2 {
+        return Ok(());
+    }
+    match commands.find_map(NewCommand::needs_v2) {
+        Some(what) => Err(crate::Error::needs_schema_v2(table, what)),
+        None => Ok(()),
+    }
 }
 
 /// The driver conformance suite (`tests/driver/`): every driver through this seam, on

@@ -112,11 +112,11 @@ impl ExecHandler {
     /// A handler running `argv` (program first), killed after `timeout` if given. See
     /// [`ExecHandler`]'s example.
     ///
-    /// An empty `argv` (or an empty program) is an [`Error::Usage`](crate::Error::Usage).
+    /// An empty `argv` (or an empty program) is an [`Error::Invalid`](crate::Error::Invalid).
     pub fn new(argv: Vec<String>, timeout: Option<Duration>) -> crate::Result<ExecHandler> {
         if argv.first().is_none_or(|program| program.is_empty()) {
-            return Err(crate::Error::Usage(
-                "an exec handler needs a non-empty argv list, program first".into(),
+            return Err(crate::Error::invalid(
+                "an exec handler needs a non-empty argv list, program first",
             ));
         }
         Ok(ExecHandler { argv, timeout })
@@ -140,7 +140,7 @@ impl ExecHandler {
     /// ```
     pub fn check_program(&self) -> Result<(), String> {
         let path = std::env::var("PATH").ok();
-        match crate::config::verify::program_problem(&self.argv[0], path.as_deref()) {
+        match super::program::program_problem(&self.argv[0], path.as_deref()) {
             Some(problem) => Err(problem),
             None => Ok(()),
         }

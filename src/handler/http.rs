@@ -100,7 +100,7 @@ impl HttpHandler {
     /// `timeout` (default 30 s). See [`HttpHandler`]'s example.
     ///
     /// A URL that is not `http://` or `https://`, or a header that is not valid, is an
-    /// [`Error::Usage`](crate::Error::Usage).
+    /// [`Error::Invalid`](crate::Error::Invalid).
     pub fn new(
         url: &str,
         headers: &BTreeMap<String, String>,
@@ -110,17 +110,18 @@ impl HttpHandler {
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| {
-                crate::Error::Usage(format!(
+                crate::Error::invalid(format!(
                     "`{}` is not an http(s) URL",
                     crate::redact::redact_url(url)
                 ))
             })?;
         let mut map = HeaderMap::new();
         for (name, value) in headers {
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| crate::Error::Usage(format!("`{name}` is not a valid header name")))?;
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                crate::Error::invalid(format!("`{name}` is not a valid header name"))
+            })?;
             let value = HeaderValue::from_str(value).map_err(|_| {
-                crate::Error::Usage(format!("the value of header `{name}` is not valid"))
+                crate::Error::invalid(format!("the value of header `{name}` is not valid"))
             })?;
             map.insert(name, value);
         }
@@ -129,7 +130,7 @@ impl HttpHandler {
             .timeout(timeout.unwrap_or(Duration::from_secs(30)))
             .user_agent(concat!("icq/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| crate::Error::Usage(format!("cannot build the HTTP client: {e}")))?;
+            .map_err(crate::Error::runtime("cannot build the HTTP client"))?;
         Ok(HttpHandler {
             client,
             url,

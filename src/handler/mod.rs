@@ -9,6 +9,7 @@
 pub mod exec;
 pub mod http;
 pub mod layers;
+pub(crate) mod program;
 
 use std::collections::HashMap;
 use std::fmt;

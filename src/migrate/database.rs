@@ -319,7 +319,7 @@ pub async fn run(url: &str, dir: &Path, options: &MigrateOptions) -> Result<RunR
     if let Some(target) = options.target_version
         && !migrator.version_exists(target)
     {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "--target-version {target} is not a migration in {}",
             dir.display()
         )));
@@ -359,7 +359,7 @@ pub async fn revert(url: &str, dir: &Path, options: &MigrateOptions) -> Result<R
         && target != 0
         && !migrator.version_exists(target)
     {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "--target-version {target} is not a migration in {} (0 reverts everything)",
             dir.display()
         )));
@@ -434,7 +434,7 @@ fn refuse_duplicate_versions(files: &[super::ExistingMigration], dir: &Path) -> 
 }
 
 fn sql_server_unsupported() -> Error {
-    Error::Usage(format!(
+    Error::Unsupported(format!(
         "sqlx cannot run T-SQL, so icq cannot apply migrations to SQL Server; apply \
          {SQLSERVER_DIR}/ with sqlcmd -I, DbUp or Flyway"
     ))
@@ -467,7 +467,7 @@ async fn with_connection(
     let database = redact_url(url);
     let connecting = format!("connecting to {database}");
     let bad_url = |err: sqlx::Error| {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "invalid database URL {database}: {}",
             redact_in(&err.to_string(), url)
         ))
@@ -705,7 +705,7 @@ async fn revert_on<C: Migrate>(
             down_migration(migrator, version).ok_or_else(|| {
                 let description = up_migration(migrator, version)
                     .map_or_else(String::new, |m| format!(" ({})", m.description));
-                Error::Usage(format!(
+                Error::Refused(format!(
                     "migration {version}{description} is not reversible: it has no \
                      .down.sql file, so nothing was reverted"
                 ))

@@ -487,7 +487,7 @@ pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
             continue;
         }
         let version: i64 = prefix.parse().map_err(|_| {
-            Error::Usage(format!(
+            Error::invalid(format!(
                 "{}: `{file_name}` does not start with an integer version, so sqlx cannot \
                  resolve this directory; rename or move the file",
                 dir.display()
@@ -912,7 +912,7 @@ impl MigrationPlan {
             .iter()
             .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != self.engine));
         match foreign {
-            Some(m) => Err(Error::Usage(format!(
+            Some(m) => Err(Error::Refused(format!(
                 "{} already holds icq's {} migration ({}); a {} migration cannot go in the \
                  same directory, since sqlx runs every file in it against one database; \
                  pass --dir {}",
@@ -967,7 +967,7 @@ impl MigrationPlan {
             PlanAction::UpToDate { .. } => None,
         };
         match clash {
-            Some(m) => Err(Error::Usage(format!(
+            Some(m) => Err(Error::Refused(format!(
                 "{} already creates {table}; a second migration for it would fail when run. \
                  Pass --table NAME for another queue table, or --dir for another directory",
                 m.path.display()
@@ -1029,7 +1029,7 @@ fn write_new(path: &Path, sql: &str) -> Result<()> {
         .create_new(true)
         .open(path)
         .map_err(|err| match err.kind() {
-            std::io::ErrorKind::AlreadyExists => Error::Usage(format!(
+            std::io::ErrorKind::AlreadyExists => Error::Refused(format!(
                 "{} already exists; icq never overwrites a migration (run the command again \
                  for a fresh version)",
                 path.display()
@@ -1141,6 +1141,6 @@ mod tests {
         fs::create_dir(dir.path().join("sqlserver")).unwrap();
         assert!(scan(dir.path()).unwrap().is_empty());
         fs::write(dir.path().join("v1_x.sql"), "").unwrap();
-        assert!(matches!(scan(dir.path()), Err(Error::Usage(_))));
+        assert!(matches!(scan(dir.path()), Err(Error::Invalid { .. })));
     }
 }

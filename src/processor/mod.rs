@@ -306,21 +306,17 @@ impl Processor {
         }
         for source in &self.sources {
             source.settings.validate().map_err(|problem| {
-                Error::Usage(format!("source `{}`: settings: {problem}", source.name))
+                Error::invalid(format!("source `{}`: settings: {problem}", source.name))
             })?;
         }
         for source in &self.sources {
             if !source.settings.queues.is_empty() {
                 let version = source.backend.schema_version().await?;
                 if version < 2 {
-                    return Err(Error::Usage(format!(
-                        "source `{}` lists `queues:`, but table {} is schema version \
-                         {version}; queues, priorities and unique keys need version 2: add the \
-                         upgrade with `icq migrate add` (it writes <version>_icq_schema_v2.sql) \
-                         and apply it with `icq migrate run`",
-                        source.name,
-                        source.backend.table()
-                    )));
+                    return Err(Error::needs_schema_v2(
+                        source.backend.table(),
+                        &format!("`queues:` of source `{}`", source.name),
+                    ));
                 }
             }
         }
@@ -344,9 +340,8 @@ impl Processor {
                 }
                 Err(join) => {
                     shutdown.cancel();
-                    first_error.get_or_insert(crate::Error::Usage(format!(
-                        "a source worker crashed: {join}"
-                    )));
+                    first_error
+                        .get_or_insert(crate::Error::runtime("a source worker crashed")(join));
                 }
             }
         }

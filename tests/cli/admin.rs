@@ -1383,7 +1383,10 @@ async fn payloads_and_job_files_must_be_json() {
     std::fs::write(&jobs, "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 2}\n{\"type\": \"a\", \"payload\": }\n").unwrap();
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
     assert!(
-        err.contains("jobs.jsonl:3: expected value at line 1 column 26; nothing was scheduled"),
+        err.ends_with(
+            "jobs.jsonl:3: field `payload`: expected value at line 1 column 26; nothing was \
+             scheduled\n"
+        ),
         "{err}"
     );
     std::fs::write(
@@ -1393,6 +1396,18 @@ async fn payloads_and_job_files_must_be_json() {
     .unwrap();
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
     assert!(err.contains("jobs.jsonl:2: unknown field `when`"), "{err}");
+    // Issue 23: a value of the wrong type names its field.
+    std::fs::write(
+        &jobs,
+        "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 1, \"priority\": \"high\"}\n",
+    )
+    .unwrap();
+    let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
+    assert_eq!(
+        err.replace(&format!("{}/", dir.path().display()), ""),
+        "error: jobs.jsonl:2: field `priority`: invalid type: string \"high\", expected i64 at \
+         line 1 column 46; nothing was scheduled\n"
+    );
     assert_eq!(total(&db).await, 0, "nothing was inserted");
 }
 

@@ -2,7 +2,7 @@
 //! the binary (a panic on a closed or full stdout, a hidden `man`, a SQLite URL without
 //! `?mode=rwc`, an absurd `--jobs`, two migrations with one version). The listing, cancel
 //! and id-spelling items live with their subcommands' tests in `admin.rs` and the table
-//! fitting with `src/output/grid.rs`'s unit tests.
+//! fitting with `src/cli/output/grid.rs`'s unit tests.
 
 use std::io::Read;
 use std::path::Path;

@@ -286,7 +286,7 @@ proptest! {
                 prop_assert!(!id.as_str().is_empty());
             }
             Err(err) => {
-                prop_assert!(matches!(err, Error::Usage(_)), "{:?}", err);
+                prop_assert!(matches!(err, Error::Invalid { .. }), "{:?}", err);
                 prop_assert!(err.to_string().contains("id"), "{}", err);
             }
         }
@@ -316,7 +316,7 @@ proptest! {
         match icq::commands::parse::read_payload(&text) {
             Ok(value) => prop_assert_eq!(value, serde_json::from_str::<serde_json::Value>(&text).unwrap()),
             Err(err) => {
-                prop_assert!(matches!(err, Error::Usage(_)), "{:?}", err);
+                prop_assert!(matches!(err, Error::Invalid { source: Some(_), .. }), "{:?}", err);
                 prop_assert!(err.to_string().contains("not JSON"), "{}", err);
             }
         }

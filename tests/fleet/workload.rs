@@ -659,7 +659,10 @@ async fn issue_21_queues_on_a_version_1_table_name_the_upgrade() {
             .await
             .unwrap_err();
         let message = err.to_string();
-        assert!(matches!(err, icq::Error::Usage(_)), "{engine}: {err:?}");
+        assert!(
+            matches!(err, icq::Error::NeedsSchemaV2 { .. }),
+            "{engine}: {err:?}"
+        );
         assert!(
             message.contains("schema version 1")
                 && message.contains("icq migrate add")

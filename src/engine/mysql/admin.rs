@@ -22,7 +22,7 @@ use crate::engine::admin::{
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
 use crate::engine::admin::{
-    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+    count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
 use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
@@ -69,13 +69,6 @@ fn columns(version: u32) -> String {
     } else {
         COLUMNS.to_owned()
     }
-}
-
-/// Decodes a row an operator read returned, its version-2 columns included.
-fn decode_full(row: &sqlx::mysql::MySqlRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let mut out = decode_row(row)?;
-    decode_v2_columns(row, &mut out);
-    Ok(out)
 }
 
 /// No live lease.
@@ -206,7 +199,7 @@ impl AdminOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("listing commands")))?;
         rows.iter()
-            .map(|row| decode_full(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
             .collect()
     }
 
@@ -361,7 +354,7 @@ impl AdminOps for MySqlDriver {
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(|row| decode_full(row).map(DeadLetterSummary::from))
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
@@ -385,7 +378,7 @@ impl AdminOps for MySqlDriver {
                 .await
                 .map_err(Error::db(self.ctx("reading commands")))?;
             for row in &rows {
-                found.push(decode_full(row).map_err(Error::db(self.ctx("decoding a command")))?);
+                found.push(decode_row(row).map_err(Error::db(self.ctx("decoding a command")))?);
             }
         }
         Ok(found)
@@ -462,13 +455,7 @@ impl AdminOps for MySqlDriver {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, unique_key)| DeadLetterKey {
-                id: CommandId::stored(id),
-                unique_key,
-            })
-            .collect())
+        Ok(rows.into_iter().map(DeadLetterKey::from).collect())
     }
 
     async fn command_requeue_dead_many(
@@ -479,22 +466,8 @@ impl AdminOps for MySqlDriver {
         let set = requeue_set(self.schema_version().await?);
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            done += match self.requeue_dead(&set, chunk).await {
-                Err(err) if is_unique_violation(&err) => {
-                    // Another writer took a key since the page was read: one row at a
-                    // time, leaving dead the ones whose key is taken.
-                    let mut done = 0;
-                    for id in chunk {
-                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
-                            Ok(n) => done += n,
-                            Err(err) if is_unique_violation(&err) => {}
-                            Err(err) => return Err(Error::db(ctx())(err)),
-                        }
-                    }
-                    done
-                }
-                other => other.map_err(Error::db(ctx()))?,
-            };
+            let requeue = |ids| self.requeue_dead(&set, ids);
+            done += requeue_dead_around_taken_keys(chunk, requeue, ctx).await?;
         }
         Ok(done)
     }
@@ -521,14 +494,7 @@ impl AdminOps for MySqlDriver {
                 .map_err(Error::db(
                     self.ctx("reading dead letters whose unique key is taken"),
                 ))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, unique_key, held_by)| KeyConflict {
-                id: CommandId::stored(id),
-                unique_key,
-                held_by: CommandId::stored(held_by),
-            })
-            .collect())
+        Ok(rows.into_iter().map(KeyConflict::from).collect())
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {

@@ -346,22 +346,28 @@ async fn insert_one(
     version: u32,
 ) -> Result<Scheduled> {
     command.validate()?;
-    if version < 2
-        && let Some(what) = command.needs_v2()
-    {
-        return Err(Error::needs_schema_v2(table, what));
-    }
-    if version < 2 || !command.uses_v2_columns() {
-        insert_rows(conn, &sql.v1, table, std::slice::from_ref(command), false).await?;
-        return Ok(Scheduled::new(command.id.clone()));
-    }
-    let Some(key) = &command.unique_key else {
-        insert_rows(conn, &sql.v2, table, std::slice::from_ref(command), true).await?;
+    super::refuse_v2_asks(table, version, std::iter::once(command))?;
+    let v2 = version >= 2 && command.uses_v2_columns();
+    let Some(key) = command.unique_key.as_ref().filter(|_| v2) else {
+        let statement = if v2 { &sql.v2 } else { &sql.v1 };
+        let payloads = vec![command.payload.to_string()];
+        insert_rows(
+            conn,
+            statement,
+            table,
+            std::slice::from_ref(command),
+            payloads,
+            v2,
+        )
+        .await?;
         return Ok(Scheduled::new(command.id.clone()));
     };
     let context = || format!("scheduling a command into {table}");
+    let payload = command.payload.to_string();
+    check_packet(conn, table, &[(command, payload.as_str())]).await?;
     for _ in 0..super::UNIQUE_KEY_TRIES {
-        let inserted = bind_row(sqlx::query(AssertSqlSafe(sql.v2.clone())), command, true)
+        let query = sqlx::query(AssertSqlSafe(sql.v2.clone()));
+        let inserted = bind_row(query, command, payload.clone(), true)
             .execute(&mut *conn)
             .await;
         match inserted {
@@ -393,8 +399,14 @@ fn held_key(err: &sqlx::Error) -> bool {
 
 type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
 
-/// Binds one row of an insert (thirteen parameters with `v2`, else nine).
-fn bind_row<'q>(query: MySqlQuery<'q>, command: &NewCommand, v2: bool) -> MySqlQuery<'q> {
+/// Binds one row of an insert (thirteen parameters with `v2`, else nine), `payload` being
+/// the command's payload as JSON text.
+fn bind_row<'q>(
+    query: MySqlQuery<'q>,
+    command: &NewCommand,
+    payload: String,
+    v2: bool,
+) -> MySqlQuery<'q> {
     let (at, delay) = match command.run_at {
         RunAt::Now => (None, 0),
         RunAt::At(at) => (Some(at.naive_utc()), 0),
@@ -404,7 +416,7 @@ fn bind_row<'q>(query: MySqlQuery<'q>, command: &NewCommand, v2: bool) -> MySqlQ
     let query = query
         .bind(command.id.to_string())
         .bind(command.type_name.clone())
-        .bind(command.payload.to_string())
+        .bind(payload)
         .bind(at)
         .bind(delay)
         .bind(ctx.user_id.clone())
@@ -422,24 +434,116 @@ fn bind_row<'q>(query: MySqlQuery<'q>, command: &NewCommand, v2: bool) -> MySqlQ
 }
 
 /// Inserts `commands` with one multi-row statement (`sql` has one row per command, of
-/// the version-2 columns with `v2`).
+/// the version-2 columns with `v2`); `payloads` are their payloads as JSON text.
 async fn insert_rows(
     conn: &mut MySqlConnection,
     sql: &Arc<str>,
     table: &TableName,
     commands: &[NewCommand],
+    payloads: Vec<String>,
     v2: bool,
 ) -> Result<()> {
-    let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
     for command in commands {
         command.validate()?;
-        query = bind_row(query, command, v2);
+    }
+    let rows: Vec<(&NewCommand, &str)> = commands
+        .iter()
+        .zip(payloads.iter().map(String::as_str))
+        .collect();
+    check_packet(&mut *conn, table, &rows).await?;
+    let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
+    for (command, payload) in commands.iter().zip(payloads) {
+        query = bind_row(query, command, payload, v2);
     }
     query
         .execute(conn)
         .await
         .map_err(Error::db(format!("scheduling commands into {table}")))?;
     Ok(())
+}
+
+/// Below this many bytes a statement is not checked against `max_allowed_packet`: no
+/// MariaDB or MySQL release defaults to less than 1 MiB (MariaDB 10.2.4+ 16 MiB, MySQL
+/// 8 64 MiB), so only large inserts pay the extra round trip.
+const PACKET_CHECK_FROM: usize = 1 << 20;
+
+/// About how many bytes a prepared insert of `row` takes on the wire: every bound
+/// value plus a few bytes of header each.
+fn row_bytes((command, payload): (&NewCommand, &str)) -> usize {
+    let ctx = &command.context;
+    let texts = [
+        Some(command.id.as_str()),
+        Some(command.type_name.as_str()),
+        Some(payload),
+        ctx.user_id.as_deref(),
+        ctx.tenant_id.as_deref(),
+        ctx.correlation_id.as_deref(),
+        Some(command.queue.as_str()),
+        command.unique_key.as_deref(),
+        command.trace_parent.as_deref(),
+    ];
+    let roles: usize = ctx.roles.iter().map(|r| r.len() + 3).sum();
+    texts.iter().flatten().map(|t| t.len()).sum::<usize>() + roles + 13 * 12
+}
+
+/// Refuses, before anything is sent, an insert larger than the server's
+/// `max_allowed_packet`: the server would drop the connection mid-statement, which the
+/// client reports only as "Connection reset by peer" (issue 23). Inserts below
+/// [`PACKET_CHECK_FROM`] are not checked.
+async fn check_packet(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    rows: &[(&NewCommand, &str)],
+) -> Result<()> {
+    let bytes: usize = rows.iter().copied().map(row_bytes).sum();
+    let Some(limit) = packet_limit(conn, table, bytes).await? else {
+        return Ok(());
+    };
+    if bytes as u64 <= limit {
+        return Ok(());
+    }
+    let (largest, largest_bytes) = rows
+        .iter()
+        .map(|&row| (row.0, row_bytes(row)))
+        .max_by_key(|&(_, b)| b)
+        .unwrap_or((rows[0].0, bytes));
+    let what = if rows.len() == 1 || largest_bytes as u64 > limit {
+        format!(
+            "command {} (type `{}`) is {largest_bytes} bytes as sent",
+            largest.id, largest.type_name
+        )
+    } else {
+        format!(
+            "a statement of {} commands is {bytes} bytes as sent",
+            rows.len()
+        )
+    };
+    Err(Error::invalid(format!(
+        "scheduling into {table}: {what}, more than the server's max_allowed_packet \
+         ({limit} bytes), so the server would refuse it and drop the connection; raise the \
+         server variable max_allowed_packet (SET GLOBAL max_allowed_packet = ..., or in the \
+         server's configuration) or schedule a smaller payload (keep large data elsewhere \
+         and pass a reference); nothing was scheduled"
+    )))
+}
+
+/// The server's `max_allowed_packet` when a statement of `bytes` bytes needs checking
+/// against it (at least [`PACKET_CHECK_FROM`]), else `None` without asking.
+async fn packet_limit(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    bytes: usize,
+) -> Result<Option<u64>> {
+    if bytes < PACKET_CHECK_FROM {
+        return Ok(None);
+    }
+    let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+        .fetch_one(conn)
+        .await
+        .map_err(Error::db(format!(
+            "reading max_allowed_packet before scheduling into {table}"
+        )))?;
+    Ok(Some(limit))
 }
 
 fn optional_time(d: &mut Decoder, row: &MySqlRow, column: &str) -> Option<DateTime<Utc>> {
@@ -742,15 +846,21 @@ impl QueueOps for MySqlDriver {
         } else {
             1
         };
-        if version < 2
-            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
-        {
-            return Err(Error::needs_schema_v2(&self.table, what));
-        }
+        super::refuse_v2_asks(&self.table, version, commands.iter())?;
         let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let t = &self.t;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        // Each payload is serialized once; a batch of large ones is split into statements
+        // that fit the server's max_allowed_packet.
+        let mut payloads: Vec<String> = commands.iter().map(|c| c.payload.to_string()).collect();
+        let sizes: Vec<usize> = commands
+            .iter()
+            .zip(&payloads)
+            .map(|(c, p)| row_bytes((c, p)))
+            .collect();
+        let limit = packet_limit(&mut tx, &self.table, sizes.iter().sum()).await?;
+        let budget = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
         let mut scheduled = Vec::with_capacity(commands.len());
         let mut full: Option<Arc<str>> = None;
         // Runs of commands without a unique key go in multi-row statements; each with one
@@ -758,18 +868,29 @@ impl QueueOps for MySqlDriver {
         let inserts = self.inserts();
         let mut rest = commands;
         while !rest.is_empty() {
+            let done = commands.len() - rest.len();
             if v2 && rest[0].unique_key.is_some() {
                 scheduled
                     .push(insert_one(&mut tx, &inserts, &self.table, &rest[0], version).await?);
                 rest = &rest[1..];
                 continue;
             }
+            let mut bytes = 0;
             let run = rest
                 .iter()
+                .zip(&sizes[done..])
                 .take(INSERT_ROWS_PER_STATEMENT)
-                .take_while(|c| !(v2 && c.unique_key.is_some()))
-                .count();
+                .take_while(|(c, size)| {
+                    bytes += **size;
+                    !(v2 && c.unique_key.is_some()) && bytes <= budget
+                })
+                .count()
+                .max(1);
             let (chunk, after) = rest.split_at(run);
+            let chunk_payloads = payloads[done..done + run]
+                .iter_mut()
+                .map(std::mem::take)
+                .collect();
             let render = || -> Arc<str> {
                 if v2 {
                     insert_v2_sql(t, chunk.len())
@@ -786,7 +907,7 @@ impl QueueOps for MySqlDriver {
             } else {
                 render()
             };
-            insert_rows(&mut tx, &sql, &self.table, chunk, v2).await?;
+            insert_rows(&mut tx, &sql, &self.table, chunk, chunk_payloads, v2).await?;
             scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
             rest = after;
         }
@@ -1099,11 +1220,80 @@ mod tests {
     use sqlx::Connection;
 
     use super::*;
-    use crate::engine::{QueueOps, SweepParams};
+    use crate::engine::{CommandInsertManyParams, CommandInsertParams, QueueOps, SweepParams};
 
     fn server() -> String {
         std::env::var("ICQ_TEST_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    }
+
+    /// Issue 23: a payload larger than the server's `max_allowed_packet` is refused
+    /// before it is sent, naming the limit and the variable, and nothing is written (the
+    /// server would drop the connection: "Connection reset by peer"). A batch of large
+    /// payloads that fit one by one is split into statements that fit.
+    #[tokio::test]
+    async fn issue_23_a_payload_over_max_allowed_packet_is_refused_by_name() {
+        let table = TableName::parse(&format!("packet_{}", std::process::id())).unwrap();
+        let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
+            .await
+            .expect("MariaDB test server");
+        driver.table_drop().await.unwrap();
+        driver
+            .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
+            .await
+            .unwrap();
+        let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+            .fetch_one(&driver.pool)
+            .await
+            .unwrap();
+        let payload = |bytes: u64| serde_json::Value::String("x".repeat(bytes as usize));
+        let count = || async {
+            let n: i64 =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {}", driver.t)))
+                    .fetch_one(&driver.pool)
+                    .await
+                    .unwrap();
+            n
+        };
+
+        let big = NewCommand::new("reports.render", payload(limit + (4 << 20)));
+        let err = driver
+            .command_insert(&CommandInsertParams { command: &big })
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
+        assert_eq!(err.exit_code(), 2);
+        assert!(message.contains("max_allowed_packet"), "{message}");
+        assert!(message.contains(&format!("({limit} bytes)")), "{message}");
+        assert!(message.contains("nothing was scheduled"), "{message}");
+        assert!(!message.contains("reset by peer"), "{message}");
+        // The same through a caller's transaction, and with a unique key.
+        let mut tx = driver.pool.begin().await.unwrap();
+        let keyed = big.clone().unique_key("k");
+        let err = insert_command(&mut tx, &table, &keyed).await.unwrap_err();
+        assert!(err.to_string().contains("max_allowed_packet"), "{err}");
+        tx.rollback().await.unwrap();
+        assert_eq!(count().await, 0, "nothing was written");
+
+        // Three payloads of about 40% of the limit each: two statements, all written.
+        let third: Vec<NewCommand> = (0..3)
+            .map(|_| NewCommand::new("reports.render", payload(limit * 2 / 5)))
+            .collect();
+        let done = driver
+            .command_insert_many(&CommandInsertManyParams { commands: &third })
+            .await
+            .unwrap();
+        assert_eq!(done.len(), 3);
+        assert_eq!(count().await, 3);
+        // The pool's connections are still good.
+        let small = NewCommand::new("reports.render", serde_json::json!({"n": 1}));
+        driver
+            .command_insert(&CommandInsertParams { command: &small })
+            .await
+            .unwrap();
+        driver.table_drop().await.unwrap();
+        driver.close().await;
     }
 
     /// Two databases of one server with a table of one name each: a replica sweeping one

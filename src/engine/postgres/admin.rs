@@ -24,7 +24,7 @@ use crate::engine::admin::{
 };
 use crate::engine::admin::{RequeueBatch, requeue_page};
 use crate::engine::admin::{
-    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+    count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
 use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
@@ -91,13 +91,6 @@ fn finished(filter: &FinishedFilter) -> (String, &'static str) {
             r#""DeadLetteredAt""#,
         ),
     }
-}
-
-/// Decodes a row an operator read returned, its version-2 columns included.
-fn decode_full(row: &sqlx::postgres::PgRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let mut out = decode_row(row)?;
-    decode_v2_columns(row, &mut out);
-    Ok(out)
 }
 
 /// The condition that selects a listing's rows.
@@ -210,7 +203,7 @@ impl AdminOps for PgDriver {
             .await
             .map_err(self.db("listing dead letters"))?;
         rows.iter()
-            .map(|row| decode_full(row).map(DeadLetterSummary::from))
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(self.db("decoding a dead letter"))
     }
@@ -226,7 +219,7 @@ impl AdminOps for PgDriver {
         .await
         .map_err(self.db("reading commands"))?;
         rows.iter()
-            .map(|row| decode_full(row).map_err(self.db("decoding a command")))
+            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
@@ -254,7 +247,7 @@ impl AdminOps for PgDriver {
             .await
             .map_err(self.db("listing commands"))?;
         rows.iter()
-            .map(|row| decode_full(row).map_err(self.db("decoding a command")))
+            .map(|row| decode_row(row).map_err(self.db("decoding a command")))
             .collect()
     }
 
@@ -430,22 +423,8 @@ impl AdminOps for PgDriver {
         let ctx = || self.ctx("requeueing dead letters");
         let ids: Vec<Uuid> = params.ids.iter().filter_map(CommandId::as_uuid).collect();
         let set = requeue_set(self.schema_version().await?);
-        let done = match self.requeue_dead(set, &ids).await {
-            Err(err) if is_unique_violation(&err) => {
-                // Another writer took a key since the page was read: one row at a time,
-                // leaving dead the ones whose key is taken.
-                let mut done = 0;
-                for id in &ids {
-                    match self.requeue_dead(set, std::slice::from_ref(id)).await {
-                        Ok(n) => done += n,
-                        Err(err) if is_unique_violation(&err) => {}
-                        Err(err) => return Err(Error::db(ctx())(err)),
-                    }
-                }
-                done
-            }
-            other => other.map_err(Error::db(ctx()))?,
-        };
+        let requeue = |ids| self.requeue_dead(set, ids);
+        let done = requeue_dead_around_taken_keys(&ids, requeue, ctx).await?;
         if done > 0 {
             self.notify_waiters().await?;
         }

@@ -81,7 +81,8 @@ pub(crate) struct Servers {
 /// [`postgres_hosts`]) into one set of sqlx options per host, set up for `pooler`.
 pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
     let shown = || redact_url(url);
-    let listed = postgres_hosts(url).map_err(|why| Error::Usage(format!("{}: {why}", shown())))?;
+    let listed =
+        postgres_hosts(url).map_err(|why| Error::invalid(format!("{}: {why}", shown())))?;
     let Some(PgHosts {
         hosts: one_host_urls,
         session_attrs,
@@ -111,7 +112,7 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         None | Some("any") => SessionAttrs::Any,
         Some("read-write" | "primary") => SessionAttrs::ReadWrite,
         Some(other) => {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "{}: `target_session_attrs={other}` is not supported: icq takes `any`, \
                  `read-write` or `primary` (a queue must write)",
                 shown()
@@ -196,16 +197,19 @@ async fn choose(url: &str, servers: &Servers) -> Result<usize> {
             Err(reason) => reasons.push(format!("{} ({reason})", host.label)),
         }
     }
-    Err(Error::Usage(format!(
-        "connecting to {}: no {}server among the URL's hosts: {}",
-        redact_url(url),
-        if servers.attrs == SessionAttrs::ReadWrite {
-            "writable "
-        } else {
-            ""
-        },
-        reasons.join(", ")
-    )))
+    Err(Error::Connect {
+        context: format!("connecting to {}", redact_url(url)),
+        reason: format!(
+            "no {}server among the URL's hosts: {}",
+            if servers.attrs == SessionAttrs::ReadWrite {
+                "writable "
+            } else {
+                ""
+            },
+            reasons.join(", ")
+        ),
+        hint: String::new(),
+    })
 }
 
 /// The options for one connection to the server `url` names: with several hosts (libpq's

@@ -453,16 +453,12 @@ async fn insert_with(
 ) -> Result<Scheduled> {
     command.validate()?;
     let id = command.id.as_uuid().ok_or_else(|| {
-        Error::Usage(format!(
+        Error::invalid(format!(
             "`{}` is not a UUID: PostgreSQL stores ids as uuid",
             command.id
         ))
     })?;
-    if version < 2
-        && let Some(what) = command.needs_v2()
-    {
-        return Err(Error::needs_schema_v2(table, what));
-    }
+    super::refuse_v2_asks(table, version, std::iter::once(command))?;
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
     let v2 = version >= 2 && command.uses_v2_columns();
@@ -872,7 +868,7 @@ impl PgDriver {
                     .await
                     .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
             if pooling {
-                return Err(Error::Usage(format!(
+                return Err(Error::Unsupported(format!(
                     "{}: the server hands consecutive statements of one connection to \
                      different server connections (a pooler in transaction mode, such as \
                      PgBouncer's `pool_mode = transaction`), where LISTEN and prepared \
@@ -1047,7 +1043,7 @@ impl QueueOps for PgDriver {
         for command in commands {
             command.validate()?;
             if command.id.as_uuid().is_none() {
-                return Err(Error::Usage(format!(
+                return Err(Error::invalid(format!(
                     "`{}` is not a UUID: PostgreSQL stores ids as uuid",
                     command.id
                 )));
@@ -1057,11 +1053,7 @@ impl QueueOps for PgDriver {
             return Ok(Vec::new());
         }
         let version = self.insert_version(commands.iter()).await?;
-        if version < 2
-            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
-        {
-            return Err(Error::needs_schema_v2(&self.table, what));
-        }
+        super::refuse_v2_asks(&self.table, version, commands.iter())?;
         let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let ctx = "scheduling commands in bulk";
         let mut tx = self.pool.begin().await.map_err(self.db(ctx))?;

@@ -23,7 +23,7 @@ use crate::engine::admin::{
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
 use crate::engine::admin::{
-    count_grouping, decode_state_count, decode_v2_columns, is_unique_violation,
+    count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
 use crate::engine::{AdminOps, Lifecycle, marks};
 use crate::error::{Error, Result};
@@ -48,16 +48,23 @@ fn dead_filter(filter: &DeadLetterFilter) -> String {
     sql
 }
 
+/// Binds a dead-letter filter's values in the order [`dead_filter`] numbers them.
+fn bind_dead_filter<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Sqlite, O, sqlx::sqlite::SqliteArguments>,
+    filter: &'q DeadLetterFilter,
+) -> sqlx::query::QueryAs<'q, sqlx::Sqlite, O, sqlx::sqlite::SqliteArguments> {
+    let query = query
+        .bind(format_timestamp(filter.dead_before))
+        .bind(&filter.type_name);
+    match &filter.queue {
+        Some(queue) => query.bind(queue),
+        None => query,
+    }
+}
+
 /// The limit's placeholder after a dead-letter filter's.
 fn limit_after(filter: &DeadLetterFilter) -> &'static str {
     if filter.queue.is_some() { "?4" } else { "?3" }
-}
-
-/// Decodes a row an operator read returned, its version-2 columns included.
-fn decode_full(row: &sqlx::sqlite::SqliteRow) -> std::result::Result<CommandRow, sqlx::Error> {
-    let mut out = decode_row(row)?;
-    decode_v2_columns(row, &mut out);
-    Ok(out)
 }
 
 /// No live lease.
@@ -163,7 +170,7 @@ impl AdminOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("listing commands")))?;
         rows.iter()
-            .map(|row| decode_full(row).map_err(Error::db(self.ctx("decoding a command"))))
+            .map(|row| decode_row(row).map_err(Error::db(self.ctx("decoding a command"))))
             .collect()
     }
 
@@ -324,7 +331,7 @@ impl AdminOps for SqliteDriver {
             .await
             .map_err(Error::db(self.ctx("listing dead letters")))?;
         rows.iter()
-            .map(|row| decode_full(row).map(DeadLetterSummary::from))
+            .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
@@ -346,7 +353,7 @@ impl AdminOps for SqliteDriver {
                 .await
                 .map_err(Error::db(self.ctx("reading commands")))?;
             for row in &rows {
-                found.push(decode_full(row).map_err(Error::db(self.ctx("decoding a command")))?);
+                found.push(decode_row(row).map_err(Error::db(self.ctx("decoding a command")))?);
             }
         }
         Ok(found)
@@ -390,13 +397,7 @@ impl AdminOps for SqliteDriver {
             "SELECT COUNT(*) FROM {t} AS c WHERE {}",
             dead_filter(filter)
         );
-        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(format_timestamp(filter.dead_before))
-            .bind(&filter.type_name);
-        if let Some(queue) = &filter.queue {
-            query = query.bind(queue);
-        }
-        let n: i64 = query
+        let (n,): (i64,) = bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), filter)
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting dead letters")))?;
@@ -424,24 +425,13 @@ impl AdminOps for SqliteDriver {
             dead_filter(&params.filter),
             limit_after(&params.filter)
         );
-        let mut query = sqlx::query_as::<_, (String, Option<String>)>(AssertSqlSafe(sql))
-            .bind(format_timestamp(params.filter.dead_before))
-            .bind(&params.filter.type_name);
-        if let Some(queue) = &params.filter.queue {
-            query = query.bind(queue);
-        }
-        let rows = query
-            .bind(i64::from(params.limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, unique_key)| DeadLetterKey {
-                id: CommandId::stored(id),
-                unique_key,
-            })
-            .collect())
+        let rows: Vec<(String, Option<String>)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(self.ctx("reading dead letters to requeue")))?;
+        Ok(rows.into_iter().map(DeadLetterKey::from).collect())
     }
 
     async fn command_requeue_dead_many(
@@ -452,22 +442,8 @@ impl AdminOps for SqliteDriver {
         let set = requeue_set(self.schema_version().await?);
         let mut done = 0;
         for chunk in params.ids.chunks(IDS_PER_STATEMENT) {
-            done += match self.requeue_dead(&set, chunk).await {
-                Err(err) if is_unique_violation(&err) => {
-                    // Another writer took a key since the page was read: one row at a
-                    // time, leaving dead the ones whose key is taken.
-                    let mut done = 0;
-                    for id in chunk {
-                        match self.requeue_dead(&set, std::slice::from_ref(id)).await {
-                            Ok(n) => done += n,
-                            Err(err) if is_unique_violation(&err) => {}
-                            Err(err) => return Err(Error::db(ctx())(err)),
-                        }
-                    }
-                    done
-                }
-                other => other.map_err(Error::db(ctx()))?,
-            };
+            let requeue = |ids| self.requeue_dead(&set, ids);
+            done += requeue_dead_around_taken_keys(chunk, requeue, ctx).await?;
         }
         Ok(done)
     }
@@ -489,27 +465,15 @@ impl AdminOps for SqliteDriver {
             dead_filter(&params.filter),
             limit_after(&params.filter)
         );
-        let mut query = sqlx::query_as::<_, (String, String, String)>(AssertSqlSafe(sql))
-            .bind(format_timestamp(params.filter.dead_before))
-            .bind(&params.filter.type_name);
-        if let Some(queue) = &params.filter.queue {
-            query = query.bind(queue);
-        }
-        let rows = query
-            .bind(i64::from(params.limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Error::db(
-                self.ctx("reading dead letters whose unique key is taken"),
-            ))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, unique_key, held_by)| KeyConflict {
-                id: CommandId::stored(id),
-                unique_key,
-                held_by: CommandId::stored(held_by),
-            })
-            .collect())
+        let rows: Vec<(String, String, String)> =
+            bind_dead_filter(sqlx::query_as(AssertSqlSafe(sql)), &params.filter)
+                .bind(i64::from(params.limit))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(
+                    self.ctx("reading dead letters whose unique key is taken"),
+                ))?;
+        Ok(rows.into_iter().map(KeyConflict::from).collect())
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {

@@ -430,11 +430,7 @@ async fn insert_one(
     version: u32,
 ) -> Result<Scheduled> {
     command.validate()?;
-    if version < 2
-        && let Some(what) = command.needs_v2()
-    {
-        return Err(Error::needs_schema_v2(table, what));
-    }
+    super::refuse_v2_asks(table, version, std::iter::once(command))?;
     if version < 2 || !command.uses_v2_columns() {
         insert_rows(conn, v1, table, std::slice::from_ref(command), false).await?;
         return Ok(Scheduled::new(command.id.clone()));
@@ -935,11 +931,7 @@ impl QueueOps for SqliteDriver {
         } else {
             1
         };
-        if version < 2
-            && let Some(what) = commands.iter().find_map(NewCommand::needs_v2)
-        {
-            return Err(Error::needs_schema_v2(&self.table, what));
-        }
+        super::refuse_v2_asks(&self.table, version, commands.iter())?;
         let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;

@@ -60,7 +60,7 @@ impl ConsoleOptions {
     pub fn validate(&self) -> Result<()> {
         let token = self.token.as_deref().filter(|t| !t.trim().is_empty());
         if !self.addr.ip().is_loopback() && token.is_none() {
-            return Err(Error::Usage(format!(
+            return Err(Error::Refused(format!(
                 "refusing to serve the console on {} (not a loopback address) without a token: \
                  set ICQ_CONSOLE_TOKEN to a long random secret, or bind 127.0.0.1",
                 self.addr
@@ -209,12 +209,10 @@ pub async fn serve(
         .collect();
     let listener = tokio::net::TcpListener::bind(options.addr)
         .await
-        .map_err(|err| {
-            Error::Usage(format!(
-                "cannot listen on {}: {err} (is another console running? pick another --addr)",
-                options.addr
-            ))
-        })?;
+        .map_err(Error::io(format!(
+            "cannot listen on {} (is another console running? pick another --addr)",
+            options.addr
+        )))?;
     let local = listener.local_addr().map_err(|cause| Error::Io {
         context: format!("cannot read the address bound for {}", options.addr),
         cause,

@@ -84,7 +84,7 @@ pub(crate) fn banner(errors: &[String]) -> Html {
 pub(crate) fn error_page(console: &Console, title: &str, err: &Error) -> Response {
     let status = match err {
         Error::NotFound(_) => StatusCode::NOT_FOUND,
-        Error::Usage(_) => StatusCode::BAD_REQUEST,
+        _ if err.exit_code() == 2 => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     render(
@@ -367,7 +367,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
         return error_page(
             &console,
             "Commands",
-            &Error::Usage(format!(
+            &Error::invalid(format!(
                 "unknown state `{state_name}`: one of due, scheduled, running, dead, completed, pending"
             )),
         );
@@ -473,7 +473,7 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                 body.raw("</nav>");
             }
             Err(err) => {
-                if matches!(err, Error::Usage(_)) {
+                if err.exit_code() == 2 {
                     status = StatusCode::BAD_REQUEST;
                 }
                 errors.push(describe(&err));
@@ -619,7 +619,7 @@ pub(crate) async fn command(
                 // Not found in the sources that are up: it may be in one that is down.
                 Error::NotFound(_) if some_down => StatusCode::SERVICE_UNAVAILABLE,
                 Error::NotFound(_) => StatusCode::NOT_FOUND,
-                Error::Usage(_) => StatusCode::BAD_REQUEST,
+                _ if err.exit_code() == 2 => StatusCode::BAD_REQUEST,
                 _ => StatusCode::SERVICE_UNAVAILABLE,
             };
             return render(
@@ -852,7 +852,7 @@ pub(crate) async fn dead_letters(
             }
         }
         Err(err) => {
-            if matches!(err, Error::Usage(_)) {
+            if err.exit_code() == 2 {
                 status = StatusCode::BAD_REQUEST;
             }
             errors.push(describe(&err));

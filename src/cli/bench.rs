@@ -153,17 +153,17 @@ pub async fn run(
     interrupt: CancellationToken,
 ) -> Result<BenchReport> {
     if options.jobs == 0 {
-        return Err(Error::Usage("--jobs must be at least 1".into()));
+        return Err(Error::invalid("--jobs must be at least 1"));
     }
     if options.jobs > MAX_JOBS {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "--jobs {} is more than one run enqueues ({MAX_JOBS}): the batch is built in \
              memory; run several benchmarks or pass a smaller --jobs",
             options.jobs
         )));
     }
     if options.concurrency == Some(0) {
-        return Err(Error::Usage("--concurrency must be at least 1".into()));
+        return Err(Error::invalid("--concurrency must be at least 1"));
     }
     let engine = options.url.engine()?;
     if engine == Engine::Sqlite {

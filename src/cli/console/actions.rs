@@ -17,11 +17,11 @@ use super::Console;
 use super::guard::{self, Refusal};
 use super::html::{Html, query};
 use super::pages::{self, Nav, render};
+use crate::admin::FinishedKind;
 use crate::admin::{self, CancelTarget, NoProgress, PurgeRequest, RequeueTarget};
+use crate::cli::output::plural;
 use crate::command::CommandId;
-use crate::engine::admin::FinishedKind;
 use crate::error::{Error, Result};
-use crate::output::plural;
 use crate::sources::OpenSource;
 
 /// The fields of an action, from a query string (confirm) or a form body (perform).
@@ -154,7 +154,7 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<OpenSourc
     let opened = console.opened().await;
     let wanted = fields.source.as_deref();
     if let Some(error) = opened.errors.first() {
-        return Err(Error::Usage(format!(
+        return Err(Error::Refused(format!(
             "{error}; nothing was planned or changed"
         )));
     }
@@ -312,7 +312,7 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
             (
                 format!(
                     "Delete {}{}{age}? This cannot be undone.",
-                    crate::output::describe_purge(&report.counts),
+                    crate::cli::output::describe_purge(&report.counts),
                     filtered(None, request.queue.as_deref())
                 ),
                 plan.total(),
@@ -449,7 +449,10 @@ async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
             let plan = admin::plan_purge(sources, request).await?;
             let report = admin::purge(&plan, &NoProgress).await?;
             Applied {
-                message: format!("Deleted {}.", crate::output::describe_purge(&report.counts)),
+                message: format!(
+                    "Deleted {}.",
+                    crate::cli::output::describe_purge(&report.counts)
+                ),
                 show: None,
             }
         }
@@ -508,7 +511,7 @@ mod tests {
         }
         assert!(matches!(
             Action::parse("cancel", &Fields::parse(b"queue=")),
-            Err(Error::Usage(_))
+            Err(err) if err.exit_code() == 2
         ));
         match Action::parse("purge", &Fields::parse(b"dead_letters=1&queue=emails")) {
             Ok(Action::Purge(request)) => {

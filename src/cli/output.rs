@@ -23,12 +23,12 @@ use comfy_table::{
 };
 use serde::Serialize;
 
+use crate::admin::FinishedKind;
 use crate::admin::{
     CancelReport, DeadLetterReport, ListReport, PendingReport, Progress, PurgeCount, PurgeReport,
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
-use crate::bench::BenchReport;
-use crate::engine::admin::FinishedKind;
+use crate::cli::bench::BenchReport;
 use crate::error::{Error, Result};
 use crate::redact::escape_for_log;
 
@@ -417,8 +417,8 @@ impl Render for ListReport {
 
     fn grid(&self) -> Option<Grid> {
         let when = match self.state {
-            crate::engine::admin::ListState::Dead => "Dead lettered at",
-            crate::engine::admin::ListState::Completed => "Processed at",
+            crate::admin::ListState::Dead => "Dead lettered at",
+            crate::admin::ListState::Completed => "Processed at",
             _ => "Run at",
         };
         let mut grid = Grid::new(vec![
@@ -431,8 +431,8 @@ impl Render for ListReport {
             Column::shrinkable("Last error", 10, 0),
         ]);
         let key_column = match self.state {
-            crate::engine::admin::ListState::Dead => "DeadLetteredAt",
-            crate::engine::admin::ListState::Completed => "ProcessedAt",
+            crate::admin::ListState::Dead => "DeadLetteredAt",
+            crate::admin::ListState::Completed => "ProcessedAt",
             _ => "RunAt",
         };
         for c in &self.commands {
@@ -465,7 +465,7 @@ impl Render for CancelReport {
         format!(
             "Cancelled {}{running}: they are dead letters now (LastError \"{}\").",
             plural(self.cancelled, "command", "commands"),
-            crate::engine::admin::CANCELLED
+            crate::admin::CANCELLED
         )
     }
 }
@@ -632,14 +632,14 @@ pub struct Confirmation {
 }
 
 /// Asks "`question` [y/N]" on a terminal. With `--yes` the answer is yes without asking;
-/// off a terminal without `--yes` it is an [`Error::Usage`] (exit 2) and nothing happens.
+/// off a terminal without `--yes` it is an [`Error::Refused`] (exit 2) and nothing happens.
 pub fn confirm(question: &str, confirmation: Confirmation) -> Result<bool> {
     if confirmation.yes {
         return Ok(true);
     }
     if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
         let question = question.trim_end_matches('?');
-        return Err(Error::Usage(format!(
+        return Err(Error::Refused(format!(
             "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
              to confirm; nothing was changed",
             lowercase_first(question)

@@ -324,7 +324,7 @@ pub fn init_otel() -> Result<Option<Otel>> {
         && !protocol.trim().is_empty()
         && protocol.trim() != "http/protobuf"
     {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: icq exports OTLP over HTTP with \
              protobuf only; set it to http/protobuf (or unset it) and point \
              OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (usually 4318)"
@@ -333,7 +333,7 @@ pub fn init_otel() -> Result<Option<Otel>> {
     let otlp_error = |what: &str| {
         let what = what.to_owned();
         move |err: opentelemetry_otlp::ExporterBuildError| {
-            Error::Usage(format!(
+            Error::invalid(format!(
                 "cannot set up the OpenTelemetry {what} exporter from the OTEL_* variables: {}",
                 crate::redact::redact_text(&err.to_string())
             ))
@@ -388,18 +388,18 @@ pub fn serve(addr: SocketAddr) -> Result<SocketAddr> {
             Matcher::Full("icq_internal_commands_execution_seconds".into()),
             BUCKETS,
         )
-        .map_err(|e| Error::Usage(format!("metrics buckets: {e}")))?
+        .map_err(Error::runtime("metrics buckets"))?
         .build_recorder();
     let handle = recorder.handle();
-    let cannot = |e: std::io::Error| Error::Usage(format!("cannot serve metrics on {addr}: {e}"));
+    let cannot = |e: std::io::Error| Error::io(format!("cannot serve metrics on {addr}"))(e);
     let listener = std::net::TcpListener::bind(addr).map_err(cannot)?;
     listener.set_nonblocking(true).map_err(cannot)?;
     let listener = tokio::net::TcpListener::from_std(listener).map_err(cannot)?;
     let bound = listener.local_addr().map_err(cannot)?;
     metrics::set_global_recorder(recorder).map_err(|e| {
-        Error::Usage(format!(
-            "cannot serve metrics on {addr}: a metrics recorder is already installed ({e})"
-        ))
+        Error::runtime(format!(
+            "cannot serve metrics on {addr}: a metrics recorder is already installed"
+        ))(e)
     })?;
     let upkeep = handle.clone();
     tokio::spawn(async move {
