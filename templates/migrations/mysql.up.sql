@@ -26,9 +26,14 @@ CREATE TABLE {{table}} (
     -- The unique key while the row is pending, NULL once it is completed or dead (which
     -- frees the key): what the unique index covers, since there are no partial indexes.
     `PendingUniqueKey` VARCHAR(255) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, `UniqueKey`, NULL)) STORED,
+    -- The queue while the row is pending and in a queue other than 'default', NULL
+    -- otherwise: the queue poll index's key. Rows of the default queue (most rows) keep
+    -- NULL from insert to completion, so completing one writes nothing to that index;
+    -- workers that serve named queues seek their queue in it.
+    `PollQueue` VARCHAR(128) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `Queue` <> 'default', `Queue`, NULL)) STORED,
     PRIMARY KEY (`Id`),
     INDEX {{ix_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Priority`, `RunAt`),
-    INDEX {{ix_queue_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Queue`, `Priority`, `RunAt`),
+    INDEX {{ix_queue_poll}} (`PollQueue`, `Priority`, `RunAt`),
     UNIQUE INDEX {{ix_unique_key}} (`PendingUniqueKey`),
     INDEX {{ix_retention}} (`ProcessedAt`),
     INDEX {{ix_dead_letters}} (`DeadLetteredAt`)

@@ -200,10 +200,11 @@ fn activity_sql(t: &str, filter: &str) -> String {
 /// processing delay, the types, the queues, the except ids, the limit.
 fn claim_select_sql(
     t: &str,
+    select: &str,
     hint: &str,
     v2: bool,
     types: usize,
-    queues: Option<usize>,
+    queues: Option<&[String]>,
     except: usize,
     unusable: bool,
 ) -> String {
@@ -212,11 +213,18 @@ fn claim_select_sql(
     } else {
         format!(" AND `Type` IN ({})", marks(types))
     };
-    match queues {
+    // Named queues other than 'default' are seeks in the queue poll index (its key,
+    // `PollQueue`, is the queue of pending rows outside 'default'); a list with 'default'
+    // reads the poll index and filters by `Queue`.
+    let column = match queues {
+        Some(list) if !list.iter().any(|q| q == crate::command::DEFAULT_QUEUE) => "`PollQueue`",
+        _ => "`Queue`",
+    };
+    match queues.map(<[String]>::len) {
         None => {}
-        Some(1) => filter.push_str(" AND `Queue` = ?"),
+        Some(1) => filter.push_str(&format!(" AND {column} = ?")),
         Some(0) => filter.push_str(" AND `Queue` IN (NULL)"),
-        Some(n) => filter.push_str(&format!(" AND `Queue` IN ({})", marks(n))),
+        Some(n) => filter.push_str(&format!(" AND {column} IN ({})", marks(n))),
     }
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
@@ -231,14 +239,14 @@ fn claim_select_sql(
         (false, _) => String::new(),
         (true, false) => format!(
             " UNION ALL \
-             (SELECT `Id` FROM {t} \
+             (SELECT {select} FROM {t} \
              WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `RunAt` IS NULL \
                AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
              LIMIT 10 FOR UPDATE SKIP LOCKED)"
         ),
         (true, true) => format!(
             " UNION ALL \
-             (SELECT `Id` FROM {t} \
+             (SELECT {select} FROM {t} \
              WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
                AND (`RunAt` IS NULL OR `Queue` IS NULL) \
                AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
@@ -249,13 +257,29 @@ fn claim_select_sql(
     // own index, which the planner finds by the `Queue` equality).
     let hint = if queues.is_none() { hint } else { "" };
     format!(
-        "(SELECT `Id` FROM {t}{hint} \
+        "(SELECT {select} FROM {t}{hint} \
          WHERE `ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL \
            AND `RunAt` <= {NOW} \
            AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
            AND (`CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND OR `CreatedAt` IS NULL){filter} \
          ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED){unusable}"
     )
+}
+
+/// `row`, read before the claim's update, as that update left it: leased with `token`
+/// until `until`, and `Attempts` counted as the statement counts it (a count from 0 to
+/// 2147483646 grows by one; NULL, negative and the maximum stay as stored).
+fn leased_as_updated(
+    row: &mut CommandRow,
+    token: crate::command::LeaseToken,
+    until: Option<DateTime<Utc>>,
+) {
+    row.lock_token = Some(token);
+    row.locked_until = until;
+    let unreadable = row.defects.iter().any(|d| d.starts_with("column Attempts"));
+    if !unreadable && (0..i32::MAX).contains(&row.attempts) {
+        row.attempts += 1;
+    }
 }
 
 /// The JSON array the lease statements read with `JSON_TABLE`.
@@ -705,8 +729,10 @@ impl MySqlDriver {
         })
     }
 
-    /// The claim's three statements, inside the caller's transaction; never the rows of
-    /// `except`.
+    /// The claim's two statements, inside the caller's transaction; never the rows of
+    /// `except`: the locking read of the due rows, whole, and their lease. The rows come
+    /// back as the read found them with the lease's columns set as the update sets them
+    /// (no third statement reads them again).
     async fn claim_on(
         &self,
         conn: &mut MySqlConnection,
@@ -722,17 +748,18 @@ impl MySqlDriver {
         let queues = params.queues.as_deref();
         let unusable = !v2 || self.unusable.due();
         let hint = self.poll_hint().await?;
+        let columns = if v2 { COLUMNS_V2 } else { COLUMNS };
         let sql = claim_select_sql(
             t,
+            &format!("{columns}, {NOW} AS `IcqNow`"),
             &hint,
             v2,
             types.len(),
-            queues.map(<[String]>::len),
+            queues,
             except.len(),
             unusable,
         );
-        let mut select =
-            sqlx::query_scalar(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
+        let mut select = sqlx::query(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
         for type_name in types {
             select = select.bind(type_name.clone());
         }
@@ -742,48 +769,57 @@ impl MySqlDriver {
         for change in except {
             select = select.bind(change.lease.id.as_str().to_owned());
         }
-        let ids: Vec<String> = select
+        let rows = select
             .bind(i64::from(params.limit))
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
-        if ids.is_empty() {
+        if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let update = format!(
-            "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
-             `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
-             ELSE `Attempts` END WHERE `Id` IN ({})",
-            marks(ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(update))
-            .bind(params.token.to_string())
-            .bind(micros(params.lease));
-        for id in &ids {
-            query = query.bind(id);
+        let ids: Vec<String> = rows
+            .iter()
+            .filter_map(|row| row.try_get::<String, _>("Id").ok())
+            .collect();
+        if !ids.is_empty() {
+            let update = format!(
+                "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
+                 `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
+                 ELSE `Attempts` END WHERE `Id` IN ({})",
+                marks(ids.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(update))
+                .bind(params.token.to_string())
+                .bind(micros(params.lease));
+            for id in &ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *conn).await.map_err(Error::db(ctx()))?;
         }
-        query.execute(&mut *conn).await.map_err(Error::db(ctx()))?;
-        let columns = if v2 { COLUMNS_V2 } else { COLUMNS };
-        let select = format!(
-            "SELECT {columns} FROM {t} WHERE `Id` IN ({})",
-            marks(ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(select));
-        for id in &ids {
-            query = query.bind(id);
-        }
-        let rows = query
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(Error::db(ctx()))?;
+        let lease = chrono::Duration::from_std(params.lease).unwrap_or(chrono::Duration::MAX);
         // Consumed in order: each raw row is dropped once decoded, so a claim of large
         // payloads never holds every raw row and every decoded one at once.
-        Ok(super::leased_rows(
+        let mut claimed = super::leased_rows(
             &self.table,
             params.token,
-            rows.into_iter()
-                .map(|row| (decode_row(&row), payload_bytes(&row))),
-        ))
+            rows.into_iter().map(|row| {
+                let now = row
+                    .try_get::<chrono::NaiveDateTime, _>("IcqNow")
+                    .ok()
+                    .map(|now| now.and_utc());
+                let decoded = decode_row(&row).map(|mut decoded| {
+                    leased_as_updated(
+                        &mut decoded,
+                        params.token,
+                        now.and_then(|n| n.checked_add_signed(lease)),
+                    );
+                    decoded
+                });
+                (decoded, payload_bytes(&row))
+            }),
+        );
+        claimed.retain(|c| ids.iter().any(|id| id == c.lease.id.as_str()));
+        Ok(claimed)
     }
 
     async fn set_state_on(&self, conn: &mut MySqlConnection, changes: &[SetState]) -> Result<u64> {
@@ -1358,5 +1394,108 @@ mod tests {
                 .await
                 .unwrap();
         }
+    }
+
+    /// Issue 21: `PollQueue` is the queue of a pending row outside 'default' and NULL
+    /// otherwise, so completing a default-queue row writes nothing to the queue poll
+    /// index; a claim of named queues seeks that index, one listing 'default' reads the
+    /// poll index; both claim only their queues' rows, in priority order.
+    #[tokio::test]
+    async fn issue_21_queue_claims_seek_the_queue_poll_index() {
+        let table = TableName::parse(&format!("pollq_{}", std::process::id())).unwrap();
+        let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
+            .await
+            .expect("MariaDB test server");
+        driver.table_drop().await.unwrap();
+        driver
+            .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
+            .await
+            .unwrap();
+        let t = &driver.t;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Type`, `Payload`) SELECT 'bulk', '{{}}' FROM seq_1_to_300"
+        )))
+        .execute(&driver.pool)
+        .await
+        .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Type`, `Payload`, `Queue`, `Priority`) VALUES \
+             ('hook', '{{}}', 'webhooks', 5), ('hook', '{{}}', 'webhooks', -1), \
+             ('mail', '{{}}', 'mail', 0)"
+        )))
+        .execute(&driver.pool)
+        .await
+        .unwrap();
+        let keys: Vec<(String, Option<String>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT DISTINCT `Queue`, `PollQueue` FROM {t} ORDER BY `Queue`"
+        )))
+        .fetch_all(&driver.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            keys,
+            vec![
+                ("default".into(), None),
+                ("mail".into(), Some("mail".into())),
+                ("webhooks".into(), Some("webhooks".into()))
+            ]
+        );
+        sqlx::query(AssertSqlSafe(format!("ANALYZE TABLE {t}")))
+            .execute(&driver.pool)
+            .await
+            .unwrap();
+
+        let webhooks = vec!["webhooks".to_owned()];
+        let sql = claim_select_sql(t, "`Id`", "", true, 0, Some(&webhooks), 0, false);
+        let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .bind(0_i64)
+            .bind("webhooks")
+            .bind(50_i64)
+            .fetch_all(&driver.pool)
+            .await
+            .unwrap();
+        let key: Option<String> = plan[0].try_get("key").unwrap();
+        assert_eq!(
+            key.as_deref(),
+            Some(format!("IX_{}_QueuePoll", table.name()).as_str())
+        );
+
+        let claim = |queues: &[&str]| ClaimParams {
+            limit: 10,
+            lease: Duration::from_secs(30),
+            processing_delay: Duration::ZERO,
+            token: crate::command::LeaseToken::owned_by(uuid::Uuid::new_v4()),
+            types: None,
+            queues: Some(queues.iter().map(|q| q.to_string()).collect()),
+        };
+        let rows = driver.command_claim(&claim(&["webhooks"])).await.unwrap();
+        let mut priorities: Vec<i16> = rows.iter().map(|r| r.row.priority).collect();
+        priorities.sort();
+        assert_eq!(priorities, vec![-1, 5]);
+        assert!(rows.iter().all(|r| r.row.queue == "webhooks"));
+        let rows = driver
+            .command_claim(&claim(&["default", "mail"]))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 10);
+        assert!(
+            rows.iter()
+                .all(|r| r.row.queue == "default" || r.row.queue == "mail")
+        );
+
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {t} SET `ProcessedAt` = UTC_TIMESTAMP(6) WHERE `Queue` = 'webhooks'"
+        )))
+        .execute(&driver.pool)
+        .await
+        .unwrap();
+        let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {t} WHERE `PollQueue` = 'webhooks'"
+        )))
+        .fetch_one(&driver.pool)
+        .await
+        .unwrap();
+        assert_eq!(left, 0, "a completed row leaves the queue poll index's key");
+        driver.table_drop().await.unwrap();
     }
 }

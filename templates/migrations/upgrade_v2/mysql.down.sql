@@ -7,6 +7,7 @@ ALTER TABLE {{table}}
     DROP INDEX {{ix_queue_poll}},
     DROP INDEX {{ix_poll}},
     DROP COLUMN `PendingUniqueKey`,
+    DROP COLUMN `PollQueue`,
     DROP COLUMN `Queue`,
     DROP COLUMN `Priority`,
     DROP COLUMN `UniqueKey`,

@@ -15,8 +15,12 @@ ALTER TABLE {{table}}
     -- The unique key while the row is pending, NULL once it is completed or dead (which
     -- frees the key): what the unique index covers, since there are no partial indexes.
     ADD COLUMN `PendingUniqueKey` VARCHAR(255) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, `UniqueKey`, NULL)) STORED,
+    -- The queue while the row is pending and in a queue other than 'default', NULL
+    -- otherwise: the queue poll index's key (completing a default-queue row writes nothing
+    -- to that index).
+    ADD COLUMN `PollQueue` VARCHAR(128) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `Queue` <> 'default', `Queue`, NULL)) STORED,
     -- The poll in claim order (`Priority`, `RunAt`), replacing the version-1 (`RunAt`) one.
     DROP INDEX {{ix_poll}},
     ADD INDEX {{ix_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Priority`, `RunAt`),
-    ADD INDEX {{ix_queue_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Queue`, `Priority`, `RunAt`),
+    ADD INDEX {{ix_queue_poll}} (`PollQueue`, `Priority`, `RunAt`),
     ADD UNIQUE INDEX {{ix_unique_key}} (`PendingUniqueKey`);
