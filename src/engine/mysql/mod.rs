@@ -198,6 +198,7 @@ fn activity_sql(t: &str, filter: &str) -> String {
 /// stamped, which a release or a retry without delay leaves due, are not claimed back,
 /// as on PostgreSQL, whose one statement sees them leased). Parameters in order: the
 /// processing delay, the types, the queues, the except ids, the limit.
+#[allow(clippy::too_many_arguments)]
 fn claim_select_sql(
     t: &str,
     select: &str,
@@ -769,7 +770,7 @@ impl MySqlDriver {
         for change in except {
             select = select.bind(change.lease.id.as_str().to_owned());
         }
-        let rows = select
+        let mut rows = select
             .bind(i64::from(params.limit))
             .fetch_all(&mut *conn)
             .await
@@ -777,10 +778,16 @@ impl MySqlDriver {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<String> = rows
-            .iter()
-            .filter_map(|row| row.try_get::<String, _>("Id").ok())
-            .collect();
+        // The two parts of the read may both find a row (a due row whose `Queue` is NULL).
+        let mut ids: Vec<String> = Vec::with_capacity(rows.len());
+        rows.retain(|row| match row.try_get::<String, _>("Id") {
+            Ok(id) if ids.contains(&id) => false,
+            Ok(id) => {
+                ids.push(id);
+                true
+            }
+            Err(_) => true,
+        });
         if !ids.is_empty() {
             let update = format!(
                 "UPDATE {t} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
