@@ -1,6 +1,6 @@
 #!/bin/bash
 # Drain of N no-op commands: default queue (no `queues:`) vs a 4-queue mix (a worker
-# listing q0..q3). Usage: measure.sh ICQ_BINARY ENGINE(postgres|sqlite) N RUNS
+# listing q0..q3). Usage: queue-mix.sh ICQ_BINARY ENGINE(postgres|sqlite|mysql) N RUNS
 set -e
 ICQ=$1; ENGINE=$2; N=${3:-50000}; RUNS=${4:-3}
 D=$(mktemp -d)
@@ -11,6 +11,12 @@ setup() { # $1 = queue expression
     rm -rf $D/m; $ICQ migrate add --engine postgres --dir $D/m >/dev/null
     $ICQ migrate run --dir $D/m --database-url $URL >/dev/null
     psql -q -h 127.0.0.1 -U postgres -d icq_v2p_bench -c "INSERT INTO \"InternalCommands\" (\"Type\",\"Payload\",\"Queue\") SELECT 'noop', '{}', $1 FROM generate_series(1,$N) g;" -c "VACUUM ANALYZE \"InternalCommands\";" >/dev/null
+  elif [ "$ENGINE" = mysql ]; then
+    URL=mysql://root@127.0.0.1:3306/icq_v2m_bench
+    mariadb -uroot -h127.0.0.1 -e "DROP DATABASE IF EXISTS icq_v2m_bench; CREATE DATABASE icq_v2m_bench"
+    rm -rf $D/m; $ICQ migrate add --engine mysql --dir $D/m >/dev/null
+    $ICQ migrate run --dir $D/m --database-url $URL >/dev/null
+    mariadb -uroot -h127.0.0.1 icq_v2m_bench -e "INSERT INTO InternalCommands (Type, Payload, Queue) SELECT 'noop', '{}', $(echo "$1" | sed 's/||/,/; s/^/CONCAT(/; s/$/)/; s/(g % 4)/(seq % 4)/') FROM seq_1_to_$N; ANALYZE TABLE InternalCommands" >/dev/null
   else
     rm -f $D/b.db*; URL="sqlite://$D/b.db"
     rm -rf $D/m; $ICQ migrate add --engine sqlite --dir $D/m >/dev/null

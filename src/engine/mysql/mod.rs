@@ -43,6 +43,9 @@ pub(crate) const COLUMNS_V2: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `P
      `LastError`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, `Queue`, `Priority`, \
      `UniqueKey`, `TraceParent`, `Snoozes`";
 
+/// Set on each connection of icq's own pools (not an application's pool).
+const IDLE_TRANSACTION_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 30";
+
 /// A MySQL/MariaDB source: its pool, table and SQL text.
 pub struct MySqlDriver {
     pub(crate) pool: MySqlPool,
@@ -624,6 +627,19 @@ impl MySqlDriver {
         };
         let pool = options
             .pool::<sqlx::MySql>()
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    // MariaDB ends a session left idle inside a transaction after this
+                    // long, releasing its row locks. icq's own transactions (a claim, a
+                    // stamp) never wait between statements; one idle this long belongs
+                    // to a connection the processor abandoned on a stalled socket, whose
+                    // locks would otherwise hide the rows from every claim (SKIP LOCKED)
+                    // until the server noticed the dead peer. MySQL has no such setting:
+                    // the statement fails there and is ignored.
+                    let _ = sqlx::raw_sql(IDLE_TRANSACTION_TIMEOUT).execute(conn).await;
+                    Ok(())
+                })
+            })
             .connect(&normalized)
             .await
             .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
