@@ -44,7 +44,7 @@ pub(crate) const COLUMNS_V2: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `P
      `UniqueKey`, `TraceParent`, `Snoozes`";
 
 /// Set on each connection of icq's own pools (not an application's pool).
-const IDLE_TRANSACTION_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 30";
+const IDLE_TRANSACTION_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 10";
 
 /// A MySQL/MariaDB source: its pool, table and SQL text.
 pub struct MySqlDriver {
