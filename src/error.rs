@@ -506,6 +506,7 @@ impl Error {
 
     /// The same error with `prefix: ` before its message, for errors that carry their
     /// message as text (the others already name what they are about).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn prefixed(self, prefix: &str) -> Error {
         let with = |text: String| format!("{prefix}: {text}");
         match self {

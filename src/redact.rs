@@ -433,6 +433,10 @@ pub fn escape_for_log(text: &str) -> String {
 /// Makes foreign text safe to store in `LastError` and show on a terminal, keeping it
 /// readable: line breaks (`\n`) and tabs stay, a `\r\n` becomes `\n`, and every other
 /// control or bidirectional-override character is escaped as [`escape_for_log`] does.
+#[cfg_attr(
+    not(any(feature = "http", all(unix, feature = "exec"))),
+    allow(dead_code)
+)]
 pub fn clean_stored_text(text: &str) -> String {
     escape(&text.replace("\r\n", "\n"), true)
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use crate::config::{Config, HandlerConfig, HandlerKind};
 use crate::error::{Error, Result};
+#[cfg(all(unix, feature = "exec"))]
 use crate::handler::exec::ExecHandler;
+#[cfg(feature = "http")]
 use crate::handler::http::HttpHandler;
 use crate::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer, TraceLayer};
 use crate::processor::Processor;
@@ -65,6 +67,7 @@ fn warn_about_timeout(config: &Config, type_name: &str, handler: &HandlerConfig)
 
 fn build_handler(type_name: &str, config: &HandlerConfig) -> Result<Arc<dyn Handler>> {
     let inner: Arc<dyn Handler> = match &config.kind {
+        #[cfg(all(unix, feature = "exec"))]
         HandlerKind::Exec { argv } => {
             let exec = ExecHandler::new(argv.clone(), config.timeout)?;
             exec.check_program()
@@ -72,11 +75,26 @@ fn build_handler(type_name: &str, config: &HandlerConfig) -> Result<Arc<dyn Hand
             // The exec handler enforces its own timeout so it can kill the process group.
             Arc::new(exec)
         }
+        #[cfg(not(all(unix, feature = "exec")))]
+        HandlerKind::Exec { .. } => {
+            return Err(Error::Unsupported(format!(
+                "handler `{type_name}` runs a program, but this build has no exec handlers \
+             (the `exec` feature, Unix only)"
+            )));
+        }
         HandlerKind::Noop => with_timeout(Arc::new(Noop), config),
+        #[cfg(feature = "http")]
         HandlerKind::Http { url, headers } => Arc::new(
             HttpHandler::new(url, headers, config.timeout)
                 .map_err(|err| err.prefixed(&format!("handler `{type_name}`")))?,
         ),
+        #[cfg(not(feature = "http"))]
+        HandlerKind::Http { .. } => {
+            return Err(Error::Unsupported(format!(
+                "handler `{type_name}` posts to a URL, but this build has no http handlers \
+             (the `http` feature)"
+            )));
+        }
     };
     let authorized = AuthorizeLayer {
         required: config.requires_roles.clone(),

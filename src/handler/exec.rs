@@ -5,7 +5,7 @@
 //! `ICQ_TENANT_ID` and `ICQ_CORRELATION_ID` in the environment. Exit status 0 is success;
 //! exit status 75 (`EX_TEMPFAIL`) snoozes the command (it runs again later without
 //! consuming an attempt): after the delay on the last line of stdout when it reads
-//! `snooze <seconds>` (a decimal number, 0 to [`MAX_SNOOZE`]), else after
+//! `snooze <seconds>` (a decimal number, 0 to [`MAX_SNOOZE`](super::MAX_SNOOZE)), else after
 //! [`DEFAULT_SNOOZE`]; a `snooze` line with a negative, too long or unreadable delay fails
 //! the attempt saying why. Anything else fails the attempt with the status and the tail
 //! of stderr.
@@ -50,7 +50,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, MAX_SNOOZE};
+use super::{DEFAULT_SNOOZE, Handler, HandlerError, HandlerResult, Job, checked_snooze_seconds};
 
 pub mod watchdog;
 
@@ -181,7 +181,7 @@ pub const EX_TEMPFAIL: i32 = 75;
 
 /// The snooze delay an exec program asked for: the last non-empty line of its stdout when
 /// that line reads `snooze <seconds>`, else [`DEFAULT_SNOOZE`]. A `snooze` line whose
-/// delay is negative, longer than [`MAX_SNOOZE`] or not a number is an error saying why.
+/// delay is negative, longer than [`MAX_SNOOZE`](super::MAX_SNOOZE) or not a number is an error saying why.
 ///
 /// # Examples
 ///
@@ -216,26 +216,6 @@ pub fn snooze_delay(stdout: &str) -> Result<Duration, String> {
         ));
     };
     checked_snooze_seconds(seconds)
-}
-
-/// `seconds` (text) as a snooze delay: a non-negative number up to [`MAX_SNOOZE`].
-pub(crate) fn checked_snooze_seconds(seconds: &str) -> Result<Duration, String> {
-    let shown = crate::engine::bounded(seconds, 40);
-    let value: f64 = seconds
-        .parse()
-        .ok()
-        .filter(|v: &f64| !v.is_nan())
-        .ok_or_else(|| format!("snooze delay `{shown}` is not a number of seconds"))?;
-    if value < 0.0 {
-        return Err(format!("snooze delay `{shown}` is negative"));
-    }
-    if value > MAX_SNOOZE.as_secs_f64() {
-        return Err(format!(
-            "snooze delay `{shown}` s is longer than the most, {} s (30 days)",
-            MAX_SNOOZE.as_secs()
-        ));
-    }
-    Ok(Duration::from_secs_f64(value))
 }
 
 /// The last `keep` bytes written to a stream.

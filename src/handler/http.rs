@@ -305,7 +305,7 @@ pub fn retry_after_delay(
         .next()
         .is_some_and(|c| c.is_ascii_digit() || matches!(c, '-' | '+' | '.'));
     if looks_numeric {
-        return super::exec::checked_snooze_seconds(value);
+        return super::checked_snooze_seconds(value);
     }
     let shown = crate::engine::bounded(value, 60);
     let when = chrono::DateTime::parse_from_rfc2822(value)

@@ -6,7 +6,9 @@
 //! Typed Rust handlers take a deserialized [`CommandType`]; the `exec` handler runs a
 //! program with the payload on stdin (see [`exec`]).
 
+#[cfg(all(unix, feature = "exec"))]
 pub mod exec;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod layers;
 pub(crate) mod program;
@@ -633,6 +635,7 @@ impl Registry {
     /// assert!(registry.insert_exec("broken", vec![], None).is_err()); // no program
     /// # Ok::<(), icq::Error>(())
     /// ```
+    #[cfg(all(unix, feature = "exec"))]
     pub fn insert_exec(
         &mut self,
         type_name: impl Into<String>,
@@ -659,4 +662,28 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.handlers.is_empty()
     }
+}
+
+/// `seconds` (text) as a snooze delay: a non-negative number up to [`MAX_SNOOZE`].
+#[cfg_attr(
+    not(any(feature = "http", all(unix, feature = "exec"))),
+    allow(dead_code)
+)]
+pub(crate) fn checked_snooze_seconds(seconds: &str) -> Result<std::time::Duration, String> {
+    let shown = crate::engine::bounded(seconds, 40);
+    let value: f64 = seconds
+        .parse()
+        .ok()
+        .filter(|v: &f64| !v.is_nan())
+        .ok_or_else(|| format!("snooze delay `{shown}` is not a number of seconds"))?;
+    if value < 0.0 {
+        return Err(format!("snooze delay `{shown}` is negative"));
+    }
+    if value > MAX_SNOOZE.as_secs_f64() {
+        return Err(format!(
+            "snooze delay `{shown}` s is longer than the most, {} s (30 days)",
+            MAX_SNOOZE.as_secs()
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(value))
 }
