@@ -1286,13 +1286,9 @@ mod tests {
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
     }
 
-    /// Issue 23: a payload larger than the server's `max_allowed_packet` is refused
-    /// before it is sent, naming the limit and the variable, and nothing is written (the
-    /// server would drop the connection: "Connection reset by peer"). A batch of large
-    /// payloads that fit one by one is split into statements that fit.
-    #[tokio::test]
-    async fn issue_23_a_payload_over_max_allowed_packet_is_refused_by_name() {
-        let table = TableName::parse(&format!("packet_{}", std::process::id())).unwrap();
+    /// A driver on a new, empty version-2 table named `<prefix>_<pid>`.
+    async fn fresh_table(prefix: &str) -> (TableName, MySqlDriver) {
+        let table = TableName::parse(&format!("{prefix}_{}", std::process::id())).unwrap();
         let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
             .await
             .expect("MariaDB test server");
@@ -1301,6 +1297,16 @@ mod tests {
             .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
             .await
             .unwrap();
+        (table, driver)
+    }
+
+    /// Issue 23: a payload larger than the server's `max_allowed_packet` is refused
+    /// before it is sent, naming the limit and the variable, and nothing is written (the
+    /// server would drop the connection: "Connection reset by peer"). A batch of large
+    /// payloads that fit one by one is split into statements that fit.
+    #[tokio::test]
+    async fn issue_23_a_payload_over_max_allowed_packet_is_refused_by_name() {
+        let (table, driver) = fresh_table("packet").await;
         let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
             .fetch_one(&driver.pool)
             .await
@@ -1425,15 +1431,7 @@ mod tests {
     /// poll index; both claim only their queues' rows, in priority order.
     #[tokio::test]
     async fn issue_21_queue_claims_seek_the_queue_poll_index() {
-        let table = TableName::parse(&format!("pollq_{}", std::process::id())).unwrap();
-        let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
-            .await
-            .expect("MariaDB test server");
-        driver.table_drop().await.unwrap();
-        driver
-            .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
-            .await
-            .unwrap();
+        let (table, driver) = fresh_table("pollq").await;
         let t = &driver.t;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {t} (`Type`, `Payload`) SELECT 'bulk', '{{}}' FROM seq_1_to_300"
