@@ -614,6 +614,7 @@ async fn time_claim(backend: &dyn Backend) -> Result<f64> {
         token: LeaseToken::new(),
         types: None,
         queues: None,
+        spread: false,
     };
     let started = Instant::now();
     let claimed = backend.command_claim(&params).await?;

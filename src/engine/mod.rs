@@ -49,6 +49,10 @@ pub struct ClaimParams {
     /// version-2 table (`RunAt`, `Id` on version 1, which has no queues: `Some` is refused
     /// there before any claim is made).
     pub queues: Option<Arc<[String]>>,
+    /// Other processors hold leases at the head of the queue: a driver that keeps a claim
+    /// cursor may move it to a random point among rows of the same `Priority` and `RunAt`
+    /// as the head, so replicas claim apart instead of stepping over each other's rows.
+    pub spread: bool,
 }
 
 /// One command to insert on its own.

@@ -201,7 +201,8 @@ pub(crate) async fn run(
         }
         let now = Instant::now();
         pace.sample(shared.finished.load(Ordering::Relaxed), now);
-        let in_flight_now = if sharing.seen(now) { 1 } else { in_flight };
+        let shared_head = sharing.seen(now);
+        let in_flight_now = if shared_head { 1 } else { in_flight };
         let target = slots + pace.look_ahead(max_look_ahead);
         while want && claims.len() < in_flight_now {
             let held = shared.active.load(Ordering::Acquire)
@@ -232,7 +233,7 @@ pub(crate) async fn run(
             }
             let limit = room.min(batch).min(fit);
             reserved += limit;
-            claims.push(claim(&shared, limit as u32));
+            claims.push(claim(&shared, limit as u32, shared_head));
         }
         if !want && claims.is_empty() && options.until_idle && shared.leases.len() == 0 {
             match idle_activity(&shared).await {
@@ -369,8 +370,9 @@ impl Sharing {
     }
 }
 
-/// One claim of up to `limit` rows, each with the instant its lease lapses at the latest.
-async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
+/// One claim of up to `limit` rows, each with the instant its lease lapses at the latest;
+/// `spread` while other processors hold leases at the head ([`ClaimParams::spread`]).
+async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
     let settings = &shared.source.settings;
     let params = ClaimParams {
         limit,
@@ -379,6 +381,7 @@ async fn claim(shared: &Shared, limit: u32) -> ClaimOutcome {
         token: LeaseToken::owned_by(shared.owner),
         types: shared.types.clone(),
         queues: shared.lane.queues.clone(),
+        spread,
     };
     // Outcomes waiting to be stamped ride along: one round trip, one commit.
     let stamps = shared.outbox.take(completer::MAX_BATCH);

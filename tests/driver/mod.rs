@@ -284,6 +284,7 @@ pub(crate) fn params(limit: u32) -> ClaimParams {
         token: LeaseToken::new(),
         types: None,
         queues: None,
+        spread: false,
     }
 }
 

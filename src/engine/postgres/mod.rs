@@ -707,7 +707,7 @@ impl PgDriver {
             rows.iter().map(|row| (decode_row(row), payload_bytes(row))),
         );
         if params.types.is_none() && params.queues.is_none() {
-            self.cursor.advance(&claimed, params.limit);
+            self.cursor.advance(&claimed, params.limit, params.spread);
         }
         claimed
     }
@@ -1439,6 +1439,7 @@ mod tests {
             token: LeaseToken::new(),
             types: key.types.then(|| vec!["t".to_owned()].into()),
             queues,
+            spread: false,
         };
         let mut query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params);
         if key.stamp {
