@@ -81,7 +81,8 @@ pub enum Error {
     },
 
     /// What was asked is not something icq supports: SQL Server outside migrations, a
-    /// PostgreSQL pooler in transaction mode (exit code 2, kind `usage`).
+    /// PostgreSQL pooler in transaction mode, a database URL of an engine whose Cargo
+    /// feature this build lacks ([`Error::engine_not_built`]) (exit code 2, kind `usage`).
     #[error("{0}")]
     Unsupported(String),
 
