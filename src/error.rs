@@ -81,7 +81,8 @@ pub enum Error {
     },
 
     /// What was asked is not something icq supports: SQL Server outside migrations, a
-    /// PostgreSQL pooler in transaction mode (exit code 2, kind `usage`).
+    /// PostgreSQL pooler in transaction mode, a database URL of an engine whose Cargo
+    /// feature this build lacks ([`Error::engine_not_built`]) (exit code 2, kind `usage`).
     #[error("{0}")]
     Unsupported(String),
 
@@ -277,6 +278,7 @@ impl Healing {
 
 /// How an error with this PostgreSQL SQLSTATE heals (by its class, the first two
 /// characters, with a few exceptions).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn postgres_healing(code: &str) -> Healing {
     match code {
         // read_only_sql_transaction: a server in recovery; the failover finds the primary.
@@ -301,6 +303,7 @@ fn postgres_healing(code: &str) -> Healing {
 }
 
 /// How an error with this MariaDB/MySQL error number heals.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 fn mysql_healing(number: u16) -> Healing {
     match number {
         // Too many connections, out of memory, shutdown in progress, aborted connection,
@@ -333,6 +336,7 @@ fn mysql_healing(number: u16) -> Healing {
 }
 
 /// How an error with this SQLite (extended) result code heals.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 fn sqlite_healing(code: i64) -> Healing {
     match code & 0xff {
         // SQLITE_NOMEM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_PROTOCOL.
@@ -346,17 +350,23 @@ fn sqlite_healing(code: i64) -> Healing {
 /// How a driver error heals.
 fn sqlx_healing(cause: &sqlx::Error) -> Healing {
     match cause {
+        // Only the engines this build has can have raised one (see the `*_healing` above).
         sqlx::Error::Database(db) => {
+            #[cfg(feature = "postgres")]
             if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                postgres_healing(pg.code())
-            } else if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                mysql_healing(my.number())
-            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-                let code = db.code().and_then(|c| c.parse().ok()).unwrap_or(1);
-                sqlite_healing(code)
-            } else {
-                Healing::Retry
+                return postgres_healing(pg.code());
             }
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return mysql_healing(my.number());
+            }
+            #[cfg(feature = "sqlite")]
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                let code = db.code().and_then(|c| c.parse().ok()).unwrap_or(1);
+                return sqlite_healing(code);
+            }
+            let _ = db;
+            Healing::Retry
         }
         // The statement's columns do not match what icq expects: a schema problem.
         sqlx::Error::ColumnNotFound(_)
@@ -469,6 +479,32 @@ impl Error {
             table: table.to_string(),
             asked_for: what.to_owned(),
         }
+    }
+
+    /// [`Error::Unsupported`] for a database URL whose engine this build of icq has no
+    /// driver for: its Cargo feature ([`Engine::feature`](crate::Engine::feature)) was not
+    /// enabled. The message names the feature to enable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = icq::Error::engine_not_built(icq::Engine::Mysql);
+    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+    /// assert!(err.to_string().contains(r#"features = ["mysql"]"#), "{err}");
+    /// ```
+    pub fn engine_not_built(engine: crate::Engine) -> Error {
+        let Some(feature) = engine.feature() else {
+            return Error::Unsupported(format!(
+                "{} has no driver in icq: it is supported for migrations only \
+                 (`icq migrate add --engine {engine}`)",
+                engine.prose()
+            ));
+        };
+        Error::Unsupported(format!(
+            "this build of icq has no {} driver: enable icq-queue's `{feature}` Cargo feature \
+             (`icq-queue = {{ version = \"…\", features = [\"{feature}\"] }}`)",
+            engine.prose()
+        ))
     }
 
     /// [`Error::Invalid`] without a source: for a value icq itself found wrong.
@@ -821,6 +857,47 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The refusal of a URL whose engine the build lacks (`engine::connect_driver`,
+    /// `migrate`'s connection) names the feature to enable, for each engine. The default
+    /// build has every engine, so this pins the message; `.ci/run` compiles a one-engine
+    /// build (`--no-default-features --features sqlite`) that takes the refusing path.
+    #[test]
+    fn an_engine_the_build_lacks_is_refused_naming_its_feature() {
+        for (engine, feature, prose) in [
+            (crate::Engine::Postgres, "postgres", "PostgreSQL"),
+            (crate::Engine::Sqlite, "sqlite", "SQLite"),
+            (crate::Engine::Mysql, "mysql", "MySQL/MariaDB"),
+        ] {
+            assert_eq!(engine.feature(), Some(feature));
+            let err = Error::engine_not_built(engine);
+            assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+            assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+            let text = err.to_string();
+            assert!(text.contains(&format!("no {prose} driver")), "{text}");
+            assert!(
+                text.contains(&format!("`{feature}` Cargo feature"))
+                    && text.contains(&format!("features = [\"{feature}\"]")),
+                "{text}"
+            );
+        }
+        let sql_server = Error::engine_not_built(crate::Engine::SqlServer).to_string();
+        assert!(sql_server.contains("migrations only"), "{sql_server}");
+        assert!(!sql_server.contains("Cargo feature"), "{sql_server}");
+    }
+
+    /// `Engine::is_built` follows each engine's feature, and SQL Server never has a driver.
+    #[test]
+    fn an_engine_is_built_with_its_feature_and_sql_server_never() {
+        for (engine, built) in [
+            (crate::Engine::Postgres, cfg!(feature = "postgres")),
+            (crate::Engine::Sqlite, cfg!(feature = "sqlite")),
+            (crate::Engine::Mysql, cfg!(feature = "mysql")),
+            (crate::Engine::SqlServer, false),
+        ] {
+            assert_eq!(engine.is_built(), built, "{engine}");
+        }
+    }
 
     #[test]
     fn the_postgres_line_suffix_is_dropped() {

@@ -83,6 +83,59 @@ impl Engine {
         }
     }
 
+    /// The Cargo feature of `icq-queue` that builds this engine's driver (`None` for SQL
+    /// Server, which icq writes migrations for but has no driver of).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Engine;
+    ///
+    /// assert_eq!(Engine::Postgres.feature(), Some("postgres"));
+    /// assert_eq!(Engine::Mysql.feature(), Some("mysql")); // MySQL and MariaDB
+    /// assert_eq!(Engine::SqlServer.feature(), None);
+    /// ```
+    pub fn feature(self) -> Option<&'static str> {
+        match self {
+            Engine::Postgres => Some("postgres"),
+            Engine::Sqlite => Some("sqlite"),
+            Engine::Mysql => Some("mysql"),
+            Engine::SqlServer => None,
+        }
+    }
+
+    /// Whether this build of icq has the engine's driver (its [`Engine::feature`] is
+    /// enabled). A URL of an engine that is not built is refused with
+    /// [`Error::Unsupported`] naming the feature ([`Error::engine_not_built`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Engine;
+    ///
+    /// // The default features build all three.
+    /// assert!(Engine::Postgres.is_built() && Engine::Sqlite.is_built() && Engine::Mysql.is_built());
+    /// assert!(!Engine::SqlServer.is_built());
+    /// ```
+    pub fn is_built(self) -> bool {
+        match self {
+            Engine::Postgres => cfg!(feature = "postgres"),
+            Engine::Sqlite => cfg!(feature = "sqlite"),
+            Engine::Mysql => cfg!(feature = "mysql"),
+            Engine::SqlServer => false,
+        }
+    }
+
+    /// The engine's name in prose: `PostgreSQL`, `SQLite`, `MySQL/MariaDB`, `SQL Server`.
+    pub(crate) fn prose(self) -> &'static str {
+        match self {
+            Engine::Postgres => "PostgreSQL",
+            Engine::Sqlite => "SQLite",
+            Engine::Mysql => "MySQL/MariaDB",
+            Engine::SqlServer => "SQL Server",
+        }
+    }
+
     /// Infers the engine from a database URL's scheme.
     ///
     /// # Examples

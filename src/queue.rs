@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sqlx::{MySqlConnection, PgConnection, SqliteConnection};
 use tokio::sync::Notify;
 
 use crate::command::{CommandId, NewCommand, Scheduled};
@@ -25,17 +24,24 @@ pub(crate) mod sealed {
     use std::future::Future;
     use std::sync::Arc;
 
-    use crate::engine::{Backend, mysql, postgres, sqlite};
+    use crate::engine::Backend;
     use crate::error::Result;
     use crate::ident::TableName;
 
-    /// A connection type [`super::Enqueue`] is implemented for.
+    /// A connection type [`super::Enqueue`] is implemented for (each engine's, in its
+    /// folder under `src/engine/`, built with its feature).
+    #[diagnostic::on_unimplemented(
+        message = "icq cannot schedule through `{Self}` in this build",
+        note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+    )]
     pub trait Connection {}
-    impl Connection for sqlx::PgConnection {}
-    impl Connection for sqlx::SqliteConnection {}
-    impl Connection for sqlx::MySqlConnection {}
 
-    /// A sqlx database whose pool a queue can be made from.
+    /// A sqlx database whose pool a queue can be made from (implemented in each engine's
+    /// folder, built with its feature).
+    #[diagnostic::on_unimplemented(
+        message = "icq has no driver for `{Self}` in this build",
+        note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+    )]
     pub trait Database: sqlx::Database {
         /// The driver for `table` on the application's `pool`.
         fn driver(
@@ -43,35 +49,16 @@ pub(crate) mod sealed {
             table: &TableName,
         ) -> impl Future<Output = Result<Arc<dyn Backend>>> + Send;
     }
-
-    impl Database for sqlx::Postgres {
-        async fn driver(pool: &sqlx::PgPool, table: &TableName) -> Result<Arc<dyn Backend>> {
-            Ok(Arc::new(
-                postgres::PgDriver::from_pool(pool.clone(), table).await?,
-            ))
-        }
-    }
-
-    impl Database for sqlx::Sqlite {
-        async fn driver(pool: &sqlx::SqlitePool, table: &TableName) -> Result<Arc<dyn Backend>> {
-            Ok(Arc::new(
-                sqlite::SqliteDriver::from_pool(pool.clone(), table).await?,
-            ))
-        }
-    }
-
-    impl Database for sqlx::MySql {
-        async fn driver(pool: &sqlx::MySqlPool, table: &TableName) -> Result<Arc<dyn Backend>> {
-            Ok(Arc::new(
-                mysql::MySqlDriver::from_pool(pool.clone(), table).await?,
-            ))
-        }
-    }
 }
 
 /// A sqlx database icq runs on: [`sqlx::Postgres`], [`sqlx::Sqlite`] or [`sqlx::MySql`]
 /// (MySQL and MariaDB). [`Queue::from_pool`] and [`crate::schema::apply`] take a pool of
-/// any of them. Sealed: implemented by icq only.
+/// any of them whose Cargo feature (`postgres`, `sqlite`, `mysql`) the build enables.
+/// Sealed: implemented by icq only.
+#[diagnostic::on_unimplemented(
+    message = "icq has no driver for `{Self}` in this build",
+    note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+)]
 pub trait QueueDatabase: sealed::Database {}
 
 impl<DB: sealed::Database> QueueDatabase for DB {}
@@ -80,7 +67,8 @@ impl<DB: sealed::Database> QueueDatabase for DB {}
 ///
 /// Implemented for sqlx's `PgConnection`, `SqliteConnection` and `MySqlConnection`, so a
 /// pooled connection (`&mut *conn`) or a transaction (`&mut *tx`) of any of them works
-/// with [`schedule_in`] and [`Queue::schedule_in`]. Sealed: implemented by icq only.
+/// with [`schedule_in`] and [`Queue::schedule_in`], each in a build with its engine's Cargo
+/// feature (`postgres`, `sqlite`, `mysql`). Sealed: implemented by icq only.
 ///
 /// # Examples
 ///
@@ -109,6 +97,10 @@ impl<DB: sealed::Database> QueueDatabase for DB {}
 /// # Ok(())
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "icq cannot schedule through `{Self}` in this build",
+    note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+)]
 #[async_trait]
 pub trait Enqueue: sealed::Connection + Send {
     /// The engine this connection speaks.
@@ -130,39 +122,6 @@ pub trait Enqueue: sealed::Connection + Send {
     /// pending row exists, inserts nothing and returns that row's id
     /// ([`Scheduled::existing`]). See [`Enqueue`]'s example.
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled>;
-}
-
-#[async_trait]
-impl Enqueue for PgConnection {
-    fn engine(&self) -> Engine {
-        Engine::Postgres
-    }
-
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
-        engine::postgres::insert_command(self, table, command).await
-    }
-}
-
-#[async_trait]
-impl Enqueue for SqliteConnection {
-    fn engine(&self) -> Engine {
-        Engine::Sqlite
-    }
-
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
-        engine::sqlite::insert_command(self, table, command).await
-    }
-}
-
-#[async_trait]
-impl Enqueue for MySqlConnection {
-    fn engine(&self) -> Engine {
-        Engine::Mysql
-    }
-
-    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
-        engine::mysql::insert_command(self, table, command).await
-    }
 }
 
 /// Schedules `command` inside the caller's transaction (pass `&mut *tx`). Nothing else is

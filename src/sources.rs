@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use crate::config::{self, Config, ConfigRequest, SourceConfig};
 use crate::engine::ConnectOptions;
-use crate::error::{Error, Result};
-use crate::ident::{Engine, TableName};
+use crate::error::Result;
+use crate::ident::TableName;
 use crate::queue::Queue;
 use crate::settings::Settings;
 
@@ -173,8 +173,11 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
 /// # }
 /// ```
 pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
+    // The embedded default is a SQLite file: without the `sqlite` feature its URL is
+    // refused by the connect below, naming the feature.
+    #[cfg(feature = "sqlite")]
     if source.embedded {
-        upgrade_embedded(source).await?;
+        crate::engine::sqlite::upgrade_embedded(source).await?;
     }
     let options = ConnectOptions {
         // One connection per execution slot is never needed (stamps are batched), but
@@ -194,64 +197,6 @@ pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
         queue,
         settings: source.settings.clone(),
     })
-}
-
-/// Upgrades the embedded default's table from schema version 1 to 2 when it finds one
-/// (written by an older icq), in one `BEGIN IMMEDIATE` transaction that looks the version
-/// up again under the write lock, so two icq processes starting at once upgrade it once.
-/// Returns whether it did; a missing table is left to [`Queue::ensure_table`], which
-/// creates version 2.
-async fn upgrade_embedded(source: &SourceConfig) -> Result<bool> {
-    use sqlx::Connection as _;
-
-    let url = source.url.expose();
-    if Engine::from_url(url)? != Engine::Sqlite {
-        return Ok(false);
-    }
-    let table = &source.table;
-    let context = |what: &str| format!("source {}: {what}", source.name);
-    let mut conn = sqlx::SqliteConnection::connect(url)
-        .await
-        .map_err(Error::db(context("opening the embedded database")))?;
-    // Version 1: no `Queue` column. Looked up without a lock first (the usual answer is
-    // "version 2", and a busy worker should not be waited for), then again under the
-    // write lock.
-    let needs_upgrade = async |conn: &mut sqlx::SqliteConnection| -> Result<bool> {
-        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?, ?)")
-            .bind(table.name())
-            .bind(table.schema().unwrap_or("main"))
-            .fetch_all(conn)
-            .await
-            .map_err(Error::db(context("looking up the table's schema version")))?;
-        // Missing (created at version 2 next), or already version 2.
-        Ok(!columns.is_empty() && !columns.iter().any(|c| c.eq_ignore_ascii_case("Queue")))
-    };
-    if !needs_upgrade(&mut conn).await? {
-        return Ok(false);
-    }
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(Error::db(context("locking the embedded database")))?;
-    if !needs_upgrade(&mut tx).await? {
-        return Ok(false);
-    }
-    let ddl = crate::schema::render_upgrade(Engine::Sqlite, table);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db(context(
-            "upgrading the table to schema version 2",
-        )))?;
-    tx.commit().await.map_err(Error::db(context(
-        "upgrading the table to schema version 2",
-    )))?;
-    tracing::info!(
-        source = %source.name,
-        table = %table,
-        "upgraded the embedded table to schema version 2 (queues, priorities, unique keys)"
-    );
-    Ok(true)
 }
 
 /// The database `icq migrate` works on, as the command line or configuration names it.

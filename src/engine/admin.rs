@@ -343,6 +343,7 @@ pub struct CommandListParams {
 /// SQLite) and double-quoted identifiers: `condition` selects the state's rows, `1` is
 /// the limit, then each present filter in bind order (type, queue, before, after). The keyset is
 /// `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn numbered_list_sql(
     t: &str,
     params: &CommandListParams,

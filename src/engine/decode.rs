@@ -10,7 +10,9 @@ use std::fmt::Display;
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::command::{CommandId, CommandRow, Context, LeaseToken};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::command::{CommandId, LeaseToken};
+use crate::command::{CommandRow, Context};
 
 /// Collects the defects of one row while its columns are decoded.
 #[derive(Debug, Default)]
@@ -54,6 +56,7 @@ impl Decoder {
     }
 
     /// Parses a JSON document borrowed from the row (no copy of its text is made).
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub(crate) fn json_str(&mut self, column: &str, text: Option<&str>) -> serde_json::Value {
         match text {
             None => serde_json::Value::Null,
@@ -126,12 +129,14 @@ where
 
 /// A lease token stored as text: another program's token that is not a UUID is shown as
 /// absent (the next claim overwrites it anyway).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn text_token(text: Option<String>) -> Option<LeaseToken> {
     text.and_then(|t| uuid::Uuid::parse_str(&t).ok())
         .map(LeaseToken)
 }
 
 /// The id of a row from an engine that stores it as text, exactly as stored.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn text_id<R>(row: &R) -> Result<CommandId, sqlx::Error>
 where
     R: Row,

@@ -8,9 +8,12 @@
 
 pub mod admin;
 pub(crate) mod decode;
+#[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub(crate) mod probe;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(crate) mod url;
 
@@ -449,6 +452,7 @@ impl SchemaVersionCache {
 
 /// Which queues a claim (or a count) takes: the statement differs for each (one queue
 /// is a seek in the queue poll index, in claim order; several are `= ANY` / `IN`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum QueueFilter {
     /// Every queue.
@@ -459,6 +463,7 @@ pub(crate) enum QueueFilter {
     Many,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 impl QueueFilter {
     pub(crate) fn of(queues: Option<&[String]>) -> QueueFilter {
         match queues {
@@ -508,15 +513,18 @@ impl UnusableGate {
 }
 
 /// Claim statements rendered on first use, by their shape (the key).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[derive(Debug)]
 pub(crate) struct SqlCache<K>(std::sync::Mutex<std::collections::HashMap<K, Arc<str>>>);
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 impl<K> Default for SqlCache<K> {
     fn default() -> Self {
         SqlCache(std::sync::Mutex::new(std::collections::HashMap::new()))
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Copy> SqlCache<K> {
     /// The statement of `key`, rendered by `render` the first time.
     pub(crate) fn get(&self, key: K, render: impl FnOnce(K) -> String) -> Arc<str> {
@@ -654,13 +662,18 @@ async fn connect_driver(
     table: &TableName,
     options: &ConnectOptions,
 ) -> Result<Arc<dyn Backend>> {
+    // Each engine's arm exists only in a build with its feature; the others fall to the
+    // last arm, which names the feature to enable.
     match Engine::from_url(url)? {
+        #[cfg(feature = "postgres")]
         Engine::Postgres => Ok(Arc::new(
             postgres::PgDriver::connect(url, table, options).await?,
         )),
+        #[cfg(feature = "sqlite")]
         Engine::Sqlite => Ok(Arc::new(
             sqlite::SqliteDriver::connect(url, table, options).await?,
         )),
+        #[cfg(feature = "mysql")]
         Engine::Mysql => Ok(Arc::new(
             mysql::MySqlDriver::connect(url, table, options).await?,
         )),
@@ -669,6 +682,8 @@ async fn connect_driver(
              the processor and operator commands need PostgreSQL, SQLite or MySQL/MariaDB"
                 .into(),
         )),
+        #[allow(unreachable_patterns, reason = "reached without an engine feature")]
+        absent => Err(crate::Error::engine_not_built(absent)),
     }
 }
 
@@ -699,6 +714,7 @@ where
 }
 
 /// `?, ?, …` with `n` markers (SQLite and MySQL placeholders for an `IN (…)` list).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }

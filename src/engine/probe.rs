@@ -61,26 +61,15 @@ pub(crate) async fn watch_connect<T>(
 /// for a URL the probe does not apply to, or when the login works (the pool is slow for
 /// another reason and is awaited).
 async fn handshake(url: &str) -> Option<Error> {
-    use sqlx::Connection;
-
     probe_target(url)?;
     if Engine::from_url(url).ok()? != Engine::Postgres {
         return None;
     }
-    let login = tokio::time::timeout(PROBE_TIMEOUT, sqlx::PgConnection::connect(url)).await;
-    match login {
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-            None
-        }
-        Ok(Err(sqlx::Error::Database(db))) if db.code().as_deref() != Some("57P03") => {
-            Some(Error::Database {
-                context: format!("connecting to {}", crate::redact::redact_url(url)),
-                cause: sqlx::Error::Database(db),
-            })
-        }
-        _ => None,
-    }
+    // Without the `postgres` feature the URL was refused before anything connected.
+    #[cfg(feature = "postgres")]
+    return super::postgres::login_refusal(url).await;
+    #[cfg(not(feature = "postgres"))]
+    None
 }
 
 /// Checks that the server a database URL names accepts TCP connections, within

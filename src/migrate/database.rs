@@ -17,11 +17,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::Connection;
-use sqlx::migrate::{Migrate, MigrateDatabase, Migration, Migrator};
+#[cfg(feature = "sqlite")]
+use sqlx::migrate::MigrateDatabase;
+use sqlx::migrate::{Migrate, Migration, Migrator};
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::{MIGRATIONS_TABLE, SQLSERVER_DIR, scan};
@@ -458,6 +460,7 @@ enum Outcome {
 /// Connects to `url` with the engine's own connection type and performs `operation`.
 /// `create_sqlite` creates a missing SQLite file; otherwise a missing file is an error
 /// naming it.
+#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
 async fn with_connection(
     url: &str,
     create_sqlite: bool,
@@ -472,7 +475,10 @@ async fn with_connection(
             redact_in(&err.to_string(), url)
         ))
     };
+    // Each engine's arm exists only in a build with its feature; the others fall to the
+    // last arm, which names the feature to enable.
     match Engine::from_url(url)? {
+        #[cfg(feature = "postgres")]
         Engine::Postgres => {
             // The writable server of a URL listing several hosts (libpq's forms), as
             // `icq work` would pick it; a single host as written.
@@ -487,13 +493,17 @@ async fn with_connection(
                 })?;
             perform::<sqlx::PgConnection>(options, operation, connecting, &database).await
         }
+        #[cfg(feature = "mysql")]
         Engine::Mysql => {
-            let options = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad_url)?;
+            let options = url
+                .parse::<sqlx::mysql::MySqlConnectOptions>()
+                .map_err(bad_url)?;
             perform::<sqlx::MySqlConnection>(options, operation, connecting, &database).await
         }
         Engine::SqlServer => Err(sql_server_unsupported()),
+        #[cfg(feature = "sqlite")]
         Engine::Sqlite => {
-            let mut options = SqliteConnectOptions::from_str(url).map_err(bad_url)?;
+            let mut options = url.parse::<SqliteConnectOptions>().map_err(bad_url)?;
             let exists = sqlx::Sqlite::database_exists(url)
                 .await
                 .map_err(Error::db(connecting.clone()))?;
@@ -511,6 +521,8 @@ async fn with_connection(
             }
             perform::<sqlx::SqliteConnection>(options, operation, connecting, &database).await
         }
+        #[allow(unreachable_patterns, reason = "reached without an engine feature")]
+        absent => Err(Error::engine_not_built(absent)),
     }
 }
 

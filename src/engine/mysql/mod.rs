@@ -1295,6 +1295,28 @@ impl Lifecycle for MySqlDriver {
     }
 }
 
+// What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
+// [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
+
+impl crate::queue::sealed::Database for sqlx::MySql {
+    async fn driver(pool: &MySqlPool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
+        Ok(Arc::new(MySqlDriver::from_pool(pool.clone(), table).await?))
+    }
+}
+
+impl crate::queue::sealed::Connection for MySqlConnection {}
+
+#[async_trait]
+impl crate::Enqueue for MySqlConnection {
+    fn engine(&self) -> Engine {
+        Engine::Mysql
+    }
+
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
+        insert_command(self, table, command).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use sqlx::Connection;

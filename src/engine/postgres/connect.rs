@@ -460,6 +460,31 @@ pub(crate) async fn transaction_pooling(
     Ok(other == before || after != before)
 }
 
+/// Logs in to the server of `url` once, on a connection of its own, and returns its
+/// refusal, if it refuses for a reason that will not pass while the pool waits (see
+/// `probe::handshake`): `None` when the login works, the server is starting up (57P03),
+/// or the login fails otherwise (the pool reports that itself).
+pub(crate) async fn login_refusal(url: &str) -> Option<Error> {
+    let login = tokio::time::timeout(
+        crate::engine::probe::PROBE_TIMEOUT,
+        sqlx::PgConnection::connect(url),
+    )
+    .await;
+    match login {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            None
+        }
+        Ok(Err(sqlx::Error::Database(db))) if db.code().as_deref() != Some("57P03") => {
+            Some(Error::Database {
+                context: format!("connecting to {}", crate::redact::redact_url(url)),
+                cause: sqlx::Error::Database(db),
+            })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

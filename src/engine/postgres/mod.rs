@@ -32,7 +32,7 @@ mod admin;
 mod connect;
 mod cursor;
 
-pub(crate) use connect::connect_options;
+pub(crate) use connect::{connect_options, login_refusal};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -1411,6 +1411,28 @@ impl Lifecycle for PgDriver {
         // The down script drops the notify trigger and function with the table.
         let ddl = crate::schema::render(Engine::Postgres, &self.table).down;
         super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
+    }
+}
+
+// What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
+// [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
+
+impl crate::queue::sealed::Database for sqlx::Postgres {
+    async fn driver(pool: &PgPool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
+        Ok(Arc::new(PgDriver::from_pool(pool.clone(), table).await?))
+    }
+}
+
+impl crate::queue::sealed::Connection for PgConnection {}
+
+#[async_trait]
+impl crate::Enqueue for PgConnection {
+    fn engine(&self) -> Engine {
+        Engine::Postgres
+    }
+
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
+        insert_command(self, table, command).await
     }
 }
 

@@ -1241,3 +1241,85 @@ fn multi_row_insert(t: &str, rows: usize) -> Arc<str> {
     )
     .into()
 }
+
+/// Upgrades the embedded default's table from schema version 1 to 2 when it finds one
+/// (written by an older icq), in one `BEGIN IMMEDIATE` transaction that looks the version
+/// up again under the write lock, so two icq processes starting at once upgrade it once.
+/// Returns whether it did; a missing table is left to `Queue::ensure_table`, which
+/// creates version 2.
+pub(crate) async fn upgrade_embedded(source: &crate::config::SourceConfig) -> Result<bool> {
+    use sqlx::Connection as _;
+
+    let url = source.url.expose();
+    if Engine::from_url(url)? != Engine::Sqlite {
+        return Ok(false);
+    }
+    let table = &source.table;
+    let context = |what: &str| format!("source {}: {what}", source.name);
+    let mut conn = sqlx::SqliteConnection::connect(url)
+        .await
+        .map_err(Error::db(context("opening the embedded database")))?;
+    // Version 1: no `Queue` column. Looked up without a lock first (the usual answer is
+    // "version 2", and a busy worker should not be waited for), then again under the
+    // write lock.
+    let needs_upgrade = async |conn: &mut sqlx::SqliteConnection| -> Result<bool> {
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?, ?)")
+            .bind(table.name())
+            .bind(table.schema().unwrap_or("main"))
+            .fetch_all(conn)
+            .await
+            .map_err(Error::db(context("looking up the table's schema version")))?;
+        // Missing (created at version 2 next), or already version 2.
+        Ok(!columns.is_empty() && !columns.iter().any(|c| c.eq_ignore_ascii_case("Queue")))
+    };
+    if !needs_upgrade(&mut conn).await? {
+        return Ok(false);
+    }
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(Error::db(context("locking the embedded database")))?;
+    if !needs_upgrade(&mut tx).await? {
+        return Ok(false);
+    }
+    let ddl = crate::schema::render_upgrade(Engine::Sqlite, table);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(context(
+            "upgrading the table to schema version 2",
+        )))?;
+    tx.commit().await.map_err(Error::db(context(
+        "upgrading the table to schema version 2",
+    )))?;
+    tracing::info!(
+        source = %source.name,
+        table = %table,
+        "upgraded the embedded table to schema version 2 (queues, priorities, unique keys)"
+    );
+    Ok(true)
+}
+
+// What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
+// [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
+
+impl crate::queue::sealed::Database for sqlx::Sqlite {
+    async fn driver(pool: &SqlitePool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
+        Ok(Arc::new(
+            SqliteDriver::from_pool(pool.clone(), table).await?,
+        ))
+    }
+}
+
+impl crate::queue::sealed::Connection for SqliteConnection {}
+
+#[async_trait]
+impl crate::Enqueue for SqliteConnection {
+    fn engine(&self) -> Engine {
+        Engine::Sqlite
+    }
+
+    async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
+        insert_command(self, table, command).await
+    }
+}
