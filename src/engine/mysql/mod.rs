@@ -652,7 +652,9 @@ impl MySqlDriver {
                     // locks would otherwise hide the rows from every claim (SKIP LOCKED)
                     // until the server noticed the dead peer. MySQL has no such setting:
                     // the statement fails there and is ignored.
-                    let _ = sqlx::raw_sql(IDLE_TRANSACTION_TIMEOUT).execute(&mut *conn).await;
+                    let _ = sqlx::raw_sql(IDLE_TRANSACTION_TIMEOUT)
+                        .execute(&mut *conn)
+                        .await;
                     for statement in READ_COMMITTED {
                         if sqlx::raw_sql(statement).execute(&mut *conn).await.is_ok() {
                             break;
@@ -1341,6 +1343,38 @@ mod tests {
             .await
             .unwrap();
         (table, driver)
+    }
+
+    /// Issue 19: icq's own sessions run at READ COMMITTED (on a server without a
+    /// statement-based binary log, like this one), so a claim lets go of the leased rows
+    /// it steps over instead of holding them until it commits.
+    #[tokio::test]
+    async fn issue_19_own_sessions_claim_at_read_committed() {
+        let table = TableName::parse("isolation_probe").unwrap();
+        let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
+            .await
+            .expect("MariaDB test server");
+        let mut conn = driver.pool.acquire().await.unwrap();
+        let (log_bin, format): (i64, String) =
+            sqlx::query_as("SELECT @@log_bin, @@binlog_format")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        assert!(log_bin == 0 || format != "STATEMENT", "the test server logs statements");
+        for _ in 0..2 {
+            let level: String = sqlx::query_scalar("SELECT @@session.tx_isolation")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(level, "READ-COMMITTED");
+            let mut tx = driver.pool.begin().await.unwrap();
+            let level: String = sqlx::query_scalar("SELECT @@session.tx_isolation")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            assert_eq!(level, "READ-COMMITTED", "inside a transaction");
+            tx.rollback().await.unwrap();
+        }
     }
 
     /// Issue 23: a payload larger than the server's `max_allowed_packet` is refused
