@@ -919,6 +919,17 @@ impl CommandRow {
         }
     }
 
+    /// The captured context, moved out of the row (which keeps none): the executor's one
+    /// copy for the job, where [`CommandRow::context`] would clone every field.
+    pub(crate) fn take_context(&mut self) -> Context {
+        Context {
+            user_id: self.user_id.take(),
+            roles: std::mem::take(&mut self.roles),
+            tenant_id: self.tenant_id.take(),
+            correlation_id: self.correlation_id.take(),
+        }
+    }
+
     /// The row's state at instant `now`.
     ///
     /// # Examples

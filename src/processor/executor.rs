@@ -77,6 +77,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     let Buffered { claimed, stopper } = item;
     let mut row = claimed.row;
     let payload = std::mem::take(&mut row.payload);
+    let context = row.take_context();
     let not_due_for = claimed.not_due_for;
     let lease = claimed.lease;
     let settings = &shared.source.settings;
@@ -167,10 +168,10 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         payload,
         attempt: attempts,
         source: shared.source.name.clone(),
-        context: row.context(),
+        context,
         cancellation: cancellation.clone(),
     };
-    let context = job.context.clone();
+    let task_context = job.context.clone();
     let id_text = row.id.to_string();
     let execution = crate::otel::Execution {
         source: &shared.source.name,
@@ -188,7 +189,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
         let running = tracing::Instrument::instrument(
             AssertUnwindSafe(crate::otel::in_execution(
                 &span,
-                with_context(context, handler.handle(job)),
+                with_context(task_context, handler.handle(job)),
             ))
             .catch_unwind(),
             span.clone(),
