@@ -7,6 +7,8 @@
 //! work of the one that took the row over.
 
 pub mod admin;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod cursor;
 pub(crate) mod decode;
 #[cfg(feature = "mysql")]
 pub mod mysql;

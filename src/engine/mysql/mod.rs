@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
 
+use super::cursor;
 use super::decode::{Decoder, text_columns, text_id, text_token};
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
@@ -79,6 +80,8 @@ pub struct MySqlDriver {
     /// ` FORCE INDEX (…)` naming the table's poll index when it has the one icq's
     /// migration creates, else empty; looked up once (see [`MySqlDriver::poll_hint`]).
     poll_hint: tokio::sync::OnceCell<Arc<str>>,
+    /// Where the next claim of every queue and type starts ([`cursor`]).
+    cursor: cursor::ClaimCursor,
 }
 
 struct Sql {
@@ -215,8 +218,10 @@ fn activity_sql(t: &str, filter: &str) -> String {
 /// The select of a claim: `types` types only, `queues` (a version-2 table) those queues
 /// only, never the `except` ids that follow them (the rows the same transaction has just
 /// stamped, which a release or a retry without delay leaves due, are not claimed back,
-/// as on PostgreSQL, whose one statement sees them leased). Parameters in order: the
-/// processing delay, the types, the queues, the except ids, the limit.
+/// as on PostgreSQL, whose one statement sees them leased), with `after` (a version-2
+/// claim of every queue and type) only rows after a [`cursor::Position`] in claim order.
+/// Parameters in order: the processing delay, the types, the queues, the position
+/// (priority, priority, `RunAt`, priority, `RunAt`, id), the except ids, the limit.
 #[allow(clippy::too_many_arguments)]
 fn claim_select_sql(
     t: &str,
@@ -225,6 +230,7 @@ fn claim_select_sql(
     v2: bool,
     types: usize,
     queues: Option<&[String]>,
+    after: bool,
     except: usize,
     unusable: bool,
 ) -> String {
@@ -246,10 +252,22 @@ fn claim_select_sql(
         Some(0) => filter.push_str(" AND `Queue` IN (NULL)"),
         Some(n) => filter.push_str(&format!(" AND {column} IN ({})", marks(n))),
     }
+    // Spelled out rather than as a row comparison, which MariaDB's range optimizer does
+    // not turn into a seek; with the primary key the poll index ends with, it is one.
+    if after {
+        filter.push_str(
+            " AND (`Priority` > ? OR (`Priority` = ? AND `RunAt` > ?) \
+             OR (`Priority` = ? AND `RunAt` = ? AND `Id` > ?))",
+        );
+    }
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
     }
-    let order = if v2 { "`Priority`, `RunAt`" } else { "`RunAt`" };
+    let order = match (v2, after) {
+        (true, true) => "`Priority`, `RunAt`, `Id`",
+        (true, false) => "`Priority`, `RunAt`",
+        (false, _) => "`RunAt`",
+    };
     // The second part: a few pending rows whose `RunAt` is NULL (another program relaxed
     // NOT NULL), which no time makes due, or (version 2) whose `Queue` is NULL, which no
     // queue filter matches: claimed as they are, dead-lettered by the executor naming
@@ -701,6 +719,7 @@ impl MySqlDriver {
             sql: Sql::new(&t),
             t,
             version: Default::default(),
+            cursor: cursor::ClaimCursor::default(),
             unusable: Default::default(),
             shared_pool,
             poll_hint: tokio::sync::OnceCell::new(),
@@ -788,6 +807,14 @@ impl MySqlDriver {
         let queues = params.queues.as_deref();
         let unusable = !v2 || self.unusable.due();
         let hint = self.poll_hint().await?;
+        // The cursor follows the poll index's order, so only a claim of every queue and
+        // type on a table with icq's poll index (named by the hint) starts after it.
+        let follows_cursor = v2 && types.is_empty() && queues.is_none() && !hint.is_empty();
+        let after = if follows_cursor {
+            self.cursor.start()
+        } else {
+            None
+        };
         let columns = if v2 { COLUMNS_V2 } else { COLUMNS };
         let sql = claim_select_sql(
             t,
@@ -796,6 +823,7 @@ impl MySqlDriver {
             v2,
             types.len(),
             queues,
+            after.is_some(),
             except.len(),
             unusable,
         );
@@ -806,6 +834,16 @@ impl MySqlDriver {
         for queue in queues.unwrap_or(&[]) {
             select = select.bind(queue.clone());
         }
+        if let Some((priority, run_at, id)) = after {
+            let run_at = run_at.naive_utc();
+            select = select
+                .bind(priority)
+                .bind(priority)
+                .bind(run_at)
+                .bind(priority)
+                .bind(run_at)
+                .bind(id.hyphenated().to_string());
+        }
         for change in except {
             select = select.bind(change.lease.id.as_str().to_owned());
         }
@@ -815,6 +853,9 @@ impl MySqlDriver {
             .await
             .map_err(Error::db(ctx()))?;
         if rows.is_empty() {
+            if follows_cursor {
+                self.cursor.advance(&[], params.limit, params.spread);
+            }
             return Ok(Vec::new());
         }
         // The two parts of the read may both find a row (a due row whose `Queue` is NULL).
@@ -865,6 +906,9 @@ impl MySqlDriver {
             }),
         );
         claimed.retain(|c| ids.iter().any(|id| id == c.lease.id.as_str()));
+        if follows_cursor {
+            self.cursor.advance(&claimed, params.limit, params.spread);
+        }
         Ok(claimed)
     }
 
@@ -1355,12 +1399,14 @@ mod tests {
             .await
             .expect("MariaDB test server");
         let mut conn = driver.pool.acquire().await.unwrap();
-        let (log_bin, format): (i64, String) =
-            sqlx::query_as("SELECT @@log_bin, @@binlog_format")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-        assert!(log_bin == 0 || format != "STATEMENT", "the test server logs statements");
+        let (log_bin, format): (i64, String) = sqlx::query_as("SELECT @@log_bin, @@binlog_format")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert!(
+            log_bin == 0 || format != "STATEMENT",
+            "the test server logs statements"
+        );
         for _ in 0..2 {
             let level: String = sqlx::query_scalar("SELECT @@session.tx_isolation")
                 .fetch_one(&mut *conn)
@@ -1544,7 +1590,7 @@ mod tests {
             .unwrap();
 
         let webhooks = vec!["webhooks".to_owned()];
-        let sql = claim_select_sql(t, "`Id`", "", true, 0, Some(&webhooks), 0, false);
+        let sql = claim_select_sql(t, "`Id`", "", true, 0, Some(&webhooks), false, 0, false);
         let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(AssertSqlSafe(format!("EXPLAIN {sql}")))
             .bind(0_i64)
             .bind("webhooks")

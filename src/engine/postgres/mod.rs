@@ -30,7 +30,7 @@ macro_rules! on_pool {
 
 mod admin;
 mod connect;
-mod cursor;
+use super::cursor;
 
 pub(crate) use connect::{connect_options, login_refusal};
 

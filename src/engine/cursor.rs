@@ -11,6 +11,10 @@
 //!
 //! Only claims of every queue and every type use it (the order it follows is the
 //! all-queue poll index's); a claim with a queue or type filter starts at the head.
+//! PostgreSQL and MariaDB (version-2 tables with icq's poll index) keep one; on MariaDB
+//! the head is also where completed rows' delete-marked poll entries wait for the purge,
+//! so a claim from the head read more of them the longer a drain ran (32 index reads per
+//! command into a 50,000-command drain against 11 at 30,000).
 //!
 //! Rows behind the cursor can become claimable again: a lease that lapsed (a crashed
 //! replica), a release, a row committed late by a long transaction with an early `RunAt`,
@@ -24,11 +28,12 @@
 //! others claimed since (leased rows cannot be skipped by the index: each is fetched and
 //! rejected): four replicas read 22 index entries per command against 9 for one. While
 //! other processors hold leases at the head ([`crate::engine::ClaimParams::spread`]),
-//! the first full claim after a head scan moves the cursor to a random `Id` further on
-//! among rows of the same `Priority` and `RunAt` (a backlog scheduled in one transaction
-//! shares one `RunAt`), so replicas claim from different places. Rows of equal priority
-//! and `RunAt` have no order among them (ids are random), so this reorders nothing the
-//! claim order promises; the rows it jumps over are behind the cursor as above.
+//! the first full claim after a head scan moves the cursor a random distance further on
+//! (up to 32 times the stretch of ids that claim covered) among rows of the same
+//! `Priority` and `RunAt` (a backlog scheduled in one transaction shares one `RunAt`), so
+//! replicas claim from different places. The claim order promises nothing among rows of
+//! equal priority and `RunAt` beyond a tie-break, so this reorders nothing it promises;
+//! the rows jumped over are behind the cursor as above.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -38,28 +43,30 @@ use uuid::Uuid;
 
 use crate::engine::ClaimedRow;
 
-/// A position at a random id after `at`'s, with `at`'s priority and `RunAt`.
-fn jump((priority, run_at, id): Position) -> Position {
-    let from = id.as_u128();
-    let ahead = u128::MAX - from;
-    if ahead == 0 {
-        return (priority, run_at, id);
-    }
-    let step = Uuid::new_v4().as_u128() % ahead;
-    (priority, run_at, Uuid::from_u128(from + step))
+/// How far a spreading jump goes at most, in spans of the claim that preceded it.
+const JUMP_SPANS: u128 = 32;
+
+/// A position further on with `at`'s priority and `RunAt`: a random number (0 to
+/// [`JUMP_SPANS`]) of `span`s past its id, where `span` is how much of the id space the
+/// last claim's rows of that group covered. Ids are random (version 4) or time-ordered
+/// (MariaDB's `UUID()` is version 1) — the span measures how densely they sit either way.
+fn jump((priority, run_at, id): Position, span: u128) -> Position {
+    let steps = Uuid::new_v4().as_u128() % (JUMP_SPANS + 1);
+    let to = id.as_u128().saturating_add(steps.saturating_mul(span));
+    (priority, run_at, Uuid::from_u128(to))
 }
 
 /// The longest a claimable row behind the cursor waits for a claim from the head.
-pub(super) const HEAD_SCAN_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const HEAD_SCAN_EVERY: Duration = Duration::from_millis(500);
 
 /// A position in the poll index: `("Priority", "RunAt", "Id")` of a claimed row (the
 /// priority is 0 on a version-1 table, whose claims compare `RunAt` and `Id` only).
-pub(super) type Position = (i16, DateTime<Utc>, Uuid);
+pub(crate) type Position = (i16, DateTime<Utc>, Uuid);
 
 /// The claim cursor of one driver (one per source; claims with a type or queue filter
 /// always scan from the head, since the cursor follows the unfiltered order).
 #[derive(Debug)]
-pub(super) struct ClaimCursor {
+pub(crate) struct ClaimCursor {
     state: Mutex<State>,
 }
 
@@ -86,7 +93,7 @@ impl Default for ClaimCursor {
 impl ClaimCursor {
     /// Where the next claim starts: after a position, or `None` for the head (which also
     /// restarts the head-scan clock).
-    pub(super) fn start(&self) -> Option<Position> {
+    pub(crate) fn start(&self) -> Option<Position> {
         let mut state = self.lock();
         if state.head_scanned_at.elapsed() >= HEAD_SCAN_EVERY {
             state.after = None;
@@ -100,8 +107,9 @@ impl ClaimCursor {
 
     /// Moves the cursor after a claim of up to `limit` rows: past the furthest row claimed
     /// when the claim was full, back to the head when it was short; with `spread`, once per
-    /// head scan, on to a random id among rows of the furthest row's priority and `RunAt`.
-    pub(super) fn advance(&self, claimed: &[ClaimedRow], limit: u32, spread: bool) {
+    /// head scan, a random distance further among rows of the furthest row's priority and
+    /// `RunAt` ([`jump`]).
+    pub(crate) fn advance(&self, claimed: &[ClaimedRow], limit: u32, spread: bool) {
         let mut state = self.lock();
         if claimed.len() < limit as usize {
             state.after = None;
@@ -118,7 +126,19 @@ impl ClaimCursor {
         };
         if spread && !state.spread {
             state.spread = true;
-            state.after = state.after.map(jump);
+            if let Some((priority, run_at, last)) = furthest {
+                let first = claimed
+                    .iter()
+                    .filter(|c| c.row.defects.is_empty())
+                    .filter(|c| (c.row.priority, c.row.run_at) == (priority, run_at))
+                    .filter_map(|c| c.row.id.as_uuid())
+                    .min()
+                    .unwrap_or(last);
+                let span = last.as_u128() - first.as_u128();
+                state.after = state
+                    .after
+                    .map(|at| at.max(jump((priority, run_at, last), span)));
+            }
         }
     }
 
@@ -137,13 +157,25 @@ mod tests {
     #[test]
     fn a_jump_stays_among_rows_of_the_same_priority_and_run_at_and_moves_on() {
         let run_at = Utc::now();
+        let span = 1u128 << 100;
+        let mut moved = 0;
         for _ in 0..1_000 {
-            let id = Uuid::new_v4();
-            let (priority, at, to) = jump((3, run_at, id));
+            let id = Uuid::from_u128(Uuid::new_v4().as_u128() >> 1);
+            let (priority, at, to) = jump((3, run_at, id), span);
             assert_eq!((priority, at), (3, run_at));
             assert!(to >= id, "{to} before {id}");
+            assert!(
+                to.as_u128() - id.as_u128() <= JUMP_SPANS * span,
+                "{to} too far"
+            );
+            moved += usize::from(to != id);
         }
+        assert!(moved > 900, "only {moved} of 1000 jumps moved");
         let last = (0, run_at, Uuid::max());
-        assert_eq!(jump(last), last);
+        assert_eq!(
+            jump(last, span),
+            last,
+            "the end of the id space is as far as it goes"
+        );
     }
 }
