@@ -133,23 +133,53 @@ impl Hostile {
         self
     }
 
-    /// Short lease, watched for three lease periods after settling.
+    /// Short lease (the shortest there is, 1 s), watched for three and a half lease
+    /// periods after settling: a row run again every lease period shows three times.
     fn watched(mut self) -> Hostile {
-        self.lease_seconds = 2;
-        self.watch = Duration::from_secs(7);
+        self.lease_seconds = WATCH_LEASE_SECONDS;
+        self.watch = Duration::from_millis(3500 * WATCH_LEASE_SECONDS);
         self
     }
 }
 
+/// The lease of [`Hostile::watched`] rows: the shortest `lease_seconds` takes, so the
+/// watch for a row run again every lease period is short too.
+const WATCH_LEASE_SECONDS: u64 = 1;
+
 /// The two processor shapes every row is tried under: default concurrency, and 50.
 const CONCURRENCIES: [u32; 2] = [8, 50];
 
-/// Runs `build`'s hostile row on a fresh database per concurrency.
+/// Runs `build`'s hostile row on a fresh database per concurrency. The two runs share
+/// nothing (each its own database, processor and counters), so they run side by side:
+/// each test waits through its watch once, not twice.
 async fn attack(engine: &'static str, tag: &str, build: impl Fn(&TestDb) -> Hostile) {
+    let mut runs = Vec::new();
     for concurrency in CONCURRENCIES {
         let db = TestDb::with_table(engine, tag).await;
         let hostile = build(&db);
-        check(&db, &hostile, concurrency, tag).await;
+        let tag = tag.to_owned();
+        runs.push(tokio::spawn(async move {
+            check(&db, &hostile, concurrency, &tag).await;
+        }));
+    }
+    join_all_or_panic(runs).await;
+}
+
+/// Awaits every task, then re-raises the first panic (with its own message).
+async fn join_all_or_panic(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    let mut first_panic = None;
+    for task in tasks {
+        if let Err(err) = task.await
+            && first_panic.is_none()
+        {
+            first_panic = Some(err);
+        }
+    }
+    if let Some(err) = first_panic {
+        match err.try_into_panic() {
+            Ok(payload) => std::panic::resume_unwind(payload),
+            Err(err) => panic!("a concurrency's run did not finish: {err}"),
+        }
     }
 }
 
@@ -231,11 +261,14 @@ async fn process(
             })),
         )
         .unwrap();
+    // A pool of 5 (the default is 10): the two concurrencies run side by side, and eight
+    // such tests at once must stay within the servers' connection limits (PostgreSQL's
+    // 100). The rows, not the pool size, are the subject here.
     let queue = Queue::connect(
         "bad",
         &db.url,
         &TableName::default(),
-        &ConnectOptions::default(),
+        &ConnectOptions::default().with_max_connections(5),
     )
     .await
     .expect("connect queue");
@@ -919,7 +952,7 @@ async fn attempts_beyond_32_bits_is_dead_lettered_naming_the_value(engine: &'sta
 }
 
 /// NULL `RunAt` (another program's migration relaxed NOT NULL) stayed pending forever
-/// on all three engines. With a 2 s lease, watched for three more lease periods.
+/// on all three engines. With a 1 s lease, watched for three more lease periods.
 async fn null_run_at_is_dead_lettered_within_one_lease(engine: &'static str) {
     attack(engine, "nullrunat", |db| {
         Hostile::new(
@@ -1069,9 +1102,10 @@ async fn integer_run_at_in_2100_is_not_run_now(engine: &'static str) {
             vec![("RunAt", "4102444800".into())],
             Expect::NotRun,
         );
-        // A short lease, so a claim loop would show within the run.
-        hostile.lease_seconds = 2;
-        hostile.watch = Duration::from_secs(5);
+        // A short lease, so a claim loop would show within the run: watched for two and
+        // a half lease periods.
+        hostile.lease_seconds = WATCH_LEASE_SECONDS;
+        hostile.watch = Duration::from_millis(2500 * WATCH_LEASE_SECONDS);
         hostile
     })
     .await;
@@ -1152,37 +1186,39 @@ async fn empty_type_is_dead_lettered_no_handler(engine: &'static str) {
 }
 
 async fn type_with_sql_metacharacters_is_dead_lettered_and_table_intact(engine: &'static str) {
+    let mut runs = Vec::new();
     for concurrency in CONCURRENCIES {
         let db = TestDb::with_table(engine, "typesql").await;
-        let evil = format!("x'; DROP TABLE {}; -- \" ` \\ %", table(&db));
-        let hostile = Hostile::new(
-            &db,
-            Some(HOSTILE_ID),
-            vec![("Type", lit(&db, &evil))],
-            Expect::Dead(vec!["no handler"]),
-        );
-        check(&db, &hostile, concurrency, "typesql").await;
-        let rows = db
-            .scalar_i64(&format!("SELECT COUNT(*) FROM {}", table(&db)))
-            .await;
-        assert_eq!(rows, GOOD as i64 + 1, "the table is intact");
-        let stored = texts(
-            &db,
-            &format!(
-                "SELECT {} FROM {} WHERE {} = {}",
-                db.q("Type"),
-                table(&db),
-                db.q("Id"),
-                lit(&db, HOSTILE_ID)
-            ),
-        )
-        .await;
-        assert_eq!(
-            stored,
-            vec![Some(evil.clone())],
-            "the type is stored verbatim"
-        );
+        runs.push(tokio::spawn(sql_metacharacters_in_type(db, concurrency)));
     }
+    join_all_or_panic(runs).await;
+}
+
+async fn sql_metacharacters_in_type(db: TestDb, concurrency: u32) {
+    let evil = format!("x'; DROP TABLE {}; -- \" ` \\ %", table(&db));
+    let hostile = Hostile::new(
+        &db,
+        Some(HOSTILE_ID),
+        vec![("Type", lit(&db, &evil))],
+        Expect::Dead(vec!["no handler"]),
+    );
+    check(&db, &hostile, concurrency, "typesql").await;
+    let rows = db
+        .scalar_i64(&format!("SELECT COUNT(*) FROM {}", table(&db)))
+        .await;
+    assert_eq!(rows, GOOD as i64 + 1, "the table is intact");
+    let stored = texts(
+        &db,
+        &format!(
+            "SELECT {} FROM {} WHERE {} = {}",
+            db.q("Type"),
+            table(&db),
+            db.q("Id"),
+            lit(&db, HOSTILE_ID)
+        ),
+    )
+    .await;
+    assert_eq!(stored, vec![Some(evil)], "the type is stored verbatim");
 }
 
 /// A megabyte of control characters and newlines (MariaDB's TEXT holds 64 KB: there, the

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -428,6 +429,8 @@ pub struct Hit {
 pub struct CountingServer {
     pub addr: SocketAddr,
     pub hits: Arc<Mutex<Vec<Hit>>>,
+    /// The answers' delay range in ms, changeable while the server runs.
+    delay_ms: Arc<(AtomicU64, AtomicU64)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -438,16 +441,29 @@ impl CountingServer {
         let addr = listener.local_addr().unwrap();
         let hits: Arc<Mutex<Vec<Hit>>> = Arc::default();
         let sink = hits.clone();
+        let delay_ms = Arc::new((AtomicU64::new(delay_ms.0), AtomicU64::new(delay_ms.1)));
+        let delay = delay_ms.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(serve(stream, sink.clone(), delay_ms));
+                tokio::spawn(serve(stream, sink.clone(), delay.clone()));
             }
         });
-        CountingServer { addr, hits, task }
+        CountingServer {
+            addr,
+            hits,
+            delay_ms,
+            task,
+        }
+    }
+
+    /// From now on each answer waits between `delay_ms.0` and `delay_ms.1` ms.
+    pub fn set_delay(&self, delay_ms: (u64, u64)) {
+        self.delay_ms.0.store(delay_ms.0, Ordering::Relaxed);
+        self.delay_ms.1.store(delay_ms.1, Ordering::Relaxed);
     }
 
     /// The URL icq should POST to.
@@ -480,7 +496,11 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-async fn serve(mut stream: TcpStream, hits: Arc<Mutex<Vec<Hit>>>, delay_ms: (u64, u64)) {
+async fn serve(
+    mut stream: TcpStream,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    delay_ms: Arc<(AtomicU64, AtomicU64)>,
+) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
         let head_end = loop {
@@ -518,7 +538,11 @@ async fn serve(mut stream: TcpStream, hits: Arc<Mutex<Vec<Hit>>>, delay_ms: (u64
         }
         buf.drain(..total);
         hits.lock().unwrap().push(Hit { id, source, at });
-        let delay = rand::rng().random_range(delay_ms.0..=delay_ms.1.max(delay_ms.0));
+        let (low, high) = (
+            delay_ms.0.load(Ordering::Relaxed),
+            delay_ms.1.load(Ordering::Relaxed),
+        );
+        let delay = rand::rng().random_range(low..=high.max(low));
         tokio::time::sleep(Duration::from_millis(delay)).await;
         if stream
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")

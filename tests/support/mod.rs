@@ -5,6 +5,15 @@
 //! trust) and MariaDB on 127.0.0.1:3306 (root, no password). Override with
 //! `ICQ_TEST_POSTGRES_URL` / `ICQ_TEST_MYSQL_URL` (a URL to a server's admin database).
 //! A server that cannot be reached fails the test: it is never skipped.
+//!
+//! PostgreSQL databases come from a pool (`icqt_pool_<n>`, kept on the server between
+//! runs): a `DROP DATABASE` forces a checkpoint (0.7–3 s with the suite running, and it
+//! slows every other test's commits), while emptying a pooled database takes a few tens of
+//! milliseconds. A test holds its slot by an exclusive lock on a file under the temporary
+//! directory (released when the `TestDb` is dropped or the process ends, so a crashed
+//! test frees its slot too); on taking a slot the database is emptied: every session
+//! still connected to it is ended and every schema but the system ones is dropped, then
+//! `public` is created again as PostgreSQL creates it. To a test it is a fresh database.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,6 +32,8 @@ pub struct TestDb {
     admin_url: Option<String>,
     name: String,
     _dir: Option<tempfile::TempDir>,
+    /// The lock file that holds a pooled PostgreSQL database for this test.
+    _slot: Option<std::fs::File>,
 }
 
 fn postgres_admin_url() -> String {
@@ -61,6 +72,87 @@ fn replace_db(url: &str, db: &str) -> String {
     parsed.to_string()
 }
 
+/// Takes a free slot of the PostgreSQL pool: its name and the locked file that holds it.
+/// The database is created the first time its slot is used and emptied every time.
+async fn postgres_slot(admin: &str) -> (String, std::fs::File) {
+    // One pool per server (and per user running tests): the lock files name the server.
+    let server = url::Url::parse(admin).expect("test server URL parses");
+    let dir = std::env::temp_dir().join(format!(
+        "icq-test-postgres-pool-{}-{}",
+        server
+            .host_str()
+            .unwrap_or("local")
+            .replace(['/', ':'], "_"),
+        server.port().unwrap_or(5432)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the pool's lock directory");
+    let mut n = 0u32;
+    let (name, slot) = loop {
+        let path = dir.join(format!("{n}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        match file.try_lock() {
+            Ok(()) => break (format!("icqt_pool_{n}"), file),
+            Err(std::fs::TryLockError::WouldBlock) => n += 1,
+            Err(std::fs::TryLockError::Error(e)) => panic!("lock {}: {e}", path.display()),
+        }
+    };
+    let mut conn = sqlx::PgConnection::connect(admin)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL test server at {admin} is not reachable ({e}); start it (see .ci/run)"
+            )
+        });
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(&name)
+        .fetch_optional(&mut conn)
+        .await
+        .expect("look the pooled database up");
+    if exists.is_none() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+    }
+    // Whatever the slot's last holder left connected (a crashed test's worker) goes.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&name)
+    .execute(&mut conn)
+    .await
+    .expect("end the sessions left on the pooled database");
+    let mut db = sqlx::PgConnection::connect(&replace_db(admin, &name))
+        .await
+        .expect("connect to the pooled database");
+    let schemas: Vec<String> = sqlx::query_scalar(
+        "SELECT nspname::text FROM pg_namespace \
+         WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'",
+    )
+    .fetch_all(&mut db)
+    .await
+    .expect("list the pooled database's schemas");
+    let mut wipe: Vec<String> = schemas
+        .iter()
+        .map(|s| format!("DROP SCHEMA \"{}\" CASCADE", s.replace('"', "\"\"")))
+        .collect();
+    // `public` as a new PostgreSQL 15+ database has it.
+    wipe.push("CREATE SCHEMA public AUTHORIZATION pg_database_owner".into());
+    wipe.push("GRANT USAGE ON SCHEMA public TO PUBLIC".into());
+    wipe.push("COMMENT ON SCHEMA public IS 'standard public schema'".into());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(wipe.join(";\n")))
+        .execute(&mut db)
+        .await
+        .expect("empty the pooled database");
+    (name, slot)
+}
+
 impl TestDb {
     /// A fresh database on `engine` (`postgres`, `sqlite` or `mysql`); `tag` names the test.
     pub async fn new(engine: &'static str, tag: &str) -> TestDb {
@@ -68,19 +160,15 @@ impl TestDb {
         match engine {
             "postgres" => {
                 let admin = postgres_admin_url();
-                let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-                    panic!("PostgreSQL test server at {admin} is not reachable ({e}); start it (see .ci/run)")
-                });
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create test database");
+                let (name, slot) = postgres_slot(&admin).await;
                 TestDb {
                     engine,
                     url: replace_db(&admin, &name),
-                    admin_url: Some(admin),
+                    // No drop: the database goes back to the pool with the slot's lock.
+                    admin_url: None,
                     name,
                     _dir: None,
+                    _slot: Some(slot),
                 }
             }
             "mysql" => {
@@ -98,6 +186,7 @@ impl TestDb {
                     admin_url: Some(admin),
                     name,
                     _dir: None,
+                    _slot: None,
                 }
             }
             "sqlite" => {
@@ -110,6 +199,7 @@ impl TestDb {
                     admin_url: None,
                     name,
                     _dir: Some(dir),
+                    _slot: None,
                 }
             }
             other => panic!("unknown test engine {other}"),
