@@ -464,10 +464,15 @@ pub(crate) async fn transaction_pooling(
 /// refusal, if it refuses for a reason that will not pass while the pool waits (see
 /// `probe::handshake`): `None` when the login works, the server is starting up (57P03),
 /// or the login fails otherwise (the pool reports that itself).
+///
+/// The login sends what icq's pools send: no `extra_float_digits` (PgBouncer refuses the
+/// parameter, and the probe ran exactly when the pool was slow to connect — a loaded
+/// machine — and reported that refusal as the reason).
 pub(crate) async fn login_refusal(url: &str) -> Option<Error> {
+    let options = PgConnectOptions::from_str(url).ok()?.extra_float_digits(None);
     let login = tokio::time::timeout(
         crate::engine::probe::PROBE_TIMEOUT,
-        sqlx::PgConnection::connect(url),
+        PgConnection::connect_with(&options),
     )
     .await;
     match login {
