@@ -544,26 +544,43 @@ async fn metrics_listener_serves_get_metrics_only_in_icq_work() {
     let db = TestDb::with_table("sqlite", "metrics").await;
     let dir = tempfile::tempdir().unwrap();
     let config = config_for(dir.path(), &db.url);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut worker = icq()
-        .args(["work", "--metrics-addr", &addr, "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // A free port can be taken by another test's server before icq binds it (which ends
+    // icq, or leaves the other server answering): start again on another port then.
+    let spawn = |addr: &str| {
+        icq()
+            .args(["work", "--metrics-addr", addr, "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut addr = format!("127.0.0.1:{}", free_port());
+    let mut worker = spawn(&addr);
     let client = reqwest::Client::new();
-    let url = |path: &str| format!("http://{addr}{path}");
     let started = Instant::now();
     let body = loop {
-        match client.get(url("/metrics")).send().await {
-            Ok(response) if response.status() == 200 => break response.text().await.unwrap(),
-            _ if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => panic!("no metrics: {other:?}"),
+        if worker.try_wait().unwrap().is_some() {
+            addr = format!("127.0.0.1:{}", free_port());
+            worker = spawn(&addr);
         }
+        match client.get(format!("http://{addr}/metrics")).send().await {
+            Ok(response) if response.status() == 200 => {
+                let body = response.text().await.unwrap();
+                if body.contains("icq_internal_commands") {
+                    break body;
+                }
+            }
+            _ if started.elapsed() < Duration::from_secs(30) => {}
+            other => {
+                let _ = worker.kill();
+                panic!("no metrics: {other:?}")
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no metrics from icq");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let url = |path: &str| format!("http://{addr}{path}");
     assert!(body.contains("icq_internal_commands"), "{body}");
     assert_eq!(client.get(url("/")).send().await.unwrap().status(), 404);
     assert_eq!(
