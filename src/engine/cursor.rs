@@ -29,7 +29,8 @@
 //! rejected): four replicas read 22 index entries per command against 9 for one. While
 //! other processors hold leases at the head ([`crate::engine::ClaimParams::spread`]),
 //! the first full claim after a head scan moves the cursor a random distance further on
-//! (up to 32 times the stretch of ids that claim covered) among rows of the same
+//! (a random number of times the stretch of ids that claim covered, up to a bound that
+//! grows while jumps land among rows and shrinks when they overshoot) among rows of the same
 //! `Priority` and `RunAt` (a backlog scheduled in one transaction shares one `RunAt`), so
 //! replicas claim from different places. The claim order promises nothing among rows of
 //! equal priority and `RunAt` beyond a tie-break, so this reorders nothing it promises;
@@ -43,15 +44,19 @@ use uuid::Uuid;
 
 use crate::engine::ClaimedRow;
 
-/// How far a spreading jump goes at most, in spans of the claim that preceded it.
+/// How far a spreading jump goes at most, in spans of the claim before it: where it
+/// starts, and its bounds as it adapts (doubled after a jump that landed among rows,
+/// halved after one that overshot the group, i.e. was followed by a short claim).
 const JUMP_SPANS: u128 = 32;
+const JUMP_SPANS_MIN: u128 = 2;
+const JUMP_SPANS_MAX: u128 = 4096;
 
 /// A position further on with `at`'s priority and `RunAt`: a random number (0 to
-/// [`JUMP_SPANS`]) of `span`s past its id, where `span` is how much of the id space the
-/// last claim's rows of that group covered. Ids are random (version 4) or time-ordered
+/// `spans`) of `span`s past its id, where `span` is how much of the id space the last
+/// claim's rows of that group covered. Ids are random (version 4) or time-ordered
 /// (MariaDB's `UUID()` is version 1) — the span measures how densely they sit either way.
-fn jump((priority, run_at, id): Position, span: u128) -> Position {
-    let steps = Uuid::new_v4().as_u128() % (JUMP_SPANS + 1);
+fn jump((priority, run_at, id): Position, span: u128, spans: u128) -> Position {
+    let steps = Uuid::new_v4().as_u128() % (spans + 1);
     let to = id.as_u128().saturating_add(steps.saturating_mul(span));
     (priority, run_at, Uuid::from_u128(to))
 }
@@ -76,6 +81,10 @@ struct State {
     head_scanned_at: Instant,
     /// The cursor jumped since the last head scan (at most once per head scan).
     spread: bool,
+    /// The last claim started where a jump put the cursor.
+    jumped: bool,
+    /// How far the next jump may go, in claim spans (adapts; see [`JUMP_SPANS`]).
+    jump_spans: u128,
 }
 
 impl Default for ClaimCursor {
@@ -85,6 +94,8 @@ impl Default for ClaimCursor {
                 after: None,
                 head_scanned_at: Instant::now(),
                 spread: false,
+                jumped: false,
+                jump_spans: JUMP_SPANS,
             }),
         }
     }
@@ -111,7 +122,15 @@ impl ClaimCursor {
     /// `RunAt` ([`jump`]).
     pub(crate) fn advance(&self, claimed: &[ClaimedRow], limit: u32, spread: bool) {
         let mut state = self.lock();
-        if claimed.len() < limit as usize {
+        let short = claimed.len() < limit as usize;
+        if std::mem::take(&mut state.jumped) {
+            state.jump_spans = if short {
+                (state.jump_spans / 2).max(JUMP_SPANS_MIN)
+            } else {
+                (state.jump_spans * 2).min(JUMP_SPANS_MAX)
+            };
+        }
+        if short {
             state.after = None;
             return;
         }
@@ -135,15 +154,15 @@ impl ClaimCursor {
                     .min()
                     .unwrap_or(last);
                 let span = last.as_u128() - first.as_u128();
-                state.after = state
-                    .after
-                    .map(|at| at.max(jump((priority, run_at, last), span)));
+                let to = jump((priority, run_at, last), span, state.jump_spans);
+                state.after = state.after.map(|at| at.max(to));
+                state.jumped = true;
             }
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is two plain values: a panic elsewhere cannot leave it torn.
+        // The state is plain values: a panic elsewhere cannot leave it torn.
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -161,7 +180,7 @@ mod tests {
         let mut moved = 0;
         for _ in 0..1_000 {
             let id = Uuid::from_u128(Uuid::new_v4().as_u128() >> 1);
-            let (priority, at, to) = jump((3, run_at, id), span);
+            let (priority, at, to) = jump((3, run_at, id), span, JUMP_SPANS);
             assert_eq!((priority, at), (3, run_at));
             assert!(to >= id, "{to} before {id}");
             assert!(

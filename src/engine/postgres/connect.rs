@@ -469,7 +469,9 @@ pub(crate) async fn transaction_pooling(
 /// parameter, and the probe ran exactly when the pool was slow to connect — a loaded
 /// machine — and reported that refusal as the reason).
 pub(crate) async fn login_refusal(url: &str) -> Option<Error> {
-    let options = PgConnectOptions::from_str(url).ok()?.extra_float_digits(None);
+    let options = PgConnectOptions::from_str(url)
+        .ok()?
+        .extra_float_digits(None);
     let login = tokio::time::timeout(
         crate::engine::probe::PROBE_TIMEOUT,
         PgConnection::connect_with(&options),
