@@ -577,7 +577,10 @@ async fn metrics_listener_serves_get_metrics_only_in_icq_work() {
                 panic!("no metrics: {other:?}")
             }
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "no metrics from icq");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no metrics from icq"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let url = |path: &str| format!("http://{addr}{path}");
