@@ -192,7 +192,7 @@ mod tests {
         assert!(moved > 900, "only {moved} of 1000 jumps moved");
         let last = (0, run_at, Uuid::max());
         assert_eq!(
-            jump(last, span),
+            jump(last, span, JUMP_SPANS),
             last,
             "the end of the id space is as far as it goes"
         );
