@@ -351,9 +351,12 @@ impl Drop for Running {
     }
 }
 
-/// Starts `command`. On Linux, from the spawner thread with the parent-death signal set
-/// (see the module documentation); elsewhere, here.
-async fn spawn(command: Command) -> std::io::Result<Child> {
+/// Starts `command`, guarded from the instant it exists: the program comes back as a
+/// [`Running`], so an execution dropped while the start is on its way (cancelled between
+/// the spawn and its reply) kills the group instead of leaving it to run. On Linux, from
+/// the spawner thread with the parent-death signal set (see the module documentation);
+/// elsewhere, here.
+async fn spawn(command: Command) -> std::io::Result<Running> {
     #[cfg(target_os = "linux")]
     {
         pdeath::spawn(command).await
@@ -361,7 +364,7 @@ async fn spawn(command: Command) -> std::io::Result<Child> {
     #[cfg(not(target_os = "linux"))]
     {
         let mut command = command;
-        command.spawn()
+        command.spawn().map(Running::new)
     }
 }
 
@@ -371,13 +374,15 @@ mod pdeath {
     use std::io;
     use std::sync::{Mutex, OnceLock, mpsc};
 
-    use tokio::process::{Child, Command};
+    use tokio::process::Command;
     use tokio::runtime::Handle;
     use tokio::sync::oneshot;
 
+    use super::Running;
+
     /// A command to start, the runtime its pipes and exit status belong to, and where to
-    /// send the started child.
-    type Request = (Command, Handle, oneshot::Sender<io::Result<Child>>);
+    /// send the started program.
+    type Request = (Command, Handle, oneshot::Sender<io::Result<Running>>);
 
     /// The spawner thread's queue. The thread waits on it for the life of the process
     /// (the sender is never dropped), so the thread never exits while the process runs
@@ -396,7 +401,9 @@ mod pdeath {
             .spawn(move || {
                 for (mut command, runtime, reply) in requests {
                     let _entered = runtime.enter();
-                    let _ = reply.send(command.spawn());
+                    // Guarded at once: a reply nobody receives any more is dropped, and
+                    // with it the program's whole group.
+                    let _ = reply.send(command.spawn().map(Running::new));
                 }
             });
         started.map_err(|e| {
@@ -406,7 +413,7 @@ mod pdeath {
     }
 
     /// Starts `command` with `PR_SET_PDEATHSIG` = SIGKILL, from the spawner thread.
-    pub(super) async fn spawn(mut command: Command) -> io::Result<Child> {
+    pub(super) async fn spawn(mut command: Command) -> io::Result<Running> {
         die_with_parent(&mut command);
         let runtime = Handle::try_current().map_err(io::Error::other)?;
         let (reply, started) = oneshot::channel();
@@ -510,10 +517,9 @@ impl Handler for ExecHandler {
             None => command.env_remove("TRACEPARENT"),
         };
         let started = Instant::now();
-        let child = spawn(command)
+        let mut running = spawn(command)
             .await
             .map_err(|e| HandlerError::retry(format!("cannot start {}: {e}", self.argv[0])))?;
-        let mut running = Running::new(child);
         let group = running.group;
         let child = &mut running.child;
         let stdin = child.stdin.take();
@@ -825,6 +831,46 @@ mod tests {
         assert!(
             dies_within(grandchild, Duration::from_secs(5)).await,
             "grandchild {grandchild} survived its cancelled execution"
+        );
+    }
+
+    /// Cancelled while its start is on the way back from the spawner thread (the program
+    /// runs, the execution has not received it yet): the program's group dies too. This
+    /// test's runtime has one thread, blocked below, so the execution cannot take the
+    /// reply before it is dropped. Before the start came back guarded, the program and its
+    /// children ran on (the flaky `exec_cancelled_execution_kills_the_process_group`).
+    #[tokio::test]
+    async fn exec_cancelled_before_its_start_arrives_kills_the_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild");
+        let handler = Arc::new(sh(&wrapper(&pidfile), None));
+        let task = tokio::spawn({
+            let handler = handler.clone();
+            async move { handler.handle(job()).await }
+        });
+        // Let the execution send its start to the spawner thread, then hold the runtime.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let grandchild = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|text| text.trim().parse::<i32>().ok())
+            {
+                break pid;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the program never started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert!(
+            dies_within(grandchild, Duration::from_secs(5)).await,
+            "grandchild {grandchild} survived an execution cancelled before its start arrived"
         );
     }
 
