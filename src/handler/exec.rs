@@ -813,15 +813,17 @@ mod tests {
         format!("sleep 30 & echo $! > '{}'; wait", file.display())
     }
 
+    /// An execution of [`wrapper`] on a task of its own.
+    fn run_wrapper(file: &Path) -> tokio::task::JoinHandle<HandlerResult> {
+        let handler = sh(&wrapper(file), None);
+        tokio::spawn(async move { handler.handle(job()).await })
+    }
+
     #[tokio::test]
     async fn exec_cancelled_execution_kills_the_process_group() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild");
-        let handler = Arc::new(sh(&wrapper(&pidfile), None));
-        let task = tokio::spawn({
-            let handler = handler.clone();
-            async move { handler.handle(job()).await }
-        });
+        let task = run_wrapper(&pidfile);
         let grandchild = pid_in(&pidfile).await;
         assert!(alive(grandchild));
         // What the processor does to an execution still running after the grace period.
@@ -843,11 +845,7 @@ mod tests {
     async fn exec_cancelled_before_its_start_arrives_kills_the_process_group() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild");
-        let handler = Arc::new(sh(&wrapper(&pidfile), None));
-        let task = tokio::spawn({
-            let handler = handler.clone();
-            async move { handler.handle(job()).await }
-        });
+        let task = run_wrapper(&pidfile);
         // Let the execution send its start to the spawner thread, then hold the runtime.
         for _ in 0..10 {
             tokio::task::yield_now().await;
