@@ -856,6 +856,12 @@ impl MySqlDriver {
             if follows_cursor {
                 self.cursor.advance(&[], params.limit, params.spread);
             }
+            if after.is_some() {
+                // Nothing after the cursor (the backlog ends before it, or a spreading
+                // jump overshot): from the head at once, where the empty claim moved the
+                // cursor. An empty answer makes the processor wait for the polling interval.
+                return Box::pin(self.claim_on(conn, params, except)).await;
+            }
             return Ok(Vec::new());
         }
         // The two parts of the read may both find a row (a due row whose `Queue` is NULL).
@@ -1391,8 +1397,8 @@ mod tests {
 
     /// Issues 19 and 21: a claim of every queue starts after the last row this driver
     /// claimed (one seek past the rows it holds and the delete-marked entries completed
-    /// rows leave behind), in claim order; a short claim sends the next one to the head,
-    /// which finds a row released behind the cursor.
+    /// rows leave behind), in claim order; one that finds nothing after the cursor goes on
+    /// from the head, which finds a row released behind the cursor.
     #[tokio::test]
     async fn issue_21_claims_of_every_queue_follow_the_cursor() {
         // The cursor goes back to the head every HEAD_SCAN_EVERY: on a machine too busy to
@@ -1459,10 +1465,9 @@ mod tests {
         }
         assert_eq!(ids(&second), sorted(20..40));
         assert_eq!(ids(&third), sorted(40..60));
-        // Nothing after the cursor: short, and the next claim starts at the head.
-        assert!(after.is_empty(), "{} rows after the cursor", after.len());
-        let head = driver.command_claim(&claim()).await.unwrap();
-        assert_eq!(ids(&head), vec![order[0].clone()]);
+        // Nothing after the cursor: the same claim goes on from the head at once (an empty
+        // answer would make the processor wait for the polling interval).
+        assert_eq!(ids(&after), vec![order[0].clone()]);
         true
     }
 

@@ -1080,13 +1080,22 @@ impl QueueOps for PgDriver {
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
-        let (sql, key, after) = self.claim_plan(params, false).await?;
-        let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
-        let query = PgDriver::bind_filters(query, params, key, after);
-        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
-            .await
-            .map_err(self.db("claiming due commands"))?;
-        Ok(self.claimed(&rows, params))
+        // A claim after the cursor that finds nothing there (the backlog ends before it, or
+        // a spreading jump overshot) is followed at once by one from the head, which the
+        // empty claim moved the cursor back to: an empty answer means the queue has
+        // nothing due, and makes the processor wait for a wake-up or the polling interval.
+        loop {
+            let (sql, key, after) = self.claim_plan(params, false).await?;
+            let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
+            let query = PgDriver::bind_filters(query, params, key, after);
+            let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+                .await
+                .map_err(self.db("claiming due commands"))?;
+            let claimed = self.claimed(&rows, params);
+            if !claimed.is_empty() || after.is_none() {
+                return Ok(claimed);
+            }
+        }
     }
 
     async fn command_set_state_and_claim(
@@ -1110,7 +1119,12 @@ impl QueueOps for PgDriver {
             .into_iter()
             .filter(|row| matches!(row.try_get::<Option<Uuid>, _>("Id"), Ok(Some(_))))
             .collect();
-        Ok((stamped.max(0) as u64, self.claimed(&claimed, params)))
+        let claimed = self.claimed(&claimed, params);
+        if claimed.is_empty() && after.is_some() {
+            // Nothing after the cursor: from the head at once (see `command_claim`).
+            return Ok((stamped.max(0) as u64, self.command_claim(params).await?));
+        }
+        Ok((stamped.max(0) as u64, claimed))
     }
 
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
