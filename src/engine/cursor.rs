@@ -134,11 +134,12 @@ impl ClaimCursor {
             state.after = None;
             return;
         }
-        let furthest = claimed
+        let positions: Vec<Position> = claimed
             .iter()
             .filter(|c| c.row.defects.is_empty())
             .filter_map(|c| Some((c.row.priority, c.row.run_at, c.row.id.as_uuid()?)))
-            .max();
+            .collect();
+        let furthest = positions.iter().copied().max();
         state.after = match (state.after, furthest) {
             (Some(at), Some(furthest)) => Some(at.max(furthest)),
             (at, furthest) => at.or(furthest),
@@ -146,11 +147,10 @@ impl ClaimCursor {
         if spread && !state.spread {
             state.spread = true;
             if let Some((priority, run_at, last)) = furthest {
-                let first = claimed
+                let first = positions
                     .iter()
-                    .filter(|c| c.row.defects.is_empty())
-                    .filter(|c| (c.row.priority, c.row.run_at) == (priority, run_at))
-                    .filter_map(|c| c.row.id.as_uuid())
+                    .filter(|(p, r, _)| (*p, *r) == (priority, run_at))
+                    .map(|(_, _, id)| *id)
                     .min()
                     .unwrap_or(last);
                 let span = last.as_u128() - first.as_u128();
