@@ -5,6 +5,7 @@
 //! fixed format of [`crate::command::format_timestamp`], so text order is time order.
 
 mod admin;
+mod busy;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -636,6 +637,10 @@ fn leases_json<'a>(
     serde_json::Value::Array(rows).to_string()
 }
 
+/// How long icq's own connections wait for SQLite's write lock before a statement fails
+/// with "database is locked" (see [`busy`] for how they wait).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl SqliteDriver {
     /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
@@ -643,10 +648,11 @@ impl SqliteDriver {
             .map_err(Error::db(format!("parsing {}", redact_url(url))))?
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(30));
+            .busy_timeout(BUSY_TIMEOUT);
         let pool = options
             .pool::<sqlx::Sqlite>()
-            .max_connections(options.max_connections.clamp(1, 8));
+            .max_connections(options.max_connections.clamp(1, 8))
+            .after_connect(|conn, _meta| Box::pin(busy::install(conn)));
         // Switching a fresh file to WAL while another process opens it returns
         // SQLITE_BUSY without waiting on the busy timeout (two workers started together):
         // try again for a few seconds rather than fail the start.

@@ -1,0 +1,97 @@
+//! How icq's own SQLite connections wait for the write lock: short naps that grow from
+//! 50 µs to at most 2 ms, until the busy timeout's worth of naps has passed.
+//!
+//! SQLite has no queue for its write lock: a connection that finds it taken calls its
+//! busy handler and tries again when the handler returns. The handler `busy_timeout`
+//! installs sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50 and then 100 ms between tries,
+//! made for locks held for a long time. A processor's statements hold the lock for a
+//! millisecond or two, so a waiter that has tried three times sleeps 10 ms and more while
+//! the lock is free for most of that time; with several replicas (and each one's claim,
+//! stamps and lease renewals) on one file, those sleeps were the drain's idle time. This
+//! handler keeps trying about as often as a statement ends, and gives up after the same
+//! total wait as the timeout (counted in naps, as SQLite's own handler counts, so it needs
+//! no clock and no state of its own).
+//!
+//! Only connections icq opens get it; an application's pool keeps its own handler.
+#![allow(unsafe_code)]
+
+use std::os::raw::{c_int, c_void};
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnection;
+
+/// The first nap, doubled after each try up to [`NAP_MAX`].
+const NAP_FIRST: Duration = Duration::from_micros(50);
+const NAP_MAX: Duration = Duration::from_millis(2);
+
+/// The wait before try `count + 1` (SQLite counts the tries of one wait from 0).
+fn nap(count: u32) -> Duration {
+    NAP_FIRST
+        .checked_mul(1u32 << count.min(16))
+        .unwrap_or(NAP_MAX)
+        .min(NAP_MAX)
+}
+
+/// The total of the naps before try `count + 1`.
+fn waited(count: u32) -> Duration {
+    let growing = (0..count.min(16)).map(nap).sum::<Duration>();
+    let capped = count.saturating_sub(16);
+    growing + NAP_MAX * capped
+}
+
+/// Naps and asks SQLite to try again (non-zero), or gives up (zero: the statement fails
+/// with `SQLITE_BUSY`) once the naps reach [`super::BUSY_TIMEOUT`]. Never panics: it
+/// runs on SQLite's side of the FFI boundary.
+extern "C" fn busy_handler(_arg: *mut c_void, count: c_int) -> c_int {
+    let count = u32::try_from(count).unwrap_or(0);
+    if waited(count) >= super::BUSY_TIMEOUT {
+        return 0;
+    }
+    std::thread::sleep(nap(count));
+    1
+}
+
+/// Replaces `conn`'s busy handler with [`busy_handler`].
+pub(super) async fn install(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    // SAFETY: `db` is the open connection `handle` holds locked for this call, so no
+    // statement runs on it meanwhile; the handler is a plain function that lives for the
+    // whole program and ignores its (null) argument.
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_busy_handler(db, Some(busy_handler), std::ptr::null_mut())
+    };
+    if rc == libsqlite3_sys::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Protocol(format!(
+            "cannot set the SQLite busy handler (code {rc})"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naps_grow_to_their_cap_and_add_up() {
+        assert_eq!(nap(0), Duration::from_micros(50));
+        assert_eq!(nap(1), Duration::from_micros(100));
+        assert_eq!(nap(5), Duration::from_micros(1600));
+        assert_eq!(nap(6), NAP_MAX);
+        assert_eq!(nap(40), NAP_MAX);
+        assert_eq!(waited(0), Duration::ZERO);
+        assert_eq!(waited(2), Duration::from_micros(150));
+        assert_eq!(
+            waited(20),
+            (0..20).map(nap).sum::<Duration>(),
+            "the closed form counts every nap"
+        );
+        // A 30 s timeout is about 15,000 tries.
+        let tries = (0..)
+            .find(|n| waited(*n) >= Duration::from_secs(30))
+            .unwrap();
+        assert!((14_900..15_100).contains(&tries), "{tries}");
+    }
+}
