@@ -439,8 +439,14 @@ impl Failover {
 /// statement runs on another server connection. Neither happens on a direct connection
 /// or in session mode, where a client keeps its server connection. PgBouncer hands out
 /// the most recently used server connection first, so the first test is decisive there.
+///
+/// The second client comes from `seconds` when that pool may hold two connections (icq's
+/// own processor pool, which opens more than one anyway, so the check costs no login of
+/// its own: a replica's start is a row of serial round trips, paid by every replica of a
+/// fleet), and is a connection of its own otherwise (an application's pool may be full).
 pub(crate) async fn transaction_pooling(
     pool: &PgPool,
+    seconds: Option<&PgPool>,
     options: &PgConnectOptions,
 ) -> std::result::Result<bool, sqlx::Error> {
     async fn pid(conn: &mut PgConnection) -> std::result::Result<i32, sqlx::Error> {
@@ -451,12 +457,23 @@ pub(crate) async fn transaction_pooling(
     }
     let mut first = pool.acquire().await?;
     let before = pid(&mut first).await?;
-    let mut second = PgConnection::connect_with(options).await?;
-    sqlx::raw_sql("BEGIN").execute(&mut second).await?;
-    let other = pid(&mut second).await?;
-    let after = pid(&mut first).await?;
-    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
-    let _ = second.close().await;
+    let seconds = seconds.filter(|pool| pool.options().get_max_connections() >= 2);
+    let (other, after) = if let Some(seconds) = seconds {
+        let mut second = seconds.acquire().await?;
+        sqlx::raw_sql("BEGIN").execute(&mut *second).await?;
+        let other = pid(&mut second).await?;
+        let after = pid(&mut first).await?;
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *second).await;
+        (other, after)
+    } else {
+        let mut second = PgConnection::connect_with(options).await?;
+        sqlx::raw_sql("BEGIN").execute(&mut second).await?;
+        let other = pid(&mut second).await?;
+        let after = pid(&mut first).await?;
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
+        let _ = second.close().await;
+        (other, after)
+    };
     Ok(other == before || after != before)
 }
 
