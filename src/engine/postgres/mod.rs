@@ -135,40 +135,24 @@ struct ClaimKey {
     /// Starts after a [`cursor::Position`].
     after: bool,
     /// Also takes a few pending rows no time makes due (NULL `RunAt`, NULL `Queue`):
-    /// every claim on a version-1 table, where it is a seek; now and then on version 2.
+    /// every claim on a version-1 table, now and then on version 2 (seeks on both:
+    /// [`unusable_sql`]).
     unusable: bool,
 }
 
-/// The claim's selection, two CTEs: `due`, the due prefix in claim order, skipping rows
-/// other claimers hold (`$1` limit, `$3` processing delay; `filter` may add more), and
-/// `unusable`, a few pending rows whose `RunAt` is NULL (another program's migration
-/// relaxed NOT NULL) or, on version 2, whose `Queue` is NULL: no time ever makes the one
-/// due and no queue filter matches the other, so they are claimed as they are and the
-/// executor dead-letters them naming the column. On version 1 both are seeks in the poll
-/// index (NULLs sort last in it). A NULL `CreatedAt` is no reason to wait either.
+/// The claim's selection: `due`, the due prefix in claim order, skipping rows other
+/// claimers hold (`$1` limit, `$3` processing delay; `filter` may add more), and, when
+/// `key.unusable`, the CTEs of [`unusable_sql`].
 fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
     let order = if key.v2 {
         r#""Priority", "RunAt", "Id""#
     } else {
         r#""RunAt", "Id""#
     };
-    let unusable = if !key.unusable {
-        String::new()
+    let unusable = if key.unusable {
+        unusable_sql(t, key.v2)
     } else {
-        let null = if key.v2 {
-            r#"("RunAt" IS NULL OR "Queue" IS NULL)"#
-        } else {
-            r#""RunAt" IS NULL"#
-        };
-        format!(
-            r#",
-           unusable AS (
-           SELECT "Id" FROM {t}
-           WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL AND {null}
-             AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-           LIMIT 10
-           FOR UPDATE SKIP LOCKED)"#
-        )
+        String::new()
     };
     format!(
         r#"due AS (
@@ -181,6 +165,80 @@ fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
            LIMIT $1
            FOR UPDATE SKIP LOCKED){unusable}"#
     )
+}
+
+/// A few pending rows no time makes due (NULL `RunAt`) or, on version 2, no queue filter
+/// matches (NULL `Queue`): another program's migration relaxed NOT NULL. They are
+/// claimed as they are and the executor dead-letters them naming the column. A NULL
+/// `CreatedAt` is no reason to wait either.
+///
+/// Every look is a seek, never a scan of the table (which every replica made every
+/// [`super::UNUSABLE_EVERY`], reading the whole table each time: 25–50 ms of the
+/// server's time per look into a 50,000-row drain). On version 1 NULL `RunAt`s sort last
+/// in the poll index (`RunAt`, `Id`). On version 2 a NULL `Queue` sorts last in the queue
+/// poll index (`Queue`, …); a NULL `RunAt` sorts last within its priority in the poll
+/// index (`Priority`, `RunAt`, `Id`), so the look walks the priorities present (`prios`,
+/// one descent each: a loose index scan) and seeks the NULLs of each, and of a NULL
+/// priority. The statement needs `WITH RECURSIVE` then ([`with_clause`]).
+fn unusable_sql(t: &str, v2: bool) -> String {
+    let pending = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
+    let free = r#"("LockedUntil" IS NULL OR "LockedUntil" <= now())"#;
+    if !v2 {
+        return format!(
+            r#",
+           unusable AS (
+           SELECT "Id" FROM {t}
+           WHERE {pending} AND "RunAt" IS NULL AND {free}
+           LIMIT 10
+           FOR UPDATE SKIP LOCKED)"#
+        );
+    }
+    format!(
+        r#",
+           prios(p) AS (
+           (SELECT "Priority" FROM {t} WHERE {pending} AND "Priority" IS NOT NULL
+            ORDER BY "Priority" LIMIT 1)
+           UNION ALL
+           SELECT (SELECT "Priority" FROM {t} WHERE {pending} AND "Priority" > prios.p
+                   ORDER BY "Priority" LIMIT 1)
+           FROM prios WHERE prios.p IS NOT NULL),
+           no_queue AS (
+           SELECT "Id" FROM {t}
+           WHERE {pending} AND "Queue" IS NULL AND {free}
+           LIMIT 10
+           FOR UPDATE SKIP LOCKED),
+           no_run_at AS (
+           SELECT u."Id" FROM prios, LATERAL (
+             SELECT "Id" FROM {t}
+             WHERE {pending} AND "Priority" = prios.p AND "RunAt" IS NULL AND {free}
+             LIMIT 10
+             FOR UPDATE SKIP LOCKED) AS u
+           LIMIT 10),
+           no_priority AS (
+           SELECT "Id" FROM {t}
+           WHERE {pending} AND "Priority" IS NULL AND "RunAt" IS NULL AND {free}
+           LIMIT 10
+           FOR UPDATE SKIP LOCKED)"#
+    )
+}
+
+/// The ids [`unusable_sql`] selects, to follow `SELECT "Id" FROM due`.
+fn unusable_ids(v2: bool) -> &'static str {
+    if v2 {
+        r#" UNION ALL SELECT "Id" FROM no_queue UNION ALL SELECT "Id" FROM no_run_at
+               UNION ALL SELECT "Id" FROM no_priority"#
+    } else {
+        r#" UNION ALL SELECT "Id" FROM unusable"#
+    }
+}
+
+/// `WITH`, or `WITH RECURSIVE` when the statement looks for unusable rows on version 2.
+fn with_clause(key: ClaimKey) -> &'static str {
+    if key.unusable && key.v2 {
+        "WITH RECURSIVE"
+    } else {
+        "WITH"
+    }
 }
 
 /// The claim's filters of `key` from parameter `$first` on: the types (`text[]`), the
@@ -230,18 +288,18 @@ fn claim_filter(key: ClaimKey, first: usize) -> String {
 /// claim of more than ~100 rows the planner hashed a join against a sequential scan of
 /// the whole table, so every claim cost O(table) and a batch of 200 drained at half the
 /// rate of a batch of 50.
-fn lease_sql(t: &str, unusable: bool) -> String {
-    let ids = if unusable {
-        r#"SELECT "Id" FROM due UNION ALL SELECT "Id" FROM unusable"#
+fn lease_sql(t: &str, key: ClaimKey) -> String {
+    let unusable = if key.unusable {
+        unusable_ids(key.v2)
     } else {
-        r#"SELECT "Id" FROM due"#
+        ""
     };
     format!(
         r#"UPDATE {t} AS c
            SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
                "Attempts" = CASE WHEN c."Attempts" BETWEEN 0 AND 2147483646
                                  THEN c."Attempts" + 1 ELSE c."Attempts" END
-           WHERE c."Id" = ANY(ARRAY({ids}))
+           WHERE c."Id" = ANY(ARRAY(SELECT "Id" FROM due{unusable}))
            RETURNING c.*"#
     )
 }
@@ -252,9 +310,10 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
         return stamp_claim_sql(t, key);
     }
     format!(
-        "WITH {} {}",
+        "{} {} {}",
+        with_clause(key),
         due_sql(t, key, &claim_filter(key, 5)),
-        lease_sql(t, key.unusable)
+        lease_sql(t, key)
     )
 }
 
@@ -294,14 +353,15 @@ fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
 /// stamped count always arrives.
 fn stamp_claim_sql(t: &str, key: ClaimKey) -> String {
     format!(
-        r#"WITH stamped AS ({} RETURNING 1),
+        r#"{} stamped AS ({} RETURNING 1),
                 {},
                 claimed AS ({})
            SELECT n.stamped AS "icq_stamped", claimed.*
            FROM (SELECT count(*) AS stamped FROM stamped) AS n LEFT JOIN claimed ON true"#,
+        with_clause(key),
         set_state_sql(t, 5, key.v2),
         due_sql(t, key, &claim_filter(key, 10)),
-        lease_sql(t, key.unusable)
+        lease_sql(t, key)
     )
 }
 
@@ -821,7 +881,7 @@ impl PgDriver {
     pub(crate) async fn from_pool(pool: PgPool, table: &TableName) -> Result<Self> {
         let options = (*pool.connect_options()).clone();
         let shown = "the application's PostgreSQL pool";
-        let pooling = connect::transaction_pooling(&pool, &options)
+        let pooling = connect::transaction_pooling(&pool, None, &options)
             .await
             .map_err(Error::db(format!("connecting through {shown}")))?;
         let servers = connect::Servers {
@@ -863,10 +923,13 @@ impl PgDriver {
     /// says so, and the table's schema exists.
     async fn check_connection(&self, url: &str, table: &TableName) -> Result<()> {
         if self.pooler == Pooler::Session && !self.shared_pool {
-            let pooling =
-                connect::transaction_pooling(&self.pool, &self.failover.current_options())
-                    .await
-                    .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+            let pooling = connect::transaction_pooling(
+                &self.pool,
+                Some(&self.work),
+                &self.failover.current_options(),
+            )
+            .await
+            .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
             if pooling {
                 return Err(Error::Unsupported(format!(
                     "{}: the server hands consecutive statements of one connection to \
@@ -1598,6 +1661,11 @@ mod tests {
                 for key in [
                     ClaimKey {
                         unusable: true,
+                        ..base
+                    },
+                    ClaimKey {
+                        unusable: true,
+                        stamp: true,
                         ..base
                     },
                     ClaimKey {
