@@ -202,6 +202,7 @@ pub(crate) async fn run(
         let now = Instant::now();
         pace.sample(shared.finished.load(Ordering::Relaxed), now);
         let shared_head = sharing.seen(now);
+        shared.outbox.set_sharing(shared_head);
         let in_flight_now = if shared_head { 1 } else { in_flight };
         let target = slots + pace.look_ahead(max_look_ahead);
         while want && claims.len() < in_flight_now {
