@@ -455,24 +455,27 @@ pub(crate) async fn transaction_pooling(
             .await?
             .try_get::<i32, _>(0)
     }
+    /// The backend of `second` inside a transaction, then `first`'s backend again.
+    async fn interleaved(
+        first: &mut PgConnection,
+        second: &mut PgConnection,
+    ) -> std::result::Result<(i32, i32), sqlx::Error> {
+        sqlx::raw_sql("BEGIN").execute(&mut *second).await?;
+        let other = pid(second).await?;
+        let after = pid(first).await?;
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *second).await;
+        Ok((other, after))
+    }
     let mut first = pool.acquire().await?;
     let before = pid(&mut first).await?;
-    let seconds = seconds.filter(|pool| pool.options().get_max_connections() >= 2);
-    let (other, after) = if let Some(seconds) = seconds {
-        let mut second = seconds.acquire().await?;
-        sqlx::raw_sql("BEGIN").execute(&mut *second).await?;
-        let other = pid(&mut second).await?;
-        let after = pid(&mut first).await?;
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *second).await;
-        (other, after)
-    } else {
-        let mut second = PgConnection::connect_with(options).await?;
-        sqlx::raw_sql("BEGIN").execute(&mut second).await?;
-        let other = pid(&mut second).await?;
-        let after = pid(&mut first).await?;
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
-        let _ = second.close().await;
-        (other, after)
+    let (other, after) = match seconds.filter(|pool| pool.options().get_max_connections() >= 2) {
+        Some(seconds) => interleaved(&mut first, &mut *seconds.acquire().await?).await?,
+        None => {
+            let mut second = PgConnection::connect_with(options).await?;
+            let seen = interleaved(&mut first, &mut second).await;
+            let _ = second.close().await;
+            seen?
+        }
     };
     Ok(other == before || after != before)
 }
