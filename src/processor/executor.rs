@@ -48,6 +48,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             }
         };
         let Some(item) = next else { return };
+        let taken_at = Instant::now();
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
         shared
@@ -66,6 +67,8 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         } else {
             shared.outbox.push(change).await;
         }
+        let busy = u64::try_from(taken_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        shared.busy_micros.fetch_add(busy, Ordering::Relaxed);
         shared.finished.fetch_add(1, Ordering::Relaxed);
         shared.active.fetch_sub(1, Ordering::AcqRel);
         shared.space.notify_one();

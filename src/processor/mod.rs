@@ -391,6 +391,9 @@ pub(crate) struct Shared {
     active: AtomicUsize,
     /// Rows the slots have finished since the start, for the producer's pace.
     finished: std::sync::atomic::AtomicU64,
+    /// Microseconds the slots spent on the rows they finished (taken to finished), so the
+    /// producer's pace sees that rows finishing together took their slots that long.
+    busy_micros: std::sync::atomic::AtomicU64,
     /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
@@ -488,6 +491,7 @@ impl SourceWorker {
                 owner,
                 active: AtomicUsize::new(0),
                 finished: Default::default(),
+                busy_micros: Default::default(),
                 space: Notify::new(),
                 outbox: outbox.clone(),
             });

@@ -80,8 +80,12 @@ struct Pace {
     rate: f64,
     /// Seconds one claim takes, send to answer.
     latency: f64,
+    /// The execution slots: rows that finish together took this many slots at once, so a
+    /// burst is spread over the time the slots spent on it.
+    slots: f64,
     sampled_at: Instant,
     sampled_finished: u64,
+    sampled_busy_micros: u64,
     /// Payload bytes per claimed row, smoothed (0 until a claim returned rows).
     row_bytes: f64,
 }
@@ -90,12 +94,14 @@ impl Pace {
     /// Rate samples closer together than this are too noisy to use.
     const MIN_SAMPLE: Duration = Duration::from_millis(10);
 
-    fn new(now: Instant, finished: u64) -> Pace {
+    fn new(now: Instant, slots: usize, finished: u64, busy_micros: u64) -> Pace {
         Pace {
             rate: 0.0,
             latency: 0.0,
+            slots: slots.max(1) as f64,
             sampled_at: now,
             sampled_finished: finished,
+            sampled_busy_micros: busy_micros,
             row_bytes: 0.0,
         }
     }
@@ -132,15 +138,24 @@ impl Pace {
         };
     }
 
-    fn sample(&mut self, finished: u64, now: Instant) {
+    /// Folds in the rows finished since the last sample and the slot time they took.
+    ///
+    /// The slots cannot finish rows faster than `slots` per row's slot time (Little's
+    /// law), so the window is at least the slot time spent divided by the slots: eight 1 s
+    /// commands that started together and finish within 10 ms are 8 rows a second, not
+    /// 800 (which made a look-ahead of dozens of rows on a loaded machine).
+    fn sample(&mut self, finished: u64, busy_micros: u64, now: Instant) {
         let elapsed = now.saturating_duration_since(self.sampled_at);
         if elapsed < Self::MIN_SAMPLE {
             return;
         }
-        let rate = finished.saturating_sub(self.sampled_finished) as f64 / elapsed.as_secs_f64();
+        let busy = busy_micros.saturating_sub(self.sampled_busy_micros) as f64 / 1e6;
+        let window = elapsed.as_secs_f64().max(busy / self.slots);
+        let rate = finished.saturating_sub(self.sampled_finished) as f64 / window;
         self.rate = 0.7 * self.rate + 0.3 * rate;
         self.sampled_at = now;
         self.sampled_finished = finished;
+        self.sampled_busy_micros = busy_micros;
     }
 
     /// Rows to hold beyond the slots, at most `max`.
@@ -175,7 +190,12 @@ pub(crate) async fn run(
     let slots = shared.lane.concurrency.max(1);
     let in_flight = shared.lane.claims_in_flight.max(1);
     let max_look_ahead = batch * in_flight;
-    let mut pace = Pace::new(Instant::now(), shared.finished.load(Ordering::Relaxed));
+    let mut pace = Pace::new(
+        Instant::now(),
+        slots,
+        shared.finished.load(Ordering::Relaxed),
+        shared.busy_micros.load(Ordering::Relaxed),
+    );
     let mut sharing = Sharing::new(&shared, batch);
     let poll = if options.until_idle {
         settings.polling_interval().min(Duration::from_millis(250))
@@ -200,7 +220,11 @@ pub(crate) async fn run(
             break Stopped::Shutdown;
         }
         let now = Instant::now();
-        pace.sample(shared.finished.load(Ordering::Relaxed), now);
+        pace.sample(
+            shared.finished.load(Ordering::Relaxed),
+            shared.busy_micros.load(Ordering::Relaxed),
+            now,
+        );
         let shared_head = sharing.seen(now);
         shared.outbox.set_sharing(shared_head);
         let in_flight_now = if shared_head { 1 } else { in_flight };
@@ -478,4 +502,32 @@ async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::A
         }
     }
     Ok(activity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19's CI flake: eight 1 s commands that finish within one 10 ms sample made a
+    /// rate of 800 rows/s, a look-ahead of ~40 rows at a 40 ms claim, and a SIGKILL then
+    /// charged an attempt to all of them.
+    #[test]
+    fn a_burst_of_slow_rows_is_paced_by_their_slot_time() {
+        let start = Instant::now();
+        let mut pace = Pace::new(start, 8, 0, 0);
+        pace.claim_took(Duration::from_millis(40));
+        pace.sample(8, 8_000_000, start + Duration::from_millis(10));
+        assert!(pace.rate <= 0.3 * 8.0 + 1e-9, "rate {}", pace.rate);
+        assert!(pace.look_ahead(100) <= 1, "look-ahead {}", pace.look_ahead(100));
+    }
+
+    /// Fast rows are paced by the wall clock as before: 2,000 rows of 100 µs in 100 ms
+    /// on 8 slots are 20,000 rows a second.
+    #[test]
+    fn fast_rows_are_paced_by_the_wall_clock() {
+        let start = Instant::now();
+        let mut pace = Pace::new(start, 8, 0, 0);
+        pace.sample(2_000, 200_000, start + Duration::from_millis(100));
+        assert!((pace.rate - 0.3 * 20_000.0).abs() < 1.0, "rate {}", pace.rate);
+    }
 }
