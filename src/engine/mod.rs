@@ -392,7 +392,9 @@ pub trait QueueOps: Send + Sync + 'static {
     /// another processor. A read, cheap enough to run every second or two.
     async fn lease_check_many(&self, params: &LeaseCheckManyParams) -> Result<Vec<Lease>>;
 
-    /// How many rows are due and running right now.
+    /// How many rows are due and running right now. The idle check needs only whether
+    /// there are any, so an engine may count only the first rows in claim order (at least
+    /// 1,000), where a full count would scan the table.
     async fn activity(&self) -> Result<Activity>;
 
     /// [`QueueOps::activity`] of the rows of `queues` only (`None`: every queue, as

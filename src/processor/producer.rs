@@ -518,7 +518,11 @@ mod tests {
         pace.claim_took(Duration::from_millis(40));
         pace.sample(8, 8_000_000, start + Duration::from_millis(10));
         assert!(pace.rate <= 0.3 * 8.0 + 1e-9, "rate {}", pace.rate);
-        assert!(pace.look_ahead(100) <= 1, "look-ahead {}", pace.look_ahead(100));
+        assert!(
+            pace.look_ahead(100) <= 1,
+            "look-ahead {}",
+            pace.look_ahead(100)
+        );
     }
 
     /// Fast rows are paced by the wall clock as before: 2,000 rows of 100 µs in 100 ms
@@ -528,6 +532,10 @@ mod tests {
         let start = Instant::now();
         let mut pace = Pace::new(start, 8, 0, 0);
         pace.sample(2_000, 200_000, start + Duration::from_millis(100));
-        assert!((pace.rate - 0.3 * 20_000.0).abs() < 1.0, "rate {}", pace.rate);
+        assert!(
+            (pace.rate - 0.3 * 20_000.0).abs() < 1.0,
+            "rate {}",
+            pace.rate
+        );
     }
 }
