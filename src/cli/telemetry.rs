@@ -581,8 +581,12 @@ pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Syn
                 return Ok(());
             }
             let name = name.strip_prefix("r#").unwrap_or(name);
-            let text =
-                crate::redact::escape_for_log(&crate::redact::redact_text(&format!("{value:?}")));
+            let raw = format!("{value:?}");
+            let text = if crate::redact::is_plain_for_log(&raw) {
+                raw
+            } else {
+                crate::redact::escape_for_log(&crate::redact::redact_text(&raw))
+            };
             if name == "message" {
                 write!(writer, "{text}")
             } else {

@@ -8,7 +8,7 @@
 
 use std::fmt::Display;
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type, ValueRef};
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::command::{CommandId, LeaseToken};
@@ -101,7 +101,13 @@ where
     Option<i32>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     for<'c> &'c str: ColumnIndex<R>,
 {
-    let value = match row.try_get::<Option<i64>, _>("Attempts") {
+    let narrow = narrower::<R, Option<i32>>(row, "Attempts")
+        .then(|| row.try_get::<Option<i32>, _>("Attempts").ok())
+        .flatten();
+    let value = match narrow.map_or_else(
+        || row.try_get::<Option<i64>, _>("Attempts"),
+        |v| Ok(v.map(i64::from)),
+    ) {
         Ok(value) => Ok(value),
         Err(first) => row
             .try_get::<Option<i32>, _>("Attempts")
@@ -158,6 +164,26 @@ where
 /// A small integer column (`Priority`, `Snoozes`) as a 64-bit number, whatever integer
 /// width the engine decodes it with; `Err` for a value that is not an integer (a SQLite
 /// REAL or text another program wrote).
+/// Whether `column` holds a non-NULL value that `T` decodes and an `i64` does not (an
+/// `int4` or `int2` column): decoded as `T` first, it costs no failed `try_get`, which
+/// builds an error message (the v2 row has three such columns: `Priority`, `Attempts`,
+/// `Snoozes`).
+fn narrower<R, T>(row: &R, column: &str) -> bool
+where
+    R: Row,
+    T: Type<R::Database>,
+    Option<i64>: Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    row.try_get_raw(column).is_ok_and(|raw| {
+        if raw.is_null() {
+            return false;
+        }
+        let ty = raw.type_info();
+        !<Option<i64> as Type<R::Database>>::compatible(&ty) && T::compatible(&ty)
+    })
+}
+
 fn integer<R>(row: &R, column: &str) -> Result<Option<i64>, sqlx::Error>
 where
     R: Row,
@@ -166,6 +192,17 @@ where
     Option<i16>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     for<'c> &'c str: ColumnIndex<R>,
 {
+    // The column's own width first (see [`narrower`]).
+    if narrower::<R, Option<i32>>(row, column)
+        && let Ok(v) = row.try_get::<Option<i32>, _>(column)
+    {
+        return Ok(v.map(i64::from));
+    }
+    if narrower::<R, Option<i16>>(row, column)
+        && let Ok(v) = row.try_get::<Option<i16>, _>(column)
+    {
+        return Ok(v.map(i64::from));
+    }
     row.try_get::<Option<i64>, _>(column).or_else(|first| {
         row.try_get::<Option<i32>, _>(column)
             .map(|v| v.map(i64::from))
