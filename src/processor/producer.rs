@@ -5,7 +5,8 @@
 //! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
 //! take during the next few claims (the smoothed rate at which slots finish rows × the
 //! smoothed claim round trip × 4), never more than `batch_size` × the claims in flight; a
-//! claim waits until half of that (at most a batch) is free unless a slot is starving.
+//! claim waits until half the look-ahead (at most a batch) is free unless a slot is
+//! starving.
 //! Slow handlers therefore hold only the rows they run — a killed replica charges an
 //! attempt to little more than its running commands, and idle replicas get the rest —
 //! while a backlog of fast commands keeps whole batches in flight as before.
@@ -228,20 +229,23 @@ pub(crate) async fn run(
         let shared_head = sharing.seen(now);
         shared.outbox.set_sharing(shared_head);
         let in_flight_now = if shared_head { 1 } else { in_flight };
-        let target = slots + pace.look_ahead(max_look_ahead);
+        let look_ahead = pace.look_ahead(max_look_ahead);
+        let target = slots + look_ahead;
         while want && claims.len() < in_flight_now {
             let held = shared.active.load(Ordering::Acquire)
                 + shared.buffered.load(Ordering::Acquire)
                 + reserved;
             // A slot waiting on an empty buffer is served at once; otherwise a claim waits
-            // until half the target (at most a whole batch) is free: every claim costs a
-            // round trip and a commit, so fast commands travel in full batches.
+            // until half the look-ahead (at most a whole batch) is free: every claim costs
+            // a round trip and a commit, so fast commands travel in full batches. (Half the
+            // whole target counted the busy slots too: with 20 ms commands the room only
+            // appeared once slots stood idle, a claim's round trip per refill.)
             let starving = shared.buffered.load(Ordering::Acquire) == 0
                 && shared.active.load(Ordering::Acquire) < slots;
             let least = if starving {
                 1
             } else {
-                (target / 2).clamp(1, batch)
+                (look_ahead / 2).clamp(1, batch)
             };
             let Some(room) = target.checked_sub(held).filter(|room| *room >= least) else {
                 break;
