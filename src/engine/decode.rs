@@ -161,9 +161,6 @@ where
     row.try_column(column).is_ok()
 }
 
-/// A small integer column (`Priority`, `Snoozes`) as a 64-bit number, whatever integer
-/// width the engine decodes it with; `Err` for a value that is not an integer (a SQLite
-/// REAL or text another program wrote).
 /// Whether `column` holds a non-NULL value that `T` decodes and an `i64` does not (an
 /// `int4` or `int2` column): decoded as `T` first, it costs no failed `try_get`, which
 /// builds an error message (the v2 row has three such columns: `Priority`, `Attempts`,
@@ -184,6 +181,9 @@ where
     })
 }
 
+/// A small integer column (`Priority`, `Snoozes`) as a 64-bit number, whatever integer
+/// width the engine decodes it with; `Err` for a value that is not an integer (a SQLite
+/// REAL or text another program wrote).
 fn integer<R>(row: &R, column: &str) -> Result<Option<i64>, sqlx::Error>
 where
     R: Row,
