@@ -422,9 +422,15 @@ pub trait BenchOps: Send + Sync + 'static {
     async fn bench_fill_completed(&self, params: &BenchFillCompletedParams) -> Result<()>;
 }
 
-/// A driver's remembered [`Lifecycle::schema_version`] (0 until looked up).
+/// A driver's remembered [`Lifecycle::schema_version`] (0 until looked up). One look-up
+/// at a time: a processor's first claim, its lease checks and its sweep all ask at start,
+/// and each concurrent look-up took a connection of its own (two extra logins per
+/// PostgreSQL replica).
 #[derive(Debug, Default)]
-pub(crate) struct SchemaVersionCache(std::sync::atomic::AtomicU32);
+pub(crate) struct SchemaVersionCache {
+    known: std::sync::atomic::AtomicU32,
+    looking: tokio::sync::Mutex<()>,
+}
 
 impl SchemaVersionCache {
     /// The remembered version, or else `look_up()`'s answer: `Some(has_queue_column)`
@@ -434,14 +440,19 @@ impl SchemaVersionCache {
         F: std::future::Future<Output = Result<Option<bool>>>,
     {
         use std::sync::atomic::Ordering;
-        let known = self.0.load(Ordering::Acquire);
+        let known = self.known.load(Ordering::Acquire);
+        if known != 0 {
+            return Ok(known);
+        }
+        let _one_at_a_time = self.looking.lock().await;
+        let known = self.known.load(Ordering::Acquire);
         if known != 0 {
             return Ok(known);
         }
         match look_up.await? {
             Some(has_queue) => {
                 let version = if has_queue { 2 } else { 1 };
-                self.0.store(version, Ordering::Release);
+                self.known.store(version, Ordering::Release);
                 Ok(version)
             }
             None => Ok(crate::schema::SCHEMA_VERSION),
@@ -450,7 +461,7 @@ impl SchemaVersionCache {
 
     /// Forgets the remembered version (after a DDL script changed the table).
     pub(crate) fn forget(&self) {
-        self.0.store(0, std::sync::atomic::Ordering::Release);
+        self.known.store(0, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -228,7 +228,14 @@ pub(crate) async fn run(
         );
         let shared_head = sharing.seen(now);
         shared.outbox.set_sharing(shared_head);
-        let in_flight_now = if shared_head { 1 } else { in_flight };
+        // Until a claim has returned rows their size is unknown and a claim asks for one
+        // row (the byte budget): one such claim at a time. One per claim in flight took a
+        // connection each at every start, four logins to fetch four rows.
+        let in_flight_now = if shared_head || pace.row_bytes <= 0.0 {
+            1
+        } else {
+            in_flight
+        };
         let look_ahead = pace.look_ahead(max_look_ahead);
         let target = slots + look_ahead;
         while want && claims.len() < in_flight_now {
