@@ -487,11 +487,22 @@ mod tests {
     /// would change anything.
     #[test]
     fn plain_log_text_is_what_masking_and_escaping_leave_alone() {
-        for plain in ["9f1c2d3e-0000-4000-8000-000000000000", "orders.send_receipt", "3", "a b"] {
+        for plain in [
+            "9f1c2d3e-0000-4000-8000-000000000000",
+            "orders.send_receipt",
+            "3",
+            "a b",
+        ] {
             assert!(is_plain_for_log(plain), "{plain}");
             assert_eq!(escape_for_log(&redact_text(plain)), plain);
         }
-        for not_plain in ["password=x", "p%3Dx", "postgres://u:p@h/db", "a\nb", "a\u{202e}b"] {
+        for not_plain in [
+            "password=x",
+            "p%3Dx",
+            "postgres://u:p@h/db",
+            "a\nb",
+            "a\u{202e}b",
+        ] {
             assert!(!is_plain_for_log(not_plain), "{not_plain:?}");
         }
         assert_eq!(redact_text("token=abc"), format!("token={MASK}"));
