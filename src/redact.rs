@@ -455,6 +455,7 @@ fn unsafe_char(c: char) -> bool {
 /// Whether `text` goes into a log line unchanged: nothing [`redact_text`] would mask and
 /// nothing [`escape_for_log`] would escape (a log field's usual case: ids, type names,
 /// counts), so the line's formatter can skip both.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub fn is_plain_for_log(text: &str) -> bool {
     !text.contains("://") && !text.contains(['=', '%']) && !text.chars().any(unsafe_char)
 }

@@ -158,7 +158,7 @@ fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
     };
     format!(
         r#"due AS (
-           SELECT ctid FROM {t}
+           SELECT ctid, "Id" FROM {t}
            WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
              AND "RunAt" <= now()
              AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
@@ -189,7 +189,7 @@ fn unusable_sql(t: &str, v2: bool) -> String {
         return format!(
             r#",
            unusable AS (
-           SELECT ctid FROM {t}
+           SELECT ctid, "Id" FROM {t}
            WHERE {pending} AND "RunAt" IS NULL AND {free}
            LIMIT 10
            FOR UPDATE SKIP LOCKED)"#
@@ -205,32 +205,35 @@ fn unusable_sql(t: &str, v2: bool) -> String {
                    ORDER BY "Priority" LIMIT 1)
            FROM prios WHERE prios.p IS NOT NULL),
            no_queue AS (
-           SELECT ctid FROM {t}
+           SELECT ctid, "Id" FROM {t}
            WHERE {pending} AND "Queue" IS NULL AND {free}
            LIMIT 10
            FOR UPDATE SKIP LOCKED),
            no_run_at AS (
-           SELECT u.ctid FROM prios, LATERAL (
-             SELECT ctid FROM {t}
+           SELECT u.ctid, u."Id" FROM prios, LATERAL (
+             SELECT ctid, "Id" FROM {t}
              WHERE {pending} AND "Priority" = prios.p AND "RunAt" IS NULL AND {free}
              LIMIT 10
              FOR UPDATE SKIP LOCKED) AS u
            LIMIT 10),
            no_priority AS (
-           SELECT ctid FROM {t}
+           SELECT ctid, "Id" FROM {t}
            WHERE {pending} AND "Priority" IS NULL AND "RunAt" IS NULL AND {free}
            LIMIT 10
            FOR UPDATE SKIP LOCKED)"#
     )
 }
 
-/// The rows [`unusable_sql`] selects, to follow `SELECT ctid FROM due`.
-fn unusable_ids(v2: bool) -> &'static str {
+/// The `column` (`ctid` or `"Id"`) of the rows [`unusable_sql`] selects, to follow
+/// `SELECT {column} FROM due`.
+fn unusable_rows(v2: bool, column: &str) -> String {
     if v2 {
-        r#" UNION ALL SELECT ctid FROM no_queue UNION ALL SELECT ctid FROM no_run_at
-               UNION ALL SELECT ctid FROM no_priority"#
+        format!(
+            r#" UNION ALL SELECT {column} FROM no_queue UNION ALL SELECT {column} FROM no_run_at
+               UNION ALL SELECT {column} FROM no_priority"#
+        )
     } else {
-        r#" UNION ALL SELECT ctid FROM unusable"#
+        format!(r#" UNION ALL SELECT {column} FROM unusable"#)
     }
 }
 
@@ -293,19 +296,25 @@ fn claim_filter(key: ClaimKey, first: usize) -> String {
 /// index descent per claimed row. `FOR UPDATE` locks the newest version of each row and
 /// yields its `ctid`; a version committed after the statement's snapshot (another
 /// processor stamped or released the row just then) is not visible to the update and
-/// the row is simply not claimed this time.
+/// the row is simply not claimed this time. The ids must match too: a `ctid` names a
+/// row only within one table, and on a partitioned table the same `ctid` exists in
+/// every partition (a filter on the rows the TID scan returns, not a second lookup).
 fn lease_sql(t: &str, key: ClaimKey) -> String {
-    let unusable = if key.unusable {
-        unusable_ids(key.v2)
+    let (unusable_ctids, unusable_ids) = if key.unusable {
+        (
+            unusable_rows(key.v2, "ctid"),
+            unusable_rows(key.v2, r#""Id""#),
+        )
     } else {
-        ""
+        (String::new(), String::new())
     };
     format!(
         r#"UPDATE {t} AS c
            SET "LockToken" = $2, "LockedUntil" = now() + make_interval(secs => $4),
                "Attempts" = CASE WHEN c."Attempts" BETWEEN 0 AND 2147483646
                                  THEN c."Attempts" + 1 ELSE c."Attempts" END
-           WHERE c.ctid = ANY(ARRAY(SELECT ctid FROM due{unusable}))
+           WHERE c.ctid = ANY(ARRAY(SELECT ctid FROM due{unusable_ctids}))
+             AND c."Id" = ANY(ARRAY(SELECT "Id" FROM due{unusable_ids}))
            RETURNING c.*"#
     )
 }
