@@ -275,13 +275,17 @@ fn split_trailing(stretch: &str) -> (&str, &str) {
     stretch.split_at(kept.len())
 }
 
+/// Every mask of [`redact_text`] starts at a `://`, a `=` or a `%3D`: text with none is
+/// kept as is (most log fields: ids, type names, counts), without its three passes.
+fn nothing_to_mask(text: &str) -> bool {
+    !text.contains("://") && !text.contains(['=', '%'])
+}
+
 /// Masks secrets anywhere in `text`: the password of every `scheme://user:password@host`,
 /// and the value of every `name=value` pair whose name `is_secret_name` (query
 /// parameters, but also libpq-style `password=...` settings). Everything else is kept.
 pub fn redact_text(text: &str) -> String {
-    // Every mask starts at a `://`, a `=` or a `%3D`: text with none is kept as is (most
-    // log fields: ids, type names, counts), without the three passes below.
-    if !text.contains("://") && !text.contains(['=', '%']) {
+    if nothing_to_mask(text) {
         return text.to_owned();
     }
     mask_encoded_name_values(&mask_name_values(&mask_userinfo(text)))
@@ -457,7 +461,7 @@ fn unsafe_char(c: char) -> bool {
 /// counts), so the line's formatter can skip both.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub fn is_plain_for_log(text: &str) -> bool {
-    !text.contains("://") && !text.contains(['=', '%']) && !text.chars().any(unsafe_char)
+    nothing_to_mask(text) && !text.chars().any(unsafe_char)
 }
 
 fn escape(text: &str, keep_lines: bool) -> String {

@@ -88,12 +88,12 @@ impl Outbox {
         if let Ok(permit) = self.room.acquire().await {
             permit.forget();
         }
-        self.put(vec![change]);
+        self.put(std::iter::once(change));
     }
 
     /// Puts outcomes back (a combined stamp-and-claim that failed); they keep the room
     /// they already hold.
-    pub(crate) fn put(&self, changes: Vec<SetState>) {
+    pub(crate) fn put(&self, changes: impl IntoIterator<Item = SetState>) {
         let mut pending = self.lock();
         let before = pending.changes.len();
         pending.changes.extend(changes);

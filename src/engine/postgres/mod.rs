@@ -142,15 +142,20 @@ struct ClaimKey {
     unusable: bool,
 }
 
+/// Claim order, the poll index's columns (version 1 has no `Priority`).
+fn poll_order(v2: bool) -> &'static str {
+    if v2 {
+        r#""Priority", "RunAt", "Id""#
+    } else {
+        r#""RunAt", "Id""#
+    }
+}
+
 /// The claim's selection: `due`, the due prefix in claim order, skipping rows other
 /// claimers hold (`$1` limit, `$3` processing delay; `filter` may add more), and, when
 /// `key.unusable`, the CTEs of [`unusable_sql`].
 fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
-    let order = if key.v2 {
-        r#""Priority", "RunAt", "Id""#
-    } else {
-        r#""RunAt", "Id""#
-    };
+    let order = poll_order(key.v2);
     let unusable = if key.unusable {
         unusable_sql(t, key.v2)
     } else {
@@ -414,13 +419,13 @@ impl Sql {
                        ORDER BY "ProcessedAt" LIMIT $2)"#
             )
             .into(),
-            activity_v1: activity_sql(t, "", r#""RunAt", "Id""#).into(),
-            activity: activity_sql(t, "", r#""Priority", "RunAt", "Id""#).into(),
+            activity_v1: activity_sql(t, "", false).into(),
+            activity: activity_sql(t, "", true).into(),
             activity_in: activity_sql(
                 t,
                 r#"
                    AND ("Queue" = ANY($1) OR "Queue" IS NULL)"#,
-                r#""Priority", "RunAt", "Id""#,
+                true,
             )
             .into(),
             copy: format!(
@@ -442,9 +447,10 @@ impl Sql {
 /// statistics still remember a backlog (at the end of every drain: 5–30 ms per replica).
 pub(crate) const ACTIVITY_COUNT_CAP: u32 = 1_000;
 
-/// `order` is the poll index's order (version 1 has no `Priority`), so the planner walks
-/// that index instead of scanning the table.
-fn activity_sql(t: &str, filter: &str, order: &str) -> String {
+/// In the poll index's order ([`poll_order`]), so the planner walks that index instead
+/// of scanning the table.
+fn activity_sql(t: &str, filter: &str, v2: bool) -> String {
+    let order = poll_order(v2);
     format!(
         r#"SELECT count(*) FILTER (WHERE "LockedUntil" IS NULL OR "LockedUntil" <= now()) AS due,
                   count(*) FILTER (WHERE "LockedUntil" > now()) AS running
@@ -1344,11 +1350,7 @@ impl QueueOps for PgDriver {
     }
 
     async fn lease_others_at_head(&self, params: &LeaseOthersAtHeadParams) -> Result<u64> {
-        let order = if self.schema_version().await? >= 2 {
-            r#""Priority", "RunAt", "Id""#
-        } else {
-            r#""RunAt", "Id""#
-        };
+        let order = poll_order(self.schema_version().await? >= 2);
         let sql = format!(
             r#"SELECT count(*) AS others FROM (
                    SELECT "LockToken", "LockedUntil" FROM {t}
