@@ -68,6 +68,10 @@ impl Stopper {
 #[derive(Default)]
 pub(crate) struct Leases {
     held: Mutex<HashMap<CommandId, Held>>,
+    /// Signalled (to every waiter) when the last lease is forgotten: a producer draining
+    /// `until_idle` waits for it before it counts what is left, instead of a polling
+    /// interval.
+    emptied: tokio::sync::Notify,
 }
 
 impl Leases {
@@ -115,14 +119,28 @@ impl Leases {
     /// Forgets leases whose outcome was stamped (or given up on).
     pub(crate) fn forget<'a>(&self, leases: impl Iterator<Item = &'a Lease>) {
         let mut held = self.lock();
+        let mut removed = false;
         for lease in leases {
             if held
                 .get(&lease.id)
                 .is_some_and(|h| h.lease.token == lease.token)
             {
                 held.remove(&lease.id);
+                removed = true;
             }
         }
+        if removed && held.is_empty() {
+            self.emptied.notify_waiters();
+        }
+    }
+
+    /// Resolves once the last lease is forgotten after this call ([`Notified::enable`]
+    /// the future before looking at [`Leases::len`], so an emptying in between is not
+    /// missed).
+    ///
+    /// [`Notified::enable`]: tokio::sync::futures::Notified::enable
+    pub(crate) fn emptied(&self) -> tokio::sync::futures::Notified<'_> {
+        self.emptied.notified()
     }
 
     /// How many leases are held.

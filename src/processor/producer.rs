@@ -271,7 +271,13 @@ pub(crate) async fn run(
             reserved += limit;
             claims.push(claim(&shared, limit as u32, shared_head));
         }
-        if !want && claims.is_empty() && options.until_idle && shared.leases.len() == 0 {
+        // `until_idle` counts what is left once this processor holds no lease; while its
+        // last rows are still being stamped it waits for that, not for the polling
+        // interval (a quarter of a second at the end of half the drains).
+        let mut leases_emptied = std::pin::pin!(shared.leases.emptied());
+        leases_emptied.as_mut().enable();
+        let waiting_for_own = !want && claims.is_empty() && options.until_idle;
+        if waiting_for_own && shared.leases.len() == 0 {
             match idle_activity(&shared).await {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
                     break Stopped::Idle;
@@ -335,6 +341,7 @@ pub(crate) async fn run(
                 }
             }
             _ = shared.space.notified(), if want => {}
+            _ = &mut leases_emptied, if waiting_for_own => {}
             _ = wake.notified() => want = true,
             _ = tokio::time::sleep_until(next_poll), if !want => {
                 want = true;
