@@ -18,6 +18,8 @@ pub(crate) mod probe;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(crate) mod url;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) mod warm;
 
 use std::sync::Arc;
 use std::time::Duration;

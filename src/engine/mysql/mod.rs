@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Connection, MySql, Row};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
@@ -82,6 +83,10 @@ pub struct MySqlDriver {
     poll_hint: tokio::sync::OnceCell<Arc<str>>,
     /// Where the next claim of every queue and type starts ([`cursor`]).
     cursor: cursor::ClaimCursor,
+    /// The processor's connections kept between its statements (claims, stamps, lease
+    /// renewals); `None` on the application's pool, which it may close while the driver
+    /// lives (a kept connection would hold that close up).
+    warm: Option<super::warm::WarmConnections<sqlx::MySql>>,
 }
 
 struct Sql {
@@ -653,6 +658,22 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
 }
 
 impl MySqlDriver {
+    /// A connection for the processor's statements: a kept one when there is one (see
+    /// [`super::warm`]).
+    async fn work_connection(&self) -> std::result::Result<PoolConnection<MySql>, sqlx::Error> {
+        match &self.warm {
+            Some(warm) => warm.take(&self.pool, |_| true).await,
+            None => self.pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn` for the next statement (its own succeeded).
+    fn keep_work_connection(&self, conn: PoolConnection<MySql>) {
+        if let Some(warm) = &self.warm {
+            warm.keep(conn);
+        }
+    }
+
     /// Connects a pool to `url` for `table`. `mariadb://` URLs are accepted as `mysql://`.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let normalized = match url.strip_prefix("mariadb:") {
@@ -721,6 +742,7 @@ impl MySqlDriver {
             version: Default::default(),
             cursor: cursor::ClaimCursor::default(),
             unusable: Default::default(),
+            warm: (!shared_pool).then(Default::default),
             shared_pool,
             poll_hint: tokio::sync::OnceCell::new(),
         })
@@ -1050,9 +1072,11 @@ impl QueueOps for MySqlDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
         self.schema_version().await?;
-        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
+        self.keep_work_connection(conn);
         Ok(claimed)
     }
 
@@ -1065,10 +1089,12 @@ impl QueueOps for MySqlDriver {
         // of one would otherwise wait on itself.
         self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
-        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let claimed = self.claim_on(&mut tx, params, changes).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
+        self.keep_work_connection(conn);
         Ok((stamped, claimed))
     }
 
@@ -1093,18 +1119,19 @@ impl QueueOps for MySqlDriver {
         let changes = params.changes;
         self.schema_version().await?;
         let mut conn = self
-            .pool
-            .acquire()
+            .work_connection()
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
-        self.set_state_on(&mut conn, changes).await
+        let stamped = self.set_state_on(&mut conn, changes).await?;
+        self.keep_work_connection(conn);
+        Ok(stamped)
     }
 
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let ctx = || self.ctx("extending leases");
         let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
-        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
         sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(&json)
             .bind(micros(lease))
@@ -1117,6 +1144,7 @@ impl QueueOps for MySqlDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
+        self.keep_work_connection(conn);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1336,6 +1364,9 @@ impl Lifecycle for MySqlDriver {
     }
 
     async fn close(&self) {
+        if let Some(warm) = &self.warm {
+            warm.clear();
+        }
         if !self.shared_pool {
             self.pool.close().await;
         }

@@ -28,6 +28,31 @@ macro_rules! on_pool {
     };
 }
 
+/// [`on_pool!`] on the driver's work pool: outside transaction pooling the statement runs
+/// on a kept connection ([`super::warm`]), and the connection is kept again if it succeeded.
+macro_rules! on_work {
+    ($driver:expr, |$e:ident| $run:expr) => {
+        async {
+            match &$driver.warm {
+                Some(warm) if $driver.pooler == crate::settings::Pooler::Session => {
+                    let failover = &$driver.failover;
+                    let usable = |at| !failover.switched_since(at);
+                    let mut conn = warm.take(&$driver.work, usable).await?;
+                    let out = {
+                        let $e = &mut *conn;
+                        $run.await
+                    };
+                    if out.is_ok() {
+                        warm.keep(conn);
+                    }
+                    out
+                }
+                _ => on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run).await,
+            }
+        }
+    };
+}
+
 mod admin;
 mod connect;
 use super::cursor;
@@ -93,6 +118,10 @@ pub struct PgDriver {
     /// The pool is the application's ([`PgDriver::from_pool`]): closing the driver leaves
     /// it open.
     shared_pool: bool,
+    /// Work connections kept between statements; `None` on the application's pool (it
+    /// may close its pool while the driver lives, and a kept connection would hold that
+    /// close up).
+    warm: Option<super::warm::WarmConnections<sqlx::Postgres>>,
 }
 
 /// The statements of the queue path, rendered once per table. `Arc<str>` so a query
@@ -896,6 +925,7 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: false,
+            warm: Some(Default::default()),
         };
         if let Err(err) = driver.check_connection(url, table).await {
             driver.close().await;
@@ -943,6 +973,7 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: true,
+            warm: None,
         };
         // The pooler is known: only the schema is left to check.
         if let Err(err) = driver.check_connection(shown, table).await {
@@ -1184,7 +1215,7 @@ impl QueueOps for PgDriver {
             let (sql, key, after) = self.claim_plan(params, false).await?;
             let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
             let query = PgDriver::bind_filters(query, params, key, after);
-            let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+            let rows = on_work!(self, |e| query.fetch_all(e))
                 .await
                 .map_err(self.db("claiming due commands"))?;
             let claimed = self.claimed(&rows, params);
@@ -1203,7 +1234,7 @@ impl QueueOps for PgDriver {
         let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
         let query = StampArrays::new(changes).bind(query);
         let query = PgDriver::bind_filters(query, params, key, after);
-        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+        let rows = on_work!(self, |e| query.fetch_all(e))
             .await
             .map_err(self.db("stamping outcomes and claiming due commands"))?;
         let stamped = rows
@@ -1247,7 +1278,7 @@ impl QueueOps for PgDriver {
         };
         let query = sqlx::query(AssertSqlSafe(sql.clone()));
         let query = StampArrays::new(changes).bind(query);
-        let done = on_pool!(self, self.work, WORK_BEGIN, |e| query.execute(e))
+        let done = on_work!(self, |e| query.execute(e))
             .await
             .map_err(self.db("stamping outcomes"))?;
         Ok(done.rows_affected())
@@ -1260,7 +1291,7 @@ impl QueueOps for PgDriver {
             .bind(ids)
             .bind(tokens)
             .bind(lease.as_secs_f64());
-        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+        let rows = on_work!(self, |e| query.fetch_all(e))
             .await
             .map_err(self.db("extending leases"))?;
         rows.iter()
@@ -1309,7 +1340,7 @@ impl QueueOps for PgDriver {
             &self.sql.activity_v1
         };
         let query = sqlx::query(AssertSqlSafe(sql.clone()));
-        let row = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_one(e))
+        let row = on_work!(self, |e| query.fetch_one(e))
             .await
             .map_err(self.db("counting due commands"))?;
         super::decode_activity(&row)
@@ -1321,7 +1352,7 @@ impl QueueOps for PgDriver {
         };
         super::check_queues(self.schema_version().await?, &self.table, Some(queues))?;
         let query = sqlx::query(AssertSqlSafe(self.sql.activity_in.clone())).bind(queues.to_vec());
-        let row = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_one(e))
+        let row = on_work!(self, |e| query.fetch_one(e))
             .await
             .map_err(self.db("counting due commands"))?;
         super::decode_activity(&row)
@@ -1335,7 +1366,7 @@ impl QueueOps for PgDriver {
         let query = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
             .bind(ids)
             .bind(tokens);
-        let rows = on_pool!(self, self.work, WORK_BEGIN, |e| query.fetch_all(e))
+        let rows = on_work!(self, |e| query.fetch_all(e))
             .await
             .map_err(self.db("checking leases"))?;
         rows.iter()
@@ -1362,8 +1393,8 @@ impl QueueOps for PgDriver {
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(i64::from(params.window))
             .bind(params.low.0)
-            .bind(params.high.0)
-            .fetch_one(&self.work)
+            .bind(params.high.0);
+        let row = on_work!(self, |e| row.fetch_one(e))
             .await
             .map_err(Error::db(self.ctx("looking for other processors' leases")))?;
         super::decode_count(&row, "others")
@@ -1512,6 +1543,9 @@ impl Lifecycle for PgDriver {
             task.abort();
         }
         self.failover.stop();
+        if let Some(warm) = &self.warm {
+            warm.clear();
+        }
         if !self.shared_pool {
             self.work.close().await;
             self.pool.close().await;

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, ValueRef};
+use sqlx::{AssertSqlSafe, Connection, Row, Sqlite, ValueRef};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
@@ -57,6 +58,10 @@ pub struct SqliteDriver {
     shared_pool: bool,
     /// When a claim last looked for pending rows whose `Id` is not text.
     unusable_ids: super::UnusableGate,
+    /// The processor's connections kept between its statements (claims, stamps, lease
+    /// renewals); `None` on the application's pool, which it may close while the driver
+    /// lives (a kept connection would hold that close up).
+    warm: Option<super::warm::WarmConnections<sqlx::Sqlite>>,
 }
 
 struct Sql {
@@ -642,6 +647,22 @@ fn leases_json<'a>(
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
+    /// A connection for the processor's statements: a kept one when there is one (see
+    /// [`super::warm`]).
+    async fn work_connection(&self) -> std::result::Result<PoolConnection<Sqlite>, sqlx::Error> {
+        match &self.warm {
+            Some(warm) => warm.take(&self.pool, |_| true).await,
+            None => self.pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn` for the next statement (its own succeeded).
+    fn keep_work_connection(&self, conn: PoolConnection<Sqlite>) {
+        if let Some(warm) = &self.warm {
+            warm.keep(conn);
+        }
+    }
+
     /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)
@@ -703,6 +724,7 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
+            warm: (!shared_pool).then(Default::default),
             shared_pool,
             unusable_ids: Default::default(),
         })
@@ -997,11 +1019,12 @@ impl QueueOps for SqliteDriver {
         self.dead_letter_missorted_run_at(params.lease).await?;
         self.schema_version().await?;
         let mut conn = self
-            .pool
-            .acquire()
+            .work_connection()
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
-        self.claim_on(&mut conn, params, None).await
+        let claimed = self.claim_on(&mut conn, params, None).await?;
+        self.keep_work_connection(conn);
+        Ok(claimed)
     }
 
     async fn command_set_state_and_claim(
@@ -1015,12 +1038,14 @@ impl QueueOps for SqliteDriver {
         // of one would otherwise wait on itself.
         self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
-        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let stamped_ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
         let except = serde_json::to_string(&stamped_ids).unwrap_or_else(|_| "[]".into());
         let claimed = self.claim_on(&mut tx, params, Some(except)).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
+        self.keep_work_connection(conn);
         Ok((stamped, claimed))
     }
 
@@ -1041,22 +1066,28 @@ impl QueueOps for SqliteDriver {
         let changes = params.changes;
         self.schema_version().await?;
         let mut conn = self
-            .pool
-            .acquire()
+            .work_connection()
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
-        self.set_state_on(&mut conn, changes).await
+        let stamped = self.set_state_on(&mut conn, changes).await?;
+        self.keep_work_connection(conn);
+        Ok(stamped)
     }
 
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
+        let mut conn = self
+            .work_connection()
+            .await
+            .map_err(Error::db(self.ctx("extending leases")))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(json)
             .bind(offset(lease.as_secs_f64()))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
+        self.keep_work_connection(conn);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1227,6 +1258,9 @@ impl Lifecycle for SqliteDriver {
     }
 
     async fn close(&self) {
+        if let Some(warm) = &self.warm {
+            warm.clear();
+        }
         if !self.shared_pool {
             self.pool.close().await;
         }
