@@ -11,9 +11,10 @@
 //! Guarantees: only a connection whose last statement succeeded is kept (anything else —
 //! an error, a future dropped mid-statement — goes back through sqlx's own release, which
 //! tests or closes it); a kept connection is used again only within [`KEEP_FOR`] and only
-//! while the caller's check passes (PostgreSQL: no failover switch since it was kept); at
-//! most [`MOST`] are kept, and [`WarmConnections::clear`] hands them all back (before the
-//! pool is closed, which waits for every connection).
+//! while the caller's check passes (PostgreSQL: no failover switch since it was kept);
+//! the pool's other callers are never starved of a connection (see
+//! [`WarmConnections::keep`]), and [`WarmConnections::clear`] hands them all back (before
+//! the pool is closed, which waits for every connection).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -73,10 +74,16 @@ impl<DB: Database> WarmConnections<DB> {
         pool.acquire().await
     }
 
-    /// Keeps `conn` (its statement succeeded) for the next statement; connections kept
-    /// too long go back to the pool.
-    pub(crate) fn keep(&self, conn: PoolConnection<DB>) {
+    /// Keeps `conn` (its statement succeeded) for the next statement, unless that could
+    /// starve the pool's other callers: at most [`MOST`] and two fewer than the pool's
+    /// `max_connections` are kept (so a caller of the pool itself can always open one),
+    /// and none while the pool is at its size limit with no idle connection (someone may
+    /// be waiting for one). Connections kept too long go back to the pool.
+    pub(crate) fn keep(&self, conn: PoolConnection<DB>, pool: &Pool<DB>) {
         let now = Instant::now();
+        let max = pool.options().get_max_connections() as usize;
+        let room = MOST.min(max.saturating_sub(2));
+        let pool_full = pool.size() as usize >= max && pool.num_idle() == 0;
         let mut handed_back = Vec::new();
         {
             let mut kept = self.lock();
@@ -89,7 +96,7 @@ impl<DB: Database> WarmConnections<DB> {
                 }
             }
             let conn = Kept { conn, at: now };
-            if kept.len() < MOST {
+            if kept.len() < room && !pool_full {
                 kept.push(conn);
             } else {
                 handed_back.push(conn);

@@ -12,8 +12,9 @@
 //! while a backlog of fast commands keeps whole batches in flight as before.
 //!
 //! Up to the engine's [`crate::engine::QueueOps::claims_in_flight`] claims run at once;
-//! while other processors hold leases at the head of the queue (looked at about once a
-//! second while claims return rows) only one does, because every claim steps over the rows
+//! while other processors hold leases at the head of the queue (looked at 50 ms after the
+//! first claim that returns rows, then at doubling intervals up to once a second while
+//! claims return rows) only one does, because every claim steps over the rows
 //! the others hold and fewer claims step over them fewer times. A claim that returns rows
 //! is followed by another at once (a short claim under `SKIP LOCKED` contention does not
 //! mean the table is empty); an empty one waits for a wake-up (an in-process schedule, a
@@ -69,6 +70,11 @@ const IDLE_RECHECK_FIRST: Duration = Duration::from_millis(10);
 
 /// How often the producer looks for other processors' leases while it is busy.
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// The first interval between those looks: replicas started together (a deployment, a
+/// scale-up) see each other within the first claims, not a second later — the whole of
+/// a short drain, with every replica's claims stepping over the others'. It doubles up to
+/// [`SHARING_CHECK_EVERY`] while nobody else is seen.
+const SHARING_CHECK_FIRST: Duration = Duration::from_millis(50);
 /// How long one sighting of another processor's lease keeps the producer at one claim.
 const SHARING_HOLDS_FOR: Duration = Duration::from_secs(3);
 
@@ -364,12 +370,14 @@ pub(crate) async fn run(
 /// asked for and how long it took.
 type ClaimOutcome = (Result<Vec<(ClaimedRow, Instant)>>, u32, Duration);
 
-/// Whether other processors hold leases at the head of the queue: looked at once per
-/// [`SHARING_CHECK_EVERY`] while claims return rows; a sighting lasts
-/// [`SHARING_HOLDS_FOR`].
+/// Whether other processors hold leases at the head of the queue: looked at while claims
+/// return rows, first [`SHARING_CHECK_FIRST`] apart, then at doubling intervals up to
+/// [`SHARING_CHECK_EVERY`]; a sighting lasts [`SHARING_HOLDS_FOR`].
 struct Sharing {
     params: LeaseOthersAtHeadParams,
     checked_at: Option<Instant>,
+    /// The wait before the next look.
+    every: Duration,
     until: Option<Instant>,
 }
 
@@ -383,6 +391,7 @@ impl Sharing {
                 high,
             },
             checked_at: None,
+            every: SHARING_CHECK_FIRST,
             until: None,
         }
     }
@@ -395,11 +404,12 @@ impl Sharing {
         let now = Instant::now();
         if self
             .checked_at
-            .is_some_and(|at| now.saturating_duration_since(at) < SHARING_CHECK_EVERY)
+            .is_some_and(|at| now.saturating_duration_since(at) < self.every)
         {
             return;
         }
         self.checked_at = Some(now);
+        self.every = (self.every * 2).min(SHARING_CHECK_EVERY);
         let limit = health::call_deadline(shared.source.settings.lease());
         let looking = shared.source.backend.lease_others_at_head(&self.params);
         match health::deadline(limit, "looking for other processors' leases", looking).await {

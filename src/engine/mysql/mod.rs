@@ -670,7 +670,7 @@ impl MySqlDriver {
     /// Keeps `conn` for the next statement (its own succeeded).
     fn keep_work_connection(&self, conn: PoolConnection<MySql>) {
         if let Some(warm) = &self.warm {
-            warm.keep(conn);
+            warm.keep(conn, &self.pool);
         }
     }
 

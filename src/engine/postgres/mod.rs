@@ -43,7 +43,7 @@ macro_rules! on_work {
                         $run.await
                     };
                     if out.is_ok() {
-                        warm.keep(conn);
+                        warm.keep(conn, &$driver.work);
                     }
                     out
                 }

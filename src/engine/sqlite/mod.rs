@@ -659,7 +659,7 @@ impl SqliteDriver {
     /// Keeps `conn` for the next statement (its own succeeded).
     fn keep_work_connection(&self, conn: PoolConnection<Sqlite>) {
         if let Some(warm) = &self.warm {
-            warm.keep(conn);
+            warm.keep(conn, &self.pool);
         }
     }
 
