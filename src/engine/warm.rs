@@ -10,11 +10,14 @@
 //!
 //! Guarantees: only a connection whose last statement succeeded is kept (anything else —
 //! an error, a future dropped mid-statement — goes back through sqlx's own release, which
-//! tests or closes it); a kept connection is used again only within [`KEEP_FOR`] and only
-//! while the caller's check passes (PostgreSQL: no failover switch since it was kept);
-//! the pool's other callers are never starved of a connection (see
-//! [`WarmConnections::keep`]), and [`WarmConnections::clear`] hands them all back (before
-//! the pool is closed, which waits for every connection).
+//! tests or closes it); a connection goes back to the pool [`KEEP_FOR`] after it left it,
+//! however busy (so the pool's lifetime and checks still apply), and is used again only
+//! while the caller's check of the instant it left the pool passes (PostgreSQL: no
+//! failover switch since, so a connection to a demoted server is never kept); the pool's
+//! other callers are not starved (see [`WarmConnections::keep`]); and connections are
+//! kept only between [`WarmConnections::open`] (a processor starts) and
+//! [`WarmConnections::clear`] (it stopped, or the pool is about to close, which waits for
+//! every connection): outside a processor's run the pool is the application's alone.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,93 +25,234 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-/// A kept connection older than this goes back to the pool (its idle timeout and lifetime
-/// apply there) instead of being used again.
+/// A connection goes back to the pool this long after it left it (its idle timeout,
+/// lifetime and release test apply there) instead of being used again.
 const KEEP_FOR: Duration = Duration::from_secs(10);
 
 /// The most connections kept: the claims in flight, a stamp and a lease renewal.
 const MOST: usize = 8;
 
-struct Kept<DB: Database> {
+/// A work connection and the instant it left the pool.
+pub(crate) struct Warm<DB: Database> {
     conn: PoolConnection<DB>,
-    at: Instant,
+    left_pool: Instant,
+}
+
+impl<DB: Database> Warm<DB> {
+    /// A connection from `pool`, for a driver that keeps none.
+    pub(crate) async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
+        let left_pool = Instant::now();
+        let conn = pool.acquire().await?;
+        Ok(Warm { conn, left_pool })
+    }
+}
+
+impl<DB: Database> std::ops::Deref for Warm<DB> {
+    type Target = DB::Connection;
+    fn deref(&self) -> &DB::Connection {
+        &self.conn
+    }
+}
+
+impl<DB: Database> std::ops::DerefMut for Warm<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+}
+
+struct Stash<DB: Database> {
+    kept: Vec<Warm<DB>>,
+    /// Nothing is kept: no processor runs ([`WarmConnections::open`] has not been
+    /// called since the last [`WarmConnections::clear`]).
+    closed: bool,
 }
 
 /// A pool's connections between statements.
 pub(crate) struct WarmConnections<DB: Database> {
-    kept: Mutex<Vec<Kept<DB>>>,
+    stash: Mutex<Stash<DB>>,
 }
 
 impl<DB: Database> Default for WarmConnections<DB> {
     fn default() -> Self {
         WarmConnections {
-            kept: Mutex::new(Vec::new()),
+            stash: Mutex::new(Stash {
+                kept: Vec::new(),
+                closed: true,
+            }),
         }
     }
 }
 
 impl<DB: Database> WarmConnections<DB> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept<DB>>> {
-        self.kept
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stash<DB>> {
+        self.stash
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The most recently kept connection, else one from `pool`; `usable` says whether a
-    /// connection kept at that instant may still be used.
+    /// connection that left the pool at that instant may still be used.
     pub(crate) async fn take(
         &self,
         pool: &Pool<DB>,
         usable: impl Fn(Instant) -> bool,
-    ) -> Result<PoolConnection<DB>, sqlx::Error> {
+    ) -> Result<Warm<DB>, sqlx::Error> {
         loop {
-            let Some(kept) = self.lock().pop() else {
+            let Some(warm) = self.lock().kept.pop() else {
                 break;
             };
-            if kept.at.elapsed() < KEEP_FOR && usable(kept.at) {
-                return Ok(kept.conn);
+            if warm.left_pool.elapsed() < KEEP_FOR && usable(warm.left_pool) {
+                return Ok(warm);
             }
             // Dropped outside the lock: sqlx's release tests it and the pool decides.
-            drop(kept);
+            drop(warm);
         }
-        pool.acquire().await
+        // Timed from before the acquire: a switch while it waits makes it unusable.
+        Warm::acquire(pool).await
     }
 
-    /// Keeps `conn` (its statement succeeded) for the next statement, unless that could
+    /// Keeps `warm` (its statement succeeded) for the next statement, unless it is due
+    /// back in the pool ([`KEEP_FOR`], `usable`), the stash is cleared, or keeping it could
     /// starve the pool's other callers: at most [`MOST`] and two fewer than the pool's
-    /// `max_connections` are kept (so a caller of the pool itself can always open one),
-    /// and none while the pool is at its size limit with no idle connection (someone may
-    /// be waiting for one). Connections kept too long go back to the pool.
-    pub(crate) fn keep(&self, conn: PoolConnection<DB>, pool: &Pool<DB>) {
-        let now = Instant::now();
+    /// `max_connections` are kept, and none while the pool is at its size limit with no
+    /// idle connection (someone may be waiting for one).
+    pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>, usable: impl Fn(Instant) -> bool) {
         let max = pool.options().get_max_connections() as usize;
         let room = MOST.min(max.saturating_sub(2));
         let pool_full = pool.size() as usize >= max && pool.num_idle() == 0;
+        let fresh = warm.left_pool.elapsed() < KEEP_FOR && usable(warm.left_pool);
         let mut handed_back = Vec::new();
         {
-            let mut kept = self.lock();
+            let mut stash = self.lock();
             let mut i = 0;
-            while i < kept.len() {
-                if now.duration_since(kept[i].at) < KEEP_FOR {
+            while i < stash.kept.len() {
+                if stash.kept[i].left_pool.elapsed() < KEEP_FOR {
                     i += 1;
                 } else {
-                    handed_back.push(kept.swap_remove(i));
+                    handed_back.push(stash.kept.swap_remove(i));
                 }
             }
-            let conn = Kept { conn, at: now };
-            if kept.len() < room && !pool_full {
-                kept.push(conn);
+            if fresh && !stash.closed && stash.kept.len() < room && !pool_full {
+                stash.kept.push(warm);
             } else {
-                handed_back.push(conn);
+                handed_back.push(warm);
             }
         }
         // Dropped outside the lock: sqlx's release tests each and the pool decides.
         drop(handed_back);
     }
 
-    /// Hands every kept connection back to the pool.
+    /// Hands every kept connection back to the pool and keeps none until
+    /// [`WarmConnections::open`]: the processor stopped (the connections are the
+    /// application's again), or the pool is about to close (which waits for every
+    /// connection, a statement still in flight included).
     pub(crate) fn clear(&self) {
-        let kept = std::mem::take(&mut *self.lock());
+        let kept = {
+            let mut stash = self.lock();
+            stash.closed = true;
+            std::mem::take(&mut stash.kept)
+        };
         drop(kept);
+    }
+
+    /// Keeps connections again (a processor starts).
+    pub(crate) fn open(&self) {
+        self.lock().closed = false;
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use sqlx::sqlite::{Sqlite, SqlitePool, SqlitePoolOptions};
+
+    async fn pool(max: u32) -> SqlitePool {
+        SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap()
+    }
+
+    /// A number only this connection holds (a temporary table of its own).
+    async fn mark(conn: &mut Warm<Sqlite>, value: i64) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE TEMP TABLE IF NOT EXISTS m(v); DELETE FROM m; INSERT INTO m VALUES ({value})"
+        )))
+        .execute(&mut **conn)
+        .await
+        .unwrap();
+    }
+
+    async fn marked(conn: &mut Warm<Sqlite>) -> Option<i64> {
+        sqlx::query_scalar("SELECT v FROM temp.m")
+            .fetch_optional(&mut **conn)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_is_taken_again_only_while_open() {
+        let pool = pool(4).await;
+        let warm = WarmConnections::<Sqlite>::default();
+        // Closed until a processor opens it: nothing is kept.
+        let mut conn = warm.take(&pool, |_| true).await.unwrap();
+        mark(&mut conn, 1).await;
+        warm.keep(conn, &pool, |_| true);
+        assert!(warm.lock().kept.is_empty());
+
+        warm.open();
+        let mut conn = warm.take(&pool, |_| true).await.unwrap();
+        mark(&mut conn, 2).await;
+        warm.keep(conn, &pool, |_| true);
+        let mut again = warm.take(&pool, |_| true).await.unwrap();
+        assert_eq!(marked(&mut again).await, Some(2), "the same connection");
+        // One whose check fails is handed back, not reused.
+        warm.keep(again, &pool, |_| true);
+        let mut other = warm.take(&pool, |_| false).await.unwrap();
+        assert_ne!(marked(&mut other).await, Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_statement_finishing_after_clear_does_not_hold_up_the_pool_close() {
+        let pool = pool(4).await;
+        let warm = WarmConnections::<Sqlite>::default();
+        warm.open();
+        let kept = warm.take(&pool, |_| true).await.unwrap();
+        warm.keep(kept, &pool, |_| true);
+        let in_flight = warm.take(&pool, |_| true).await.unwrap();
+        warm.clear();
+        assert!(warm.lock().kept.is_empty());
+        // The statement in flight when the driver closed ends now.
+        warm.keep(in_flight, &pool, |_| true);
+        assert!(warm.lock().kept.is_empty());
+        tokio::time::timeout(Duration::from_secs(10), pool.close())
+            .await
+            .expect("the pool closes: no connection is kept");
+    }
+
+    #[tokio::test]
+    async fn the_pool_keeps_two_connections_for_its_other_callers() {
+        let pool = pool(4).await;
+        let warm = WarmConnections::<Sqlite>::default();
+        warm.open();
+        let taken = [
+            warm.take(&pool, |_| true).await.unwrap(),
+            warm.take(&pool, |_| true).await.unwrap(),
+            warm.take(&pool, |_| true).await.unwrap(),
+        ];
+        for conn in taken {
+            warm.keep(conn, &pool, |_| true);
+        }
+        assert_eq!(
+            warm.lock().kept.len(),
+            2,
+            "max_connections 4 keeps at most 2"
+        );
+        // The pool's own callers still get connections at once.
+        let one = tokio::time::timeout(Duration::from_secs(5), pool.acquire()).await;
+        let two = tokio::time::timeout(Duration::from_secs(5), pool.acquire()).await;
+        assert!(one.is_ok() && two.is_ok());
     }
 }

@@ -410,6 +410,7 @@ impl SourceWorker {
     async fn run(self) -> Result<()> {
         let src = &self.source;
         let settings = &src.settings;
+        let _keeping = KeepingConnections::start(src.backend.clone());
         // Subscribing opens a connection of its own; claiming need not wait for it.
         let cancelled = Arc::new(Notify::new());
         let listening = tokio::spawn({
@@ -625,6 +626,24 @@ impl SourceWorker {
         let _ = sweeper.await;
         listening.abort();
         stopped
+    }
+}
+
+/// The driver keeps this processor's connections between its statements while the
+/// processor runs, and hands them back to the pool when it ends (however it ends): the
+/// pool is the application's again.
+struct KeepingConnections(Arc<dyn Backend>);
+
+impl KeepingConnections {
+    fn start(backend: Arc<dyn Backend>) -> KeepingConnections {
+        backend.keep_work_connections(true);
+        KeepingConnections(backend)
+    }
+}
+
+impl Drop for KeepingConnections {
+    fn drop(&mut self) {
+        self.0.keep_work_connections(false);
     }
 }
 

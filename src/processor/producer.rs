@@ -72,8 +72,8 @@ const IDLE_RECHECK_FIRST: Duration = Duration::from_millis(10);
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The first interval between those looks: replicas started together (a deployment, a
 /// scale-up) see each other within the first claims, not a second later — the whole of
-/// a short drain, with every replica's claims stepping over the others'. It doubles up to
-/// [`SHARING_CHECK_EVERY`] while nobody else is seen.
+/// a short drain, with every replica's claims stepping over the others'. It doubles after
+/// each look up to [`SHARING_CHECK_EVERY`].
 const SHARING_CHECK_FIRST: Duration = Duration::from_millis(50);
 /// How long one sighting of another processor's lease keeps the producer at one claim.
 const SHARING_HOLDS_FOR: Duration = Duration::from_secs(3);

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
-use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql, Row};
 use tokio::sync::Notify;
 
@@ -19,6 +18,7 @@ use chrono::{DateTime, Utc};
 
 use super::cursor;
 use super::decode::{Decoder, text_columns, text_id, text_token};
+use super::warm::Warm;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -660,17 +660,17 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
 impl MySqlDriver {
     /// A connection for the processor's statements: a kept one when there is one (see
     /// [`super::warm`]).
-    async fn work_connection(&self) -> std::result::Result<PoolConnection<MySql>, sqlx::Error> {
+    async fn work_connection(&self) -> std::result::Result<Warm<MySql>, sqlx::Error> {
         match &self.warm {
             Some(warm) => warm.take(&self.pool, |_| true).await,
-            None => self.pool.acquire().await,
+            None => Warm::acquire(&self.pool).await,
         }
     }
 
     /// Keeps `conn` for the next statement (its own succeeded).
-    fn keep_work_connection(&self, conn: PoolConnection<MySql>) {
+    fn keep_work_connection(&self, conn: Warm<MySql>) {
         if let Some(warm) = &self.warm {
-            warm.keep(conn, &self.pool);
+            warm.keep(conn, &self.pool, |_| true);
         }
     }
 
@@ -1361,6 +1361,16 @@ impl Lifecycle for MySqlDriver {
 
     async fn listen(&self, _notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
         Ok(false)
+    }
+
+    fn keep_work_connections(&self, keep: bool) {
+        if let Some(warm) = &self.warm {
+            if keep {
+                warm.open();
+            } else {
+                warm.clear();
+            }
+        }
     }
 
     async fn close(&self) {

@@ -36,14 +36,14 @@ macro_rules! on_work {
             match &$driver.warm {
                 Some(warm) if $driver.pooler == crate::settings::Pooler::Session => {
                     let failover = &$driver.failover;
-                    let usable = |at| !failover.switched_since(at);
+                    let usable = |left_pool| !failover.switched_since(left_pool);
                     let mut conn = warm.take(&$driver.work, usable).await?;
                     let out = {
                         let $e = &mut *conn;
                         $run.await
                     };
                     if out.is_ok() {
-                        warm.keep(conn, &$driver.work);
+                        warm.keep(conn, &$driver.work, usable);
                     }
                     out
                 }
@@ -1534,6 +1534,16 @@ impl Lifecycle for PgDriver {
         }
         tracing::debug!(table = %self.table, server = %self.failover.current_label(), "LISTEN on");
         Ok(true)
+    }
+
+    fn keep_work_connections(&self, keep: bool) {
+        if let Some(warm) = &self.warm {
+            if keep {
+                warm.open();
+            } else {
+                warm.clear();
+            }
+        }
     }
 
     async fn close(&self) {
