@@ -14,7 +14,7 @@
 //! however busy (so the pool's lifetime and checks still apply), and is used again only
 //! while the caller's check of the instant it left the pool passes (PostgreSQL: no
 //! failover switch since, so a connection to a demoted server is never kept); the pool's
-//! other callers are not starved (see [`WarmConnections::keep`]); and connections are
+//! other callers are not starved (see [`WarmConnections::keep_checked`]); and connections are
 //! kept only between [`WarmConnections::open`] (a processor starts) and
 //! [`WarmConnections::clear`] (it stopped, or the pool is about to close, which waits for
 //! every connection): outside a processor's run the pool is the application's alone.
@@ -65,6 +65,8 @@ struct Stash<DB: Database> {
     /// Nothing is kept: no processor runs ([`WarmConnections::open`] has not been
     /// called since the last [`WarmConnections::clear`]).
     closed: bool,
+    /// Nothing is ever kept (`WarmConnections::new(true)`: an application's pool).
+    never: bool,
 }
 
 /// A pool's connections between statements.
@@ -72,27 +74,40 @@ pub(crate) struct WarmConnections<DB: Database> {
     stash: Mutex<Stash<DB>>,
 }
 
-impl<DB: Database> Default for WarmConnections<DB> {
-    fn default() -> Self {
+impl<DB: Database> WarmConnections<DB> {
+    /// Keeps connections of a pool the driver owns, while a processor runs (`never`:
+    /// the pool is the application's, which may close it while the driver lives, and a
+    /// kept connection would hold that close up).
+    pub(crate) fn new(never: bool) -> Self {
         WarmConnections {
             stash: Mutex::new(Stash {
                 kept: Vec::new(),
                 closed: true,
+                never,
             }),
         }
     }
-}
 
-impl<DB: Database> WarmConnections<DB> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Stash<DB>> {
         self.stash
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The most recently kept connection, else one from `pool`; `usable` says whether a
-    /// connection that left the pool at that instant may still be used.
-    pub(crate) async fn take(
+    /// The most recently kept connection, else one from `pool`.
+    pub(crate) async fn take(&self, pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
+        self.take_checked(pool, |_| true).await
+    }
+
+    /// [`WarmConnections::keep_checked`] for a pool whose connections stay usable (no
+    /// failover).
+    pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>) {
+        self.keep_checked(warm, pool, |_| true);
+    }
+
+    /// [`WarmConnections::take`], where `usable` says whether a connection that left the
+    /// pool at that instant may still be used.
+    pub(crate) async fn take_checked(
         &self,
         pool: &Pool<DB>,
         usable: impl Fn(Instant) -> bool,
@@ -116,7 +131,12 @@ impl<DB: Database> WarmConnections<DB> {
     /// starve the pool's other callers: at most [`MOST`] and two fewer than the pool's
     /// `max_connections` are kept, and none while the pool is at its size limit with no
     /// idle connection (someone may be waiting for one).
-    pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>, usable: impl Fn(Instant) -> bool) {
+    pub(crate) fn keep_checked(
+        &self,
+        warm: Warm<DB>,
+        pool: &Pool<DB>,
+        usable: impl Fn(Instant) -> bool,
+    ) {
         let max = pool.options().get_max_connections() as usize;
         let room = MOST.min(max.saturating_sub(2));
         let pool_full = pool.size() as usize >= max && pool.num_idle() == 0;
@@ -155,9 +175,16 @@ impl<DB: Database> WarmConnections<DB> {
         drop(kept);
     }
 
-    /// Keeps connections again (a processor starts).
+    /// Keeps connections again (a processor starts), unless this stash never keeps any.
     pub(crate) fn open(&self) {
-        self.lock().closed = false;
+        let mut stash = self.lock();
+        stash.closed = stash.never;
+    }
+
+    /// [`WarmConnections::open`] (`true`) or [`WarmConnections::clear`] (`false`): what
+    /// a driver's `Lifecycle::keep_work_connections` does.
+    pub(crate) fn set_keeping(&self, keep: bool) {
+        if keep { self.open() } else { self.clear() }
     }
 }
 
@@ -195,37 +222,37 @@ mod tests {
     #[tokio::test]
     async fn a_kept_connection_is_taken_again_only_while_open() {
         let pool = pool(4).await;
-        let warm = WarmConnections::<Sqlite>::default();
+        let warm = WarmConnections::<Sqlite>::new(false);
         // Closed until a processor opens it: nothing is kept.
-        let mut conn = warm.take(&pool, |_| true).await.unwrap();
+        let mut conn = warm.take(&pool).await.unwrap();
         mark(&mut conn, 1).await;
-        warm.keep(conn, &pool, |_| true);
+        warm.keep(conn, &pool);
         assert!(warm.lock().kept.is_empty());
 
         warm.open();
-        let mut conn = warm.take(&pool, |_| true).await.unwrap();
+        let mut conn = warm.take(&pool).await.unwrap();
         mark(&mut conn, 2).await;
-        warm.keep(conn, &pool, |_| true);
-        let mut again = warm.take(&pool, |_| true).await.unwrap();
+        warm.keep(conn, &pool);
+        let mut again = warm.take(&pool).await.unwrap();
         assert_eq!(marked(&mut again).await, Some(2), "the same connection");
         // One whose check fails is handed back, not reused.
-        warm.keep(again, &pool, |_| true);
-        let mut other = warm.take(&pool, |_| false).await.unwrap();
+        warm.keep(again, &pool);
+        let mut other = warm.take_checked(&pool, |_| false).await.unwrap();
         assert_ne!(marked(&mut other).await, Some(2));
     }
 
     #[tokio::test]
     async fn a_statement_finishing_after_clear_does_not_hold_up_the_pool_close() {
         let pool = pool(4).await;
-        let warm = WarmConnections::<Sqlite>::default();
+        let warm = WarmConnections::<Sqlite>::new(false);
         warm.open();
-        let kept = warm.take(&pool, |_| true).await.unwrap();
-        warm.keep(kept, &pool, |_| true);
-        let in_flight = warm.take(&pool, |_| true).await.unwrap();
+        let kept = warm.take(&pool).await.unwrap();
+        warm.keep(kept, &pool);
+        let in_flight = warm.take(&pool).await.unwrap();
         warm.clear();
         assert!(warm.lock().kept.is_empty());
         // The statement in flight when the driver closed ends now.
-        warm.keep(in_flight, &pool, |_| true);
+        warm.keep(in_flight, &pool);
         assert!(warm.lock().kept.is_empty());
         tokio::time::timeout(Duration::from_secs(10), pool.close())
             .await
@@ -235,15 +262,15 @@ mod tests {
     #[tokio::test]
     async fn the_pool_keeps_two_connections_for_its_other_callers() {
         let pool = pool(4).await;
-        let warm = WarmConnections::<Sqlite>::default();
+        let warm = WarmConnections::<Sqlite>::new(false);
         warm.open();
         let taken = [
-            warm.take(&pool, |_| true).await.unwrap(),
-            warm.take(&pool, |_| true).await.unwrap(),
-            warm.take(&pool, |_| true).await.unwrap(),
+            warm.take(&pool).await.unwrap(),
+            warm.take(&pool).await.unwrap(),
+            warm.take(&pool).await.unwrap(),
         ];
         for conn in taken {
-            warm.keep(conn, &pool, |_| true);
+            warm.keep(conn, &pool);
         }
         assert_eq!(
             warm.lock().kept.len(),

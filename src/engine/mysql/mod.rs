@@ -11,14 +11,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
-use sqlx::{AssertSqlSafe, Connection, MySql, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
 
 use super::cursor;
 use super::decode::{Decoder, text_columns, text_id, text_token};
-use super::warm::Warm;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -84,9 +83,9 @@ pub struct MySqlDriver {
     /// Where the next claim of every queue and type starts ([`cursor`]).
     cursor: cursor::ClaimCursor,
     /// The processor's connections kept between its statements (claims, stamps, lease
-    /// renewals); `None` on the application's pool, which it may close while the driver
-    /// lives (a kept connection would hold that close up).
-    warm: Option<super::warm::WarmConnections<sqlx::MySql>>,
+    /// renewals) while it runs; never on the application's pool, which it may close while
+    /// the driver lives.
+    warm: super::warm::WarmConnections<sqlx::MySql>,
 }
 
 struct Sql {
@@ -658,22 +657,6 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
 }
 
 impl MySqlDriver {
-    /// A connection for the processor's statements: a kept one when there is one (see
-    /// [`super::warm`]).
-    async fn work_connection(&self) -> std::result::Result<Warm<MySql>, sqlx::Error> {
-        match &self.warm {
-            Some(warm) => warm.take(&self.pool, |_| true).await,
-            None => Warm::acquire(&self.pool).await,
-        }
-    }
-
-    /// Keeps `conn` for the next statement (its own succeeded).
-    fn keep_work_connection(&self, conn: Warm<MySql>) {
-        if let Some(warm) = &self.warm {
-            warm.keep(conn, &self.pool, |_| true);
-        }
-    }
-
     /// Connects a pool to `url` for `table`. `mariadb://` URLs are accepted as `mysql://`.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let normalized = match url.strip_prefix("mariadb:") {
@@ -742,7 +725,7 @@ impl MySqlDriver {
             version: Default::default(),
             cursor: cursor::ClaimCursor::default(),
             unusable: Default::default(),
-            warm: (!shared_pool).then(Default::default),
+            warm: super::warm::WarmConnections::new(shared_pool),
             shared_pool,
             poll_hint: tokio::sync::OnceCell::new(),
         })
@@ -1072,11 +1055,11 @@ impl QueueOps for MySqlDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
         self.schema_version().await?;
-        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
 
@@ -1089,12 +1072,12 @@ impl QueueOps for MySqlDriver {
         // of one would otherwise wait on itself.
         self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
-        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let claimed = self.claim_on(&mut tx, params, changes).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok((stamped, claimed))
     }
 
@@ -1119,11 +1102,12 @@ impl QueueOps for MySqlDriver {
         let changes = params.changes;
         self.schema_version().await?;
         let mut conn = self
-            .work_connection()
+            .warm
+            .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(stamped)
     }
 
@@ -1131,7 +1115,7 @@ impl QueueOps for MySqlDriver {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let ctx = || self.ctx("extending leases");
         let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
-        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
         sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(&json)
             .bind(micros(lease))
@@ -1144,7 +1128,7 @@ impl QueueOps for MySqlDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1364,19 +1348,11 @@ impl Lifecycle for MySqlDriver {
     }
 
     fn keep_work_connections(&self, keep: bool) {
-        if let Some(warm) = &self.warm {
-            if keep {
-                warm.open();
-            } else {
-                warm.clear();
-            }
-        }
+        self.warm.set_keeping(keep);
     }
 
     async fn close(&self) {
-        if let Some(warm) = &self.warm {
-            warm.clear();
-        }
+        self.warm.clear();
         if !self.shared_pool {
             self.pool.close().await;
         }

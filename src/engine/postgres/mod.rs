@@ -33,21 +33,20 @@ macro_rules! on_pool {
 macro_rules! on_work {
     ($driver:expr, |$e:ident| $run:expr) => {
         async {
-            match &$driver.warm {
-                Some(warm) if $driver.pooler == crate::settings::Pooler::Session => {
-                    let failover = &$driver.failover;
-                    let usable = |left_pool| !failover.switched_since(left_pool);
-                    let mut conn = warm.take(&$driver.work, usable).await?;
-                    let out = {
-                        let $e = &mut *conn;
-                        $run.await
-                    };
-                    if out.is_ok() {
-                        warm.keep(conn, &$driver.work, usable);
-                    }
-                    out
+            if $driver.pooler == crate::settings::Pooler::Session {
+                let failover = &$driver.failover;
+                let usable = |left_pool| !failover.switched_since(left_pool);
+                let mut conn = $driver.warm.take_checked(&$driver.work, usable).await?;
+                let out = {
+                    let $e = &mut *conn;
+                    $run.await
+                };
+                if out.is_ok() {
+                    $driver.warm.keep_checked(conn, &$driver.work, usable);
                 }
-                _ => on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run).await,
+                out
+            } else {
+                on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run).await
             }
         }
     };
@@ -118,10 +117,9 @@ pub struct PgDriver {
     /// The pool is the application's ([`PgDriver::from_pool`]): closing the driver leaves
     /// it open.
     shared_pool: bool,
-    /// Work connections kept between statements; `None` on the application's pool (it
-    /// may close its pool while the driver lives, and a kept connection would hold that
-    /// close up).
-    warm: Option<super::warm::WarmConnections<sqlx::Postgres>>,
+    /// Work connections kept between statements while a processor runs (never on the
+    /// application's pool: it may close it while the driver lives).
+    warm: super::warm::WarmConnections<sqlx::Postgres>,
 }
 
 /// The statements of the queue path, rendered once per table. `Arc<str>` so a query
@@ -925,7 +923,7 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: false,
-            warm: Some(Default::default()),
+            warm: super::warm::WarmConnections::new(false),
         };
         if let Err(err) = driver.check_connection(url, table).await {
             driver.close().await;
@@ -973,7 +971,7 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: true,
-            warm: None,
+            warm: super::warm::WarmConnections::new(true),
         };
         // The pooler is known: only the schema is left to check.
         if let Err(err) = driver.check_connection(shown, table).await {
@@ -1537,13 +1535,7 @@ impl Lifecycle for PgDriver {
     }
 
     fn keep_work_connections(&self, keep: bool) {
-        if let Some(warm) = &self.warm {
-            if keep {
-                warm.open();
-            } else {
-                warm.clear();
-            }
-        }
+        self.warm.set_keeping(keep);
     }
 
     async fn close(&self) {
@@ -1553,9 +1545,7 @@ impl Lifecycle for PgDriver {
             task.abort();
         }
         self.failover.stop();
-        if let Some(warm) = &self.warm {
-            warm.clear();
-        }
+        self.warm.clear();
         if !self.shared_pool {
             self.work.close().await;
             self.pool.close().await;

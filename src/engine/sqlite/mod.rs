@@ -16,13 +16,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Row, Sqlite, ValueRef};
+use sqlx::{AssertSqlSafe, Connection, Row, ValueRef};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
-use super::warm::Warm;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -59,9 +58,9 @@ pub struct SqliteDriver {
     /// When a claim last looked for pending rows whose `Id` is not text.
     unusable_ids: super::UnusableGate,
     /// The processor's connections kept between its statements (claims, stamps, lease
-    /// renewals); `None` on the application's pool, which it may close while the driver
-    /// lives (a kept connection would hold that close up).
-    warm: Option<super::warm::WarmConnections<sqlx::Sqlite>>,
+    /// renewals) while it runs; never on the application's pool, which it may close while
+    /// the driver lives.
+    warm: super::warm::WarmConnections<sqlx::Sqlite>,
     /// The processor's writes (claims, stamps, lease renewals) take turns here before
     /// they take the database's one write lock: contenders in one process otherwise wait
     /// in the busy handler's naps (1–5 ms each, see [`busy`]) instead of starting the
@@ -653,22 +652,6 @@ fn leases_json<'a>(
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
-    /// A connection for the processor's statements: a kept one when there is one (see
-    /// [`super::warm`]).
-    async fn work_connection(&self) -> std::result::Result<Warm<Sqlite>, sqlx::Error> {
-        match &self.warm {
-            Some(warm) => warm.take(&self.pool, |_| true).await,
-            None => Warm::acquire(&self.pool).await,
-        }
-    }
-
-    /// Keeps `conn` for the next statement (its own succeeded).
-    fn keep_work_connection(&self, conn: Warm<Sqlite>) {
-        if let Some(warm) = &self.warm {
-            warm.keep(conn, &self.pool, |_| true);
-        }
-    }
-
     /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)
@@ -730,7 +713,7 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
-            warm: (!shared_pool).then(Default::default),
+            warm: super::warm::WarmConnections::new(shared_pool),
             writing: Default::default(),
             shared_pool,
             unusable_ids: Default::default(),
@@ -1027,11 +1010,12 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let _writing = self.writing.lock().await;
         let mut conn = self
-            .work_connection()
+            .warm
+            .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx("claiming due commands")))?;
         let claimed = self.claim_on(&mut conn, params, None).await?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
 
@@ -1047,14 +1031,14 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
         let _writing = self.writing.lock().await;
-        let mut conn = self.work_connection().await.map_err(Error::db(ctx()))?;
+        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let stamped_ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
         let except = serde_json::to_string(&stamped_ids).unwrap_or_else(|_| "[]".into());
         let claimed = self.claim_on(&mut tx, params, Some(except)).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok((stamped, claimed))
     }
 
@@ -1076,11 +1060,12 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let _writing = self.writing.lock().await;
         let mut conn = self
-            .work_connection()
+            .warm
+            .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(stamped)
     }
 
@@ -1089,7 +1074,8 @@ impl QueueOps for SqliteDriver {
         let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
         let _writing = self.writing.lock().await;
         let mut conn = self
-            .work_connection()
+            .warm
+            .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
@@ -1098,7 +1084,7 @@ impl QueueOps for SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
-        self.keep_work_connection(conn);
+        self.warm.keep(conn, &self.pool);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1269,19 +1255,11 @@ impl Lifecycle for SqliteDriver {
     }
 
     fn keep_work_connections(&self, keep: bool) {
-        if let Some(warm) = &self.warm {
-            if keep {
-                warm.open();
-            } else {
-                warm.clear();
-            }
-        }
+        self.warm.set_keeping(keep);
     }
 
     async fn close(&self) {
-        if let Some(warm) = &self.warm {
-            warm.clear();
-        }
+        self.warm.clear();
         if !self.shared_pool {
             self.pool.close().await;
         }
