@@ -13,7 +13,8 @@
 //! tests or closes it); a connection goes back to the pool [`KEEP_FOR`] after it left it,
 //! however busy (so the pool's lifetime and checks still apply), and is used again only
 //! while the caller's check of the instant it left the pool passes (PostgreSQL: no
-//! failover switch since, so a connection to a demoted server is never kept); the pool's
+//! failover switch since, so a connection to a demoted server is never kept) and no call
+//! was abandoned at its deadline since (a stalled network); the pool's
 //! other callers are not starved (see [`WarmConnections::keep_checked`]); and connections are
 //! kept only between [`WarmConnections::open`] (a processor starts) and
 //! [`WarmConnections::clear`] (it stopped, or the pool is about to close, which waits for
@@ -39,6 +40,15 @@ pub(crate) struct Warm<DB: Database> {
 }
 
 impl<DB: Database> Warm<DB> {
+    /// Within [`KEEP_FOR`] of leaving the pool, `usable` by the caller's check, and no
+    /// call of the processor was abandoned since (a stalled network: the connection goes
+    /// back through the pool's release check, which closes it if it does not answer).
+    fn reusable(&self, usable: impl Fn(Instant) -> bool) -> bool {
+        self.left_pool.elapsed() < KEEP_FOR
+            && usable(self.left_pool)
+            && !crate::processor::health::abandoned_since(self.left_pool)
+    }
+
     /// A connection from `pool`, for a driver that keeps none.
     pub(crate) async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
         let left_pool = Instant::now();
@@ -116,7 +126,7 @@ impl<DB: Database> WarmConnections<DB> {
             let Some(warm) = self.lock().kept.pop() else {
                 break;
             };
-            if warm.left_pool.elapsed() < KEEP_FOR && usable(warm.left_pool) {
+            if warm.reusable(&usable) {
                 return Ok(warm);
             }
             // Dropped outside the lock: sqlx's release tests it and the pool decides.
@@ -140,7 +150,7 @@ impl<DB: Database> WarmConnections<DB> {
         let max = pool.options().get_max_connections() as usize;
         let room = MOST.min(max.saturating_sub(2));
         let pool_full = pool.size() as usize >= max && pool.num_idle() == 0;
-        let fresh = warm.left_pool.elapsed() < KEEP_FOR && usable(warm.left_pool);
+        let fresh = warm.reusable(&usable);
         let mut handed_back = Vec::new();
         {
             let mut stash = self.lock();

@@ -102,6 +102,15 @@ fn mark_abandoned() {
     ABANDONED_AT.store(now, Ordering::Release);
 }
 
+/// True when a call was abandoned by [`deadline`] after `at`: a connection that left its
+/// pool before then may sit on the same stalled path, and goes back through
+/// [`release_check`] instead of being used again (`engine::warm`).
+pub(crate) fn abandoned_since(at: std::time::Instant) -> bool {
+    let abandoned = ABANDONED_AT.load(Ordering::Acquire);
+    let at = at.saturating_duration_since(epoch()).as_millis() as u64 + 1;
+    abandoned != 0 && abandoned >= at
+}
+
 /// True within [`RELEASE_WINDOW`] of a call abandoned by [`deadline`].
 fn recently_abandoned() -> bool {
     let at = ABANDONED_AT.load(Ordering::Acquire);
@@ -336,6 +345,16 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+
+    #[test]
+    fn a_connection_out_of_its_pool_before_an_abandoned_call_is_not_used_again() {
+        let left_pool = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(3));
+        mark_abandoned();
+        assert!(abandoned_since(left_pool));
+        std::thread::sleep(Duration::from_millis(3));
+        assert!(!abandoned_since(std::time::Instant::now()));
+    }
 
     fn permission_denied() -> Error {
         Error::Database {
