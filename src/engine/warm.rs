@@ -49,8 +49,9 @@ impl<DB: Database> Warm<DB> {
             && !crate::processor::health::abandoned_since(self.left_pool)
     }
 
-    /// A connection from `pool`, for a driver that keeps none.
-    pub(crate) async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
+    /// A connection from `pool`, timed from before the acquire (a failover switch while it
+    /// waits makes it unusable).
+    async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
         let left_pool = Instant::now();
         let conn = pool.acquire().await?;
         Ok(Warm { conn, left_pool })
@@ -132,7 +133,6 @@ impl<DB: Database> WarmConnections<DB> {
             // Dropped outside the lock: sqlx's release tests it and the pool decides.
             drop(warm);
         }
-        // Timed from before the acquire: a switch while it waits makes it unusable.
         Warm::acquire(pool).await
     }
 
@@ -154,14 +154,7 @@ impl<DB: Database> WarmConnections<DB> {
         let mut handed_back = Vec::new();
         {
             let mut stash = self.lock();
-            let mut i = 0;
-            while i < stash.kept.len() {
-                if stash.kept[i].left_pool.elapsed() < KEEP_FOR {
-                    i += 1;
-                } else {
-                    handed_back.push(stash.kept.swap_remove(i));
-                }
-            }
+            handed_back.extend(stash.kept.extract_if(.., |kept| !kept.reusable(&usable)));
             if fresh && !stash.closed && stash.kept.len() < room && !pool_full {
                 stash.kept.push(warm);
             } else {

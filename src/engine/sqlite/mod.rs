@@ -16,12 +16,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Row, ValueRef};
+use sqlx::{AssertSqlSafe, Connection, Row, Sqlite, ValueRef};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
+use super::warm::Warm;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -652,6 +653,21 @@ fn leases_json<'a>(
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
+    /// The processor's turn to write (see `writing`) and a connection to write on; the
+    /// turn ends when the guard drops.
+    async fn write_turn(
+        &self,
+        what: &str,
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Warm<Sqlite>)> {
+        let turn = self.writing.lock().await;
+        let conn = self
+            .warm
+            .take(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx(what)))?;
+        Ok((turn, conn))
+    }
+
     /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)
@@ -1008,12 +1024,7 @@ impl QueueOps for SqliteDriver {
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
         self.schema_version().await?;
-        let _writing = self.writing.lock().await;
-        let mut conn = self
-            .warm
-            .take(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("claiming due commands")))?;
+        let (_turn, mut conn) = self.write_turn("claiming due commands").await?;
         let claimed = self.claim_on(&mut conn, params, None).await?;
         self.warm.keep(conn, &self.pool);
         Ok(claimed)
@@ -1029,9 +1040,9 @@ impl QueueOps for SqliteDriver {
         // Looked up (and remembered) before the transaction takes a connection: a pool
         // of one would otherwise wait on itself.
         self.schema_version().await?;
-        let ctx = || self.ctx("stamping outcomes and claiming due commands");
-        let _writing = self.writing.lock().await;
-        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
+        let what = "stamping outcomes and claiming due commands";
+        let ctx = || self.ctx(what);
+        let (_turn, mut conn) = self.write_turn(what).await?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let stamped_ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
@@ -1058,12 +1069,7 @@ impl QueueOps for SqliteDriver {
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
         self.schema_version().await?;
-        let _writing = self.writing.lock().await;
-        let mut conn = self
-            .warm
-            .take(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+        let (_turn, mut conn) = self.write_turn("stamping outcomes").await?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
         self.warm.keep(conn, &self.pool);
         Ok(stamped)
@@ -1072,12 +1078,7 @@ impl QueueOps for SqliteDriver {
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
-        let _writing = self.writing.lock().await;
-        let mut conn = self
-            .warm
-            .take(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("extending leases")))?;
+        let (_turn, mut conn) = self.write_turn("extending leases").await?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(json)
             .bind(offset(lease.as_secs_f64()))
