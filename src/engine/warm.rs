@@ -49,6 +49,13 @@ impl<DB: Database> Warm<DB> {
             && !crate::processor::health::abandoned_since(self.left_pool)
     }
 
+    /// Closes the connection when it is dropped instead of handing it back to the pool
+    /// (it may be left inside a transaction).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn close_on_drop(&mut self) {
+        self.conn.close_on_drop();
+    }
+
     /// A connection from `pool`, timed from before the acquire (a failover switch while it
     /// waits makes it unusable).
     async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
@@ -106,12 +113,14 @@ impl<DB: Database> WarmConnections<DB> {
     }
 
     /// The most recently kept connection, else one from `pool`.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
     pub(crate) async fn take(&self, pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
         self.take_checked(pool, |_| true).await
     }
 
     /// [`WarmConnections::keep_checked`] for a pool whose connections stay usable (no
     /// failover).
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
     pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>) {
         self.keep_checked(warm, pool, |_| true);
     }

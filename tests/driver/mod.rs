@@ -336,6 +336,7 @@ driver_cases!(
     stamp::release_is_guarded_and_gives_the_attempt_back,
     stamp::one_statement_stamps_every_kind_and_skips_stale_leases,
     stamp::set_state_and_claim_stamps_and_claims_in_one_call,
+    stamp::a_stamp_and_claim_that_fails_stamps_nothing,
     lease::lease_extend_keeps_only_leases_with_the_current_token,
     decode::undecodable_rows_come_back_with_defects_and_never_fail_the_claim,
     decode::ids_are_matched_exactly_as_stored,

@@ -370,3 +370,77 @@ pub(crate) async fn set_state_and_claim_stamps_and_claims_in_one_call(engine: &s
         "{engine}: due again"
     );
 }
+
+/// SQL creating (`true`) or dropping (`false`) another program's trigger on `h`'s table
+/// that refuses every claim (an update setting a lease) and lets stamps through.
+fn refuse_claims_trigger(h: &Harness, create: bool) -> String {
+    let t = &h.t;
+    let name = format!("{}_refuse", t.trim_matches(|c| c == '"' || c == '`'));
+    let token = h.q("LockToken");
+    let refusal = "claims refused by a test trigger";
+    match (h.engine, create) {
+        (crate::ident::Engine::Postgres, true) => format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.{token} IS NOT NULL THEN RAISE EXCEPTION '{refusal}'; END IF; \
+               RETURN NEW; END $$; \
+             CREATE TRIGGER {name} BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {name}();"
+        ),
+        (crate::ident::Engine::Postgres, false) => {
+            format!("DROP TRIGGER {name} ON {t}; DROP FUNCTION {name}();")
+        }
+        (crate::ident::Engine::Mysql, true) => format!(
+            "CREATE TRIGGER {name} BEFORE UPDATE ON {t} FOR EACH ROW BEGIN \
+               IF NEW.{token} IS NOT NULL THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{refusal}'; \
+               END IF; END"
+        ),
+        (_, true) => format!(
+            "CREATE TRIGGER {name} BEFORE UPDATE OF {token} ON {t} \
+             WHEN NEW.{token} IS NOT NULL BEGIN SELECT RAISE(ABORT, '{refusal}'); END;"
+        ),
+        (_, false) => format!("DROP TRIGGER {name}"),
+    }
+}
+
+/// A stamp-and-claim whose claim fails (another program's trigger refuses it) stamps
+/// nothing, and the driver goes on: the next call stamps and claims at once. (SQLite runs
+/// it as one statement string that opens its own transaction; a connection the failure
+/// left inside it would hold the file's write lock from the pool, and the next write would
+/// wait out the busy timeout.)
+pub(crate) async fn a_stamp_and_claim_that_fails_stamps_nothing(engine: &str) {
+    let h = Harness::new(engine, "stampfail").await;
+    let done = h.insert("t").await;
+    let (token, claimed) = h.claim(10).await;
+    assert_eq!(ids(&claimed), vec![done.clone()]);
+    let due = h.insert("t").await;
+    h.exec(&refuse_claims_trigger(&h, true)).await;
+    let changes = [stamp(&done, token, StateChange::Completed)];
+    let claim = params(10);
+    let both = CommandSetStateAndClaimParams {
+        changes: &changes,
+        claim: &claim,
+    };
+    let failed = h.driver.command_set_state_and_claim(&both).await;
+    let err = failed
+        .expect_err("the trigger refuses the claim")
+        .to_string();
+    assert!(err.contains("claims refused"), "{engine}: {err}");
+    for _ in 0..3 {
+        let row = h.get(&done).await;
+        assert_eq!(
+            (row.processed_at, row.lock_token),
+            (None, Some(token)),
+            "{engine}: the stamp went with the failed claim"
+        );
+    }
+    h.exec(&refuse_claims_trigger(&h, false)).await;
+    let again = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.driver.command_set_state_and_claim(&both),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{engine}: the next stamp-and-claim waited on a lock"))
+    .expect("stamp and claim");
+    assert_eq!((again.0, ids(&again.1)), (1, vec![due]), "{engine}");
+    assert!(h.get(&done).await.processed_at.is_some(), "{engine}");
+}

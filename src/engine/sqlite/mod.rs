@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Row, Sqlite, ValueRef};
+use sqlx::{AssertSqlSafe, Either, Executor, Row, Sqlite, ValueRef};
 use tokio::sync::Notify;
 
 use chrono::{DateTime, Utc};
@@ -103,6 +104,9 @@ struct ClaimKey {
     /// Also the rows no claim in due order settles (see [`claim_sql`]): every claim on
     /// a version-1 table, now and then on version 2 ([`super::UNUSABLE_EVERY`]).
     unusable: bool,
+    /// First stamp outcomes (a JSON array, the last parameter), in the same transaction
+    /// and the same call (see [`claim_sql`]).
+    stamps: bool,
 }
 
 fn insert_sql(t: &str) -> String {
@@ -190,6 +194,7 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
         type_filter.push_str(&format!(
             "\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))"
         ));
+        n += 1;
     }
     let lease_free =
         format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')"#);
@@ -243,7 +248,7 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
                    LIMIT 10)"#
         ),
     };
-    format!(
+    let claim = format!(
         r#"UPDATE {t}
            SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
                "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
@@ -251,13 +256,19 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
            WHERE "Id" IN (
                {due}{unusable})
            RETURNING *, {NOW} AS "IcqNow""#
-    )
+    );
+    if !key.stamps {
+        return claim;
+    }
+    // `n` is the next free parameter: the stamps' JSON array.
+    let stamp = set_state_sql(t, key.v2, n);
+    format!("BEGIN IMMEDIATE;\n{stamp};\n{claim};\nCOMMIT")
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
 /// snooze (a release with a move that, on a version-2 table, counts itself in
 /// `Snoozes`, saturating).
-fn set_state_sql(t: &str, v2: bool) -> String {
+fn set_state_sql(t: &str, v2: bool, param: usize) -> String {
     let snoozes = if v2 {
         r#""Snoozes" = CASE WHEN s.kind = 4 AND c."Snoozes" < 2147483647
                                   THEN c."Snoozes" + 1 ELSE c."Snoozes" END,
@@ -265,6 +276,7 @@ fn set_state_sql(t: &str, v2: bool) -> String {
     } else {
         ""
     };
+    let leases = leases_table(param);
     format!(
         r#"UPDATE {t} AS c
            SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN {NOW} ELSE c."ProcessedAt" END,
@@ -276,7 +288,7 @@ fn set_state_sql(t: &str, v2: bool) -> String {
                "Attempts" = CASE WHEN s.kind IN (3, 4) THEN MAX(c."Attempts" - 1, 0)
                                  ELSE c."Attempts" END,
                {snoozes}"LockToken" = NULL, "LockedUntil" = NULL
-           FROM ({LEASES_JSON}) AS s
+           FROM ({leases}) AS s
            WHERE c."Id" = s.id AND c."LockToken" = s.token"#
     )
 }
@@ -333,10 +345,15 @@ const MISSORTED_RUN_AT_DEAD: &str = r#"UPDATE {t}
           AND ("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')
         LIMIT 100)"#;
 
-/// The leases of a JSON array of `[id, token, …]` arrays, as a table `s`.
-const LEASES_JSON: &str = "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
-     json_extract(value, '$[2]') AS kind, json_extract(value, '$[3]') AS delay, \
-     json_extract(value, '$[4]') AS error FROM json_each(?1)";
+/// The rows of parameter `?param`, a JSON array of `[id, token, kind, delay, error]`
+/// arrays (see [`leases_json`]).
+fn leases_table(param: usize) -> String {
+    format!(
+        "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
+         json_extract(value, '$[2]') AS kind, json_extract(value, '$[3]') AS delay, \
+         json_extract(value, '$[4]') AS error FROM json_each(?{param})"
+    )
+}
 
 impl Sql {
     fn new(t: &str) -> Sql {
@@ -344,19 +361,21 @@ impl Sql {
             insert: insert_sql(t).into(),
             pending_by_key: pending_by_key_sql(t).into(),
             claims: Default::default(),
-            set_state_v1: set_state_sql(t, false).into(),
-            set_state_v2: set_state_sql(t, true).into(),
+            set_state_v1: set_state_sql(t, false, 1).into(),
+            set_state_v2: set_state_sql(t, true, 1).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
-                   FROM ({LEASES_JSON}) AS s
+                   FROM ({leases}) AS s
                    WHERE c."Id" = s.id AND c."LockToken" = s.token
-                   RETURNING "Id", "LockToken""#
+                   RETURNING "Id", "LockToken""#,
+                leases = leases_table(1)
             )
             .into(),
             check: format!(
-                r#"SELECT c."Id", c."LockToken" FROM {t} AS c JOIN ({LEASES_JSON}) AS s
+                r#"SELECT c."Id", c."LockToken" FROM {t} AS c JOIN ({leases}) AS s
                      ON c."Id" = s.id AND c."LockToken" = s.token
-                   WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL"#
+                   WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL"#,
+                leases = leases_table(1)
             )
             .into(),
             sweep: format!(
@@ -629,6 +648,40 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
     Ok(d.finish(out))
 }
 
+/// The outcomes as the set-state statement's JSON array.
+fn stamps_json(changes: &[SetState]) -> String {
+    leases_json(
+        changes
+            .iter()
+            .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
+    )
+}
+
+/// Marks a connection that runs a statement string opening and committing its own
+/// transaction (see [`SqliteDriver::claim_on`]): unless the string ran to its end
+/// ([`OwnTransaction::ended`]; it failed, or its future was dropped mid-way), the
+/// connection is closed when dropped, which rolls back whatever the string left open,
+/// instead of going back to the pool inside a transaction.
+struct OwnTransaction<'c> {
+    conn: &'c mut Warm<Sqlite>,
+    ended: bool,
+}
+
+impl OwnTransaction<'_> {
+    /// The string ran to its end: the connection is outside any transaction again.
+    fn ended(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for OwnTransaction<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// The JSON array of `[id, token, kind, delay, error]` the set-state and extend
 /// statements read with `json_each`.
 fn leases_json<'a>(
@@ -795,22 +848,33 @@ impl SqliteDriver {
         Ok(())
     }
 
-    /// Claims; with `except` (a JSON array of ids), never those rows.
+    /// Claims; with `stamps`, first stamps those outcomes in the same transaction and
+    /// never claims their rows (says how many were stamped).
+    ///
+    /// Stamps and claim are one statement string (`BEGIN IMMEDIATE; stamp; claim;
+    /// COMMIT`) and so one call to sqlx's worker thread: the write
+    /// lock is held only while SQLite runs, never across the hand-offs between that thread
+    /// and this task (three of them with one call per statement, each as long as the
+    /// scheduler makes it — with several replicas on two cores, the lock waited for a
+    /// descheduled process). A string that stops before its `COMMIT` leaves the connection
+    /// inside the transaction: the caller closes it then ([`OwnTransaction`]).
     async fn claim_on(
         &self,
         conn: &mut SqliteConnection,
         params: &ClaimParams,
-        except: Option<String>,
-    ) -> Result<Vec<ClaimedRow>> {
+        stamps: Option<&[SetState]>,
+    ) -> Result<(u64, Vec<ClaimedRow>)> {
         let version = self.schema_version().await?;
         super::check_queues(version, &self.table, params.queues.as_deref())?;
         let v2 = version >= 2;
+        let stamps = stamps.filter(|changes| !changes.is_empty());
         let key = ClaimKey {
             v2,
             types: params.types.is_some(),
             queues: super::QueueFilter::of(params.queues.as_deref()),
-            except: except.is_some(),
+            except: stamps.is_some(),
             unusable: !v2 || self.unusable.due(),
+            stamps: stamps.is_some(),
         };
         let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
         let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -828,13 +892,44 @@ impl SqliteDriver {
                 query = query.bind(serde_json::to_string(queues).unwrap_or_default());
             }
         }
-        if let Some(except) = except {
-            query = query.bind(except);
+        if let Some(changes) = stamps {
+            let ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
+            query = query.bind(serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into()));
         }
-        let rows = query
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(Error::db(self.ctx("claiming due commands")))?;
+        let (stamped, rows) = match stamps {
+            None => {
+                let rows = query
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(Error::db(self.ctx("claiming due commands")))?;
+                (0, rows)
+            }
+            Some(changes) => {
+                let query = query.bind(stamps_json(changes));
+                let ctx = || self.ctx("stamping outcomes and claiming due commands");
+                let mut steps = conn.fetch_many(query);
+                // One result per statement, in order: BEGIN, the stamp, the claim (after
+                // its rows), COMMIT.
+                let (mut results, mut stamped, mut rows) = (0, 0, Vec::new());
+                while let Some(step) = steps.try_next().await.map_err(Error::db(ctx()))? {
+                    match step {
+                        Either::Left(done) => {
+                            if results == 1 {
+                                stamped = done.rows_affected();
+                            }
+                            results += 1;
+                        }
+                        Either::Right(row) => rows.push(row),
+                    }
+                }
+                if results != 4 {
+                    return Err(Error::db(ctx())(sqlx::Error::Protocol(format!(
+                        "the statement string ran {results} of its 4 statements"
+                    ))));
+                }
+                (stamped, rows)
+            }
+        };
         // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
         // sorts as due is decided on the database's clock, never the worker's.
         let now = rows
@@ -860,7 +955,7 @@ impl SqliteDriver {
                 }
             }
         }
-        Ok(claimed)
+        Ok((stamped, claimed))
     }
 
     /// Settles, within the claim, the claimed rows whose `Id` is text that is not valid
@@ -907,11 +1002,7 @@ impl SqliteDriver {
         if changes.is_empty() {
             return Ok(0);
         }
-        let json = leases_json(
-            changes
-                .iter()
-                .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
-        );
+        let json = stamps_json(changes);
         let sql = if self.schema_version().await? >= 2 {
             &self.sql.set_state_v2
         } else {
@@ -1025,7 +1116,7 @@ impl QueueOps for SqliteDriver {
         self.dead_letter_missorted_run_at(params.lease).await?;
         self.schema_version().await?;
         let (_turn, mut conn) = self.write_turn("claiming due commands").await?;
-        let claimed = self.claim_on(&mut conn, params, None).await?;
+        let (_, claimed) = self.claim_on(&mut conn, params, None).await?;
         self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
@@ -1041,16 +1132,15 @@ impl QueueOps for SqliteDriver {
         // of one would otherwise wait on itself.
         self.schema_version().await?;
         let what = "stamping outcomes and claiming due commands";
-        let ctx = || self.ctx(what);
         let (_turn, mut conn) = self.write_turn(what).await?;
-        let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
-        let stamped = self.set_state_on(&mut tx, changes).await?;
-        let stamped_ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
-        let except = serde_json::to_string(&stamped_ids).unwrap_or_else(|_| "[]".into());
-        let claimed = self.claim_on(&mut tx, params, Some(except)).await?;
-        tx.commit().await.map_err(Error::db(ctx()))?;
+        let own = OwnTransaction {
+            conn: &mut conn,
+            ended: false,
+        };
+        let stamped_and_claimed = self.claim_on(own.conn, params, Some(changes)).await?;
+        own.ended();
         self.warm.keep(conn, &self.pool);
-        Ok((stamped, claimed))
+        Ok(stamped_and_claimed)
     }
 
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
