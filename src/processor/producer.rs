@@ -19,9 +19,10 @@
 //! is followed by another at once (a short claim under `SKIP LOCKED` contention does not
 //! mean the table is empty); an empty one waits for a wake-up (an in-process schedule, a
 //! PostgreSQL NOTIFY) or the polling interval. Outcomes waiting in the completer's outbox
-//! are stamped by the same statement as the next claim. Buffered rows are leased like
-//! running ones and renewed alike; on shutdown they are released at once with their
-//! attempt given back.
+//! are stamped by the same statement as the next claim, except while other processors
+//! share the head of the queue (then the completer stamps them in its own batches).
+//! Buffered rows are leased like running ones and renewed alike; on shutdown they are
+//! released at once with their attempt given back.
 //!
 //! Bytes as well as rows: the buffer holds at most about [`BUFFERED_PAYLOAD_BYTES`] of
 //! payloads (as the claims read them) plus one claim. While the buffered payloads reach
