@@ -351,7 +351,10 @@ const fn limit(key: &'static str, min: f64, max: f64, whole: bool) -> Limit {
 /// 365 days, in seconds: the longest backoff or delay.
 const YEAR_SECONDS: f64 = 31_536_000.0;
 
-const BATCH_SIZE: Limit = limit("batch_size", 1.0, 10_000.0, true);
+/// The largest `batch_size`: the most rows one claim takes.
+pub(crate) const BATCH_SIZE_MAX: u32 = 10_000;
+
+const BATCH_SIZE: Limit = limit("batch_size", 1.0, BATCH_SIZE_MAX as f64, true);
 const MAX_ATTEMPTS: Limit = limit("max_attempts", 1.0, 1_000_000.0, true);
 const LEASE_SECONDS: Limit = limit("lease_seconds", 1.0, 604_800.0, true);
 const RETRY_BACKOFF_BASE_SECONDS: Limit =

@@ -337,6 +337,7 @@ driver_cases!(
     stamp::one_statement_stamps_every_kind_and_skips_stale_leases,
     stamp::set_state_and_claim_stamps_and_claims_in_one_call,
     stamp::a_stamp_and_claim_that_fails_stamps_nothing,
+    stamp::a_full_batch_stamp_and_claim_returns_every_row,
     lease::lease_extend_keeps_only_leases_with_the_current_token,
     decode::undecodable_rows_come_back_with_defects_and_never_fail_the_claim,
     decode::ids_are_matched_exactly_as_stored,
@@ -355,3 +356,8 @@ driver_cases!(
     workload::foreign_rows_with_unusable_queue_or_priority_settle_alone,
     workload::new_columns_round_trip,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transaction() {
+    stamp::sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transaction().await
+}

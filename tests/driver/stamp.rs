@@ -444,3 +444,90 @@ pub(crate) async fn a_stamp_and_claim_that_fails_stamps_nothing(engine: &str) {
     assert_eq!((again.0, ids(&again.1)), (1, vec![due]), "{engine}");
     assert!(h.get(&done).await.processed_at.is_some(), "{engine}");
 }
+
+/// SQLite: a stamp-and-claim whose future is dropped while its string waits for the
+/// write lock (another program holds it) leaves no transaction behind: once that program
+/// lets go, nothing was stamped, another connection writes at once, and the next call
+/// stamps and claims. (The string runs on sqlx's worker thread after the future is gone,
+/// up to the statement that notices; its connection is closed, which rolls it back.)
+pub(crate) async fn sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transaction() {
+    use sqlx::Connection;
+    let h = Harness::new("sqlite", "stampdrop").await;
+    let done = h.insert("t").await;
+    let (token, _) = h.claim(10).await;
+    let due = h.insert("t").await;
+    let mut other = sqlx::SqliteConnection::connect(&h.url)
+        .await
+        .expect("connect");
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .expect("hold the write lock");
+    let changes = [stamp(&done, token, StateChange::Completed)];
+    let claim = params(10);
+    let both = CommandSetStateAndClaimParams {
+        changes: &changes,
+        claim: &claim,
+    };
+    let waited = tokio::time::timeout(
+        Duration::from_millis(300),
+        h.driver.command_set_state_and_claim(&both),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "the call waited for the lock until dropped"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("let go");
+    // The worker thread gets the lock, runs on until it notices the dropped future, and
+    // its connection is closed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let row = h.get(&done).await;
+    assert_eq!(
+        (row.processed_at, row.lock_token),
+        (None, Some(token)),
+        "the dropped call stamped nothing"
+    );
+    let write = tokio::time::timeout(
+        Duration::from_secs(5),
+        sqlx::raw_sql("BEGIN IMMEDIATE; COMMIT").execute(&mut other),
+    )
+    .await
+    .expect("no connection holds the write lock");
+    write.expect("write");
+    let (stamped, rows) = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.driver.command_set_state_and_claim(&both),
+    )
+    .await
+    .expect("the next call waits on no lock")
+    .expect("stamp and claim");
+    assert_eq!((stamped, ids(&rows)), (1, vec![due]));
+}
+
+/// A full claim of the default batch (50 rows) with its stamps: all four statement
+/// results and every row arrive (SQLite sends them through a row channel that holds them
+/// all, so its worker never waits for the task with the write lock held).
+pub(crate) async fn a_full_batch_stamp_and_claim_returns_every_row(engine: &str) {
+    let h = Harness::new(engine, "stampfull").await;
+    let done = h.insert("t").await;
+    let (token, _) = h.claim(1).await;
+    for _ in 0..60 {
+        h.insert("t").await;
+    }
+    let changes = [stamp(&done, token, StateChange::Completed)];
+    let claim = params(50);
+    let both = CommandSetStateAndClaimParams {
+        changes: &changes,
+        claim: &claim,
+    };
+    let (stamped, rows) = h
+        .driver
+        .command_set_state_and_claim(&both)
+        .await
+        .expect("stamp and claim");
+    assert_eq!((stamped, rows.len()), (1, 50), "{engine}");
+}

@@ -658,17 +658,18 @@ fn stamps_json(changes: &[SetState]) -> String {
 }
 
 /// Marks a connection that runs a statement string opening and committing its own
-/// transaction (see [`SqliteDriver::claim_on`]): unless the string ran to its end
-/// ([`OwnTransaction::ended`]; it failed, or its future was dropped mid-way), the
-/// connection is closed when dropped, which rolls back whatever the string left open,
-/// instead of going back to the pool inside a transaction.
+/// transaction (see [`SqliteDriver::claim_on`]): unless the string ran to its end or what
+/// it left open was rolled back ([`OwnTransaction::ended`]; its future was dropped
+/// mid-way, or the rollback failed), the connection is closed when dropped, which rolls
+/// back whatever the string left open, instead of going back to the pool inside a
+/// transaction.
 struct OwnTransaction<'c> {
     conn: &'c mut Warm<Sqlite>,
     ended: bool,
 }
 
 impl OwnTransaction<'_> {
-    /// The string ran to its end: the connection is outside any transaction again.
+    /// The connection is outside any transaction again.
     fn ended(mut self) {
         self.ended = true;
     }
@@ -701,6 +702,13 @@ fn leases_json<'a>(
     serde_json::Value::Array(rows).to_string()
 }
 
+/// The results sqlx's worker thread may send ahead of the task reading them, on icq's own
+/// connections: a whole claim of the largest batch, and the stamp-and-claim string's four
+/// statement results. At sqlx's default (50) a full claim of the default batch (50) with
+/// its stamps made the worker wait for the task with the write lock held, before its
+/// `COMMIT`. The channel grows only as far as it is filled.
+const ROW_CHANNEL: usize = crate::settings::BATCH_SIZE_MAX as usize + 4;
+
 /// How long icq's own connections wait for SQLite's write lock before a statement fails
 /// with "database is locked" (see [`busy`] for how they wait).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -727,7 +735,8 @@ impl SqliteDriver {
             .map_err(Error::db(format!("parsing {}", redact_url(url))))?
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(BUSY_TIMEOUT);
+            .busy_timeout(BUSY_TIMEOUT)
+            .row_buffer_size(ROW_CHANNEL);
         let pool = options
             .pool::<sqlx::Sqlite>()
             .max_connections(options.max_connections.clamp(1, 8))
@@ -749,8 +758,11 @@ impl SqliteDriver {
     }
 
     /// A driver on the application's own pool, for `table`, as it is configured: icq's
-    /// own connect sets WAL, `synchronous = NORMAL` and a 30 s busy timeout, which the
-    /// application's options should set too. Closing the driver leaves `pool` open.
+    /// own connect sets WAL, `synchronous = NORMAL`, a 30 s busy timeout and a row buffer
+    /// of a whole claim (`row_buffer_size`, [`ROW_CHANNEL`]; at sqlx's default of 50 a
+    /// stamp-and-claim of more than 46 rows holds the write lock until the processor reads
+    /// them), which the application's options should set too. Closing the driver leaves
+    /// `pool` open.
     pub(crate) async fn from_pool(pool: SqlitePool, table: &TableName) -> Result<Self> {
         Self::on_pool(pool, table, true).await
     }
@@ -852,15 +864,17 @@ impl SqliteDriver {
     /// never claims their rows (says how many were stamped).
     ///
     /// Stamps and claim are one statement string (`BEGIN IMMEDIATE; stamp; claim;
-    /// COMMIT`) and so one call to sqlx's worker thread: the write
-    /// lock is held only while SQLite runs, never across the hand-offs between that thread
-    /// and this task (three of them with one call per statement, each as long as the
-    /// scheduler makes it — with several replicas on two cores, the lock waited for a
-    /// descheduled process). A string that stops before its `COMMIT` leaves the connection
-    /// inside the transaction: the caller closes it then ([`OwnTransaction`]).
+    /// COMMIT`) and so one call to sqlx's worker thread: the write lock is held only while
+    /// SQLite runs, never across the hand-offs between that thread and this task (three of
+    /// them with one call per statement, each as long as the scheduler makes it — with
+    /// several replicas on two cores, the lock waited for a descheduled process), nor
+    /// across a wait for this task to take the rows (the row channel of icq's own
+    /// connections holds a whole claim, [`ROW_CHANNEL`]). A string that fails before its
+    /// `COMMIT` is rolled back here; one whose future is dropped mid-way leaves the
+    /// connection inside the transaction, and it is closed ([`OwnTransaction`]).
     async fn claim_on(
         &self,
-        conn: &mut SqliteConnection,
+        conn: &mut Warm<Sqlite>,
         params: &ClaimParams,
         stamps: Option<&[SetState]>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
@@ -899,7 +913,7 @@ impl SqliteDriver {
         let (stamped, rows) = match stamps {
             None => {
                 let rows = query
-                    .fetch_all(&mut *conn)
+                    .fetch_all(&mut **conn)
                     .await
                     .map_err(Error::db(self.ctx("claiming due commands")))?;
                 (0, rows)
@@ -907,26 +921,47 @@ impl SqliteDriver {
             Some(changes) => {
                 let query = query.bind(stamps_json(changes));
                 let ctx = || self.ctx("stamping outcomes and claiming due commands");
-                let mut steps = conn.fetch_many(query);
+                let own = OwnTransaction {
+                    conn: &mut *conn,
+                    ended: false,
+                };
                 // One result per statement, in order: BEGIN, the stamp, the claim (after
                 // its rows), COMMIT.
                 let (mut results, mut stamped, mut rows) = (0, 0, Vec::new());
-                while let Some(step) = steps.try_next().await.map_err(Error::db(ctx()))? {
-                    match step {
-                        Either::Left(done) => {
+                let mut steps = (&mut **own.conn).fetch_many(query);
+                let ran = loop {
+                    match steps.try_next().await {
+                        Ok(Some(Either::Left(done))) => {
                             if results == 1 {
                                 stamped = done.rows_affected();
                             }
                             results += 1;
                         }
-                        Either::Right(row) => rows.push(row),
+                        Ok(Some(Either::Right(row))) => rows.push(row),
+                        Ok(None) if results == 4 => break Ok(()),
+                        Ok(None) => {
+                            break Err(sqlx::Error::Protocol(format!(
+                                "the statement string ran {results} of its 4 statements"
+                            )));
+                        }
+                        Err(err) => break Err(err),
                     }
+                };
+                drop(steps);
+                if let Err(err) = ran {
+                    // A failed BEGIN opened nothing; otherwise roll back what the string
+                    // left open (a connection that cannot is closed instead).
+                    let rolled_back = results == 0
+                        || sqlx::raw_sql(AssertSqlSafe("ROLLBACK"))
+                            .execute(&mut **own.conn)
+                            .await
+                            .is_ok();
+                    if rolled_back {
+                        own.ended();
+                    }
+                    return Err(Error::db(ctx())(err));
                 }
-                if results != 4 {
-                    return Err(Error::db(ctx())(sqlx::Error::Protocol(format!(
-                        "the statement string ran {results} of its 4 statements"
-                    ))));
-                }
+                own.ended();
                 (stamped, rows)
             }
         };
@@ -936,7 +971,17 @@ impl SqliteDriver {
             .first()
             .and_then(|row| row.try_get::<String, _>("IcqNow").ok())
             .and_then(|text| parse_timestamp(&text));
-        let unreadable = self.dead_letter_unreadable_ids(conn, params, &rows).await?;
+        // After the commit: the stamps and the claim stand whatever happens here, so a
+        // failure is logged (the rows it meant stay leased to this claim and are
+        // dropped below: their leases lapse) rather than failing the call, which would put
+        // the stamped outcomes back to be stamped again (counted as stale).
+        let unreadable = match self.dead_letter_unreadable_ids(conn, params, &rows).await {
+            Ok(unreadable) => unreadable,
+            Err(err) => {
+                tracing::warn!(table = %self.table, error = %err, "could not dead-letter claimed rows whose Id is not UTF-8; their leases will lapse");
+                true
+            }
+        };
         // Consumed in order: each raw row is dropped once decoded, so a claim of large
         // payloads never holds every raw row and every decoded one at once.
         let mut claimed = super::leased_rows(
@@ -1133,12 +1178,7 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let what = "stamping outcomes and claiming due commands";
         let (_turn, mut conn) = self.write_turn(what).await?;
-        let own = OwnTransaction {
-            conn: &mut conn,
-            ended: false,
-        };
-        let stamped_and_claimed = self.claim_on(own.conn, params, Some(changes)).await?;
-        own.ended();
+        let stamped_and_claimed = self.claim_on(&mut conn, params, Some(changes)).await?;
         self.warm.keep(conn, &self.pool);
         Ok(stamped_and_claimed)
     }
