@@ -362,3 +362,67 @@ pub(crate) async fn a_backlog_with_one_run_at_is_claimed_once_in_full_batches(en
     );
     assert_eq!(sizes, [10, 10, 10, 10, 10, 10, 10, 10, 10, 5], "{engine}");
 }
+
+/// SQLite: claims name the rows they pick by `rowid`, or by `"Id"` where the table has no
+/// usable one. On each variant another program might create — `WITHOUT ROWID`, a column
+/// named `rowid` (it takes that name: `_rowid_` is used), columns taking every name of it
+/// — due rows are claimed in order and once, and a stamp-and-claim works.
+pub(crate) async fn sqlite_claims_name_rows_on_tables_without_a_usable_rowid() {
+    use crate::engine::CommandSetStateAndClaimParams;
+    type Edit = fn(String) -> String;
+    let variants: [(&str, Edit); 3] = [
+        ("WITHOUT ROWID", |ddl| {
+            ddl.replacen("\n);", "\n) WITHOUT ROWID;", 1)
+        }),
+        ("a column named rowid", |ddl| {
+            ddl.replacen("\n);", ",\n    \"rowid\" INTEGER NULL\n);", 1)
+        }),
+        ("columns named rowid, _rowid_ and OID", |ddl| {
+            ddl.replacen(
+                "\n);",
+                ",\n    \"rowid\" INTEGER NULL, \"_rowid_\" INTEGER NULL, \"OID\" INTEGER NULL\n);",
+                1,
+            )
+        }),
+    ];
+    for (what, edit) in variants {
+        let h = Harness::with_ddl("sqlite", "rowkey", edit).await;
+        let run_at = h.q("RunAt");
+        let mut due = Vec::new();
+        for seconds_ago in [30, 20, 10] {
+            let id = h.insert("t").await;
+            h.update(&id, &format!("{run_at} = {}", h.ago(seconds_ago)))
+                .await;
+            due.push(id);
+        }
+        let (token, first) = h.claim(2).await;
+        assert_eq!(
+            ids(&first),
+            sorted(&[&due[0], &due[1]]),
+            "{what}: the two earliest"
+        );
+        let changes = [SetState {
+            lease: Lease {
+                id: due[0].clone(),
+                token,
+            },
+            change: StateChange::Completed,
+        }];
+        let claim = params(10);
+        let (stamped, rows) = h
+            .driver
+            .command_set_state_and_claim(&CommandSetStateAndClaimParams {
+                changes: &changes,
+                claim: &claim,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{what}: stamp and claim: {e}"));
+        assert_eq!(
+            (stamped, ids(&rows)),
+            (1, vec![due[2].clone()]),
+            "{what}: the last due row, once"
+        );
+        assert!(h.get(&due[0]).await.processed_at.is_some(), "{what}");
+        assert_eq!(h.get(&due[1]).await.lock_token, Some(token), "{what}");
+    }
+}

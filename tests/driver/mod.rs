@@ -361,3 +361,8 @@ driver_cases!(
 async fn sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transaction() {
     stamp::sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transaction().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_claims_name_rows_on_tables_without_a_usable_rowid() {
+    claim::sqlite_claims_name_rows_on_tables_without_a_usable_rowid().await
+}

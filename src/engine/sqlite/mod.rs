@@ -69,6 +69,8 @@ pub struct SqliteDriver {
     /// moment the last write ends. A one-replica no-op drain of 50,000: 1.35 s against
     /// 1.46 s (medians of three, side by side).
     writing: tokio::sync::Mutex<()>,
+    /// How claims name the rows they pick, once looked up ([`SqliteDriver::row_key`]).
+    row_key: std::sync::Mutex<Option<&'static str>>,
 }
 
 struct Sql {
@@ -107,6 +109,8 @@ struct ClaimKey {
     /// First stamp outcomes (a JSON array, the last parameter), in the same transaction
     /// and the same call (see [`claim_sql`]).
     stamps: bool,
+    /// How the claim names the rows it picks ([`SqliteDriver::row_key`]).
+    row: &'static str,
 }
 
 fn insert_sql(t: &str) -> String {
@@ -198,14 +202,15 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
     }
     let lease_free =
         format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')"#);
+    let row = key.row;
     let order = if key.v2 {
         r#""Priority", "RunAt""#
     } else {
         r#""RunAt""#
     };
     let due = format!(
-        r#"SELECT "Id" FROM (
-                   SELECT "Id" FROM {t}
+        r#"SELECT {row} FROM (
+                   SELECT {row} FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" <= {NOW}
                      AND {lease_free}
@@ -220,16 +225,16 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
         (true, false) => format!(
             r#"
                UNION ALL
-               SELECT "Id" FROM (
-                   SELECT "Id" FROM {t}
+               SELECT {row} FROM (
+                   SELECT {row} FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" >= ':'
                      AND {lease_free}{type_filter}
                      AND typeof("Id") = 'text'
                    LIMIT 10)
                UNION ALL
-               SELECT "Id" FROM (
-                   SELECT "Id" FROM {t}
+               SELECT {row} FROM (
+                   SELECT {row} FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND "RunAt" IS NULL
                      AND {lease_free}{type_filter}
@@ -239,8 +244,8 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
         (true, true) => format!(
             r#"
                UNION ALL
-               SELECT "Id" FROM (
-                   SELECT "Id" FROM {t}
+               SELECT {row} FROM (
+                   SELECT {row} FROM {t}
                    WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
                      AND ("RunAt" >= ':' OR "RunAt" IS NULL OR "Queue" IS NULL)
                      AND {lease_free}{type_filter}
@@ -253,7 +258,7 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
            SET "LockToken" = ?1, "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2),
                "Attempts" = CASE WHEN "Attempts" BETWEEN 0 AND 2147483646 THEN "Attempts" + 1
                                  ELSE "Attempts" END
-           WHERE "Id" IN (
+           WHERE {row} IN (
                {due}{unusable})
            RETURNING *, {NOW} AS "IcqNow""#
     );
@@ -796,6 +801,7 @@ impl SqliteDriver {
             unusable: Default::default(),
             warm: super::warm::WarmConnections::new(shared_pool),
             writing: Default::default(),
+            row_key: Default::default(),
             shared_pool,
             unusable_ids: Default::default(),
         })
@@ -860,6 +866,50 @@ impl SqliteDriver {
         Ok(())
     }
 
+    /// How a claim names the rows it picks: by `rowid`, which the poll index's entries
+    /// carry, so the claim updates the rows it found without looking each up again by
+    /// `"Id"` in the primary key's index (50,000 no-op: one replica and four each drained
+    /// 7% faster); by `"Id"` on a table without one (`WITHOUT ROWID`) or whose columns
+    /// take every name of it (`rowid`, `_rowid_`, `oid`). Looked up once per table.
+    async fn row_key(&self) -> Result<&'static str> {
+        let known = *self
+            .row_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(key) = known {
+            return Ok(key);
+        }
+        let ctx = || self.ctx("looking up how the table's rows are named");
+        let schema = self.table.schema().unwrap_or("main");
+        let columns: Vec<String> =
+            sqlx::query_scalar("SELECT lower(name) FROM pragma_table_xinfo(?, ?)")
+                .bind(self.table.name())
+                .bind(schema)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::db(ctx()))?;
+        let mut key = r#""Id""#;
+        if let Some(alias) = ["rowid", "_rowid_", "oid"]
+            .into_iter()
+            .find(|alias| !columns.iter().any(|c| c == alias))
+        {
+            // A WITHOUT ROWID table refuses the name ("no such column").
+            let probe = format!("SELECT {alias} FROM {} WHERE 0", self.t);
+            if sqlx::query(AssertSqlSafe(probe))
+                .execute(&self.pool)
+                .await
+                .is_ok()
+            {
+                key = alias;
+            }
+        }
+        *self
+            .row_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(key);
+        Ok(key)
+    }
+
     /// Claims; with `stamps`, first stamps those outcomes in the same transaction and
     /// never claims their rows (says how many were stamped).
     ///
@@ -889,6 +939,7 @@ impl SqliteDriver {
             except: stamps.is_some(),
             unusable: !v2 || self.unusable.due(),
             stamps: stamps.is_some(),
+            row: self.row_key().await?,
         };
         let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
         let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -1160,6 +1211,7 @@ impl QueueOps for SqliteDriver {
         self.dead_letter_unusable_ids().await?;
         self.dead_letter_missorted_run_at(params.lease).await?;
         self.schema_version().await?;
+        self.row_key().await?;
         let (_turn, mut conn) = self.write_turn("claiming due commands").await?;
         let (_, claimed) = self.claim_on(&mut conn, params, None).await?;
         self.warm.keep(conn, &self.pool);
@@ -1176,6 +1228,7 @@ impl QueueOps for SqliteDriver {
         // Looked up (and remembered) before the transaction takes a connection: a pool
         // of one would otherwise wait on itself.
         self.schema_version().await?;
+        self.row_key().await?;
         let what = "stamping outcomes and claiming due commands";
         let (_turn, mut conn) = self.write_turn(what).await?;
         let stamped_and_claimed = self.claim_on(&mut conn, params, Some(changes)).await?;
@@ -1373,6 +1426,10 @@ impl Lifecycle for SqliteDriver {
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
         self.version.forget();
+        *self
+            .row_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         super::run_script(
             &self.pool,
             ddl.to_owned(),
