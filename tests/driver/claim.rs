@@ -368,7 +368,6 @@ pub(crate) async fn a_backlog_with_one_run_at_is_claimed_once_in_full_batches(en
 /// named `rowid` (it takes that name: `_rowid_` is used), columns taking every name of it
 /// — due rows are claimed in order and once, and a stamp-and-claim works.
 pub(crate) async fn sqlite_claims_name_rows_on_tables_without_a_usable_rowid() {
-    use crate::engine::CommandSetStateAndClaimParams;
     type Edit = fn(String) -> String;
     let variants: [(&str, Edit); 3] = [
         ("WITHOUT ROWID", |ddl| {
@@ -410,11 +409,7 @@ pub(crate) async fn sqlite_claims_name_rows_on_tables_without_a_usable_rowid() {
         }];
         let claim = params(10);
         let (stamped, rows) = h
-            .driver
-            .command_set_state_and_claim(&CommandSetStateAndClaimParams {
-                changes: &changes,
-                claim: &claim,
-            })
+            .stamp_and_claim(&changes, &claim)
             .await
             .unwrap_or_else(|e| panic!("{what}: stamp and claim: {e}"));
         assert_eq!(

@@ -26,7 +26,9 @@ use sqlx::Connection as _;
 
 use super::{Backend, ClaimParams, ClaimedRow, ConnectOptions};
 use crate::command::{CommandId, CommandRow, LeaseToken, NewCommand};
-use crate::engine::{CommandGetParams, CommandInsertParams};
+use crate::engine::{
+    CommandGetParams, CommandInsertParams, CommandSetStateAndClaimParams, SetState,
+};
 use crate::ident::{Engine, TableName};
 
 /// One test table on one engine, a driver connected to it, and a raw connection for the
@@ -235,6 +237,17 @@ impl Harness {
             .await
             .expect("read a row")
             .unwrap_or_else(|| panic!("row {id} exists"))
+    }
+
+    /// Stamps `changes` and claims with `claim` in one call.
+    pub async fn stamp_and_claim(
+        &self,
+        changes: &[SetState],
+        claim: &ClaimParams,
+    ) -> crate::error::Result<(u64, Vec<ClaimedRow>)> {
+        self.driver
+            .command_set_state_and_claim(&CommandSetStateAndClaimParams { changes, claim })
+            .await
     }
 
     /// Claims under a fresh token with a 60 s lease and no processing delay.

@@ -304,11 +304,7 @@ pub(crate) async fn set_state_and_claim_stamps_and_claims_in_one_call(engine: &s
         stamp(&held, LeaseToken::new(), StateChange::Completed),
     ];
     let (stamped, rows) = h
-        .driver
-        .command_set_state_and_claim(&CommandSetStateAndClaimParams {
-            changes: &changes,
-            claim: &claim,
-        })
+        .stamp_and_claim(&changes, &claim)
         .await
         .expect("stamp and claim");
     assert_eq!(stamped, 3, "{engine}: three current leases, one stale");
