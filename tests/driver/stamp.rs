@@ -412,11 +412,7 @@ pub(crate) async fn a_stamp_and_claim_that_fails_stamps_nothing(engine: &str) {
     h.exec(&refuse_claims_trigger(&h, true)).await;
     let changes = [stamp(&done, token, StateChange::Completed)];
     let claim = params(10);
-    let both = CommandSetStateAndClaimParams {
-        changes: &changes,
-        claim: &claim,
-    };
-    let failed = h.driver.command_set_state_and_claim(&both).await;
+    let failed = h.stamp_and_claim(&changes, &claim).await;
     let err = failed
         .expect_err("the trigger refuses the claim")
         .to_string();
@@ -430,13 +426,10 @@ pub(crate) async fn a_stamp_and_claim_that_fails_stamps_nothing(engine: &str) {
         );
     }
     h.exec(&refuse_claims_trigger(&h, false)).await;
-    let again = tokio::time::timeout(
-        Duration::from_secs(10),
-        h.driver.command_set_state_and_claim(&both),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{engine}: the next stamp-and-claim waited on a lock"))
-    .expect("stamp and claim");
+    let again = tokio::time::timeout(Duration::from_secs(10), h.stamp_and_claim(&changes, &claim))
+        .await
+        .unwrap_or_else(|_| panic!("{engine}: the next stamp-and-claim waited on a lock"))
+        .expect("stamp and claim");
     assert_eq!((again.0, ids(&again.1)), (1, vec![due]), "{engine}");
     assert!(h.get(&done).await.processed_at.is_some(), "{engine}");
 }
@@ -461,13 +454,9 @@ pub(crate) async fn sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transact
         .expect("hold the write lock");
     let changes = [stamp(&done, token, StateChange::Completed)];
     let claim = params(10);
-    let both = CommandSetStateAndClaimParams {
-        changes: &changes,
-        claim: &claim,
-    };
     let waited = tokio::time::timeout(
         Duration::from_millis(300),
-        h.driver.command_set_state_and_claim(&both),
+        h.stamp_and_claim(&changes, &claim),
     )
     .await;
     assert!(
@@ -494,13 +483,11 @@ pub(crate) async fn sqlite_stamp_and_claim_dropped_mid_string_leaves_no_transact
     .await
     .expect("no connection holds the write lock");
     write.expect("write");
-    let (stamped, rows) = tokio::time::timeout(
-        Duration::from_secs(10),
-        h.driver.command_set_state_and_claim(&both),
-    )
-    .await
-    .expect("the next call waits on no lock")
-    .expect("stamp and claim");
+    let (stamped, rows) =
+        tokio::time::timeout(Duration::from_secs(10), h.stamp_and_claim(&changes, &claim))
+            .await
+            .expect("the next call waits on no lock")
+            .expect("stamp and claim");
     assert_eq!((stamped, ids(&rows)), (1, vec![due]));
 }
 
@@ -516,13 +503,8 @@ pub(crate) async fn a_full_batch_stamp_and_claim_returns_every_row(engine: &str)
     }
     let changes = [stamp(&done, token, StateChange::Completed)];
     let claim = params(50);
-    let both = CommandSetStateAndClaimParams {
-        changes: &changes,
-        claim: &claim,
-    };
     let (stamped, rows) = h
-        .driver
-        .command_set_state_and_claim(&both)
+        .stamp_and_claim(&changes, &claim)
         .await
         .expect("stamp and claim");
     assert_eq!((stamped, rows.len()), (1, 50), "{engine}");

@@ -101,13 +101,12 @@ struct ClaimKey {
     /// Only these types (a JSON array).
     types: bool,
     queues: super::QueueFilter,
-    /// Never the rows a JSON array of ids names (the ones just stamped).
-    except: bool,
     /// Also the rows no claim in due order settles (see [`claim_sql`]): every claim on
     /// a version-1 table, now and then on version 2 ([`super::UNUSABLE_EVERY`]).
     unusable: bool,
     /// First stamp outcomes (a JSON array, the last parameter), in the same transaction
-    /// and the same call (see [`claim_sql`]).
+    /// and the same call (see [`claim_sql`]), and never claim their rows (a JSON array of
+    /// their ids, the parameter before).
     stamps: bool,
     /// How the claim names the rows it picks ([`SqliteDriver::row_key`]).
     row: &'static str,
@@ -194,7 +193,7 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
             )
         }
     };
-    if key.except {
+    if key.stamps {
         type_filter.push_str(&format!(
             "\n                 AND \"Id\" NOT IN (SELECT value FROM json_each(?{n}))"
         ));
@@ -936,7 +935,6 @@ impl SqliteDriver {
             v2,
             types: params.types.is_some(),
             queues: super::QueueFilter::of(params.queues.as_deref()),
-            except: stamps.is_some(),
             unusable: !v2 || self.unusable.due(),
             stamps: stamps.is_some(),
             row: self.row_key().await?,
