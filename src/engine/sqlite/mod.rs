@@ -6,6 +6,7 @@
 
 mod admin;
 mod busy;
+mod wake;
 
 use std::str::FromStr;
 use std::sync::Arc;
