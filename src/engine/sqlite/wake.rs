@@ -14,7 +14,7 @@
 //! replica, which never waits on another process, is unchanged.
 //!
 //! The page is `/dev/shm/icq-sqlite-wake-<uid>`: one per user, made on first use (mode
-//! 0600, never a link, never another user's), 1,024 words; a file's word is picked by its
+//! 0600, allocated before it is mapped, never a link, never another user's), 1,024 words; a file's word is picked by its
 //! device and inode, so every path to one file shares it, and two files that share a word
 //! only wake each other early (a waiter that finds the lock still taken waits again).
 //! Only icq's own connections take part: another program's commits wake no one, and its
@@ -159,18 +159,18 @@ mod imp {
                 path.display()
             )));
         }
-        let bytes = std::mem::size_of::<Page>();
-        if (stat.st_size as u64) < bytes as u64 {
-            // Only ever grown: a process mapping it meanwhile keeps every word it reads.
-            rustix::fs::ftruncate(&fd, bytes as u64)?;
-        }
+        let bytes = std::mem::size_of::<Page>() as u64;
+        // Allocated, not only sized: a sparse page that a full /dev/shm cannot back would
+        // kill the process with SIGBUS at its first write. Only ever grown: a process
+        // mapping it meanwhile keeps every word it reads.
+        rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, bytes)?;
         // SAFETY: a fresh shared mapping of `bytes` of a regular file at least that long,
         // never unmapped, so the reference lives for the program. Every access to it goes
         // through atomics, which is what other processes' writes to it require.
         unsafe {
             let at = rustix::mm::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                bytes as usize,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::SHARED,
                 &fd,
