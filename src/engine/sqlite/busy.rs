@@ -19,14 +19,16 @@
 //! these naps), and the drain ran 9% slower than with SQLite's handler.
 //!
 //! On Linux a nap also ends the moment another icq connection commits to the same file,
-//! in this process or another ([`wake`]): the naps bound the wait, the commits end it.
+//! in this process or another ([`wake`]): the naps bound the wait, the commits end it, and
+//! the busy timeout is then measured on the clock.
 //!
 //! Only connections icq opens get it; an application's pool keeps its own handler.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::wake;
 
@@ -51,23 +53,51 @@ fn waited(count: u32) -> Duration {
     growing + NAP_MAX * capped
 }
 
+thread_local! {
+    /// The wait for the lock under way on this thread, where naps end early ([`wake`]):
+    /// when it started and the wake-up word's value when the last nap ended. sqlx runs
+    /// each connection's statements on a thread of its own, so a thread waits for one
+    /// statement at a time.
+    static WAIT: Cell<(Instant, u32)> = Cell::new((Instant::now(), 0));
+}
+
 /// Naps and asks SQLite to try again (non-zero), or gives up (zero: the statement fails
-/// with `SQLITE_BUSY`) once the naps reach [`super::BUSY_TIMEOUT`]. With a wake-up word
+/// with `SQLITE_BUSY`) once the wait reaches [`super::BUSY_TIMEOUT`]. With a wake-up word
 /// (`arg`, see [`wake`]) a nap ends early when another icq connection commits to the same
-/// file. Never panics: it runs on SQLite's side of the FFI boundary.
+/// file; such a wait is measured on the clock, since its naps are not whole (a file whose
+/// word another file's commits bump would otherwise use up the timeout's count of tries
+/// in a fraction of it). Never panics: it runs on SQLite's side of the FFI boundary.
 extern "C" fn busy_handler(arg: *mut c_void, count: c_int) -> c_int {
     let count = u32::try_from(count).unwrap_or(0);
+    if !arg.is_null() {
+        // SAFETY: a non-null `arg` is the `&'static AtomicU32` `install` passed.
+        let word = unsafe { &*(arg as *const AtomicU32) };
+        if let Ok(keep_waiting) = WAIT.try_with(|wait| wait_on(word, wait, count)) {
+            return c_int::from(keep_waiting);
+        }
+    }
     if waited(count) >= super::BUSY_TIMEOUT {
         return 0;
     }
-    if arg.is_null() {
-        std::thread::sleep(nap(count));
-    } else {
-        // SAFETY: a non-null `arg` is the `&'static AtomicU32` `install` passed.
-        let word = unsafe { &*(arg as *const AtomicU32) };
-        wake::wait(word, word.load(Ordering::Acquire), nap(count));
-    }
+    std::thread::sleep(nap(count));
     1
+}
+
+/// One nap of a wait woken by `word`: false once the wait began [`super::BUSY_TIMEOUT`]
+/// ago. The value the next nap waits for a change from is read as this one ends, so a
+/// commit while SQLite tries the lock again ends that nap at once.
+fn wait_on(word: &AtomicU32, wait: &Cell<(Instant, u32)>, count: u32) -> bool {
+    let (started, seen) = if count == 0 {
+        (Instant::now(), word.load(Ordering::Acquire))
+    } else {
+        wait.get()
+    };
+    if started.elapsed() >= super::BUSY_TIMEOUT {
+        return false;
+    }
+    wake::wait(word, seen, nap(count));
+    wait.set((started, word.load(Ordering::Acquire)));
+    true
 }
 
 /// Replaces `conn`'s busy handler with [`busy_handler`], waking on its file's word where

@@ -14,11 +14,21 @@
 //! replica, which never waits on another process, is unchanged.
 //!
 //! The page is `/dev/shm/icq-sqlite-wake-<uid>`: one per user, made on first use (mode
-//! 0600, allocated before it is mapped, never a link, never another user's), 1,024 words; a file's word is picked by its
-//! device and inode, so every path to one file shares it, and two files that share a word
-//! only wake each other early (a waiter that finds the lock still taken waits again).
-//! Only icq's own connections take part: another program's commits wake no one, and its
-//! waiters nap as SQLite makes them.
+//! 0600, set again if found looser; allocated before it is mapped; never a link, never
+//! another user's), 4,096 words; a file's word is picked by its device and inode, so every
+//! path to one file shares it, and two files that share a word only wake each other early
+//! (a waiter that finds the lock still taken waits again; the busy timeout is measured
+//! on the clock, so early wake-ups do not shorten it). Shrinking the file kills the
+//! processes that map it (SIGBUS): only its owner can, and icq never does.
+//!
+//! What it does not reach, each left to the naps: another program's connections (its
+//! commits wake no one, its waiters nap as SQLite makes them); icq processes of another
+//! user or with another `/dev/shm` (another container, a systemd unit with
+//! `PrivateDevices=` or `PrivateIPC=`, a page logind removed while a process kept the old
+//! one); a process whose first try to map the page failed (it does not try again); and a
+//! lock released without a WAL commit (a rollback, a transaction that wrote nothing) or
+//! by a commit SQLite finishes while resetting a statement (its hook runs with a later
+//! statement).
 //!
 //! The WAL hook is also how SQLite checkpoints on its own (`wal_autocheckpoint`): installing
 //! one replaces that, so this hook checkpoints exactly as SQLite's does, when the WAL
@@ -38,8 +48,8 @@ use libsqlite3_sys::sqlite3;
 /// SQLite's default `wal_autocheckpoint`: the WAL frames after which a commit checkpoints.
 pub(super) const AUTOCHECKPOINT_PAGES: c_int = 1000;
 
-/// The words in the shared page (one 4 KiB page of `u32`s).
-const WORDS: usize = 1024;
+/// The words in the shared page (16 KiB of `u32`s).
+const WORDS: usize = 4096;
 
 /// The word `db`'s main database file wakes and waits on, or `None` (an in-memory or
 /// temporary database, or no shared page on this system).
@@ -159,6 +169,10 @@ mod imp {
                 path.display()
             )));
         }
+        if stat.st_mode & 0o077 != 0 {
+            // Another user who can write it could shrink it under every process mapping it.
+            rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR)?;
+        }
         let bytes = std::mem::size_of::<Page>() as u64;
         // Allocated, not only sized: a sparse page that a full /dev/shm cannot back would
         // kill the process with SIGBUS at its first write. Only ever grown: a process
@@ -240,7 +254,15 @@ mod tests {
         assert_eq!(second[7].load(Ordering::SeqCst), 3);
         let uid = rustix::process::getuid().as_raw();
         let file = dir.path().join(format!("icq-sqlite-wake-{uid}"));
-        assert_eq!(std::fs::metadata(&file).unwrap().len(), 4096);
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(meta.len(), std::mem::size_of::<imp::Page>() as u64);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // Found looser (another program, an older build): made private again.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        imp::open_page(dir.path()).unwrap();
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]
@@ -271,7 +293,9 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(30));
         // Not bumped: back after the nap.
         let seen = word.load(Ordering::Acquire);
+        let started = std::time::Instant::now();
         wait(word, seen, Duration::from_millis(1));
+        assert!(started.elapsed() < Duration::from_secs(30));
     }
 
     /// A driver's connections on a fresh file, and the file's word as any process finds it.
@@ -302,7 +326,7 @@ mod tests {
         let seen = word.load(Ordering::Acquire);
         let waiter = std::thread::spawn(move || {
             let started = std::time::Instant::now();
-            wait(word, seen, Duration::from_secs(60));
+            wait(word, seen, Duration::from_secs(20));
             started.elapsed()
         });
         sqlx::query("CREATE TABLE woken (x)")
@@ -316,7 +340,7 @@ mod tests {
         );
         let waited = waiter.join().unwrap();
         assert!(
-            waited < Duration::from_secs(30),
+            waited < Duration::from_secs(15),
             "woken by the commit, not by the end of its wait ({waited:?})"
         );
         driver.pool.close().await;
@@ -346,6 +370,66 @@ mod tests {
             wal < 8 << 20,
             "the WAL holds {wal} bytes: it was never checkpointed and started over"
         );
+        driver.pool.close().await;
+    }
+
+    /// A wait for the lock that commits to other files keep waking (files sharing the
+    /// word) lasts until the lock is free, not the timeout's count of tries: counted in
+    /// tries, it failed with "database is locked" within half a second.
+    #[tokio::test]
+    async fn wake_ups_for_other_files_do_not_shorten_the_wait_for_the_lock() {
+        let (dir, driver, word) = driver_and_word().await;
+        sqlx::query("CREATE TABLE waits (x)")
+            .execute(&driver.pool)
+            .await
+            .unwrap();
+        let url = format!("sqlite://{}", dir.path().join("wake.db").display());
+        let mut holder = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql("BEGIN IMMEDIATE; INSERT INTO waits VALUES (1)")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waker = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut bumps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    word.fetch_add(1, Ordering::Release);
+                    imp::wake_all(word);
+                    bumps += 1;
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                bumps
+            }
+        });
+        let pool = driver.pool.clone();
+        let write = tokio::spawn(async move {
+            sqlx::query("INSERT INTO waits VALUES (2)")
+                .execute(&pool)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !write.is_finished(),
+            "the write ended while the lock was held"
+        );
+        sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+        let written = write.await.unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let bumps = waker.join().unwrap();
+        assert!(
+            bumps > 6_000,
+            "only {bumps} wake-ups: the test proved nothing"
+        );
+        written.expect("the write waited for the lock");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM waits")
+            .fetch_one(&driver.pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 2);
         driver.pool.close().await;
     }
 
