@@ -88,8 +88,8 @@ pub(super) fn wait(word: &AtomicU32, seen: u32, nap: Duration) {
 }
 
 /// The WAL hook: SQLite calls it on the committing connection after each commit, once
-/// the write lock is released. Wakes every waiter on the file's word, then checkpoints as
-/// SQLite's own hook would. Never panics: it runs on SQLite's side of the FFI boundary.
+/// the write lock is released. Checkpoints as SQLite's own hook would, then wakes every
+/// waiter on the file's word. Never panics: it runs on SQLite's side of the FFI boundary.
 extern "C" fn after_commit(
     arg: *mut c_void,
     db: *mut sqlite3,
@@ -152,8 +152,8 @@ mod imp {
         })
     }
 
-    /// Maps `dir/icq-sqlite-wake-<uid>`, made if missing; refuses a link, anything but a
-    /// regular file, and a file another user owns.
+    /// Maps `dir/icq-sqlite-wake-<uid>`, made if missing and kept at mode 0600; refuses a
+    /// link, anything but a regular file, and a file another user owns.
     pub(super) fn open_page(dir: &Path) -> std::io::Result<&'static Page> {
         let uid = rustix::process::getuid().as_raw();
         let path = dir.join(format!("icq-sqlite-wake-{uid}"));
