@@ -14,7 +14,8 @@ use crate::processor::Processor;
 use crate::sources::OpenSource;
 
 /// Builds the handler registry the configuration describes. Exec programs are checked
-/// here, so a typo fails at startup with the handler's name rather than on every command.
+/// here, so a typo fails at startup with the handler's name, the file, line and key (the
+/// [`Error::ConfigCheck`] of `icq config check`) rather than on every command.
 /// A handler without a timeout, or with one longer than a source's lease, is warned
 /// about: its worker keeps renewing the lease, so a hung handler would hold its command
 /// until the worker stops.
@@ -33,6 +34,8 @@ use crate::sources::OpenSource;
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn registry_from_config(config: &Config) -> Result<Registry> {
+    // Positioned in the file, as `icq config check` reports them.
+    crate::config::verify::startup_program_check(config)?;
     let mut registry = Registry::new();
     for (type_name, handler) in &config.handlers {
         registry.insert(type_name.clone(), build_handler(type_name, handler)?)?;

@@ -20,6 +20,12 @@
 //! sink drains a warning says how many were lost. The [`LogGuard`] flushes what is queued
 //! at exit, waiting at most [`FLUSH_WITHIN`].
 //!
+//! **OpenTelemetry** ([`init_otel`]): OTLP over HTTP/protobuf from the `OTEL_*`
+//! variables. A collector that cannot be reached is warned about once, naming the
+//! endpoint (redacted) and what to check: at startup when nothing accepts a connection on
+//! its port, or at the first failed export; further failures to the same collector are
+//! not logged again (the exports are retried at their intervals all the same).
+//!
 //! [`escaping_fields`] formats the fields of text log lines with every control
 //! character escaped, so text a handler controls (its stderr, a response body) cannot
 //! forge a log line.
@@ -147,6 +153,10 @@ pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none();
     let _ = log_dispatch(json, colour, otel, writer).try_init();
+    // Once warnings can be seen: whether the collector listens at all.
+    if let Some(otel) = otel {
+        otel.unreachable.probe(&otel.endpoints);
+    }
     let reported = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watch = tokio::runtime::Handle::try_current()
         .ok()
@@ -282,6 +292,176 @@ pub struct Otel {
     tracer: opentelemetry_sdk::trace::Tracer,
     traces: opentelemetry_sdk::trace::SdkTracerProvider,
     metrics: opentelemetry_sdk::metrics::SdkMeterProvider,
+    unreachable: Unreachable,
+    /// The endpoints exported to, each with the signal it carries.
+    endpoints: Vec<String>,
+}
+
+/// The OTLP endpoints that could not be reached, each warned about once: the first
+/// failed connection or export to a collector (its scheme, host and port) logs one
+/// warning naming it (redacted) and what to check; later failures to it are silent, so
+/// a closed port is neither hidden nor a warning per export.
+#[derive(Debug, Clone, Default)]
+struct Unreachable {
+    warned: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl Unreachable {
+    /// Records that `endpoint` failed with `error`; warns the first time for its
+    /// collector.
+    fn failed(&self, endpoint: &str, error: &dyn fmt::Display) {
+        let collector = match url::Url::parse(endpoint) {
+            Ok(url) => format!(
+                "{}://{}:{}",
+                url.scheme(),
+                url.host_str().unwrap_or_default(),
+                url.port_or_known_default().unwrap_or_default()
+            ),
+            Err(_) => endpoint.to_owned(),
+        };
+        let first = match self.warned.lock() {
+            Ok(mut warned) => warned.insert(collector),
+            Err(_) => false,
+        };
+        if first {
+            tracing::warn!(
+                endpoint = %crate::redact::redact_url(endpoint),
+                error = %crate::redact::redact_text(&error.to_string()),
+                "OpenTelemetry: cannot reach the OTLP endpoint, so spans and metrics are being dropped; check that the collector is running and that OTEL_EXPORTER_OTLP_ENDPOINT names its OTLP/HTTP port (usually 4318; icq speaks http/protobuf only). Said once per collector"
+            );
+        }
+    }
+
+    /// Tries a TCP connection to each endpoint's host and port (without sending
+    /// anything), so a collector that is not listening is reported at startup rather than
+    /// at the first export, which may come only at exit.
+    fn probe(&self, endpoints: &[String]) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for endpoint in endpoints {
+            let Ok(url) = url::Url::parse(endpoint) else {
+                continue;
+            };
+            let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+                continue;
+            };
+            // An IPv6 host comes bracketed, as a socket address wants it.
+            let address = format!("{host}:{port}");
+            let (endpoint, unreachable) = (endpoint.clone(), self.clone());
+            runtime.spawn(async move {
+                let connect = tokio::net::TcpStream::connect(address);
+                match tokio::time::timeout(PROBE_WITHIN, connect).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(err)) => unreachable.failed(&endpoint, &err),
+                    Err(_) => unreachable.failed(
+                        &endpoint,
+                        &format!("no connection within {} s", PROBE_WITHIN.as_secs()),
+                    ),
+                }
+            });
+        }
+    }
+}
+
+/// How long the startup probe of an OTLP endpoint waits for a connection.
+const PROBE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Where the OTLP/HTTP exporter sends `signal` (`traces` or `metrics`), resolved from
+/// the `OTEL_*` variables as the exporter does: the signal's own endpoint as given, else
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` plus `/v1/<signal>`, else the default collector on
+/// localhost.
+fn signal_endpoint(signal: &str) -> String {
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    };
+    if let Some(endpoint) = var(&format!(
+        "OTEL_EXPORTER_OTLP_{}_ENDPOINT",
+        signal.to_ascii_uppercase()
+    )) {
+        return endpoint;
+    }
+    let base = var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_else(|| "http://localhost:4318".into());
+    format!("{}/v1/{signal}", base.trim_end_matches('/'))
+}
+
+/// An exporter whose failures are reported through [`Unreachable`] (once per collector).
+#[derive(Debug)]
+struct Watched<E> {
+    inner: E,
+    endpoint: String,
+    unreachable: Unreachable,
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for Watched<E>
+{
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let export = self.inner.export(batch);
+        async move {
+            let result = export.await;
+            if let Err(err) = &result {
+                self.unreachable.failed(&self.endpoint, err);
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown()
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+impl<E: opentelemetry_sdk::metrics::exporter::PushMetricExporter>
+    opentelemetry_sdk::metrics::exporter::PushMetricExporter for Watched<E>
+{
+    fn export(
+        &self,
+        metrics: &opentelemetry_sdk::metrics::data::ResourceMetrics,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let export = self.inner.export(metrics);
+        async move {
+            let result = export.await;
+            if let Err(err) = &result {
+                self.unreachable.failed(&self.endpoint, err);
+            }
+            result
+        }
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown()
+    }
+
+    fn temporality(&self) -> opentelemetry_sdk::metrics::Temporality {
+        self.inner.temporality()
+    }
 }
 
 impl Drop for Otel {
@@ -352,6 +532,13 @@ pub fn init_otel() -> Result<Option<Otel>> {
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .build()
         .map_err(otlp_error("trace"))?;
+    let unreachable = Unreachable::default();
+    let endpoints = vec![signal_endpoint("traces"), signal_endpoint("metrics")];
+    let span_exporter = Watched {
+        inner: span_exporter,
+        endpoint: endpoints[0].clone(),
+        unreachable: unreachable.clone(),
+    };
     let traces = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_resource(resource.clone())
         .with_batch_exporter(span_exporter)
@@ -361,6 +548,11 @@ pub fn init_otel() -> Result<Option<Otel>> {
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .build()
         .map_err(otlp_error("metrics"))?;
+    let metric_exporter = Watched {
+        inner: metric_exporter,
+        endpoint: endpoints[1].clone(),
+        unreachable: unreachable.clone(),
+    };
     let metrics = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
         .with_resource(resource)
         .with_periodic_exporter(metric_exporter)
@@ -376,6 +568,8 @@ pub fn init_otel() -> Result<Option<Otel>> {
         tracer,
         traces,
         metrics,
+        unreachable,
+        endpoints,
     }))
 }
 

@@ -252,6 +252,39 @@ fn verify(
     })
 }
 
+/// Fails with the [`Error::ConfigCheck`] `icq config check` would give when an exec
+/// program of `config` cannot be started: every such program, each positioned (file,
+/// line, column, key) at its `exec` entry, so `icq work` refuses to start with the same
+/// words as the check. The file is read again only for the positions, and only when
+/// there is a problem; a configuration made without a file (or a file since removed)
+/// gets the key path without a line.
+pub(crate) fn startup_program_check(config: &Config) -> Result<()> {
+    let env = |name: &str| std::env::var(name).ok();
+    let path_var = env("PATH");
+    let any = config.handlers.values().any(|handler| match &handler.kind {
+        HandlerKind::Exec { argv } => argv
+            .first()
+            .is_some_and(|program| program_problem(program, path_var.as_deref()).is_some()),
+        _ => false,
+    });
+    if !any {
+        return Ok(());
+    }
+    let text = config
+        .path
+        .as_deref()
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_default();
+    let problems = program_problems(config, &text, &env);
+    match &config.path {
+        Some(path) => Err(Error::ConfigCheck {
+            path: path.clone(),
+            problems,
+        }),
+        None => Err(Error::invalid(problems.join("\n"))),
+    }
+}
+
 /// Every exec handler whose program cannot be started, positioned at its `exec` entry.
 fn program_problems(
     config: &Config,

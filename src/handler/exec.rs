@@ -6,7 +6,8 @@
 //! exit status 75 (`EX_TEMPFAIL`) snoozes the command (it runs again later without
 //! consuming an attempt): after the delay on the last line of stdout when it reads
 //! `snooze <seconds>` (a decimal number, 0 to [`MAX_SNOOZE`](super::MAX_SNOOZE)), else after
-//! [`DEFAULT_SNOOZE`]; a `snooze` line with a negative, too long or unreadable delay fails
+//! [`DEFAULT_SNOOZE`] (at least [`MIN_SNOOZE`](super::MIN_SNOOZE), even after
+//! `snooze 0`); a `snooze` line with a negative, too long or unreadable delay fails
 //! the attempt saying why. Anything else fails the attempt with the status and the tail
 //! of stderr.
 //!

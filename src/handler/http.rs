@@ -7,8 +7,10 @@
 //! context, or when its text holds a control character a header cannot carry). A 2xx
 //! status is success; 429 (Too Many Requests) and 503 (Service Unavailable) snooze the
 //! command (it runs again later without consuming an attempt) after the response's
-//! `Retry-After` (seconds or an HTTP date; [`DEFAULT_SNOOZE`] when absent; a negative,
-//! unreadable or longer than [`MAX_SNOOZE`] value fails the attempt saying why); any other
+//! `Retry-After` (seconds or an HTTP date in any of its three forms; [`DEFAULT_SNOOZE`]
+//! when absent or empty; at least [`MIN_SNOOZE`](super::MIN_SNOOZE) even for `0` or a past
+//! date; a negative, unreadable or longer than [`MAX_SNOOZE`] value fails the attempt
+//! saying why); any other
 //! status, a transport error or the timeout fails the attempt, with the status and a
 //! bounded excerpt of the body in `LastError`.
 //!
@@ -274,9 +276,14 @@ impl Handler for HttpHandler {
 }
 
 /// The snooze a 429 or 503 response asks for: its `Retry-After` in seconds (a whole or
-/// decimal number) or as an HTTP date (a date already past is no delay), or
-/// [`DEFAULT_SNOOZE`] without one. A negative, unreadable or too long (beyond
-/// [`MAX_SNOOZE`]) value is an error saying why.
+/// decimal number) or as an HTTP date in any of the three forms HTTP allows
+/// (IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, the obsolete RFC 850
+/// `Sunday, 06-Nov-94 08:49:37 GMT` and asctime `Sun Nov  6 08:49:37 1994`), or
+/// [`DEFAULT_SNOOZE`] without one (an empty value is none). A date already past is no
+/// delay here; the processor still waits its shortest snooze,
+/// [`MIN_SNOOZE`](super::MIN_SNOOZE), so an endpoint answering `Retry-After: 0` is not
+/// hammered. A negative, unreadable or too long (beyond [`MAX_SNOOZE`]) value is an
+/// error saying why.
 ///
 /// # Examples
 ///
@@ -287,9 +294,12 @@ impl Handler for HttpHandler {
 ///
 /// let now = chrono::Utc.with_ymd_and_hms(2015, 10, 21, 7, 28, 0).unwrap();
 /// assert_eq!(retry_after_delay(Some("120"), now), Ok(Duration::from_secs(120)));
-/// let date = "Wed, 21 Oct 2015 07:29:30 GMT";
-/// assert_eq!(retry_after_delay(Some(date), now), Ok(Duration::from_secs(90)));
+/// let later = Ok(Duration::from_secs(90));
+/// assert_eq!(retry_after_delay(Some("Wed, 21 Oct 2015 07:29:30 GMT"), now), later);
+/// assert_eq!(retry_after_delay(Some("Wednesday, 21-Oct-15 07:29:30 GMT"), now), later);
+/// assert_eq!(retry_after_delay(Some("Wed Oct 21 07:29:30 2015"), now), later);
 /// assert_eq!(retry_after_delay(None, now), Ok(icq::handler::DEFAULT_SNOOZE));
+/// assert_eq!(retry_after_delay(Some(""), now), Ok(icq::handler::DEFAULT_SNOOZE));
 /// assert!(retry_after_delay(Some("-1"), now).is_err());
 /// assert!(retry_after_delay(Some("tomorrow"), now).is_err());
 /// ```
@@ -297,9 +307,10 @@ pub fn retry_after_delay(
     value: Option<&str>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<std::time::Duration, String> {
-    let Some(value) = value.map(str::trim) else {
+    let value = value.map(str::trim).unwrap_or_default();
+    if value.is_empty() {
         return Ok(DEFAULT_SNOOZE);
-    };
+    }
     let looks_numeric = value
         .chars()
         .next()
@@ -308,11 +319,15 @@ pub fn retry_after_delay(
         return super::checked_snooze_seconds(value);
     }
     let shown = crate::engine::bounded(value, 60);
-    let when = chrono::DateTime::parse_from_rfc2822(value)
-        .map_err(|_| format!("`{shown}` is neither a number of seconds nor an HTTP date"))?;
-    let delay = (when.with_timezone(&chrono::Utc) - now)
-        .to_std()
-        .unwrap_or_default();
+    // The three HTTP-date forms; then RFC 2822 (what `GMT` forms are a case of), for
+    // senders writing a numeric zone such as `+0000`.
+    let when = match httpdate::parse_http_date(value) {
+        Ok(when) => chrono::DateTime::<chrono::Utc>::from(when),
+        Err(_) => chrono::DateTime::parse_from_rfc2822(value)
+            .map_err(|_| format!("`{shown}` is neither a number of seconds nor an HTTP date"))?
+            .with_timezone(&chrono::Utc),
+    };
+    let delay = (when - now).to_std().unwrap_or_default();
     if delay > MAX_SNOOZE {
         return Err(format!(
             "`{shown}` is more than {} s (30 days) away",
@@ -596,6 +611,94 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn retry_after_reads_every_http_date_form() {
+        use chrono::TimeZone;
+        let now = chrono::Utc
+            .with_ymd_and_hms(1994, 11, 6, 8, 48, 37)
+            .unwrap();
+        let minute = Ok(Duration::from_secs(60));
+        for date in [
+            "Sun, 06 Nov 1994 08:49:37 GMT",  // IMF-fixdate
+            "Sunday, 06-Nov-94 08:49:37 GMT", // obsolete RFC 850
+            "Sun Nov  6 08:49:37 1994",       // asctime
+            "  Sun, 06 Nov 1994 08:49:37 GMT ",
+            "Sun, 06 Nov 1994 08:49:37 +0000", // RFC 2822 with a numeric zone
+        ] {
+            assert_eq!(retry_after_delay(Some(date), now), minute, "{date:?}");
+        }
+        // Past dates are no delay here (the processor's floor applies); every form.
+        for past in [
+            "Sun, 06 Nov 1994 08:47:37 GMT",
+            "Sunday, 06-Nov-94 08:47:37 GMT",
+            "Sun Nov  6 08:47:37 1994",
+        ] {
+            assert_eq!(
+                retry_after_delay(Some(past), now),
+                Ok(Duration::ZERO),
+                "{past:?}"
+            );
+        }
+        // Absent, empty or blank: the default snooze, not a failed attempt.
+        for none in [None, Some(""), Some("   ")] {
+            assert_eq!(retry_after_delay(none, now), Ok(DEFAULT_SNOOZE), "{none:?}");
+        }
+        assert_eq!(retry_after_delay(Some("0"), now), Ok(Duration::ZERO));
+        assert_eq!(
+            retry_after_delay(Some("1.5"), now),
+            Ok(Duration::from_millis(1500))
+        );
+        for bad in ["soon", "Sun, 06 Nov 1994", "Sun, 32 Nov 1994 08:49:37 GMT"] {
+            let why = retry_after_delay(Some(bad), now).unwrap_err();
+            assert!(
+                why.contains("neither a number of seconds nor an HTTP date"),
+                "{why}"
+            );
+        }
+        let why = retry_after_delay(Some("-1"), now).unwrap_err();
+        assert!(why.contains("negative"), "{why}");
+        let why = retry_after_delay(Some("Sat, 06 Nov 2094 08:49:37 GMT"), now).unwrap_err();
+        assert!(why.contains("30 days"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn http_retry_after_dates_and_empty_values_snooze() {
+        let soon = chrono::Utc::now() + chrono::Duration::seconds(120);
+        for (form, date) in [
+            (
+                "IMF-fixdate",
+                soon.format("%a, %d %b %Y %H:%M:%S GMT").to_string(),
+            ),
+            (
+                "RFC 850",
+                soon.format("%A, %d-%b-%y %H:%M:%S GMT").to_string(),
+            ),
+            ("asctime", soon.format("%a %b %e %H:%M:%S %Y").to_string()),
+        ] {
+            let busy = Server::start(
+                "503 Service Unavailable",
+                vec![format!("Retry-After: {date}")],
+                "",
+            )
+            .await;
+            let err = handler(&busy.url("/h"), &[])
+                .handle(job())
+                .await
+                .unwrap_err();
+            let delay = err.snooze.unwrap_or_else(|| panic!("{form}: {err:?}"));
+            assert!(
+                (Duration::from_secs(100)..=Duration::from_secs(121)).contains(&delay),
+                "{form} {date}: {delay:?}"
+            );
+        }
+        let empty = Server::start("429 Too Many Requests", vec!["Retry-After:".into()], "").await;
+        let err = handler(&empty.url("/h"), &[])
+            .handle(job())
+            .await
+            .unwrap_err();
+        assert_eq!(err.snooze, Some(DEFAULT_SNOOZE), "{err:?}");
     }
 
     /// Answers one request with `status` and an endless chunked body; the task ends,

@@ -165,6 +165,18 @@ pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// ```
 pub const DEFAULT_SNOOZE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The shortest snooze: 1 s. A handler asking for less (exec `snooze 0`, http
+/// `Retry-After: 0` or a date already past, `HandlerError::snooze(Duration::ZERO)`) is
+/// run again after this long, so an endpoint that keeps answering "not now, retry at
+/// once" gets one request a second per command rather than as many as the worker can send.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(icq::handler::MIN_SNOOZE, std::time::Duration::from_secs(1));
+/// ```
+pub const MIN_SNOOZE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest snooze: 30 days. A longer one (or a negative or unreadable one) fails the
 /// attempt like an error, with the reason in `LastError`.
 ///
@@ -298,7 +310,8 @@ impl HandlerError {
     /// Not now: run the command again after `delay`, without consuming an attempt
     /// (SPEC §8 snooze; `LastError` is kept). A command snoozes at most `max_snoozes`
     /// times (default 1000), then is dead-lettered saying so; a delay longer than
-    /// [`MAX_SNOOZE`] fails the attempt instead.
+    /// [`MAX_SNOOZE`] fails the attempt instead, and one shorter than [`MIN_SNOOZE`]
+    /// (zero included) waits [`MIN_SNOOZE`].
     ///
     /// # Examples
     ///

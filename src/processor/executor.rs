@@ -15,8 +15,9 @@
 //!
 //! A snooze ([`HandlerError::snooze`], exec exit 75, http 429/503) is stamped as
 //! [`StateChange::Snooze`]: the attempt is given back and `LastError` kept. The snooze
-//! that would take a row past `max_snoozes` dead-letters it instead, and a delay longer
-//! than [`MAX_SNOOZE`] fails the attempt like an error, saying why.
+//! that would take a row past `max_snoozes` dead-letters it instead, a delay longer than
+//! [`MAX_SNOOZE`] fails the attempt like an error, saying why, and one shorter than
+//! [`MIN_SNOOZE`] (zero included) waits [`MIN_SNOOZE`].
 //!
 //! `Attempts` written by another program is taken at its word only when it is a count:
 //! NULL, a value outside `i32` (decoding defects) and a negative count are dead-lettered
@@ -34,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Buffered, Shared, retry};
 use crate::engine::{SetState, StateChange};
-use crate::handler::{HandlerError, Job, MAX_SNOOZE, STOP_GRACE, with_context};
+use crate::handler::{HandlerError, Job, MAX_SNOOZE, MIN_SNOOZE, STOP_GRACE, with_context};
 
 /// One execution slot: takes buffered rows until `stop` is cancelled, then returns.
 pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
@@ -314,7 +315,9 @@ pub(crate) enum Snoozing {
     BadDelay(String),
 }
 
-/// Decides a snooze of `delay` for a row that has snoozed `snoozes` times already.
+/// Decides a snooze of `delay` for a row that has snoozed `snoozes` times already. A
+/// delay shorter than [`MIN_SNOOZE`] (zero included) waits [`MIN_SNOOZE`]: a handler
+/// saying "not now" is never run again at once, however often it says so.
 pub(crate) fn snooze_decision(
     delay: std::time::Duration,
     snoozes: i32,
@@ -335,7 +338,7 @@ pub(crate) fn snooze_decision(
              allows, and asked to snooze again"
         ));
     }
-    Snoozing::Snooze(delay)
+    Snoozing::Snooze(delay.max(MIN_SNOOZE))
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -377,5 +380,28 @@ mod tests {
             snooze_decision(MAX_SNOOZE, 0, 1000),
             Snoozing::Snooze(MAX_SNOOZE)
         );
+    }
+
+    #[test]
+    fn a_snooze_shorter_than_the_floor_waits_the_floor() {
+        for asked in [
+            Duration::ZERO,
+            Duration::from_millis(1),
+            Duration::from_millis(999),
+        ] {
+            assert_eq!(
+                snooze_decision(asked, 0, 1000),
+                Snoozing::Snooze(MIN_SNOOZE),
+                "{asked:?}"
+            );
+        }
+        assert_eq!(MIN_SNOOZE, Duration::from_secs(1));
+        let longer = Duration::from_millis(1500);
+        assert_eq!(snooze_decision(longer, 0, 1000), Snoozing::Snooze(longer));
+        // The floor does not stretch the bound on how often a row may snooze.
+        assert!(matches!(
+            snooze_decision(Duration::ZERO, 3, 3),
+            Snoozing::TooOften(_)
+        ));
     }
 }

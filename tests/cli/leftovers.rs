@@ -46,6 +46,35 @@ async fn defect_10_an_exec_program_that_is_a_directory_says_so() {
     }
 }
 
+/// `icq work` refuses programs that cannot start with the very lines `icq config check`
+/// prints: the file, line, column and key of each, every one listed.
+#[tokio::test]
+async fn work_names_the_file_line_and_key_of_each_program_that_cannot_start() {
+    let db = TestDb::with_table("sqlite", "exec_dir_line").await;
+    let dir = with_config(
+        &db.url,
+        "",
+        "  a.dir:\n    exec: [\"/tmp\"]\n  b.ok:\n    noop: true\n  c.missing:\n    exec: [./bin/missing, --flag]\n",
+    );
+    let check = icq(dir.path(), &["config", "check"]);
+    let check_err = String::from_utf8_lossy(&check.stderr).into_owned();
+    assert_eq!(check.status.code(), Some(2), "{check_err}");
+    let work = icq(dir.path(), &["work", "--until-idle"]);
+    let work_err = String::from_utf8_lossy(&work.stderr).into_owned();
+    assert_eq!(work.status.code(), Some(2), "{work_err}");
+    for wanted in [
+        "icq.yaml:8:12: handlers.a.dir.exec[0]: handler `a.dir`: /tmp is a directory, not a program",
+        "icq.yaml:12:12: handlers.c.missing.exec[0]: handler `c.missing`: program ./bin/missing does not exist",
+        "2 problems found",
+    ] {
+        assert!(
+            check_err.contains(wanted),
+            "config check: {wanted}\n{check_err}"
+        );
+        assert!(work_err.contains(wanted), "work: {wanted}\n{work_err}");
+    }
+}
+
 #[tokio::test]
 async fn defect_10_work_format_json_logs_json_lines() {
     let db = TestDb::with_table("sqlite", "work_json").await;

@@ -278,6 +278,36 @@ async fn busy_once_server() -> (String, Arc<AtomicU32>) {
     (url, seen)
 }
 
+/// An HTTP server answering every request `429 Too Many Requests` with `retry_after` as
+/// its `Retry-After`, counting the requests.
+async fn always_busy_server(retry_after: &'static str) -> (String, Arc<AtomicU32>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let seen = Arc::new(AtomicU32::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => head.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {retry_after}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, seen)
+}
+
 /// Reads `Attempts`, `Snoozes`, `LastError` and whether the row completed / is dead, by
 /// type (one row per type).
 async fn row_state(db: &TestDb, ty: &str) -> (i64, i64, Option<String>, bool, bool) {
@@ -397,6 +427,102 @@ async fn issue_21_snooze_keeps_attempts() {
                 (1, 1, None, true, false),
                 "{engine} {ty}"
             );
+        }
+    }
+}
+
+/// A snooze of no time still waits: an endpoint answering 429 with `Retry-After: 0` (or
+/// a date already past), an exec program printing `snooze 0` and a Rust
+/// `HandlerError::snooze(Duration::ZERO)` each run about once a second, not as fast as
+/// the worker can claim, and none of their attempts is consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_snooze_still_waits_and_keeps_attempts() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "snooze_zero").await;
+        let dir = tempfile::tempdir().unwrap();
+        let runs_file = dir.path().join("exec-runs");
+        let settings = Settings::default().with_polling_interval_seconds(0.05);
+        let source = open(&db, &settings).await;
+        let (zero_url, zero_posts) = always_busy_server("0").await;
+        let (past_url, past_posts) = always_busy_server("Thu, 01 Jan 1970 00:00:00 GMT").await;
+        let mut registry = Registry::new();
+        for (ty, url) in [("http.zero", &zero_url), ("http.past", &past_url)] {
+            let handler = icq::handler::http::HttpHandler::new(url, &Default::default(), None);
+            registry.insert(ty, Arc::new(handler.unwrap())).unwrap();
+        }
+        let script = format!(
+            "echo run >> {runs}; echo 'snooze 0'; exit 75",
+            runs = runs_file.display()
+        );
+        registry
+            .insert_exec("exec.zero", vec!["sh".into(), "-c".into(), script], None)
+            .unwrap();
+        let rust_calls = Arc::new(AtomicU32::new(0));
+        registry
+            .insert(
+                "rust.zero",
+                Arc::new(FnHandler({
+                    let calls = rust_calls.clone();
+                    move |_job: Job| {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        async { Err(HandlerError::snooze(Duration::ZERO)) }
+                    }
+                })),
+            )
+            .unwrap();
+        let types = ["http.zero", "http.past", "exec.zero", "rust.zero"];
+        for ty in types {
+            source
+                .queue
+                .schedule(&NewCommand::new(ty, serde_json::json!({})))
+                .await
+                .unwrap();
+        }
+        let counts = {
+            let (zero, past, rust) = (zero_posts.clone(), past_posts.clone(), rust_calls.clone());
+            let runs_file = runs_file.clone();
+            move || {
+                let exec = std::fs::read_to_string(&runs_file)
+                    .map(|t| t.lines().count() as u32)
+                    .unwrap_or(0);
+                [
+                    zero.load(Ordering::SeqCst),
+                    past.load(Ordering::SeqCst),
+                    exec,
+                    rust.load(Ordering::SeqCst),
+                ]
+            }
+        };
+        let started = Instant::now();
+        let (shutdown, worker) = start(registry, &source, &settings, Duration::from_secs(5));
+        // Each runs again after its snooze (at least three runs each), however long a
+        // loaded machine takes.
+        let ran_again = wait_until(Duration::from_secs(30), || {
+            let now = counts();
+            async move { now.iter().all(|&n| n >= 3) }
+        })
+        .await;
+        shutdown.cancel();
+        worker.await.unwrap().unwrap();
+        let elapsed = started.elapsed();
+        let runs = counts();
+        assert!(ran_again, "{engine}: runs {runs:?} after {elapsed:?}");
+        // One run at once, then at most one a second (the floor), with a run of slack.
+        let most = elapsed.as_secs() as u32 + 2;
+        for (ty, n) in types.iter().zip(runs) {
+            assert!(
+                n <= most,
+                "{engine} {ty}: {n} runs in {elapsed:?} (at most {most}): a zero snooze did not wait"
+            );
+        }
+        for ty in types {
+            let (attempts, snoozes, last_error, done, dead) = row_state(&db, ty).await;
+            assert_eq!(
+                (attempts, last_error, done, dead),
+                (0, None, false, false),
+                "{engine} {ty}: a snooze consumed an attempt or ended the command"
+            );
+            assert!(snoozes >= 2, "{engine} {ty}: {snoozes} snoozes");
         }
     }
 }

@@ -266,6 +266,98 @@ async fn without_otel_variables_nothing_is_exported() {
     );
 }
 
+/// A collector that does not listen is warned about once, at startup, naming the endpoint
+/// with its password masked and what to check; the exports that keep failing while the
+/// worker runs add no more warnings.
+#[tokio::test]
+async fn an_unreachable_endpoint_is_warned_about_once() {
+    let db = TestDb::with_table("sqlite", "otelclosed").await;
+    let (t, ty, payload) = (db.q("InternalCommands"), db.q("Type"), db.q("Payload"));
+    db.execute(&format!(
+        "INSERT INTO {t} ({ty}, {payload}) VALUES ('ok', '{{}}'), ('ok', '{{}}'), ('bad', '{{}}')"
+    ))
+    .await;
+    // Nothing listens on this port (bound, then closed).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("traceparents");
+    let config = write_config(dir.path(), &db.url, &marker);
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(["work", "--config"])
+        .arg(&config)
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://collector:s3cret@127.0.0.1:{port}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        .env_remove("RUST_LOG")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait_for = |what: &dyn Fn() -> bool, limit: Duration| {
+        let start = std::time::Instant::now();
+        while !what() && start.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        what()
+    };
+    let warned = wait_for(
+        &|| read_log().contains("cannot reach the OTLP endpoint"),
+        Duration::from_secs(20),
+    );
+    // The two commands that succeed ran, so their spans were due for export.
+    let ran = wait_for(
+        &|| {
+            std::fs::read_to_string(&marker)
+                .map(|text| text.lines().count() >= 2)
+                .unwrap_or(false)
+        },
+        Duration::from_secs(20),
+    );
+    // Exports every 100 ms (spans) and 200 ms (metrics) keep failing for a while.
+    std::thread::sleep(Duration::from_secs(2));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    let stderr = read_log();
+    assert!(warned && ran, "warned {warned}, ran {ran}: {stderr}");
+    assert!(status.success(), "{status}: {stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("cannot reach the OTLP endpoint"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "once, not per export: {stderr}");
+    let warning = warnings[0];
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains(&format!("http://collector:***@127.0.0.1:{port}/v1/")),
+        "the endpoint, redacted: {warning}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    for hint in [
+        "collector is running",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "4318",
+    ] {
+        assert!(warning.contains(hint), "{hint}: {warning}");
+    }
+    assert!(warning.contains("refused"), "the cause: {warning}");
+}
+
 /// An OTLP protocol icq does not speak is a clear usage error.
 #[tokio::test]
 async fn grpc_protocol_is_refused_with_a_hint() {
