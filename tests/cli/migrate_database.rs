@@ -770,6 +770,7 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         "{}",
     ]));
     let ran = cwd.join("ran");
+    std::fs::create_dir(&ran).unwrap();
     // Each handler outlives its lease (3 s, renewed every second): only renewals keep it.
     let config = cwd.join("icq.yaml");
     std::fs::write(
@@ -777,7 +778,7 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         format!(
             "sources:\n  - name: main\n    url: \"{url}\"\n    settings:\n      \
              lease_seconds: 3\n      max_attempts: 1\n      polling_interval_seconds: 0.1\n\
-             handlers:\n  slow.job:\n    exec: [\"sh\", \"-c\", \"echo $ICQ_COMMAND_ID >> {}; sleep 5\"]\n  \
+             handlers:\n  slow.job:\n    exec: [\"sh\", \"-c\", \"cat >> {}/$ICQ_COMMAND_ID; sleep 5\"]\n  \
              failing.job:\n    exec: [\"sh\", \"-c\", \"echo 'Zoë € failed' >&2; exit 1\"]\n",
             ran.display()
         ),
@@ -821,8 +822,18 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         once, 4,
         "every command stamped completed after one run: {stderr}"
     );
-    let lines = std::fs::read_to_string(&ran).unwrap();
-    assert_eq!(lines.lines().count(), 4, "each handler ran once: {lines}");
+    let payloads: Vec<String> = std::fs::read_dir(&ran)
+        .unwrap()
+        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(payloads.len(), 4, "{payloads:?}");
+    for payload in &payloads {
+        let json: serde_json::Value = serde_json::from_str(payload).unwrap();
+        assert_eq!(
+            json["name"], "Zoë €",
+            "each handler ran once on its payload whole"
+        );
+    }
     let dead = db
         .scalar_i64(
             "SELECT COUNT(*) FROM `InternalCommands` WHERE `Type` = 'failing.job' \
