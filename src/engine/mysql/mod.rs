@@ -3,6 +3,8 @@
 //! There is no `UPDATE … RETURNING` here, so a claim is a short transaction: select the
 //! due ids `FOR UPDATE SKIP LOCKED`, stamp them with the lease, read them back. Ids and
 //! tokens are `CHAR(36)` text and times `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`).
+//! Queues, types and unique keys compare byte for byte ([`exact`]) and no statement
+//! depends on the connection's or the database's default character set.
 
 mod admin;
 
