@@ -2,35 +2,39 @@
 -- Times are UTC DATETIME(6). Enqueue with: INSERT INTO {{table}} (`Type`, `Payload`) VALUES ('t', '{}');
 -- No partial indexes here, so the poll indexes lead with the two state columns instead.
 -- Schedule idempotently from plain SQL with INSERT IGNORE (the unique key index).
+-- Text is utf8mb4_bin, named on every text column so that no database or server default
+-- (latin1, say) reaches the table. Unique keys and queues compare byte for byte: the keys
+-- of their indexes are binary strings, since utf8mb4_bin ignores trailing spaces (PAD
+-- SPACE) and no NO PAD collation exists on both MariaDB and MySQL.
 CREATE TABLE {{table}} (
-    `Id`             CHAR(36)     NOT NULL DEFAULT (UUID()),
-    `Type`           VARCHAR(255) NOT NULL,
+    `Id`             CHAR(36)     CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT (UUID()),
+    `Type`           VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     `Payload`        JSON         NOT NULL,
     `CreatedAt`      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     `RunAt`          DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     `Attempts`       INT          NOT NULL DEFAULT 0,
-    `LockToken`      CHAR(36)     NULL,
+    `LockToken`      CHAR(36)     CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     `LockedUntil`    DATETIME(6)  NULL,
     `ProcessedAt`    DATETIME(6)  NULL,
     `DeadLetteredAt` DATETIME(6)  NULL,
-    `LastError`      TEXT         NULL,
-    `UserId`         VARCHAR(255) NULL,
-    `Roles`          TEXT         NULL,
-    `TenantId`       VARCHAR(255) NULL,
-    `CorrelationId`  VARCHAR(255) NULL,
-    `Queue`          VARCHAR(128) NOT NULL DEFAULT 'default',
+    `LastError`      TEXT         CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `UserId`         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `Roles`          TEXT         CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `TenantId`       VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `CorrelationId`  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `Queue`          VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT 'default',
     `Priority`       SMALLINT     NOT NULL DEFAULT 0,
-    `UniqueKey`      VARCHAR(255) NULL,
-    `TraceParent`    VARCHAR(255) NULL,
+    `UniqueKey`      VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    `TraceParent`    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     `Snoozes`        INT          NOT NULL DEFAULT 0,
     -- The unique key while the row is pending, NULL once it is completed or dead (which
     -- frees the key): what the unique index covers, since there are no partial indexes.
-    `PendingUniqueKey` VARCHAR(255) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, `UniqueKey`, NULL)) STORED,
+    `PendingUniqueKey` VARBINARY(1020) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, CAST(`UniqueKey` AS BINARY), NULL)) STORED,
     -- The queue while the row is pending and in a queue other than 'default', NULL
     -- otherwise: the queue poll index's key. Rows of the default queue (most rows) keep
     -- NULL from insert to completion, so completing one writes nothing to that index;
     -- workers that serve named queues seek their queue in it.
-    `PollQueue` VARCHAR(128) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `Queue` <> 'default', `Queue`, NULL)) STORED,
+    `PollQueue` VARBINARY(512) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND CAST(`Queue` AS BINARY) <> 'default', CAST(`Queue` AS BINARY), NULL)) STORED,
     PRIMARY KEY (`Id`),
     INDEX {{ix_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Priority`, `RunAt`),
     INDEX {{ix_queue_poll}} (`PollQueue`, `Priority`, `RunAt`),

@@ -724,3 +724,128 @@ async fn embedded_default_upgrades_a_version_1_table_once() {
     .unwrap();
     assert_eq!(indexes, v2_indexes("sqlite"));
 }
+
+/// A MariaDB database whose default character set is latin1 (MariaDB's compiled
+/// default): the migration still makes a utf8mb4 table, and a worker stamps every command
+/// and renews leases there (each statement names its own character sets), error texts
+/// beyond latin1 included.
+#[tokio::test]
+async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
+    let db = TestDb::new("mysql", "latin1").await;
+    db.execute("ALTER DATABASE CHARACTER SET latin1 COLLATE latin1_swedish_ci")
+        .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let url = db.url.as_str();
+    stdout_of(icq(cwd).args(["migrate", "add", "--engine", "mysql"]));
+    stdout_of(icq(cwd).args(["migrate", "run", "--database-url", url]));
+    let not_utf8mb4 = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = 'InternalCommands' AND CHARACTER_SET_NAME IS NOT NULL \
+             AND (CHARACTER_SET_NAME <> 'utf8mb4' OR COLLATION_NAME <> 'utf8mb4_bin')",
+        )
+        .await;
+    assert_eq!(not_utf8mb4, 0, "every text column is utf8mb4_bin");
+
+    for n in 0..4 {
+        let payload = format!("{{\"n\": {n}, \"name\": \"Zoë €\"}}");
+        stdout_of(icq(cwd).args([
+            "schedule",
+            "--database-url",
+            url,
+            "--type",
+            "slow.job",
+            "--payload",
+            &payload,
+        ]));
+    }
+    stdout_of(icq(cwd).args([
+        "schedule",
+        "--database-url",
+        url,
+        "--type",
+        "failing.job",
+        "--payload",
+        "{}",
+    ]));
+    let ran = cwd.join("ran");
+    std::fs::create_dir(&ran).unwrap();
+    // Each handler outlives its lease (3 s, renewed every second): only renewals keep it.
+    let config = cwd.join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  - name: main\n    url: \"{url}\"\n    settings:\n      \
+             lease_seconds: 3\n      max_attempts: 1\n      polling_interval_seconds: 0.1\n\
+             handlers:\n  slow.job:\n    exec: [\"sh\", \"-c\", \"cat >> {}/$ICQ_COMMAND_ID; sleep 5\"]\n  \
+             failing.job:\n    exec: [\"sh\", \"-c\", \"echo 'Zoë € failed' >&2; exit 1\"]\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .current_dir(cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Unstamped outcomes are retried forever: a run that does not end has failed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for problem in [
+        "could not stamp",
+        "could not extend",
+        "1253",
+        "leases were lost",
+    ] {
+        assert!(!stderr.contains(problem), "{problem}: {stderr}");
+    }
+    let once = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM `InternalCommands` WHERE `Type` = 'slow.job' \
+             AND `ProcessedAt` IS NOT NULL AND `Attempts` = 1",
+        )
+        .await;
+    assert_eq!(
+        once, 4,
+        "every command stamped completed after one run: {stderr}"
+    );
+    let payloads: Vec<String> = std::fs::read_dir(&ran)
+        .unwrap()
+        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(payloads.len(), 4, "{payloads:?}");
+    for payload in &payloads {
+        let json: serde_json::Value = serde_json::from_str(payload).unwrap();
+        assert_eq!(
+            json["name"], "Zoë €",
+            "each handler ran once on its payload whole"
+        );
+    }
+    let dead = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM `InternalCommands` WHERE `Type` = 'failing.job' \
+             AND `DeadLetteredAt` IS NOT NULL AND `LastError` LIKE '%Zoë € failed%'",
+        )
+        .await;
+    assert_eq!(dead, 1, "the error text is kept whole: {stderr}");
+    let payloads = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM `InternalCommands` \
+             WHERE JSON_VALUE(`Payload`, '$.name') = 'Zoë €'",
+        )
+        .await;
+    assert_eq!(payloads, 4);
+}

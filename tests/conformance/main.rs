@@ -43,7 +43,13 @@ embedding_for_each_engine!(
 cli_for_each_engine!(
     eight_schedule_processes_with_one_key_create_one_row,
     bad_values_and_version_1_tables_are_refused_with_the_reason,
+    keys_and_queues_differing_in_trailing_spaces_stay_apart,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_pad_space_table_keeps_names_apart_and_names_its_fix() {
+    unique_keys::a_pad_space_mysql_table_keeps_names_apart_and_names_its_fix().await
+}
 
 for_each_engine!(
     rollback_schedules_nothing_and_commit_runs_once,

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 
-use super::{COLUMNS, MySqlDriver, NOW, decode_row};
+use super::{COLUMNS, MySqlDriver, NOW, decode_row, exact, exact_marks};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::admin::{
     CANCELLED, CancelledRow, CommandCancelManyParams, CommandListParams, ListState,
@@ -34,14 +34,22 @@ const IDS_PER_STATEMENT: usize = 1000;
 const PENDING: &str = "`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL";
 /// Dead: dead-lettered and not completed.
 const DEAD: &str = "`DeadLetteredAt` IS NOT NULL AND `ProcessedAt` IS NULL";
+/// `column = ?`, byte for byte (bind the value twice): the plain comparison uses an index,
+/// the [`exact`] one refuses what only PAD SPACE finds equal.
+fn equals(column: &str) -> String {
+    format!("({column} = ? AND {} = {})", exact(column), exact_marks(1))
+}
+
 /// Dead letters of `c` at or before `?`, of type `?` when it is not NULL (bind the type
-/// twice), of queue `?` when the filter names one.
+/// three times), of queue `?` when the filter names one (bind it twice).
 fn dead_filter(filter: &DeadLetterFilter) -> String {
-    let mut sql = "c.`DeadLetteredAt` IS NOT NULL AND c.`ProcessedAt` IS NULL \
-                   AND c.`DeadLetteredAt` <= ? AND (? IS NULL OR c.`Type` = ?)"
-        .to_owned();
+    let mut sql = format!(
+        "c.`DeadLetteredAt` IS NOT NULL AND c.`ProcessedAt` IS NULL \
+         AND c.`DeadLetteredAt` <= ? AND (? IS NULL OR {})",
+        equals("c.`Type`")
+    );
     if filter.queue.is_some() {
-        sql.push_str(" AND c.`Queue` = ?");
+        sql.push_str(&format!(" AND {}", equals("c.`Queue`")));
     }
     sql
 }
@@ -54,9 +62,10 @@ fn bind_dead_filter<'q, O>(
     let query = query
         .bind(filter.dead_before.naive_utc())
         .bind(&filter.type_name)
+        .bind(&filter.type_name)
         .bind(&filter.type_name);
     match &filter.queue {
-        Some(queue) => query.bind(queue),
+        Some(queue) => query.bind(queue).bind(queue),
         None => query,
     }
 }
@@ -87,12 +96,12 @@ fn requeue_set(version: u32) -> String {
 }
 
 /// The `WHERE` condition and ordering column of finished rows at or before `?` (of
-/// queue `?` when the filter names one).
+/// queue `?` when the filter names one: bind it twice).
 fn finished(filter: &FinishedFilter) -> (String, &'static str) {
     let queue = if filter.queue.is_some() {
-        " AND `Queue` = ?"
+        format!(" AND {}", equals("`Queue`"))
     } else {
-        ""
+        String::new()
     };
     match filter.kind {
         FinishedKind::Completed => (
@@ -123,8 +132,8 @@ fn list_condition(state: ListState) -> String {
     }
 }
 
-/// A listing page (see the PostgreSQL driver). Placeholders are positional: type, queue,
-/// before, then the `after` id three times, then the limit.
+/// A listing page (see the PostgreSQL driver). Placeholders are positional: type twice,
+/// queue twice, before, then the `after` id three times, then the limit.
 fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
     let key = format!("`{}`", params.state.key_column());
     let (dir, cmp) = if params.state.newest_first() {
@@ -134,10 +143,10 @@ fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
     };
     let mut conditions = vec![list_condition(params.state)];
     if params.type_name.is_some() {
-        conditions.push("`Type` = ?".into());
+        conditions.push(equals("`Type`"));
     }
     if params.queue.is_some() {
-        conditions.push("`Queue` = ?".into());
+        conditions.push(equals("`Queue`"));
     }
     if params.before.is_some() {
         conditions.push(format!("{key} < ?"));
@@ -181,10 +190,10 @@ impl AdminOps for MySqlDriver {
         let sql = list_sql(&self.t, params, self.schema_version().await?);
         let mut query = sqlx::query(AssertSqlSafe(sql));
         if let Some(type_name) = &params.type_name {
-            query = query.bind(type_name);
+            query = query.bind(type_name).bind(type_name);
         }
         if let Some(queue) = &params.queue {
-            query = query.bind(queue);
+            query = query.bind(queue).bind(queue);
         }
         if let Some(before) = params.before {
             query = query.bind(before);
@@ -262,11 +271,14 @@ impl AdminOps for MySqlDriver {
         for chunk in params.keys.chunks(IDS_PER_STATEMENT) {
             // `PendingUniqueKey` is the key while the row is pending: its unique index.
             let sql = format!(
-                "SELECT `PendingUniqueKey`, `Id` FROM {t} WHERE `PendingUniqueKey` IN ({})",
-                marks(chunk.len())
+                "SELECT `UniqueKey`, `Id` FROM {t} WHERE `PendingUniqueKey` IN ({}) \
+                 AND {} IN ({})",
+                marks(chunk.len()),
+                exact("`PendingUniqueKey`"),
+                exact_marks(chunk.len())
             );
             let mut query = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(sql));
-            for key in chunk {
+            for key in chunk.iter().chain(chunk) {
                 query = query.bind(key);
             }
             let rows = query
@@ -293,11 +305,12 @@ impl AdminOps for MySqlDriver {
         let t = &self.t;
         let unleased = unleased();
         let version = self.schema_version().await?;
-        let (select, group) = count_grouping(params, version, |c| format!("`{c}`"));
+        // Grouped by bytes: `utf8mb4_bin` would count `emails ` as `emails`.
+        let (select, group) = count_grouping(params, version, |c| exact(&format!("`{c}`")));
         let filter = if params.queue.is_some() {
-            "WHERE `Queue` = ?"
+            format!("WHERE {}", equals("`Queue`"))
         } else {
-            ""
+            String::new()
         };
         let sum = |condition: &str| format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)");
         let sql = format!(
@@ -314,7 +327,7 @@ impl AdminOps for MySqlDriver {
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         if let Some(queue) = &params.queue {
-            query = query.bind(queue);
+            query = query.bind(queue).bind(queue);
         }
         let rows = query
             .fetch_all(&self.pool)
@@ -331,22 +344,24 @@ impl AdminOps for MySqlDriver {
     ) -> Result<Vec<DeadLetterSummary>> {
         let t = &self.t;
         let queue = if params.queue.is_some() {
-            "AND `Queue` = ?"
+            format!("AND {}", equals("`Queue`"))
         } else {
-            ""
+            String::new()
         };
         let sql = format!(
             "SELECT {} FROM {t} \
-             WHERE {DEAD} AND (? IS NULL OR `Type` = ?) {queue} \
+             WHERE {DEAD} AND (? IS NULL OR {}) {queue} \
              ORDER BY `DeadLetteredAt` DESC, `Id` \
              LIMIT ?",
-            columns(self.schema_version().await?)
+            columns(self.schema_version().await?),
+            equals("`Type`")
         );
         let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(&params.type_name)
+            .bind(&params.type_name)
             .bind(&params.type_name);
         if let Some(queue) = &params.queue {
-            query = query.bind(queue);
+            query = query.bind(queue).bind(queue);
         }
         let rows = query
             .bind(i64::from(params.limit))
@@ -438,7 +453,10 @@ impl AdminOps for MySqlDriver {
                 "c.`UniqueKey`",
                 format!(
                     " AND (c.`UniqueKey` IS NULL OR NOT EXISTS ( \
-                       SELECT 1 FROM {t} p WHERE p.`PendingUniqueKey` = c.`UniqueKey`))"
+                       SELECT 1 FROM {t} p WHERE p.`PendingUniqueKey` = c.`UniqueKey` \
+                       AND {} = {}))",
+                    exact("p.`PendingUniqueKey`"),
+                    exact("c.`UniqueKey`")
                 ),
             )
         } else {
@@ -483,7 +501,10 @@ impl AdminOps for MySqlDriver {
         let sql = format!(
             "SELECT c.`Id`, c.`UniqueKey`, p.`Id` FROM {t} AS c \
              JOIN {t} AS p ON p.`PendingUniqueKey` = c.`UniqueKey` \
+               AND {} = {} \
              WHERE {} ORDER BY c.`DeadLetteredAt`, c.`Id` LIMIT ?",
+            exact("p.`PendingUniqueKey`"),
+            exact("c.`UniqueKey`"),
             dead_filter(&params.filter)
         );
         let rows: Vec<(String, String, String)> =
@@ -503,7 +524,7 @@ impl AdminOps for MySqlDriver {
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before.naive_utc());
         if let Some(queue) = &filter.queue {
-            query = query.bind(queue);
+            query = query.bind(queue).bind(queue);
         }
         let n: i64 = query
             .fetch_one(&self.pool)
@@ -521,7 +542,7 @@ impl AdminOps for MySqlDriver {
         let select = format!("SELECT `Id` FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?");
         let mut query = sqlx::query_scalar(AssertSqlSafe(select)).bind(before);
         if let Some(queue) = queue {
-            query = query.bind(queue);
+            query = query.bind(queue).bind(queue);
         }
         let ids: Vec<String> = query
             .bind(i64::from(params.limit))
@@ -540,7 +561,7 @@ impl AdminOps for MySqlDriver {
             }
             query = query.bind(before);
             if let Some(queue) = queue {
-                query = query.bind(queue);
+                query = query.bind(queue).bind(queue);
             }
             done += query
                 .execute(&self.pool)

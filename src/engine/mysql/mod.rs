@@ -3,6 +3,8 @@
 //! There is no `UPDATE … RETURNING` here, so a claim is a short transaction: select the
 //! due ids `FOR UPDATE SKIP LOCKED`, stamp them with the lease, read them back. Ids and
 //! tokens are `CHAR(36)` text and times `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`).
+//! Queues, types and unique keys compare byte for byte ([`exact`]) and no statement
+//! depends on the connection's or the database's default character set.
 
 mod admin;
 
@@ -135,8 +137,20 @@ fn insert_v2_sql(t: &str, rows: usize) -> Arc<str> {
     .into()
 }
 
+/// The pending row holding a unique key (bound twice), byte for byte: a table made by an
+/// older migration compares its `PendingUniqueKey` with PAD SPACE.
 fn pending_by_key_sql(t: &str) -> String {
-    format!("SELECT `Id` FROM {t} WHERE `PendingUniqueKey` = ? LOCK IN SHARE MODE")
+    format!(
+        "SELECT `Id` FROM {t} WHERE `PendingUniqueKey` = ? AND {} = {} LOCK IN SHARE MODE",
+        exact("`PendingUniqueKey`"),
+        exact_marks(1)
+    )
+}
+
+/// The pending row whose unique key the unique index finds equal to `?` (on a table made
+/// by an older migration, one differing in trailing spaces): its id and key.
+fn padded_key_holder_sql(t: &str) -> String {
+    format!("SELECT `Id`, `UniqueKey` FROM {t} WHERE `PendingUniqueKey` = ? LOCK IN SHARE MODE")
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
@@ -170,14 +184,31 @@ fn insert_sql(t: &str) -> String {
 }
 
 /// The leases of a JSON array of `[id, token, kind, delay µs or -1, error]` arrays as a
-/// table `s`. Ids compare binary, exactly as stored, whatever the connection collation.
+/// table `s`. Its text columns are utf8mb4 by name: a column without a character set
+/// takes the database's default (latin1 on some servers), which could neither take the
+/// `utf8mb4_bin` collation nor hold every error text. Ids compare binary, exactly as
+/// stored, whatever the connection's collation.
 fn leases_join(t: &str) -> String {
     format!(
         "{t} AS c JOIN JSON_TABLE(?, '$[*]' COLUMNS ( \
-             id VARCHAR(255) PATH '$[0]', token VARCHAR(64) PATH '$[1]', kind INT PATH '$[2]', \
-             delay BIGINT PATH '$[3]', error LONGTEXT PATH '$[4]')) AS s \
+             id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]', \
+             token VARCHAR(64) CHARACTER SET utf8mb4 PATH '$[1]', kind INT PATH '$[2]', \
+             delay BIGINT PATH '$[3]', error LONGTEXT CHARACTER SET utf8mb4 PATH '$[4]')) AS s \
            ON c.`Id` = s.id COLLATE utf8mb4_bin AND c.`LockToken` = s.token COLLATE utf8mb4_bin"
     )
+}
+
+/// `column` as bytes, for comparisons with [`exact_marks`]: byte for byte, where the
+/// table's `utf8mb4_bin` (PAD SPACE) would find `emails` equal to `emails `. Beside an
+/// indexed comparison of the same column, which keeps the index in use.
+pub(crate) fn exact(column: &str) -> String {
+    format!("CAST({column} AS BINARY)")
+}
+
+/// `n` comma-separated parameters as their utf8mb4 bytes (see [`exact`]), whatever the
+/// connection's character set.
+pub(crate) fn exact_marks(n: usize) -> String {
+    vec!["CAST(CONVERT(? USING utf8mb4) AS BINARY)"; n].join(", ")
 }
 
 impl Sql {
@@ -224,8 +255,9 @@ fn activity_sql(t: &str, filter: &str) -> String {
 /// stamped, which a release or a retry without delay leaves due, are not claimed back,
 /// as on PostgreSQL, whose one statement sees them leased), with `after` (a version-2
 /// claim of every queue and type) only rows after a [`cursor::Position`] in claim order.
-/// Parameters in order: the processing delay, the types, the queues, the position
-/// (priority, priority, `RunAt`, priority, `RunAt`, id), the except ids, the limit.
+/// Types and queues compare byte for byte ([`exact`]). Parameters in order: the
+/// processing delay, the types twice, the queues twice, the position (priority, priority,
+/// `RunAt`, priority, `RunAt`, id), the except ids, the limit.
 #[allow(clippy::too_many_arguments)]
 fn claim_select_sql(
     t: &str,
@@ -241,20 +273,37 @@ fn claim_select_sql(
     let mut filter = if types == 0 {
         String::new()
     } else {
-        format!(" AND `Type` IN ({})", marks(types))
+        format!(
+            " AND `Type` IN ({}) AND {} IN ({})",
+            marks(types),
+            exact("`Type`"),
+            exact_marks(types)
+        )
     };
     // Named queues other than 'default' are seeks in the queue poll index (its key,
     // `PollQueue`, is the queue of pending rows outside 'default'); a list with 'default'
-    // reads the poll index and filters by `Queue`.
+    // reads the poll index and filters by `Queue`. A queue named 'default' and trailing
+    // spaces has no `PollQueue` on a table made by an older migration (which compared it
+    // with 'default' ignoring them), so it is looked for like 'default'.
     let column = match queues {
-        Some(list) if !list.iter().any(|q| q == crate::command::DEFAULT_QUEUE) => "`PollQueue`",
+        Some(list)
+            if !list
+                .iter()
+                .any(|q| q.trim_end_matches(' ') == crate::command::DEFAULT_QUEUE) =>
+        {
+            "`PollQueue`"
+        }
         _ => "`Queue`",
     };
     match queues.map(<[String]>::len) {
         None => {}
-        Some(1) => filter.push_str(&format!(" AND {column} = ?")),
         Some(0) => filter.push_str(" AND `Queue` IN (NULL)"),
-        Some(n) => filter.push_str(&format!(" AND {column} IN ({})", marks(n))),
+        Some(n) => filter.push_str(&format!(
+            " AND {column} IN ({}) AND {} IN ({})",
+            marks(n),
+            exact("`Queue`"),
+            exact_marks(n)
+        )),
     }
     // Spelled out rather than as a row comparison, which MariaDB's range optimizer does
     // not turn into a seek; with the primary key the poll index ends with, it is one.
@@ -443,6 +492,7 @@ async fn insert_one(
         }
         let existing: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql.by_key.clone()))
             .bind(key)
+            .bind(key)
             .fetch_optional(&mut *conn)
             .await
             .map_err(Error::db(context()))?;
@@ -452,8 +502,50 @@ async fn insert_one(
                 existing: true,
             });
         }
+        // No row holds this very key: on a table made by an older migration, one whose
+        // key differs in trailing spaces may fill its place in the unique index.
+        let t = table.quoted(Engine::Mysql);
+        let padded: Option<(String, Option<String>)> =
+            sqlx::query_as(AssertSqlSafe(padded_key_holder_sql(&t)))
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(Error::db(context()))?;
+        if let Some((id, Some(held))) = padded
+            && held != *key
+        {
+            return Err(padded_key_collision(table, key, &id, &held));
+        }
     }
     Err(super::unique_key_unsettled(table, key))
+}
+
+/// The statement that makes the unique-key and queue poll indexes of `t` (made by an
+/// older migration, whose generated columns compare with PAD SPACE) compare byte for
+/// byte, as the current migration makes them.
+fn byte_exact_indexes_sql(t: &str) -> String {
+    format!(
+        "ALTER TABLE {t} \
+         MODIFY `PendingUniqueKey` VARBINARY(1020) AS (IF(`ProcessedAt` IS NULL AND \
+         `DeadLetteredAt` IS NULL, CAST(`UniqueKey` AS BINARY), NULL)) STORED, \
+         MODIFY `PollQueue` VARBINARY(512) AS (IF(`ProcessedAt` IS NULL AND \
+         `DeadLetteredAt` IS NULL AND CAST(`Queue` AS BINARY) <> 'default', \
+         CAST(`Queue` AS BINARY), NULL)) STORED;"
+    )
+}
+
+/// A unique key refused because the table's unique index (made by an older migration)
+/// finds it equal to pending command `id`'s key `held`, which differs in trailing spaces.
+fn padded_key_collision(table: &TableName, key: &str, id: &str, held: &str) -> Error {
+    Error::Conflict(format!(
+        "scheduling into {table}: unique key {key:?} is taken in the table's unique-key \
+         index by pending command {id}, whose key {held:?} differs from it only in trailing \
+         spaces: the table was created by an older icq migration, whose index ignores \
+         trailing spaces (MariaDB and MySQL compare utf8mb4_bin with PAD SPACE). Nothing \
+         was scheduled. To make unique keys and queues compare byte for byte, apply this \
+         in a migration of your own (it copies the table, like the version-2 upgrade): {}",
+        byte_exact_indexes_sql(&table.quoted(Engine::Mysql))
+    ))
 }
 
 /// Whether `err` is a duplicate in the unique-key index (not the primary key: a reused
@@ -833,10 +925,11 @@ impl MySqlDriver {
             unusable,
         );
         let mut select = sqlx::query(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
-        for type_name in types {
+        for type_name in types.iter().chain(types) {
             select = select.bind(type_name.clone());
         }
-        for queue in queues.unwrap_or(&[]) {
+        let queue_list = queues.unwrap_or(&[]);
+        for queue in queue_list.iter().chain(queue_list) {
             select = select.bind(queue.clone());
         }
         if let Some((priority, run_at, id)) = after {
@@ -1194,12 +1287,20 @@ impl QueueOps for MySqlDriver {
         } else {
             marks(queues.len())
         };
+        let exact_list = if queues.is_empty() {
+            "NULL".to_owned()
+        } else {
+            exact_marks(queues.len())
+        };
         let sql = activity_sql(
             &self.t,
-            &format!(" AND (`Queue` IN ({list}) OR `Queue` IS NULL)"),
+            &format!(
+                " AND ((`Queue` IN ({list}) AND {} IN ({exact_list})) OR `Queue` IS NULL)",
+                exact("`Queue`")
+            ),
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
-        for queue in queues {
+        for queue in queues.iter().chain(queues) {
             query = query.bind(queue.clone());
         }
         let row = query
@@ -1670,7 +1771,7 @@ mod tests {
         .await
         .unwrap();
         let keys: Vec<(String, Option<String>)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT DISTINCT `Queue`, `PollQueue` FROM {t} ORDER BY `Queue`"
+            "SELECT DISTINCT `Queue`, CONVERT(`PollQueue` USING utf8mb4) FROM {t} ORDER BY `Queue`"
         )))
         .fetch_all(&driver.pool)
         .await
@@ -1692,6 +1793,7 @@ mod tests {
         let sql = claim_select_sql(t, "`Id`", "", true, 0, Some(&webhooks), false, 0, false);
         let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(AssertSqlSafe(format!("EXPLAIN {sql}")))
             .bind(0_i64)
+            .bind("webhooks")
             .bind("webhooks")
             .bind(50_i64)
             .fetch_all(&driver.pool)

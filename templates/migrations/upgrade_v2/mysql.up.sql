@@ -6,19 +6,22 @@
 -- the table wait meanwhile: allow time (about 20 s per million rows on a small server) and
 -- disk space for a large one. Restart the workers afterwards to use queues and priorities.
 -- Schedule idempotently from plain SQL with INSERT IGNORE (the unique key index).
+-- The new text columns are utf8mb4_bin whatever the database's default; unique keys and
+-- queues compare byte for byte (the keys of their indexes are binary strings, since
+-- utf8mb4_bin ignores trailing spaces).
 ALTER TABLE {{table}}
-    ADD COLUMN `Queue`       VARCHAR(128) NOT NULL DEFAULT 'default',
+    ADD COLUMN `Queue`       VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT 'default',
     ADD COLUMN `Priority`    SMALLINT     NOT NULL DEFAULT 0,
-    ADD COLUMN `UniqueKey`   VARCHAR(255) NULL,
-    ADD COLUMN `TraceParent` VARCHAR(255) NULL,
+    ADD COLUMN `UniqueKey`   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    ADD COLUMN `TraceParent` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     ADD COLUMN `Snoozes`     INT          NOT NULL DEFAULT 0,
     -- The unique key while the row is pending, NULL once it is completed or dead (which
     -- frees the key): what the unique index covers, since there are no partial indexes.
-    ADD COLUMN `PendingUniqueKey` VARCHAR(255) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, `UniqueKey`, NULL)) STORED,
+    ADD COLUMN `PendingUniqueKey` VARBINARY(1020) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL, CAST(`UniqueKey` AS BINARY), NULL)) STORED,
     -- The queue while the row is pending and in a queue other than 'default', NULL
     -- otherwise: the queue poll index's key (completing a default-queue row writes nothing
     -- to that index).
-    ADD COLUMN `PollQueue` VARCHAR(128) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND `Queue` <> 'default', `Queue`, NULL)) STORED,
+    ADD COLUMN `PollQueue` VARBINARY(512) AS (IF(`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL AND CAST(`Queue` AS BINARY) <> 'default', CAST(`Queue` AS BINARY), NULL)) STORED,
     -- The poll in claim order (`Priority`, `RunAt`), replacing the version-1 (`RunAt`) one.
     DROP INDEX {{ix_poll}},
     ADD INDEX {{ix_poll}} (`ProcessedAt`, `DeadLetteredAt`, `Priority`, `RunAt`),
