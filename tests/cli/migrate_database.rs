@@ -849,3 +849,88 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         .await;
     assert_eq!(payloads, 4);
 }
+
+/// A PostgreSQL database whose encoding is LATIN1: a handler's error text with characters
+/// LATIN1 lacks (`€`) is stored with those characters escaped, instead of failing every
+/// stamp of the batch it is in, forever.
+#[tokio::test]
+async fn a_latin1_postgres_database_keeps_error_texts_it_cannot_store_as_escapes() {
+    use sqlx::Connection as _;
+    let admin = std::env::var("ICQ_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let name = format!("icqt_latin1_{}", std::process::id());
+    let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!(
+            "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let (base, _) = admin.rsplit_once('/').unwrap();
+    let url = format!("{base}/{name}");
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    stdout_of(icq(cwd).args(["migrate", "add", "--engine", "postgres"]));
+    stdout_of(icq(cwd).args(["migrate", "run", "--database-url", &url]));
+    for ty in ["failing.job", "fine.job"] {
+        stdout_of(icq(cwd).args([
+            "schedule",
+            "--database-url",
+            &url,
+            "--type",
+            ty,
+            "--payload",
+            "{\"name\": \"Zoë\"}",
+        ]));
+    }
+    let config = cwd.join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  - name: main\n    url: \"{url}\"\n    settings:\n      \
+             max_attempts: 1\n      polling_interval_seconds: 0.1\n\
+             handlers:\n  failing.job:\n    exec: [\"sh\", \"-c\", \"echo 'Zoë € failed' >&2; exit 1\"]\n  \
+             fine.job:\n    exec: [\"true\"]\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(["work", "--until-idle", "--config"])
+        .arg(&config)
+        .current_dir(cwd)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
+    let rows: Vec<(String, Option<String>, bool, bool)> = sqlx::query_as(
+        r#"SELECT "Type", "LastError", "ProcessedAt" IS NOT NULL, "DeadLetteredAt" IS NOT NULL
+           FROM "InternalCommands" ORDER BY "Type""#,
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    db.close().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("could not stamp"), "{stderr}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let (_, error, _, dead) = &rows[0];
+    assert!(dead, "the failing command is dead-lettered: {rows:?}");
+    let error = error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("Zo\\u{eb} \\u{20ac} failed"),
+        "the error text is kept, its non-ASCII characters escaped: {error}"
+    );
+    assert!(rows[1].2, "the other command completed: {rows:?}");
+}

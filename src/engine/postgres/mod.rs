@@ -120,6 +120,10 @@ pub struct PgDriver {
     /// Work connections kept between statements while a processor runs (never on the
     /// application's pool: it may close it while the driver lives).
     warm: super::warm::WarmConnections<sqlx::Postgres>,
+    /// The database stores text in an encoding other than UTF-8 (`LATIN1`, ...): error
+    /// texts are written with every non-ASCII character escaped, since one the encoding
+    /// lacks (a handler's `€`) would fail the whole stamp, forever.
+    ascii_errors: std::sync::atomic::AtomicBool,
 }
 
 /// The statements of the queue path, rendered once per table. `Arc<str>` so a query
@@ -776,6 +780,23 @@ fn bind_claim<'q>(query: PgQuery<'q>, params: &ClaimParams) -> PgQuery<'q> {
         .bind(params.lease.as_secs_f64())
 }
 
+/// `text` with every non-ASCII character written as Rust writes an escape (`\u{20ac}`):
+/// what any server encoding can store.
+fn ascii_escaped(text: &str) -> String {
+    if text.is_ascii() {
+        return text.to_owned();
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_ascii() {
+            escaped.push(c);
+        } else {
+            escaped.extend(c.escape_unicode());
+        }
+    }
+    escaped
+}
+
 /// The five arrays of a set-state statement.
 struct StampArrays {
     ids: Vec<Uuid>,
@@ -786,7 +807,9 @@ struct StampArrays {
 }
 
 impl StampArrays {
-    fn new(changes: &[SetState]) -> StampArrays {
+    /// The arrays of `changes`; with `ascii`, error texts escape every non-ASCII
+    /// character (`\u{20ac}`), for a database whose encoding cannot hold them all.
+    fn new(changes: &[SetState], ascii: bool) -> StampArrays {
         let n = changes.len();
         let mut arrays = StampArrays {
             ids: Vec::with_capacity(n),
@@ -803,7 +826,12 @@ impl StampArrays {
             arrays.tokens.push(change.lease.token.0);
             arrays.kinds.push(change.kind());
             arrays.delays.push(change.delay_seconds());
-            arrays.errors.push(change.error());
+            let error = change.error();
+            arrays.errors.push(if ascii {
+                error.map(|text| ascii_escaped(&text))
+            } else {
+                error
+            });
         }
         arrays
     }
@@ -819,6 +847,11 @@ impl StampArrays {
 }
 
 impl PgDriver {
+    /// Whether error texts must be escaped to ASCII (see `ascii_errors`).
+    fn ascii_errors(&self) -> bool {
+        self.ascii_errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Decodes claimed rows; one without a readable id is logged and left to its lease.
     fn claimed(&self, rows: &[PgRow], params: &ClaimParams) -> Vec<ClaimedRow> {
         let claimed = super::leased_rows(
@@ -924,6 +957,7 @@ impl PgDriver {
             listener: std::sync::Mutex::new(None),
             shared_pool: false,
             warm: super::warm::WarmConnections::new(false),
+            ascii_errors: Default::default(),
         };
         if let Err(err) = driver.check_connection(url, table).await {
             driver.close().await;
@@ -972,6 +1006,7 @@ impl PgDriver {
             listener: std::sync::Mutex::new(None),
             shared_pool: true,
             warm: super::warm::WarmConnections::new(true),
+            ascii_errors: Default::default(),
         };
         // The pooler is known: only the schema is left to check.
         if let Err(err) = driver.check_connection(shown, table).await {
@@ -1004,6 +1039,16 @@ impl PgDriver {
                 )));
             }
         }
+        let query = sqlx::query_scalar::<_, String>("SELECT current_setting('server_encoding')");
+        let encoding = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
+            .await
+            .map_err(Error::db(format!(
+                "looking up the encoding of {table}'s database"
+            )))?;
+        self.ascii_errors.store(
+            !encoding.eq_ignore_ascii_case("UTF8"),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if let Some(schema) = table.schema() {
             // A table in a schema that does not exist is a different mistake from a
             // missing table (to_regclass says NULL for both): say which.
@@ -1230,7 +1275,7 @@ impl QueueOps for PgDriver {
         let (changes, params) = (params.changes, params.claim);
         let (sql, key, after) = self.claim_plan(params, true).await?;
         let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
-        let query = StampArrays::new(changes).bind(query);
+        let query = StampArrays::new(changes, self.ascii_errors()).bind(query);
         let query = PgDriver::bind_filters(query, params, key, after);
         let rows = on_work!(self, |e| query.fetch_all(e))
             .await
@@ -1275,7 +1320,7 @@ impl QueueOps for PgDriver {
             &self.sql.set_state_v1
         };
         let query = sqlx::query(AssertSqlSafe(sql.clone()));
-        let query = StampArrays::new(changes).bind(query);
+        let query = StampArrays::new(changes, self.ascii_errors()).bind(query);
         let done = on_work!(self, |e| query.execute(e))
             .await
             .map_err(self.db("stamping outcomes"))?;
@@ -1610,7 +1655,7 @@ mod tests {
         };
         let mut query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params);
         if key.stamp {
-            query = StampArrays::new(&[]).bind(query);
+            query = StampArrays::new(&[], false).bind(query);
         }
         let after = key
             .after
