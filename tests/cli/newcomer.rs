@@ -169,3 +169,39 @@ async fn pending_listing_is_in_claim_order_across_pages() {
         }
     }
 }
+
+/// `?PassWord=` (which sqlx would log with its value) is dropped with a warning naming
+/// it, in every command that opens a source, not only `icq work`; never its value.
+#[tokio::test]
+async fn a_secret_url_parameter_is_warned_about_by_every_command() {
+    let db = TestDb::with_table("postgres", "newcomer_password").await;
+    let url = format!("{}?PassWord=sekrit-value", db.url);
+    let dir = tempfile::tempdir().unwrap();
+    let migrations = dir.path().join("migrations");
+    for args in [
+        vec!["pending"],
+        vec!["list"],
+        vec!["dead-letters", "list"],
+        vec!["show", "0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"],
+        vec!["schedule", "--type", "t", "--payload", "{}"],
+        vec!["pending", "--format", "json"],
+        vec!["migrate", "info", "--dir", migrations.to_str().unwrap()],
+    ] {
+        std::fs::create_dir_all(&migrations).unwrap();
+        let mut all = vec!["--database-url", url.as_str()];
+        all.extend_from_slice(&args);
+        let run = icq(&all);
+        assert!(
+            run.stderr.contains("ignoring the connect parameter")
+                && run.stderr.contains("PassWord"),
+            "{args:?}: {} {}",
+            run.code,
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains("sekrit") && !run.stdout.contains("sekrit"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+}
