@@ -631,25 +631,38 @@ pub struct Confirmation {
     pub yes: bool,
 }
 
-/// Asks "`question` [y/N]" on a terminal. With `--yes` the answer is yes without asking;
-/// off a terminal without `--yes` it is an [`Error::Refused`] (exit 2) and nothing happens.
-pub fn confirm(question: &str, confirmation: Confirmation) -> Result<bool> {
+/// Asks "`question` `consequence` [y/N]" on a terminal (`consequence`, which may be empty,
+/// says what follows from a yes). With `--yes` the answer is yes without asking; off a
+/// terminal without `--yes` it is an [`Error::Refused`] (exit 2) naming the action the
+/// question asks about, and nothing happens.
+pub fn confirm(question: &str, consequence: &str, confirmation: Confirmation) -> Result<bool> {
     if confirmation.yes {
         return Ok(true);
     }
     if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
-        let question = question.trim_end_matches('?');
-        return Err(Error::Refused(format!(
-            "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
-             to confirm; nothing was changed",
-            lowercase_first(question)
-        )));
+        return Err(refusal(question));
     }
+    let prompt = if consequence.is_empty() {
+        question.to_owned()
+    } else {
+        format!("{question} {consequence}")
+    };
     dialoguer::Confirm::new()
-        .with_prompt(question)
+        .with_prompt(prompt)
         .default(false)
         .interact()
         .map_err(|dialoguer::Error::IO(err)| Error::io("asking for confirmation")(err))
+}
+
+/// The refusal of [`confirm`] off a terminal: the question turned into the action it asks
+/// about ("Cancel 2 commands in source a?" → "refusing to cancel 2 commands in source a").
+fn refusal(question: &str) -> Error {
+    let action = question.trim_end().trim_end_matches('?');
+    Error::Refused(format!(
+        "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
+         to confirm; nothing was changed",
+        lowercase_first(action)
+    ))
 }
 
 fn lowercase_first(text: &str) -> String {

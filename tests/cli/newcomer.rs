@@ -205,3 +205,23 @@ async fn a_secret_url_parameter_is_warned_about_by_every_command() {
         );
     }
 }
+
+/// `cancel --type` off a terminal refuses naming the action, not the terminal prompt
+/// pasted in ("…in default? They will not run. without confirmation").
+#[tokio::test]
+async fn a_refused_confirmation_names_the_action_only() {
+    let db = TestDb::with_table("sqlite", "newcomer_confirm").await;
+    schedule(&db, &["--type", "reports.nightly"]);
+    let run = on(&db, &["cancel", "--type", "reports.nightly"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "refusing to cancel 1 pending command of type reports.nightly in source default \
+             without confirmation"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("will not run"), "{}", run.stderr);
+    assert!(!run.stderr.contains('?'), "{}", run.stderr);
+}
