@@ -225,3 +225,75 @@ async fn a_refused_confirmation_names_the_action_only() {
     assert!(!run.stderr.contains("will not run"), "{}", run.stderr);
     assert!(!run.stderr.contains('?'), "{}", run.stderr);
 }
+
+/// A MySQL URL on a PostgreSQL server's port fails within seconds naming the mismatch,
+/// not after the pool's 10 s with "pool timed out".
+#[tokio::test]
+async fn a_mysql_url_on_a_postgres_port_says_so_at_once() {
+    let pg = TestDb::new("postgres", "newcomer_mismatch").await;
+    let port = url::Url::parse(&pg.url).unwrap().port().unwrap_or(5432);
+    let host = url::Url::parse(&pg.url)
+        .unwrap()
+        .host_str()
+        .unwrap()
+        .to_owned();
+    let mysql = format!("mysql://root@{host}:{port}/test");
+    let started = Instant::now();
+    let run = icq(&["--database-url", &mysql, "pending"]);
+    let took = started.elapsed();
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("answers as PostgreSQL, not MySQL/MariaDB")
+            && run.stderr.contains("postgres://"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("timed out"), "{}", run.stderr);
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+}
+
+/// `?sslmode=bogus` names the parameter and the values the driver takes, once, on
+/// PostgreSQL and MariaDB; it is not blamed on the host.
+#[tokio::test]
+async fn an_unknown_tls_mode_names_the_parameter_and_its_values() {
+    for (engine, name, takes) in [
+        (
+            "postgres",
+            "sslmode",
+            "disable, allow, prefer, require, verify-ca, verify-full",
+        ),
+        (
+            "mysql",
+            "ssl-mode",
+            "disabled, preferred, required, verify_ca, verify_identity",
+        ),
+    ] {
+        let db = TestDb::with_table(engine, "newcomer_tls").await;
+        let url = format!("{}?{name}=bogus", db.url);
+        let run = icq(&["--database-url", &url, "pending"]);
+        assert_eq!(run.code, 2, "{engine}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!(
+                "`{name}=bogus` is not a TLS mode: it takes {takes}"
+            )),
+            "{engine}: {}",
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains("error with configuration"),
+            "{}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("host `"), "{}", run.stderr);
+        // A mode the driver takes, in any case, still connects.
+        let upper = if engine == "postgres" {
+            "DISABLE"
+        } else {
+            "DISABLED"
+        };
+        let good = format!("{}?{name}={upper}", db.url);
+        let run = icq(&["--database-url", &good, "pending"]);
+        assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
+    }
+}
