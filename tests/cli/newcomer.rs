@@ -297,3 +297,69 @@ async fn an_unknown_tls_mode_names_the_parameter_and_its_values() {
         assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
     }
 }
+
+/// `--priority`, `--limit` and `--target-version` say what they take, not "invalid digit
+/// found in string"; both listings' `--limit` state one range in one message.
+#[test]
+fn whole_number_flags_say_their_range() {
+    let url = "sqlite:nothing.db";
+    for value in ["1.5", "high", "1e300", "40000"] {
+        let run = icq(&[
+            "--database-url",
+            url,
+            "schedule",
+            "--type",
+            "t",
+            "--payload",
+            "{}",
+            "--priority",
+            value,
+        ]);
+        assert_eq!(run.code, 2, "{value}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("a whole number from -32768 to 32767, e.g. --priority -5"),
+            "{value}: {}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("invalid digit"), "{}", run.stderr);
+    }
+    let limits: Vec<String> = [
+        &["list", "--limit", "0"][..],
+        &["dead-letters", "list", "--limit", "0"],
+        &["list", "--limit", "10001"],
+        &["dead-letters", "list", "--limit", "99999999999"],
+    ]
+    .iter()
+    .map(|args| {
+        let mut all = vec!["--database-url", url];
+        all.extend_from_slice(args);
+        let run = icq(&all);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        let line = run.stderr.lines().next().unwrap().to_owned();
+        assert!(
+            line.contains("a page size is a whole number from 1 to 10000"),
+            "{args:?}: {line}"
+        );
+        line.split_once("': ").unwrap().1.to_owned()
+    })
+    .collect();
+    assert_eq!(limits[0], limits[1], "one rule, one message");
+    for target in ["latest", "1.5"] {
+        let run = icq(&[
+            "migrate",
+            "run",
+            "--database-url",
+            url,
+            "--target-version",
+            target,
+        ]);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert!(
+            run.stderr.contains("not a migration version")
+                && run.stderr.contains("--target-version 20260131120000"),
+            "{}",
+            run.stderr
+        );
+    }
+}
