@@ -268,14 +268,22 @@ fn handler_config(
             Some(Duration::try_from_secs_f64(seconds).map_err(|_| {
                 fail(
                     "timeout_seconds",
-                    &format!("`timeout_seconds` is too large ({seconds})"),
+                    &format!(
+                        "`timeout_seconds` is too large ({}): write a number of seconds, \
+                         e.g. 10 or 2.5",
+                        crate::redact::number_text(seconds)
+                    ),
                 )
             })?)
         }
         Some(seconds) => {
             return Err(fail(
                 "timeout_seconds",
-                &format!("`timeout_seconds` must be greater than 0 (got {seconds})"),
+                &format!(
+                    "`timeout_seconds` must be greater than 0 (got {}): write a number of \
+                     seconds, e.g. 10 or 2.5",
+                    crate::redact::number_text(seconds)
+                ),
             ));
         }
     };

@@ -363,3 +363,48 @@ fn whole_number_flags_say_their_range() {
         );
     }
 }
+
+/// A handler's `timeout_seconds: 10s` says to write a number of seconds (here: 10), not
+/// "expected f64"; a huge number is echoed short.
+#[test]
+fn timeout_seconds_messages_say_what_to_write() {
+    let home = tempfile::tempdir().unwrap();
+    let check = |timeout: &str| {
+        let file = home.path().join("icq.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "sources:\n  - name: a\n    url: sqlite:a.db\nhandlers:\n  t: {{ noop: true, \
+                 timeout_seconds: {timeout} }}\n"
+            ),
+        )
+        .unwrap();
+        icq_in(
+            home.path(),
+            &["config", "check", "--config", file.to_str().unwrap()],
+        )
+    };
+    let run = check("10s");
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("`timeout_seconds` is a number of seconds")
+            && run.stderr.contains("write `timeout_seconds: 10`"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("f64"), "{}", run.stderr);
+    let run = check("2m");
+    assert!(
+        run.stderr.contains("write `timeout_seconds: 120`"),
+        "{}",
+        run.stderr
+    );
+    let run = check("1e300");
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("(1e300)"), "{}", run.stderr);
+    assert!(run.stderr.len() < 300, "{}", run.stderr);
+    assert!(run.stderr.contains("e.g. 10 or 2.5"), "{}", run.stderr);
+    let run = check("2.5");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
