@@ -99,7 +99,7 @@ fn queues(
     for (name, queue) in raw {
         if let Err(why) = crate::settings::validate_queue_name(&name) {
             let path = [at[0], at[1], at[2], Seg::Key(&name)];
-            return Err(doc.error_at(&path, &format!("invalid queue name {name:?}: {why}")));
+            return Err(doc.error_at(&path, &format!("invalid queue name: {why}")));
         }
         out.push(QueueSettings {
             concurrency: queue.concurrency.unwrap_or(settings.concurrency),
@@ -202,6 +202,15 @@ fn handler_config(
     let fail = |key, message: &str| doc.error_at(&at(key), message);
     if name.trim().is_empty() {
         return Err(doc.error_at(&[Seg::Key("handlers")], "a handler's command type is empty"));
+    }
+    if let Some(why) = crate::command::edge_whitespace(name) {
+        return Err(doc.error_at(
+            &[Seg::Key("handlers"), Seg::Key(name)],
+            &format!(
+                "handler `{}` is not a command type: {why}",
+                crate::redact::escape_for_log(name)
+            ),
+        ));
     }
     let given: Vec<&str> = [
         ("exec", raw.exec.is_some()),

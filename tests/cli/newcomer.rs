@@ -408,3 +408,92 @@ fn timeout_seconds_messages_say_what_to_write() {
     let run = check("2.5");
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
+
+/// Type and queue names with white space at either end are refused where icq takes them
+/// (`schedule --type/--queue`, `--from-file`, `queues:` and `handlers:` keys) with what to
+/// write; white space inside a name is kept. A row another program inserted with such a
+/// name is not refused by the operator commands: it is listed as it is.
+#[tokio::test]
+async fn names_with_white_space_at_an_end_are_refused() {
+    let db = TestDb::with_table("sqlite", "newcomer_names").await;
+    for args in [
+        &["--type", " orders.receipt"][..],
+        &["--type", "orders.receipt "],
+        &["--type", "t", "--queue", "emails "],
+        &["--type", "t", "--queue", " emails"],
+    ] {
+        let mut all = vec!["schedule", "--payload", "{}"];
+        all.extend_from_slice(args);
+        let run = on(&db, &all);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("begins or ends with white space")
+                && run.stderr.contains("write it without"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = dir.path().join("jobs.jsonl");
+    for line in [
+        r#"{"type": "t ", "payload": {}}"#,
+        r#"{"type": "t", "queue": " q", "payload": {}}"#,
+    ] {
+        std::fs::write(
+            &jobs,
+            format!("{{\"type\": \"ok\", \"payload\": {{}}}}\n{line}\n"),
+        )
+        .unwrap();
+        let run = on(&db, &["schedule", "--from-file", jobs.to_str().unwrap()]);
+        assert_eq!(run.code, 2, "{line}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(":2:") && run.stderr.contains("begins or ends with white space"),
+            "{line}: {}",
+            run.stderr
+        );
+    }
+    assert_eq!(
+        json_of(&db, &["pending"])[0]["due"],
+        0,
+        "nothing was scheduled"
+    );
+    // Inside a name, white space is kept as written.
+    schedule(&db, &["--type", "reports eu", "--queue", "reports (eu)"]);
+    // A row inserted by plain SQL with a padded name is listed, not refused.
+    db.execute(&format!(
+        "INSERT INTO {} ({}, {}) VALUES ('padded ', '{{}}')",
+        db.q("InternalCommands"),
+        db.q("Type"),
+        db.q("Payload")
+    ))
+    .await;
+    let listed = json_of(&db, &["list"]);
+    let types: Vec<&str> = listed["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert!(
+        types.contains(&"padded ") && types.contains(&"reports eu"),
+        "{types:?}"
+    );
+    for yaml in [
+        "sources:\n  - name: a\n    url: sqlite:a.db\n    queues:\n      'emails ': {}\n",
+        "sources:\n  - name: a\n    url: sqlite:a.db\nhandlers:\n  ' orders.receipt': { noop: true }\n",
+    ] {
+        let file = dir.path().join("icq.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let run = icq_in(
+            dir.path(),
+            &["config", "check", "--config", file.to_str().unwrap()],
+        );
+        assert_eq!(run.code, 2, "{yaml}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("begins or ends with white space")
+                && run.stderr.contains("write it without"),
+            "{yaml}: {}",
+            run.stderr
+        );
+    }
+}
