@@ -29,6 +29,7 @@ use crate::admin::{
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::cli::bench::BenchReport;
+use crate::command::State;
 use crate::error::{Error, Result};
 use crate::redact::escape_for_log;
 
@@ -365,7 +366,10 @@ impl Render for ShownCommand {
             ("Tenant id", opt(r.tenant_id.as_deref())),
             ("Correlation id", opt(r.correlation_id.as_deref())),
             ("Trace parent", opt(r.trace_parent.as_deref())),
-            ("Last error", opt(r.last_error.as_deref())),
+            (
+                "Last error",
+                opt(earlier_error(self.state, r.last_error.as_deref()).as_deref()),
+            ),
             ("Payload", payload),
         ];
         let mut grid = Grid::new(vec![
@@ -378,6 +382,18 @@ impl Render for ShownCommand {
         }
         Some(grid)
     }
+}
+
+/// The last error as a table shows it: on a completed command it is an earlier attempt's
+/// (a later one succeeded), and says so, so it does not read as the outcome. The JSON
+/// form keeps `last_error` as stored, next to `state`.
+fn earlier_error(state: State, error: Option<&str>) -> Option<String> {
+    let error = error?;
+    Some(if state == State::Completed {
+        format!("(before it completed) {error}")
+    } else {
+        error.to_owned()
+    })
 }
 
 /// The command that shows the page after `report`, for people: written on stderr by
@@ -448,7 +464,7 @@ impl Render for ListReport {
                 c.state.as_str().to_owned(),
                 c.attempts.to_string(),
                 when,
-                c.last_error.clone().unwrap_or_else(|| "-".to_owned()),
+                earlier_error(c.state, c.last_error.as_deref()).unwrap_or_else(|| "-".to_owned()),
             ]);
         }
         Some(grid)

@@ -497,3 +497,50 @@ async fn names_with_white_space_at_an_end_are_refused() {
         );
     }
 }
+
+/// A completed command whose earlier attempt failed: the tables of `show` and `list` say
+/// the error came before it completed; JSON keeps `last_error` as stored, beside `state`.
+#[tokio::test]
+async fn a_completed_command_says_its_last_error_came_before() {
+    let db = TestDb::with_table("sqlite", "newcomer_earlier").await;
+    let id = schedule(&db, &["--type", "webhooks.deliver"]);
+    db.execute(&format!(
+        "UPDATE {} SET {} = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), {} = 'HTTP 503', {} = 2",
+        db.q("InternalCommands"),
+        db.q("ProcessedAt"),
+        db.q("LastError"),
+        db.q("Attempts")
+    ))
+    .await;
+    for args in [
+        vec!["show", id.as_str(), "--format", "table"],
+        vec!["dead-letters", "show", id.as_str(), "--format", "table"],
+        vec!["list", "--state", "completed", "--format", "table"],
+    ] {
+        let run = on(&db, &args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stdout.contains("(before it completed) HTTP 503"),
+            "{args:?}: {}",
+            run.stdout
+        );
+    }
+    let shown = json_of(&db, &["show", &id]);
+    assert_eq!(shown["last_error"], "HTTP 503");
+    assert_eq!(shown["state"], "completed");
+    // A dead letter's last error is its outcome: shown as it is.
+    db.execute(&format!(
+        "UPDATE {} SET {} = NULL, {} = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        db.q("InternalCommands"),
+        db.q("ProcessedAt"),
+        db.q("DeadLetteredAt")
+    ))
+    .await;
+    let run = on(&db, &["show", &id, "--format", "table"]);
+    assert!(
+        !run.stdout.contains("before it completed"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("HTTP 503"), "{}", run.stdout);
+}
