@@ -253,6 +253,38 @@ async fn a_mysql_url_on_a_postgres_port_says_so_at_once() {
     assert!(took < Duration::from_secs(6), "took {took:?}");
 }
 
+/// A `--from-file` line's `priority` that is no whole number says what a priority is, not
+/// "expected i64"; `null` is still no priority.
+#[tokio::test]
+async fn a_jsonl_priority_says_what_a_priority_is() {
+    let db = TestDb::with_table("sqlite", "newcomer_jsonl_priority").await;
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = dir.path().join("jobs.jsonl");
+    for priority in ["1.5", "\"high\"", "1e300"] {
+        std::fs::write(
+            &jobs,
+            format!("{{\"type\": \"t\", \"payload\": {{}}, \"priority\": {priority}}}\n"),
+        )
+        .unwrap();
+        let run = on(&db, &["schedule", "--from-file", jobs.to_str().unwrap()]);
+        assert_eq!(run.code, 2, "{priority}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("expected a whole number from -32768 to 32767 (lower runs first)"),
+            "{priority}: {}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("i64"), "{}", run.stderr);
+    }
+    std::fs::write(
+        &jobs,
+        "{\"type\": \"t\", \"payload\": {}, \"priority\": null}\n",
+    )
+    .unwrap();
+    let run = on(&db, &["schedule", "--from-file", jobs.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
 /// `?sslmode=bogus` names the parameter and the values the driver takes, once, on
 /// PostgreSQL and MariaDB; it is not blamed on the host.
 #[tokio::test]
