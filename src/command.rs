@@ -542,6 +542,12 @@ impl NewCommand {
         if self.type_name.trim().is_empty() {
             return Err(Error::invalid("a command type must not be empty"));
         }
+        if let Some(why) = edge_whitespace(&self.type_name) {
+            return Err(Error::invalid(format!(
+                "`{}` is not a command type: {why}",
+                crate::redact::escape_for_log(&truncated(&self.type_name, 40))
+            )));
+        }
         if self.type_name.len() > 255 {
             return Err(Error::invalid(format!(
                 "command type `{}…` is longer than 255 characters",
@@ -584,7 +590,7 @@ pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 
 /// Checks a queue name: 1 to [`MAX_QUEUE_NAME_BYTES`] bytes, no control characters (so no
-/// NUL or line break), not only whitespace. A bad name is [`Error::Invalid`] (exit code 2).
+/// NUL or line break), not only whitespace, no white space at either end. A bad name is [`Error::Invalid`] (exit code 2).
 /// `icq::admin::check_queue_name` is this same function.
 ///
 /// # Examples
@@ -594,7 +600,7 @@ pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 ///
 /// assert!(validate_queue_name("mail").is_ok());
 /// assert!(validate_queue_name("reports (eu)").is_ok());
-/// for bad in ["", "  ", "a\nb", "nul\0"] {
+/// for bad in ["", "  ", "a\nb", "nul\0", "mail ", " mail"] {
 ///     assert_eq!(validate_queue_name(bad).unwrap_err().exit_code(), 2, "{bad:?}");
 /// }
 /// assert!(validate_queue_name(&"q".repeat(129)).is_err());
@@ -611,6 +617,8 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
         "it holds a control character".to_owned()
     } else if name.trim().is_empty() {
         "it is only whitespace".to_owned()
+    } else if let Some(why) = edge_whitespace(name) {
+        why
     } else {
         return Ok(());
     };
@@ -619,6 +627,21 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
          bytes of text without control characters",
         crate::redact::escape_for_log(&truncated(name, 40))
     )))
+}
+
+/// Why a type or queue name with white space at either end is refused (`None` when it has
+/// none): names are compared byte for byte, so `"emails "` would be a queue no worker for
+/// `emails` serves, and a type no handler matches, while looking the same in every
+/// listing. White space inside a name (`reports (eu)`) is kept as written.
+pub(crate) fn edge_whitespace(name: &str) -> Option<String> {
+    let trimmed = name.trim();
+    (trimmed != name && !trimmed.is_empty()).then(|| {
+        format!(
+            "it begins or ends with white space (names are matched byte for byte); write it \
+             without: `{}`",
+            crate::redact::escape_for_log(&truncated(trimmed, 40))
+        )
+    })
 }
 
 /// At most the first `chars` characters of `text`, with `…` when it was longer.

@@ -603,7 +603,14 @@ fn located_list(path: &std::path::Path, problems: &[String]) -> String {
 
 /// A driver error as text, without the PostgreSQL driver's trailing ` at line N`.
 fn describe_cause(cause: &sqlx::Error) -> String {
-    without_line_suffix(&cause.to_string()).to_owned()
+    let text = cause.to_string();
+    // sqlx wraps a configuration error's own "error with configuration: ..." once more.
+    const CONFIGURATION: &str = "error with configuration: ";
+    let text = match text.strip_prefix(CONFIGURATION) {
+        Some(rest) if rest.starts_with(CONFIGURATION) => rest.to_owned(),
+        _ => text,
+    };
+    without_line_suffix(&text).to_owned()
 }
 
 /// `text` without a trailing ` at line N`: sqlx appends the line of the PostgreSQL

@@ -10,7 +10,8 @@
 //! - [`redact_in`] additionally masks every occurrence of one known URL's secrets inside a
 //!   text, wherever they appear.
 //! - [`escape_for_log`] makes text from a handler (stderr, a response body) safe to put on
-//!   one log line; [`clean_stored_text`] makes it safe to store in `LastError` and show on
+//!   one log line, and [`echo`] / [`number_text`] bound what a message repeats of a value
+//!   the user typed; [`clean_stored_text`] makes it safe to store in `LastError` and show on
 //!   a terminal while keeping its line breaks.
 
 use std::fmt::Write as _;
@@ -439,6 +440,27 @@ pub fn escape_for_log(text: &str) -> String {
     escape(text, false)
 }
 
+/// A value the user typed, as an error message echoes it: escaped like
+/// [`escape_for_log`] and cut to its first 40 characters (with `…`), so a 300-digit
+/// number or a pasted document cannot bury the message.
+pub fn echo(text: &str) -> String {
+    const SHOWN: usize = 40;
+    match text.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}…", escape_for_log(&text[..end])),
+        None => escape_for_log(text),
+    }
+}
+
+/// A number as a message shows it: as written for everyday sizes, in scientific notation
+/// beyond (`1e300`, not 301 digits).
+pub fn number_text(value: f64) -> String {
+    if value.is_finite() && (value == 0.0 || (1e-6..1e15).contains(&value.abs())) {
+        value.to_string()
+    } else {
+        format!("{value:e}")
+    }
+}
+
 /// Makes foreign text safe to store in `LastError` and show on a terminal, keeping it
 /// readable: line breaks (`\n`) and tabs stay, a `\r\n` becomes `\n`, and every other
 /// control or bidirectional-override character is escaped as [`escape_for_log`] does.
@@ -487,6 +509,17 @@ fn escape(text: &str, keep_lines: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn echoes_and_numbers_are_bounded() {
+        assert_eq!(echo("high"), "high");
+        assert_eq!(echo(&"9".repeat(300)).chars().count(), 41);
+        assert_eq!(echo("a\nb"), "a\\nb");
+        assert_eq!(number_text(2.5), "2.5");
+        assert_eq!(number_text(10.0), "10");
+        assert_eq!(number_text(1e300), "1e300");
+        assert_eq!(number_text(-1.0), "-1");
+    }
 
     /// The log formatter's fast path skips masking and escaping only where neither
     /// would change anything.

@@ -147,7 +147,8 @@ impl QueueSettings {
 /// The longest queue name, in bytes.
 pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 
-/// Checks a queue name: 1 to 128 bytes, no control characters, not only whitespace.
+/// Checks a queue name: 1 to 128 bytes, no control characters, not only whitespace, no
+/// white space at either end.
 ///
 /// # Examples
 ///
@@ -177,6 +178,9 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
     }
     if name.trim().is_empty() {
         return Err("a queue name must not be only whitespace".into());
+    }
+    if let Some(why) = crate::command::edge_whitespace(name) {
+        return Err(format!("queue name {name:?}: {why}"));
     }
     Ok(())
 }

@@ -11,6 +11,9 @@ use crate::engine::admin::{CommandListParams, ListState, StateCount, StateCountP
 use crate::error::Result;
 use crate::sources::OpenSource;
 
+/// The largest page a listing (`icq list`, `icq dead-letters list`) shows at once.
+pub const MAX_PAGE_LIMIT: u32 = 10_000;
+
 /// What `icq list` shows.
 ///
 /// # Examples

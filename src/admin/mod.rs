@@ -37,7 +37,7 @@ pub use cancel::{
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery, DeadLetterReport, DeadLetterRow, dead_letters,
 };
-pub use list::{ListReport, ListRequest, ListedCommand, list};
+pub use list::{ListReport, ListRequest, ListedCommand, MAX_PAGE_LIMIT, list};
 pub use pending::{PendingCount, PendingReport, PendingRequest, pending, pending_with};
 pub use purge::{PURGE_BATCH, PurgeCount, PurgePlan, PurgeReport, PurgeRequest, plan_purge, purge};
 pub use replay::{ReplayReport, Replayed, replay};
@@ -254,12 +254,60 @@ pub(super) fn where_sources(sources: &[OpenSource]) -> String {
     }
 }
 
+/// The error for `ids` that none of `sources` holds: [`Error::Invalid`] (exit 2) when some
+/// of them could not be the id of a row in any of these sources (not a UUID where ids are
+/// PostgreSQL `uuid`s, longer than MariaDB's `CHAR(36)`), since no row will ever have it,
+/// and [`Error::NotFound`] (exit 3) otherwise.
 pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: &str) -> Error {
+    let malformed: Vec<(&CommandId, String)> = ids
+        .iter()
+        .filter_map(|id| {
+            // Malformed only when no selected source could hold it.
+            let mut reasons = sources
+                .iter()
+                .map(|s| id_shape(s.queue.engine(), id))
+                .collect::<Option<Vec<String>>>()?;
+            reasons.dedup();
+            Some((id, reasons.join("; ")))
+        })
+        .collect();
+    if !malformed.is_empty() {
+        let listed: Vec<String> = malformed
+            .iter()
+            .map(|(id, why)| {
+                format!(
+                    "`{}` is not a command id: {why}",
+                    crate::redact::echo(id.as_str())
+                )
+            })
+            .collect();
+        return Error::invalid(format!(
+            "{}; copy an id from `icq list` or `icq dead-letters list`; {consequence}",
+            listed.join("; ")
+        ));
+    }
     let what = match ids {
         [one] => format!("no command with id {one}"),
         many => format!("no commands with ids {}", list_ids(many)),
     };
     Error::NotFound(format!("{what} {}; {consequence}", where_sources(sources)))
+}
+
+/// Why no row of an `engine` table can have `id` (`None` when one can): PostgreSQL
+/// stores ids as `uuid`, MariaDB/MySQL as `CHAR(36)`; SQLite takes any text.
+fn id_shape(engine: crate::Engine, id: &CommandId) -> Option<String> {
+    match engine {
+        crate::Engine::Postgres if id.as_uuid().is_none() => Some(
+            "ids in a PostgreSQL table are UUIDs, like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+                .to_owned(),
+        ),
+        crate::Engine::Mysql if id.as_str().chars().count() > 36 => Some(
+            "ids in a MariaDB/MySQL table are at most 36 characters, like \
+             0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+                .to_owned(),
+        ),
+        _ => None,
+    }
 }
 
 pub(super) fn state_name(state: State) -> &'static str {

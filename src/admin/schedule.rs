@@ -376,10 +376,36 @@ struct JobLine {
     correlation_id: Option<String>,
     #[serde(default)]
     queue: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number")]
     priority: Option<i64>,
     #[serde(default)]
     unique_key: Option<String>,
+}
+
+/// A JSON Lines `priority`: a type error says what a priority is (`1.5` and `"high"`
+/// are none), not serde's "expected i64"; the range is checked with the line.
+fn whole_number<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<i64>, D::Error> {
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = Option<i64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a whole number from -32768 to 32767 (lower runs first)")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Option<i64>, E> {
+            Ok(None)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Option<i64>, E> {
+            Ok(Some(v))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Option<i64>, E> {
+            i64::try_from(v)
+                .map(Some)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+        }
+    }
+    deserializer.deserialize_any(Whole)
 }
 
 /// Parses a JSON Lines document of commands: one object per line,
@@ -545,7 +571,7 @@ mod tests {
         for (line, expected) in [
             (
                 r#"{"type": "a", "payload": 1, "priority": "high"}"#,
-                r#"f:1: field `priority`: invalid type: string "high", expected i64 at line 1 column 46; nothing was scheduled"#,
+                r#"f:1: field `priority`: invalid type: string "high", expected a whole number from -32768 to 32767 (lower runs first) at line 1 column 46; nothing was scheduled"#,
             ),
             (
                 r#"{"type": "a", "payload": 1, "roles": ["ops", 5]}"#,

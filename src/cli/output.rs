@@ -29,6 +29,7 @@ use crate::admin::{
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::cli::bench::BenchReport;
+use crate::command::State;
 use crate::error::{Error, Result};
 use crate::redact::escape_for_log;
 
@@ -365,7 +366,10 @@ impl Render for ShownCommand {
             ("Tenant id", opt(r.tenant_id.as_deref())),
             ("Correlation id", opt(r.correlation_id.as_deref())),
             ("Trace parent", opt(r.trace_parent.as_deref())),
-            ("Last error", opt(r.last_error.as_deref())),
+            (
+                "Last error",
+                opt(earlier_error(self.state, r.last_error.as_deref()).as_deref()),
+            ),
             ("Payload", payload),
         ];
         let mut grid = Grid::new(vec![
@@ -378,6 +382,18 @@ impl Render for ShownCommand {
         }
         Some(grid)
     }
+}
+
+/// The last error as a table shows it: on a completed command it is an earlier attempt's
+/// (a later one succeeded), and says so, so it does not read as the outcome. The JSON
+/// form keeps `last_error` as stored, next to `state`.
+fn earlier_error(state: State, error: Option<&str>) -> Option<String> {
+    let error = error?;
+    Some(if state == State::Completed {
+        format!("(before it completed) {error}")
+    } else {
+        error.to_owned()
+    })
 }
 
 /// The command that shows the page after `report`, for people: written on stderr by
@@ -448,7 +464,7 @@ impl Render for ListReport {
                 c.state.as_str().to_owned(),
                 c.attempts.to_string(),
                 when,
-                c.last_error.clone().unwrap_or_else(|| "-".to_owned()),
+                earlier_error(c.state, c.last_error.as_deref()).unwrap_or_else(|| "-".to_owned()),
             ]);
         }
         Some(grid)
@@ -631,25 +647,38 @@ pub struct Confirmation {
     pub yes: bool,
 }
 
-/// Asks "`question` [y/N]" on a terminal. With `--yes` the answer is yes without asking;
-/// off a terminal without `--yes` it is an [`Error::Refused`] (exit 2) and nothing happens.
-pub fn confirm(question: &str, confirmation: Confirmation) -> Result<bool> {
+/// Asks "`question` `consequence` [y/N]" on a terminal (`consequence`, which may be empty,
+/// says what follows from a yes). With `--yes` the answer is yes without asking; off a
+/// terminal without `--yes` it is an [`Error::Refused`] (exit 2) naming the action the
+/// question asks about, and nothing happens.
+pub fn confirm(question: &str, consequence: &str, confirmation: Confirmation) -> Result<bool> {
     if confirmation.yes {
         return Ok(true);
     }
     if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
-        let question = question.trim_end_matches('?');
-        return Err(Error::Refused(format!(
-            "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
-             to confirm; nothing was changed",
-            lowercase_first(question)
-        )));
+        return Err(refusal(question));
     }
+    let prompt = if consequence.is_empty() {
+        question.to_owned()
+    } else {
+        format!("{question} {consequence}")
+    };
     dialoguer::Confirm::new()
-        .with_prompt(question)
+        .with_prompt(prompt)
         .default(false)
         .interact()
         .map_err(|dialoguer::Error::IO(err)| Error::io("asking for confirmation")(err))
+}
+
+/// The refusal of [`confirm`] off a terminal: the question turned into the action it asks
+/// about ("Cancel 2 commands in source a?" → "refusing to cancel 2 commands in source a").
+fn refusal(question: &str) -> Error {
+    let action = question.trim_end().trim_end_matches('?');
+    Error::Refused(format!(
+        "refusing to {} without confirmation: stdin is not a terminal, so pass --yes (-y) \
+         to confirm; nothing was changed",
+        lowercase_first(action)
+    ))
 }
 
 fn lowercase_first(text: &str) -> String {

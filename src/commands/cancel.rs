@@ -72,11 +72,15 @@ async fn cancel(
             1 => " 1 is running: its handler will be stopped.".to_owned(),
             n => format!(" {n} are running: their handlers will be stopped."),
         };
-        let question = format!(
-            "Cancel {what} in {}? They will not run.{running}",
-            plan.sources().join(", ")
-        );
-        if !output::confirm(&question, args.confirmation)? {
+        let sources = plan.sources();
+        let noun = if sources.len() == 1 {
+            "source"
+        } else {
+            "sources"
+        };
+        let question = format!("Cancel {what} in {noun} {}?", sources.join(", "));
+        let consequence = format!("They will not run.{running}");
+        if !output::confirm(&question, &consequence, args.confirmation)? {
             output::note("Nothing was cancelled.");
             return Ok(());
         }

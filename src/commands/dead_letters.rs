@@ -51,9 +51,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
     pub queue: Option<String>,
 
-    /// Show at most this many (across all sources).
+    /// Show at most this many (across all sources), 1 to 10000.
     #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = super::parse::parse_page_limit)]
     pub limit: u32,
 }
 

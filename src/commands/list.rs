@@ -26,9 +26,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
     pub queue: Option<String>,
 
-    /// Show at most this many.
+    /// Show at most this many, 1 to 10000.
     #[arg(long, value_name = "N", default_value_t = 50,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = super::parse::parse_page_limit)]
     pub limit: u32,
 
     /// The next page: the commands after this id (the last one of the previous page).

@@ -65,7 +65,7 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  runtime failure (database, I/O, a failed run); the message is on stderr
-  2  usage or configuration error
+  2  usage or configuration error (also an id no row can have: not a UUID on PostgreSQL)
   3  not found (an id that does not exist)
 With --format json an error is also one JSON document on stderr:
   {\"error\": {\"message\": \"...\", \"kind\": \"usage\", \"exit_code\": 2}}";
@@ -170,7 +170,7 @@ Exit codes:
 /// `icq list --help`.
 pub const LIST: &str = "\
 Examples:
-  icq list                                    # pending commands, next to run first
+  icq list                                    # pending commands in claim order: priority, run at
   icq list --state dead --type orders.send_receipt
   icq list --queue emails                     # one queue (schema version 2)
   icq list --state completed --limit 100 --after 0b9e6c1e-8d3b-4c55-9a52-1f0a8f4e2b7d
@@ -181,7 +181,7 @@ Pages: each page ends with the id to pass as --after for the next one (JSON: nex
 Exit codes:
   0  listed
   1  database error
-  2  usage or configuration error (several sources without --source)
+  2  usage or configuration error (several sources without --source, a malformed --after id)
   3  the --after id does not exist";
 
 /// `icq show --help`.

@@ -185,6 +185,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.global.format_given && cli.global.format == Format::Table,
     );
     exec_watchdog::enable();
+    if !matches!(cli.command, Command::Work(_)) {
+        connect_warnings_to_stderr(cli.global.format == Format::Json);
+    }
     match cli.command {
         Command::Migrate(cmd) => migrate::run(cmd, &cli.global).await,
         Command::Work(args) => work::run(args, &cli.global).await,
@@ -205,6 +208,34 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Man(args) => man::run(args),
         Command::ExecWatchdog => exec_watchdog::run(),
     }
+}
+
+/// Shows on stderr the warnings a command gets while it opens its sources (a secret-looking
+/// URL parameter the driver would ignore, named without its value), as `icq work` logs
+/// them: every command that connects warns alike. Only the connect warnings: the other
+/// commands print no log. `icq work` installs its own log subscriber instead.
+fn connect_warnings_to_stderr(json: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let only = tracing_subscriber::filter::Targets::new()
+        .with_target("icq::engine::url", tracing::Level::WARN);
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .log_internal_errors(false);
+    let registry = tracing_subscriber::registry().with(only);
+    // Installed once per process; a second call (tests running commands in-process) keeps
+    // the first.
+    let _ = if json {
+        registry.with(layer.json()).try_init()
+    } else {
+        registry
+            .with(layer.fmt_fields(crate::cli::telemetry::escaping_fields()))
+            .try_init()
+    };
 }
 
 /// A value that must not be empty or blank: `--type ''`, `--roles a,,b`.

@@ -1,5 +1,6 @@
 //! Values typed on the command line: durations (`30s`, `1h30m`), RFC 3339 instants, and
-//! payload arguments (JSON text, `@file`, `@-` for stdin). Each error says what to write.
+//! payload arguments (JSON text, `@file`, `@-` for stdin), and the whole numbers of
+//! `--priority`, `--limit` and `--target-version`. Each error says what to write.
 
 use std::time::Duration;
 
@@ -67,6 +68,56 @@ pub fn parse_instant(text: &str) -> Result<DateTime<Utc>> {
                 e,
             )
         })
+}
+
+/// A whole number from `min` to `max`, or a message naming the range and how to write
+/// one (`1.5`, `high` and `1e300` are no priority); `what` is said first ("a priority").
+fn whole_in(text: &str, min: i64, max: i64, what: &str, example: &str) -> Result<i64, String> {
+    let range = format!("{what} is a whole number from {min} to {max}, e.g. {example}");
+    match text.trim().parse::<i64>() {
+        Ok(value) if (min..=max).contains(&value) => Ok(value),
+        // clap shows the value itself ("invalid value '1.5' for '--priority <P>'").
+        Ok(_) => Err(format!("out of range: {range}")),
+        Err(_) => Err(range),
+    }
+}
+
+/// `--priority`: -32768 to 32767, lower runs first.
+pub fn parse_priority(text: &str) -> Result<i16, String> {
+    let value = whole_in(
+        text,
+        i16::MIN.into(),
+        i16::MAX.into(),
+        "a priority (lower runs first)",
+        "--priority -5 or --priority 10",
+    )?;
+    i16::try_from(value).map_err(|e| e.to_string())
+}
+
+/// `--limit` of every listing: 1 to [`crate::admin::MAX_PAGE_LIMIT`].
+pub fn parse_page_limit(text: &str) -> Result<u32, String> {
+    let value = whole_in(
+        text,
+        1,
+        crate::admin::MAX_PAGE_LIMIT.into(),
+        "a page size",
+        "--limit 100",
+    )?;
+    u32::try_from(value).map_err(|e| e.to_string())
+}
+
+/// `--target-version` of `icq migrate run|revert`: a migration's version, the number its
+/// file name starts with (0 with `revert` undoes every migration).
+pub fn parse_target_version(text: &str) -> Result<i64, String> {
+    match text.trim().parse::<i64>() {
+        Ok(version) if version >= 0 => Ok(version),
+        _ => Err(
+            "not a migration version: write the number a migration's file name starts \
+                  with, e.g. --target-version 20260131120000 (`icq migrate info` lists them; 0 \
+                  with revert undoes all)"
+                .to_owned(),
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ async fn purge(
     if args.dry_run {
         return output::emit(global.format, &plan.dry_run_report());
     }
-    if plan.total() > 0 && !output::confirm(&question(&plan), args.confirmation)? {
+    if plan.total() > 0 && !output::confirm(&question(&plan), "", args.confirmation)? {
         output::note("Nothing was deleted.");
         return Ok(());
     }

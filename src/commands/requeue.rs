@@ -64,7 +64,7 @@ async fn requeue(
             skipped.id, skipped.reason
         ));
     }
-    if plan.total() > 0 && !output::confirm(&question(&plan, &args), args.confirmation)? {
+    if plan.total() > 0 && !output::confirm(&question(&plan, &args), "", args.confirmation)? {
         output::note("Nothing was requeued.");
         return Ok(());
     }

@@ -70,7 +70,8 @@ pub struct ScheduleArgs {
     pub queue: Option<String>,
 
     /// Its priority among due commands, -32768 to 32767: lower runs first (default 0).
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    #[arg(long, value_name = "P", allow_hyphen_values = true,
+          value_parser = super::parse::parse_priority)]
     pub priority: Option<i16>,
 
     /// At most one pending command per key: while one with this key is pending, nothing

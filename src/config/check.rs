@@ -99,7 +99,7 @@ fn queues(
     for (name, queue) in raw {
         if let Err(why) = crate::settings::validate_queue_name(&name) {
             let path = [at[0], at[1], at[2], Seg::Key(&name)];
-            return Err(doc.error_at(&path, &format!("invalid queue name {name:?}: {why}")));
+            return Err(doc.error_at(&path, &format!("invalid queue name: {why}")));
         }
         out.push(QueueSettings {
             concurrency: queue.concurrency.unwrap_or(settings.concurrency),
@@ -203,6 +203,15 @@ fn handler_config(
     if name.trim().is_empty() {
         return Err(doc.error_at(&[Seg::Key("handlers")], "a handler's command type is empty"));
     }
+    if let Some(why) = crate::command::edge_whitespace(name) {
+        return Err(doc.error_at(
+            &[Seg::Key("handlers"), Seg::Key(name)],
+            &format!(
+                "handler `{}` is not a command type: {why}",
+                crate::redact::escape_for_log(name)
+            ),
+        ));
+    }
     let given: Vec<&str> = [
         ("exec", raw.exec.is_some()),
         ("http", raw.http.is_some()),
@@ -268,14 +277,22 @@ fn handler_config(
             Some(Duration::try_from_secs_f64(seconds).map_err(|_| {
                 fail(
                     "timeout_seconds",
-                    &format!("`timeout_seconds` is too large ({seconds})"),
+                    &format!(
+                        "`timeout_seconds` is too large ({}): write a number of seconds, \
+                         e.g. 10 or 2.5",
+                        crate::redact::number_text(seconds)
+                    ),
                 )
             })?)
         }
         Some(seconds) => {
             return Err(fail(
                 "timeout_seconds",
-                &format!("`timeout_seconds` must be greater than 0 (got {seconds})"),
+                &format!(
+                    "`timeout_seconds` must be greater than 0 (got {}): write a number of \
+                     seconds, e.g. 10 or 2.5",
+                    crate::redact::number_text(seconds)
+                ),
             ));
         }
     };

@@ -102,7 +102,7 @@ pub(crate) struct RawHandler {
     pub http: Option<RawHttp>,
     #[serde(default)]
     pub noop: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "seconds")]
     pub timeout_seconds: Option<f64>,
     #[serde(default)]
     pub requires_roles: Option<Vec<String>>,
@@ -149,5 +149,44 @@ impl<'de> Visitor<'de> for Argv {
             argv.push(arg);
         }
         Ok(argv)
+    }
+}
+
+/// `timeout_seconds:` is a number of seconds; a duration written with a unit (`10s`,
+/// `2m`) is refused with the number to write instead.
+fn seconds<'de, D: de::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    deserializer.deserialize_any(Seconds).map(Some)
+}
+
+struct Seconds;
+
+impl Visitor<'_> for Seconds {
+    type Value = f64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number of seconds, e.g. 10 or 2.5")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+        Ok(v as f64)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+        Ok(v as f64)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<f64, E> {
+        let shown = crate::redact::echo(v);
+        let hint = match humantime::parse_duration(v.trim()) {
+            Ok(duration) => format!("write `timeout_seconds: {}`", duration.as_secs_f64()),
+            Err(_) => "write e.g. `timeout_seconds: 10` or `timeout_seconds: 2.5`".to_owned(),
+        };
+        Err(E::custom(format!(
+            "`timeout_seconds` is a number of seconds, not `{shown}`: {hint}"
+        )))
     }
 }

@@ -437,7 +437,8 @@ fn handler_values_are_checked() {
     ));
     assert_eq!(
         message,
-        "7:22: handlers.a.timeout_seconds: `timeout_seconds` must be greater than 0 (got 0)"
+        "7:22: handlers.a.timeout_seconds: `timeout_seconds` must be greater than 0 (got 0): \
+         write a number of seconds, e.g. 10 or 2.5"
     );
     let message = error(&format!(
         "{ONE_SOURCE}handlers:\n  a:\n    http: {{url: 'http://h', headers: {{'a b': x}}}}\n"

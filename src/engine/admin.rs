@@ -290,9 +290,10 @@ pub const CANCELLED: &str = "cancelled by operator";
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum ListState {
-    /// Every pending row (due, scheduled and running), in `RunAt` order.
+    /// Every pending row (due, scheduled and running), in claim order: `Priority`, then
+    /// `RunAt`, then `Id` (`RunAt`, `Id` on a version-1 table).
     Pending,
-    /// Pending, no live lease, `RunAt <= now`, in `RunAt` order.
+    /// Pending, no live lease, `RunAt <= now`, in claim order like [`ListState::Pending`].
     Due,
     /// Pending, no live lease, `RunAt > now`, in `RunAt` order.
     Scheduled,
@@ -308,6 +309,13 @@ impl ListState {
     /// Newest first (finished rows) rather than in queue order.
     pub fn newest_first(self) -> bool {
         matches!(self, ListState::Dead | ListState::Completed)
+    }
+
+    /// Listed in the order workers claim due rows, `Priority` first (then `RunAt`, then
+    /// `Id`), where the table has priorities (schema version 2): `pending` and `due`.
+    /// The other states are listed by [`ListState::key_column`] alone.
+    pub fn claim_order(self) -> bool {
+        matches!(self, ListState::Pending | ListState::Due)
     }
 
     /// The column a listing is ordered by: `RunAt`, `DeadLetteredAt` or `ProcessedAt`.
@@ -342,13 +350,16 @@ pub struct CommandListParams {
 /// A listing page for engines with numbered placeholders (`$n` on PostgreSQL, `?n` on
 /// SQLite) and double-quoted identifiers: `condition` selects the state's rows, `1` is
 /// the limit, then each present filter in bind order (type, queue, before, after). The keyset is
-/// `(key, Id)`; `key <= k` (or `>=`) keeps it an index range.
+/// `(key, Id)`, or `(Priority, key, Id)` in claim order (`by_priority`: see
+/// [`ListState::claim_order`], on a version-2 table); `key <= k` (or `>=`) keeps it an
+/// index range.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn numbered_list_sql(
     t: &str,
     params: &CommandListParams,
     condition: String,
     sigil: char,
+    by_priority: bool,
 ) -> String {
     let key = format!(r#""{}""#, params.state.key_column());
     let (dir, cmp) = if params.state.newest_first() {
@@ -374,12 +385,22 @@ pub(crate) fn numbered_list_sql(
     if params.after.is_some() {
         let id = mark();
         let k = format!(r#"(SELECT {key} FROM {t} WHERE "Id" = {id})"#);
-        conditions.push(format!(
-            r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#
-        ));
+        conditions.push(if by_priority {
+            // A row value: the index range starts at the cursor, however many rows share
+            // its priority.
+            let p = format!(r#"(SELECT "Priority" FROM {t} WHERE "Id" = {id})"#);
+            format!(r#"("Priority", {key}, "Id") {cmp} ({p}, {k}, {id})"#)
+        } else {
+            format!(r#"{key} {cmp}= {k} AND ({key} {cmp} {k} OR "Id" {cmp} {id})"#)
+        });
     }
+    let priority = if by_priority {
+        format!(r#""Priority" {dir}, "#)
+    } else {
+        String::new()
+    };
     format!(
-        r#"SELECT * FROM {t} WHERE {} ORDER BY {key} {dir}, "Id" {dir} LIMIT {sigil}1"#,
+        r#"SELECT * FROM {t} WHERE {} ORDER BY {priority}{key} {dir}, "Id" {dir} LIMIT {sigil}1"#,
         conditions.join(" AND ")
     )
 }

@@ -4,7 +4,7 @@
 //! in the password) gets a hint. A server that answers but refuses the login with an error
 //! the pool would retry until its timeout (PostgreSQL's `too many connections`) is logged
 //! in to once more on the side, so its own message is reported at once instead of `pool
-//! timed out`.
+//! timed out`; a MySQL/MariaDB URL whose port answers as PostgreSQL is named as such.
 
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ pub(crate) async fn watch_connect<T>(
     url: &str,
     connecting: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
+    // A setting the driver would refuse is named before anything connects.
+    super::url::check_parameters(url)?;
     tokio::pin!(connecting);
     let explain = |err| with_password_hint(url, err);
     tokio::select! {
@@ -61,8 +63,23 @@ pub(crate) async fn watch_connect<T>(
 /// for a URL the probe does not apply to, or when the login works (the pool is slow for
 /// another reason and is awaited).
 async fn handshake(url: &str) -> Option<Error> {
-    probe_target(url)?;
-    if Engine::from_url(url).ok()? != Engine::Postgres {
+    let (host, port) = probe_target(url)?;
+    let engine = Engine::from_url(url).ok()?;
+    if engine == Engine::Mysql {
+        // A MySQL client waits for the server's greeting, and a PostgreSQL server for the
+        // client's first message: neither says anything until the pool gives up.
+        return speaks_postgres(&host, port).await.then(|| Error::Connect {
+            context: format!("cannot connect to {}", crate::redact::redact_url(url)),
+            reason: format!(
+                "the server at {} answers as PostgreSQL, not MySQL/MariaDB",
+                shown_address(&host, port)
+            ),
+            hint: "; hint: use a postgres:// URL for a PostgreSQL server, or the port of \
+                   the MySQL/MariaDB server (3306 by default)"
+                .to_owned(),
+        });
+    }
+    if engine != Engine::Postgres {
         return None;
     }
     // Without the `postgres` feature the URL was refused before anything connected.
@@ -70,6 +87,42 @@ async fn handshake(url: &str) -> Option<Error> {
     return super::postgres::login_refusal(url).await;
     #[cfg(not(feature = "postgres"))]
     None
+}
+
+/// PostgreSQL's `SSLRequest`: a length of 8 and the code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// Whether the server at `host:port` answers an `SSLRequest` as PostgreSQL does: with the
+/// one byte `S` or `N`, then silence while it waits for the next message. A MySQL or
+/// MariaDB server greets every connection with a packet of tens of bytes instead, so a
+/// slow MySQL server is never mistaken for PostgreSQL (it is just not identified).
+async fn speaks_postgres(host: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        stream.write_all(&SSL_REQUEST).await.ok()?;
+        let mut answer = [0u8; 64];
+        let read = stream.read(&mut answer).await.ok()?;
+        if read != 1 || !matches!(answer[0], b'S' | b'N') {
+            return Some(false);
+        }
+        let more = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut answer)).await;
+        Some(!matches!(more, Ok(Ok(n)) if n > 0))
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, ask).await,
+        Ok(Some(true))
+    )
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn shown_address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// Checks that the server a database URL names accepts TCP connections, within
@@ -109,11 +162,7 @@ fn probe_target(url: &str) -> Option<(String, u16)> {
 
 /// Resolves `host` and tries each of its addresses until one accepts a TCP connection.
 async fn reach(host: &str, port: u16) -> std::result::Result<(), String> {
-    let shown = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let shown = shown_address(host, port);
     let seconds = PROBE_TIMEOUT.as_secs();
     let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
     let addresses = tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port)))

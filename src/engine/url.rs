@@ -95,6 +95,62 @@ pub(crate) fn for_driver(url: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The TLS modes each driver takes in `sslmode=` / `ssl-mode=` (in any case).
+const PG_SSL_MODES: &[&str] = &[
+    "disable",
+    "allow",
+    "prefer",
+    "require",
+    "verify-ca",
+    "verify-full",
+];
+const MYSQL_SSL_MODES: &[&str] = &[
+    "disabled",
+    "preferred",
+    "required",
+    "verify_ca",
+    "verify_identity",
+];
+
+/// Checks the query parameters of `url` whose values the driver would refuse with a bare
+/// "error with configuration" (a TLS mode it does not know, a port that is not a
+/// number, on PostgreSQL): the error names the parameter and the values it takes
+/// ([`crate::Error::Invalid`], exit 2). Other URLs and parameters are left to the driver.
+pub(crate) fn check_parameters(url: &str) -> crate::Result<()> {
+    let modes = match Engine::from_url(url) {
+        Ok(Engine::Postgres) => PG_SSL_MODES,
+        Ok(Engine::Mysql) => MYSQL_SSL_MODES,
+        _ => return Ok(()),
+    };
+    let head = url.split('#').next().unwrap_or(url);
+    let Some((_, query)) = head.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (name, value) = (decode(name), decode_value(value));
+        let problem = match name.as_str() {
+            "sslmode" | "ssl-mode" if !modes.contains(&value.to_ascii_lowercase().as_str()) => {
+                format!("is not a TLS mode: it takes {}", modes.join(", "))
+            }
+            "port"
+                if modes == PG_SSL_MODES
+                    && value.split(',').any(|p| p.trim().parse::<u16>().is_err()) =>
+            {
+                "is not a port: write a number from 1 to 65535".to_owned()
+            }
+            _ => continue,
+        };
+        return Err(crate::Error::invalid(format!(
+            "{}: the parameter `{}={}` {problem}",
+            crate::redact::redact_url(url),
+            crate::redact::echo(&name),
+            crate::redact::echo(&value)
+        )));
+    }
+    Ok(())
+}
+
 /// One server of a PostgreSQL URL's host list: how to name it in messages, and a URL for it
 /// alone that sqlx can parse.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1405,8 +1405,9 @@ async fn payloads_and_job_files_must_be_json() {
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
     assert_eq!(
         err.replace(&format!("{}/", dir.path().display()), ""),
-        "error: jobs.jsonl:2: field `priority`: invalid type: string \"high\", expected i64 at \
-         line 1 column 46; nothing was scheduled\n"
+        "error: jobs.jsonl:2: field `priority`: invalid type: string \"high\", expected a whole \
+         number from -32768 to 32767 (lower runs first) at line 1 column 46; nothing was \
+         scheduled\n"
     );
     assert_eq!(total(&db).await, 0, "nothing was inserted");
 }

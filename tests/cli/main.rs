@@ -15,6 +15,7 @@ mod leftovers;
 mod manual;
 mod migrate;
 mod migrate_database;
+mod newcomer;
 mod operator;
 mod papercuts;
 mod production;

@@ -132,9 +132,18 @@ fn list_condition(state: ListState) -> String {
     }
 }
 
+/// Where a claim-ordered page continues: the `Priority` and `RunAt` of its `after` row,
+/// read first and bound as values, so MariaDB's range optimizer walks the poll index from
+/// there (the same condition with subqueries reads every row before it).
+struct Cursor {
+    priority: i16,
+    run_at: Option<DateTime<Utc>>,
+}
+
 /// A listing page (see the PostgreSQL driver). Placeholders are positional: type twice,
-/// queue twice, before, then the `after` id three times, then the limit.
-fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
+/// queue twice, before, then the keyset (the `after` id three times; in claim order the cursor's
+/// values, see [`bind_keyset`]), then the limit.
+fn list_sql(t: &str, params: &CommandListParams, version: u32, cursor: Option<&Cursor>) -> String {
     let key = format!("`{}`", params.state.key_column());
     let (dir, cmp) = if params.state.newest_first() {
         ("DESC", "<")
@@ -151,17 +160,64 @@ fn list_sql(t: &str, params: &CommandListParams, version: u32) -> String {
     if params.before.is_some() {
         conditions.push(format!("{key} < ?"));
     }
+    // Claim order (see `ListState::claim_order`) needs the version-2 `Priority`.
+    let by_priority = params.state.claim_order() && version >= 2;
     if params.after.is_some() {
-        let k = format!("(SELECT {key} FROM {t} WHERE `Id` = ?)");
-        conditions.push(format!(
-            "{key} {cmp}= {k} AND ({key} {cmp} {k} OR `Id` {cmp} ?)"
-        ));
+        conditions.push(match cursor {
+            // A NULL `RunAt` sorts first: after it come its priority's other rows.
+            Some(Cursor { run_at: None, .. }) if by_priority => {
+                "(`Priority` > ? OR (`Priority` = ? AND (`RunAt` IS NOT NULL OR `Id` > ?)))"
+                    .to_owned()
+            }
+            Some(_) if by_priority => "(`Priority` > ? OR (`Priority` = ? AND `RunAt` > ?) \
+                 OR (`Priority` = ? AND `RunAt` = ? AND `Id` > ?))"
+                .to_owned(),
+            _ => {
+                let k = format!("(SELECT {key} FROM {t} WHERE `Id` = ?)");
+                format!("{key} {cmp}= {k} AND ({key} {cmp} {k} OR `Id` {cmp} ?)")
+            }
+        });
     }
+    let priority = if by_priority {
+        format!("`Priority` {dir}, ")
+    } else {
+        String::new()
+    };
     format!(
-        "SELECT {} FROM {t} WHERE {} ORDER BY {key} {dir}, `Id` {dir} LIMIT ?",
+        "SELECT {} FROM {t} WHERE {} ORDER BY {priority}{key} {dir}, `Id` {dir} LIMIT ?",
         columns(version),
         conditions.join(" AND ")
     )
+}
+
+/// Binds the keyset of [`list_sql`] for the `after` row `id`.
+fn bind_keyset<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    id: &str,
+    cursor: Option<&Cursor>,
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    match cursor {
+        Some(Cursor {
+            priority,
+            run_at: None,
+        }) => query.bind(*priority).bind(*priority).bind(id.to_owned()),
+        Some(Cursor {
+            priority,
+            run_at: Some(run_at),
+        }) => query
+            .bind(*priority)
+            .bind(*priority)
+            .bind(*run_at)
+            .bind(*priority)
+            .bind(*run_at)
+            .bind(id.to_owned()),
+        None => {
+            for _ in 0..3 {
+                query = query.bind(id.to_owned());
+            }
+            query
+        }
+    }
 }
 
 impl MySqlDriver {
@@ -187,7 +243,26 @@ impl MySqlDriver {
 #[async_trait]
 impl AdminOps for MySqlDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
-        let sql = list_sql(&self.t, params, self.schema_version().await?);
+        let version = self.schema_version().await?;
+        let cursor = match &params.after {
+            Some(after) if params.state.claim_order() && version >= 2 => {
+                let t = &self.t;
+                let sql = format!("SELECT `Priority`, `RunAt` FROM {t} WHERE `Id` = ?");
+                let found: Option<(i16, Option<DateTime<Utc>>)> =
+                    sqlx::query_as(AssertSqlSafe(sql))
+                        .bind(after.to_string())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(Error::db(self.ctx("listing commands")))?;
+                match found {
+                    // No such row: nothing follows it.
+                    None => return Ok(Vec::new()),
+                    Some((priority, run_at)) => Some(Cursor { priority, run_at }),
+                }
+            }
+            _ => None,
+        };
+        let sql = list_sql(&self.t, params, version, cursor.as_ref());
         let mut query = sqlx::query(AssertSqlSafe(sql));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name).bind(type_name);
@@ -199,8 +274,7 @@ impl AdminOps for MySqlDriver {
             query = query.bind(before);
         }
         if let Some(after) = &params.after {
-            let id = after.to_string();
-            query = query.bind(id.clone()).bind(id.clone()).bind(id);
+            query = bind_keyset(query, after.as_str(), cursor.as_ref());
         }
         let rows = query
             .bind(i64::from(params.limit))

@@ -229,7 +229,14 @@ impl AdminOps for PgDriver {
             // Not a UUID: no such row here, so nothing follows it.
             return Ok(Vec::new());
         }
-        let sql = numbered_list_sql(&self.t, params, list_condition(params.state), '$');
+        let by_priority = params.state.claim_order() && self.schema_version().await? >= 2;
+        let sql = numbered_list_sql(
+            &self.t,
+            params,
+            list_condition(params.state),
+            '$',
+            by_priority,
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);

@@ -99,9 +99,15 @@ pub(crate) fn parse(url: &str, pooler: Pooler) -> Result<Servers> {
         });
     };
     let mut hosts = Vec::with_capacity(one_host_urls.len());
+    let several = one_host_urls.len() > 1;
     for PgHost { label, url: one } in one_host_urls {
-        let options = PgConnectOptions::from_str(&one)
-            .map_err(Error::db(format!("parsing host `{label}` of {}", shown())))?;
+        // A host is named only when the URL lists several: a setting is the URL's.
+        let context = if several {
+            format!("parsing host `{label}` of {}", shown())
+        } else {
+            format!("parsing {}", shown())
+        };
+        let options = PgConnectOptions::from_str(&one).map_err(Error::db(context))?;
         hosts.push(Host {
             label,
             options: tune(options, pooler),

@@ -151,7 +151,14 @@ impl SqliteDriver {
 #[async_trait]
 impl AdminOps for SqliteDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
-        let sql = numbered_list_sql(&self.t, params, list_condition(params.state), '?');
+        let by_priority = params.state.claim_order() && self.schema_version().await? >= 2;
+        let sql = numbered_list_sql(
+            &self.t,
+            params,
+            list_condition(params.state),
+            '?',
+            by_priority,
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(params.limit));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name);
