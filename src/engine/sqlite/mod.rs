@@ -3,9 +3,9 @@
 //! SQLite has one writer at a time, so a claim is a single `UPDATE … RETURNING` and the
 //! pool waits on the busy timeout rather than failing. Timestamps are UTC text in the
 //! fixed format of [`crate::command::format_timestamp`], so text order is time order.
-//! icq's own connections sync every commit to disk (`synchronous = FULL`) but the
-//! processor's claims, stamps and lease renewals, which a power loss may undo (their
-//! commands run again) but which never create a command ([`SqliteDriver::connect`]).
+//! icq's own connections sync every commit to disk (`synchronous = FULL`), except the
+//! processor's claims, stamps and lease renewals: a power loss may undo those (their
+//! commands run again), and none of them creates a command ([`SqliteDriver::connect`]).
 
 mod admin;
 mod busy;
