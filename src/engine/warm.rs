@@ -37,6 +37,10 @@ const MOST: usize = 8;
 pub(crate) struct Warm<DB: Database> {
     conn: PoolConnection<DB>,
     left_pool: Instant,
+    /// The driver has set the connection up for work since it left the pool (see
+    /// [`Warm::set_up_for_work`]).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    set_up: bool,
 }
 
 impl<DB: Database> Warm<DB> {
@@ -47,6 +51,14 @@ impl<DB: Database> Warm<DB> {
         self.left_pool.elapsed() < KEEP_FOR
             && usable(self.left_pool)
             && !crate::processor::health::abandoned_since(self.left_pool)
+    }
+
+    /// Whether this is the first call since the connection left the pool: a driver that
+    /// changes a connection's settings for work (SQLite's `synchronous`) does it once per
+    /// stay out of the pool, not before every statement; the pool sets them back.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn set_up_for_work(&mut self) -> bool {
+        !std::mem::replace(&mut self.set_up, true)
     }
 
     /// Closes the connection when it is dropped instead of handing it back to the pool
@@ -61,7 +73,11 @@ impl<DB: Database> Warm<DB> {
     async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
         let left_pool = Instant::now();
         let conn = pool.acquire().await?;
-        Ok(Warm { conn, left_pool })
+        Ok(Warm {
+            conn,
+            left_pool,
+            set_up: false,
+        })
     }
 }
 

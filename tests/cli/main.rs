@@ -8,6 +8,7 @@ mod basics;
 mod bench;
 mod config;
 mod config_check;
+mod durability;
 mod edges;
 mod errors;
 mod fail_on_dead;

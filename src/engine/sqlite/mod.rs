@@ -3,6 +3,9 @@
 //! SQLite has one writer at a time, so a claim is a single `UPDATE … RETURNING` and the
 //! pool waits on the busy timeout rather than failing. Timestamps are UTC text in the
 //! fixed format of [`crate::command::format_timestamp`], so text order is time order.
+//! icq's own connections sync every commit to disk (`synchronous = FULL`), except the
+//! processor's claims, stamps and lease renewals: a power loss may undo those (their
+//! commands run again), and none of them creates a command ([`SqliteDriver::connect`]).
 
 mod admin;
 mod busy;
@@ -714,38 +717,69 @@ fn leases_json<'a>(
 /// `COMMIT`. The channel grows only as far as it is filled.
 const ROW_CHANNEL: usize = crate::settings::BATCH_SIZE_MAX as usize + 4;
 
+/// How icq's own connections commit unless the processor writes on them: a commit is
+/// synced to disk before it returns.
+const DURABLE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
+
+/// How the processor's own writes commit on icq's own connections: synced at the next
+/// checkpoint, so a power loss may undo the last claims and stamps (their commands run
+/// again) but never a schedule.
+const WORK_SYNCHRONOUS: &str = "PRAGMA synchronous = NORMAL";
+
 /// How long icq's own connections wait for SQLite's write lock before a statement fails
 /// with "database is locked" (see [`busy`] for how they wait).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
     /// The processor's turn to write (see `writing`) and a connection to write on; the
-    /// turn ends when the guard drops.
+    /// turn ends when the guard drops. On icq's own pool the connection commits with
+    /// `synchronous = NORMAL` (see [`SqliteDriver::connect`]); the application's pool is
+    /// left as configured.
     async fn write_turn(
         &self,
         what: &str,
     ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Warm<Sqlite>)> {
         let turn = self.writing.lock().await;
-        let conn = self
+        let mut conn = self
             .warm
             .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx(what)))?;
+        if !self.shared_pool && conn.set_up_for_work() {
+            sqlx::query(WORK_SYNCHRONOUS)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(self.ctx(what)))?;
+        }
         Ok((turn, conn))
     }
 
-    /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout.
+    /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout, and
+    /// `synchronous = FULL` on every connection it hands out, so that a schedule, a
+    /// requeue, a replay or any other write through the pool is on disk when its commit
+    /// returns (in WAL mode `NORMAL` syncs only at a checkpoint, which a power loss can
+    /// beat). Only the processor's own writes ([`SqliteDriver::write_turn`]: claims,
+    /// stamps, lease renewals) switch their connection to `NORMAL`: losing the last of
+    /// those only makes a command run again. A connection goes back to `FULL` before the
+    /// pool hands it out again.
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)
             .map_err(Error::db(format!("parsing {}", redact_url(url))))?
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
             .row_buffer_size(ROW_CHANNEL);
         let pool = options
             .pool::<sqlx::Sqlite>()
             .max_connections(options.max_connections.clamp(1, 8))
-            .after_connect(|conn, _meta| Box::pin(busy::install(conn)));
+            .after_connect(|conn, _meta| Box::pin(busy::install(conn)))
+            // A failure closes the connection and the pool opens another (`FULL` too).
+            .before_acquire(|conn, _meta| {
+                Box::pin(async move {
+                    sqlx::query(DURABLE_SYNCHRONOUS).execute(&mut *conn).await?;
+                    Ok(true)
+                })
+            });
         // Switching a fresh file to WAL while another process opens it returns
         // SQLITE_BUSY without waiting on the busy timeout (two workers started together):
         // try again for a few seconds rather than fail the start.
@@ -763,11 +797,14 @@ impl SqliteDriver {
     }
 
     /// A driver on the application's own pool, for `table`, as it is configured: icq's
-    /// own connect sets WAL, `synchronous = NORMAL`, a 30 s busy timeout and a row buffer
-    /// of a whole claim (`row_buffer_size`, [`ROW_CHANNEL`]; at sqlx's default of 50 a
-    /// stamp-and-claim of more than 46 rows holds the write lock until the processor reads
-    /// them), which the application's options should set too. Closing the driver leaves
-    /// `pool` open.
+    /// own connect sets WAL, `synchronous = FULL` (`NORMAL` for the processor's writes), a
+    /// 30 s busy timeout and a row buffer of a whole claim (`row_buffer_size`,
+    /// [`ROW_CHANNEL`]; at sqlx's default of 50 a stamp-and-claim of more than 46 rows
+    /// holds the write lock until the processor reads them), which the application's
+    /// options should set too. Every statement here commits as durably as the pool's
+    /// `synchronous` says (SQLite's default is `FULL`; with WAL and `NORMAL` a power loss
+    /// can undo the last schedules, as it can the application's own writes). Closing the
+    /// driver leaves `pool` open.
     pub(crate) async fn from_pool(pool: SqlitePool, table: &TableName) -> Result<Self> {
         Self::on_pool(pool, table, true).await
     }
@@ -1547,5 +1584,52 @@ impl crate::Enqueue for SqliteConnection {
 
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         insert_command(self, table, command).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn synchronous(conn: &mut SqliteConnection) -> i64 {
+        sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+
+    /// On icq's own pool the processor's writes commit with `NORMAL` (1) and everything
+    /// else with `FULL` (2), a schedule on a connection the processor wrote on included.
+    #[tokio::test]
+    async fn only_the_processors_writes_commit_without_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+        // One connection, so each step below gets the same one.
+        let options = ConnectOptions {
+            max_connections: 1,
+            ..ConnectOptions::default()
+        };
+        let driver = SqliteDriver::connect(&url, &TableName::default(), &options)
+            .await
+            .unwrap();
+        let mut conn = driver.pool.acquire().await.unwrap();
+        assert_eq!(synchronous(&mut conn).await, 2, "a new connection");
+        drop(conn);
+
+        driver.keep_work_connections(true);
+        let (turn, mut conn) = driver.write_turn("testing").await.unwrap();
+        assert_eq!(synchronous(&mut conn).await, 1, "the processor's write");
+        // A pool of one keeps nothing: the connection goes back to the pool.
+        driver.warm.keep(conn, &driver.pool);
+        drop(turn);
+
+        let mut conn = driver.pool.acquire().await.unwrap();
+        assert_eq!(
+            synchronous(&mut conn).await,
+            2,
+            "the same connection, handed out again"
+        );
+        drop(conn);
+        driver.close().await;
     }
 }
