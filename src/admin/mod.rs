@@ -265,7 +265,7 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
             // Malformed only when no selected source could hold it.
             let mut reasons = sources
                 .iter()
-                .map(|s| id_shape(s.queue.engine(), id))
+                .map(|s| s.queue.backend().id_problem(id))
                 .collect::<Option<Vec<String>>>()?;
             reasons.dedup();
             Some((id, reasons.join("; ")))
@@ -291,23 +291,6 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
         many => format!("no commands with ids {}", list_ids(many)),
     };
     Error::NotFound(format!("{what} {}; {consequence}", where_sources(sources)))
-}
-
-/// Why no row of an `engine` table can have `id` (`None` when one can): PostgreSQL
-/// stores ids as `uuid`, MariaDB/MySQL as `CHAR(36)`; SQLite takes any text.
-fn id_shape(engine: crate::Engine, id: &CommandId) -> Option<String> {
-    match engine {
-        crate::Engine::Postgres if id.as_uuid().is_none() => Some(
-            "ids in a PostgreSQL table are UUIDs, like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
-                .to_owned(),
-        ),
-        crate::Engine::Mysql if id.as_str().chars().count() > 36 => Some(
-            "ids in a MariaDB/MySQL table are at most 36 characters, like \
-             0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
-                .to_owned(),
-        ),
-        _ => None,
-    }
 }
 
 pub(super) fn state_name(state: State) -> &'static str {

@@ -434,6 +434,13 @@ pub struct CommandGetManyParams<'a> {
 /// Operator queries over one source's table.
 #[async_trait]
 pub trait AdminOps: Send + Sync + 'static {
+    /// Why no row of this table can have `id` (`None` when one can): an id of another shape
+    /// than the `Id` column holds is a mistake to name, not a row to look for.
+    fn id_problem(&self, id: &crate::command::CommandId) -> Option<String> {
+        let _ = id;
+        None
+    }
+
     /// The database's current time, the reference for every cutoff an operation fixes.
     async fn clock_now(&self) -> Result<DateTime<Utc>>;
 

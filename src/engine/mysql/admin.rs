@@ -242,6 +242,14 @@ impl MySqlDriver {
 
 #[async_trait]
 impl AdminOps for MySqlDriver {
+    fn id_problem(&self, id: &crate::command::CommandId) -> Option<String> {
+        (id.as_str().chars().count() > 36).then(|| {
+            "ids in a MariaDB/MySQL table are at most 36 characters, like \
+             0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+                .to_owned()
+        })
+    }
+
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
         let version = self.schema_version().await?;
         let cursor = match &params.after {

@@ -138,6 +138,13 @@ impl PgDriver {
 
 #[async_trait]
 impl AdminOps for PgDriver {
+    fn id_problem(&self, id: &crate::command::CommandId) -> Option<String> {
+        id.as_uuid().is_none().then(|| {
+            "ids in a PostgreSQL table are UUIDs, like 0b5e3c1e-8f0a-4c1e-9d0e-2f3a4b5c6d7e"
+                .to_owned()
+        })
+    }
+
     async fn clock_now(&self) -> Result<DateTime<Utc>> {
         on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
             "SELECT now()"
