@@ -1,9 +1,10 @@
 //! What the overview's charts draw: the counts of every source, sampled every
-//! [`SAMPLE_EVERY`] while the console runs and kept for [`WINDOW`] (the console keeps no
+//! [`SAMPLE_EVERY`] while someone watches and kept for [`WINDOW`] (the console keeps no
 //! state in the database: a console started a minute ago shows a minute of history).
 //! Throughput is the growth of the completed count between two samples, per minute;
-//! backlog is due + scheduled at each sample. Charts are inline SVG drawn here: no
-//! script, no chart library.
+//! backlog is due + scheduled at each sample. Where samples are missing (nobody watched,
+//! or the database did not answer) the line breaks instead of drawing a slope across the
+//! gap. Charts are inline SVG drawn here: no script, no chart library.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -11,9 +12,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::html::Html;
+use super::snapshot::SAMPLE_EVERY;
 
-/// How often the sampler counts.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// Two samples further apart than this have a gap between them: the line breaks.
+fn gap() -> chrono::Duration {
+    chrono::Duration::from_std(SAMPLE_EVERY * 3).unwrap_or(chrono::Duration::seconds(15))
+}
 
 /// How much history the charts show.
 pub const WINDOW: Duration = Duration::from_secs(3600);
@@ -58,7 +62,7 @@ impl History {
                 continue;
             };
             let seconds = (*at - *before).num_milliseconds() as f64 / 1000.0;
-            if seconds <= 0.0 {
+            if seconds <= 0.0 || *at - *before > gap() {
                 continue;
             }
             for (source, figures) in new {
@@ -169,34 +173,32 @@ pub fn chart(
     }
     for (index, (_, points)) in series.iter().enumerate() {
         let color = COLORS[index % COLORS.len()];
-        let coordinates: Vec<String> = points
-            .iter()
-            .filter(|(at, _)| *at >= start)
-            .map(|(at, v)| format!("{:.1},{:.1}", x(*at), y(*v)))
-            .collect();
-        if coordinates.is_empty() {
-            continue;
-        }
-        if coordinates.len() == 1 {
-            let (cx, cy) = coordinates[0].split_once(',').unwrap_or(("0", "0"));
-            svg.raw("<circle r=\"3\" cx=\"")
-                .text(cx)
-                .raw("\" cy=\"")
-                .text(cy)
-                .raw("\" fill=\"")
-                .text(color)
-                .raw("\"/>");
-        } else {
-            svg.raw("<polyline fill=\"none\" stroke-width=\"2\" stroke=\"")
-                .text(color)
-                .raw("\" points=\"")
-                .text(coordinates.join(" "))
-                .raw("\"/>");
+        for run in runs(points.iter().filter(|(at, _)| *at >= start)) {
+            let coordinates: Vec<String> = run
+                .iter()
+                .map(|(at, v)| format!("{:.1},{:.1}", x(*at), y(*v)))
+                .collect();
+            if let [only] = coordinates.as_slice() {
+                let (cx, cy) = only.split_once(',').unwrap_or(("0", "0"));
+                svg.raw("<circle r=\"3\" cx=\"")
+                    .text(cx)
+                    .raw("\" cy=\"")
+                    .text(cy)
+                    .raw("\" fill=\"")
+                    .text(color)
+                    .raw("\"/>");
+            } else {
+                svg.raw("<polyline fill=\"none\" stroke-width=\"2\" stroke=\"")
+                    .text(color)
+                    .raw("\" points=\"")
+                    .text(coordinates.join(" "))
+                    .raw("\"/>");
+            }
         }
     }
     svg.raw("</svg><ul class=\"legend\">");
     if series.is_empty() {
-        svg.raw("<li>no samples yet (one every few seconds while the console runs)</li>");
+        svg.raw("<li>no samples yet (one every few seconds while the console is watched)</li>");
     }
     for (index, (name, points)) in series.iter().enumerate() {
         svg.raw("<li><svg class=\"swatch\" viewBox=\"0 0 10 10\"><rect width=\"10\" height=\"10\" fill=\"")
@@ -211,6 +213,22 @@ pub fn chart(
     }
     svg.raw("</ul></figure>");
     svg
+}
+
+/// The points split where consecutive samples are further apart than [`gap`].
+fn runs<'a>(
+    points: impl Iterator<Item = &'a (DateTime<Utc>, f64)>,
+) -> Vec<Vec<(DateTime<Utc>, f64)>> {
+    let mut runs: Vec<Vec<(DateTime<Utc>, f64)>> = Vec::new();
+    for &(at, value) in points {
+        match runs.last_mut() {
+            Some(run) if run.last().is_some_and(|(last, _)| at - *last <= gap()) => {
+                run.push((at, value));
+            }
+            _ => runs.push(vec![(at, value)]),
+        }
+    }
+    runs
 }
 
 /// An axis label for a time before now: `-90 s`, `-12 min`.
@@ -262,11 +280,11 @@ mod tests {
         let t0 = Utc::now();
         let mut history = History::default();
         history.record(t0, figures(10, 5));
-        history.record(t0 + chrono::Duration::seconds(30), figures(20, 3));
-        history.record(t0 + chrono::Duration::seconds(60), figures(0, 0)); // purged
+        history.record(t0 + chrono::Duration::seconds(5), figures(20, 3));
+        history.record(t0 + chrono::Duration::seconds(10), figures(0, 0)); // purged
         let throughput = history.throughput();
         let values: Vec<f64> = throughput[0].1.iter().map(|(_, v)| *v).collect();
-        assert_eq!(values, [20.0, 0.0]);
+        assert_eq!(values, [120.0, 0.0]);
         let backlog: Vec<f64> = history.backlog()[0].1.iter().map(|(_, v)| *v).collect();
         assert_eq!(backlog, [5.0, 3.0, 0.0]);
     }
@@ -278,6 +296,31 @@ mod tests {
         history.record(t0, figures(1, 1));
         history.record(t0 + chrono::Duration::minutes(61), figures(2, 2));
         assert_eq!(history.backlog()[0].1.len(), 1);
+    }
+
+    #[test]
+    fn a_gap_in_the_samples_breaks_the_line() {
+        let t0 = Utc::now() - chrono::Duration::minutes(20);
+        let mut history = History::default();
+        for (second, backlog) in [(0, 5), (5, 6), (600, 100), (605, 101)] {
+            history.record(
+                t0 + chrono::Duration::seconds(second),
+                figures(backlog, backlog),
+            );
+        }
+        let now = t0 + chrono::Duration::minutes(11);
+        let svg = chart("Backlog", "commands", &history.backlog(), now).into_string();
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            2,
+            "two runs, no slope across the stall: {svg}"
+        );
+        let throughput = history.throughput();
+        assert_eq!(
+            throughput[0].1.len(),
+            2,
+            "no rate across the gap: {throughput:?}"
+        );
     }
 
     #[test]
