@@ -2,21 +2,28 @@
 //!
 //! Server-rendered HTML over axum (no build step, no client framework): an overview of
 //! every source (the counts of `icq pending`, per queue and per type, and throughput and
-//! backlog charts sampled while the console runs), lists by state with type and queue
-//! filters and keyset paging, one command in full (queue, priority, unique key, trace
-//! parent and snoozes included), dead letters, and — only when started with
-//! `--allow-actions` and a token — requeue, replay, cancel and purge (the bulk ones
-//! filtered by type and/or queue), each behind a confirmation page. A queue filter on a
-//! schema-version-1 table is the admin API's usage error, shown as the page's banner.
+//! backlog charts), lists by state with type and queue filters and keyset paging, one
+//! command in full (queue, priority, unique key, trace parent and snoozes included; a
+//! large payload cut, with a download), dead letters, and — only when started with
+//! `--allow-actions` and a token — requeue, replay, cancel and purge (each acting on
+//! exactly the filter of the page that offers it), each behind a confirmation page. A
+//! queue filter on a schema-version-1 table is the admin API's usage error, shown as the
+//! page's banner.
+//!
+//! Counts ([`snapshot`]) are taken once for every page and tab, one statement per
+//! source, and only while someone watches: an idle console runs no query.
 //!
 //! Every figure comes from the library's operator API ([`crate::admin`]), the same calls
 //! the CLI's operator subcommands make. The console opens each source on its own and
 //! keeps going when one is down: the page shows an error banner and the next request
 //! tries again.
 //!
-//! Security ([`guard`]): loopback by default, a token required for any other address and
-//! for actions, POST + same-origin + token for every change, escaping by construction
-//! ([`html`]), strict response headers, and no URL shown anywhere (errors are redacted).
+//! Security ([`guard`]): loopback by default, a token (of at least [`MIN_TOKEN_BYTES`])
+//! required for any other address and for actions, wrong tokens slowed, requests from
+//! other sites refused whatever their method, POST + same-origin + token for every
+//! change, escaping by construction ([`html`]), strict response headers, and no URL shown
+//! anywhere (errors are redacted). Resources are bounded ([`accept`]): connections at
+//! once, time to send headers, and the memory a large payload can take.
 
 mod actions;
 mod guard;
@@ -266,17 +273,21 @@ impl Console {
             .ok()
     }
 
-    /// Samples while someone watches, and not at all otherwise.
+    /// Samples while someone watches, and not at all otherwise. A count that takes long
+    /// (a big table) spaces the samples out: the sampler counts at most a tenth of the
+    /// time.
     async fn run_sampler(&self, stop: CancellationToken) {
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = self.inner.watch.until_watched() => {}
             }
+            let started = std::time::Instant::now();
             self.sample().await;
+            let pause = SAMPLE_EVERY.max(started.elapsed() * 10);
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(SAMPLE_EVERY) => {}
+                () = tokio::time::sleep(pause) => {}
                 () = self.inner.watch.until_needed() => {}
             }
         }

@@ -106,27 +106,28 @@ fn parsed<T>(
     console: &Console,
     title: &str,
     query: Result<Query<T>, QueryRejection>,
-) -> Result<T, Response> {
+) -> Result<T, Box<Response>> {
     query.map(|Query(q)| q).map_err(|rejection| {
         let text = rejection.body_text();
         let detail = text
             .strip_prefix("Failed to deserialize query string: ")
             .unwrap_or(&text);
-        error_page(
+        Box::new(error_page(
             console,
             title,
             &Error::Usage(format!("this page's address is not understood: {detail}")),
-        )
+        ))
     })
 }
 
-/// The source a page names: one that is configured, or a 404 naming those that are.
-fn known_source(console: &Console, title: &str, wanted: &str) -> Result<(), Response> {
+/// The source a page names: `None` when it is configured, else the 404 page naming
+/// those that are.
+fn unknown_source(console: &Console, title: &str, wanted: &str) -> Option<Response> {
     let names = console.source_names();
     if names.iter().any(|n| n == wanted) {
-        return Ok(());
+        return None;
     }
-    Err(error_page(
+    Some(error_page(
         console,
         title,
         &Error::NotFound(format!(
@@ -199,9 +200,10 @@ pub(crate) async fn overview(State(console): State<Console>) -> Response {
 /// How old the counts of a page someone just opened may be.
 const FRESH_FOR_A_PAGE: Duration = Duration::from_secs(1);
 
-/// How old the counts of a live refresh or a list's total may be: the sampler's own
-/// pace, so refreshes never count on their own.
-const FRESH_FOR_A_REFRESH: Duration = Duration::from_secs(2 * SAMPLE_EVERY.as_secs());
+/// How old the counts of a live refresh or a list's total may be: whatever the sampler
+/// took last while it runs (it spaces its counts out on a big table), so refreshes never
+/// count on their own; older means nobody watched, and the page waits for a new count.
+const FRESH_FOR_A_REFRESH: Duration = super::snapshot::WATCHED_FOR;
 
 /// `GET /live`: the overview's figures alone, for the live refresh (the latest shared
 /// count: any number of tabs cost one count per sample).
@@ -415,14 +417,14 @@ pub(crate) async fn list(
 ) -> Response {
     let q = match parsed(&console, "Commands", q) {
         Ok(q) => q,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let names = console.source_names();
     let source_name = non_empty(q.source.as_ref())
         .map(str::to_owned)
         .or_else(|| names.first().cloned())
         .unwrap_or_default();
-    if let Err(page) = known_source(&console, "Commands", &source_name) {
+    if let Some(page) = unknown_source(&console, "Commands", &source_name) {
         return page;
     }
     let state_name = non_empty(q.state.as_ref()).unwrap_or("due");
@@ -698,16 +700,14 @@ pub(crate) async fn command(
 ) -> Response {
     let q = match parsed(&console, "Command", q) {
         Ok(q) => q,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
         Ok(id) => id,
         Err(err) => return error_page(&console, "Command", &err),
     };
     let wanted = non_empty(q.source.as_ref());
-    if let Some(wanted) = wanted
-        && let Err(page) = known_source(&console, "Command", wanted)
-    {
+    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Command", w)) {
         return page;
     }
     // A row is read whole (its payload may be megabytes): a few at a time.
@@ -946,16 +946,14 @@ pub(crate) async fn payload(
 ) -> Response {
     let q = match parsed(&console, "Payload", q) {
         Ok(q) => q,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
         Ok(id) => id,
         Err(err) => return error_page(&console, "Payload", &err),
     };
     let wanted = non_empty(q.source.as_ref());
-    if let Some(wanted) = wanted
-        && let Err(page) = known_source(&console, "Payload", wanted)
-    {
+    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Payload", w)) {
         return page;
     }
     // Held until the whole payload is sent: a few downloads at a time; the row is read
@@ -1031,7 +1029,7 @@ pub(crate) async fn dead_letters(
 ) -> Response {
     let q = match parsed(&console, "Dead letters", q) {
         Ok(q) => q,
-        Err(page) => return page,
+        Err(page) => return *page,
     };
     let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
     let queue = non_empty(q.queue.as_ref()).map(str::to_owned);
