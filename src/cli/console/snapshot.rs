@@ -209,6 +209,9 @@ impl Watch {
     /// A snapshot no older than `fresh`: the latest if it is, else the next one taken
     /// (waking the sampler). `None` when none came within a reasonable wait.
     pub async fn snapshot(&self, fresh: Duration) -> Option<std::sync::Arc<Snapshot>> {
+        // An idle sampler is woken by the touch alone; a running one is asked for an
+        // early count (asking an idle one too would make it count twice).
+        let running = self.watched(Instant::now());
         self.touch();
         let mut receiver = self.latest.subscribe();
         let recent = |s: &Option<std::sync::Arc<Snapshot>>| {
@@ -217,7 +220,9 @@ impl Watch {
         if let Some(snapshot) = recent(&receiver.borrow_and_update()) {
             return Some(snapshot);
         }
-        self.needed.notify_one();
+        if running {
+            self.needed.notify_one();
+        }
         let deadline = tokio::time::Instant::now() + WAIT_AT_MOST;
         loop {
             match tokio::time::timeout_at(deadline, receiver.changed()).await {
