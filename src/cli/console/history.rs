@@ -14,10 +14,8 @@ use chrono::{DateTime, Utc};
 use super::html::Html;
 use super::snapshot::SAMPLE_EVERY;
 
-/// Two samples further apart than this have a gap between them: the line breaks.
-fn gap() -> chrono::Duration {
-    chrono::Duration::from_std(SAMPLE_EVERY * 3).unwrap_or(chrono::Duration::seconds(15))
-}
+/// A point that is no value: the line breaks there.
+const BREAK: f64 = f64::NAN;
 
 /// How much history the charts show.
 pub const WINDOW: Duration = Duration::from_secs(3600);
@@ -35,6 +33,8 @@ pub struct Figures {
 #[derive(Debug, Default)]
 pub struct History {
     samples: VecDeque<(DateTime<Utc>, BTreeMap<String, Figures>)>,
+    /// How far apart the sampler means to take samples (it spaces out slow counts).
+    spacing: Option<Duration>,
 }
 
 /// A chart's series: a name and its (time, value) points.
@@ -54,7 +54,19 @@ impl History {
         }
     }
 
-    /// Completed commands per minute for each source, between consecutive samples.
+    /// Sets how far apart the next samples are meant to be.
+    pub fn set_spacing(&mut self, spacing: Duration) {
+        self.spacing = Some(spacing);
+    }
+
+    /// Two samples further apart than this have a gap between them: the line breaks.
+    fn gap(&self) -> chrono::Duration {
+        let every = self.spacing.unwrap_or(SAMPLE_EVERY).max(SAMPLE_EVERY);
+        chrono::Duration::from_std(every * 3).unwrap_or(chrono::Duration::seconds(15))
+    }
+
+    /// Completed commands per minute for each source, between consecutive samples; a
+    /// [`BREAK`] where samples are missing.
     pub fn throughput(&self) -> Vec<Series> {
         let mut series: BTreeMap<String, Vec<(DateTime<Utc>, f64)>> = BTreeMap::new();
         for pair in self.samples.iter().collect::<Vec<_>>().windows(2) {
@@ -62,7 +74,13 @@ impl History {
                 continue;
             };
             let seconds = (*at - *before).num_milliseconds() as f64 / 1000.0;
-            if seconds <= 0.0 || *at - *before > gap() {
+            if seconds <= 0.0 {
+                continue;
+            }
+            if *at - *before > self.gap() {
+                for source in new.keys() {
+                    series.entry(source.clone()).or_default().push((*at, BREAK));
+                }
                 continue;
             }
             for (source, figures) in new {
@@ -79,15 +97,20 @@ impl History {
         series.into_iter().collect()
     }
 
-    /// Due + scheduled for each source at each sample.
+    /// Due + scheduled for each source at each sample; a [`BREAK`] where samples are
+    /// missing.
     pub fn backlog(&self) -> Vec<Series> {
         let mut series: BTreeMap<String, Vec<(DateTime<Utc>, f64)>> = BTreeMap::new();
+        let mut previous: Option<DateTime<Utc>> = None;
         for (at, figures) in &self.samples {
+            let gap = previous.is_some_and(|p| *at - p > self.gap());
+            previous = Some(*at);
             for (source, f) in figures {
-                series
-                    .entry(source.clone())
-                    .or_default()
-                    .push((*at, f.backlog as f64));
+                let points = series.entry(source.clone()).or_default();
+                if gap {
+                    points.push((*at, BREAK));
+                }
+                points.push((*at, f.backlog as f64));
             }
         }
         series.into_iter().collect()
@@ -206,7 +229,13 @@ pub fn chart(
             .raw("\"/></svg> ")
             .text(name)
             .raw(": ")
-            .text(points.last().map_or_else(|| "-".into(), |(_, v)| short_number(*v)))
+            .text(
+                points
+                    .iter()
+                    .rev()
+                    .find(|(_, v)| !v.is_nan())
+                    .map_or_else(|| "-".into(), |(_, v)| short_number(*v)),
+            )
             .raw(" ")
             .text(unit)
             .raw("</li>");
@@ -215,19 +244,19 @@ pub fn chart(
     svg
 }
 
-/// The points split where consecutive samples are further apart than [`gap`].
+/// The points split at each [`BREAK`].
 fn runs<'a>(
     points: impl Iterator<Item = &'a (DateTime<Utc>, f64)>,
 ) -> Vec<Vec<(DateTime<Utc>, f64)>> {
-    let mut runs: Vec<Vec<(DateTime<Utc>, f64)>> = Vec::new();
+    let mut runs: Vec<Vec<(DateTime<Utc>, f64)>> = vec![Vec::new()];
     for &(at, value) in points {
-        match runs.last_mut() {
-            Some(run) if run.last().is_some_and(|(last, _)| at - *last <= gap()) => {
-                run.push((at, value));
-            }
-            _ => runs.push(vec![(at, value)]),
+        if value.is_nan() {
+            runs.push(Vec::new());
+        } else if let Some(run) = runs.last_mut() {
+            run.push((at, value));
         }
     }
+    runs.retain(|run| !run.is_empty());
     runs
 }
 
@@ -316,11 +345,15 @@ mod tests {
             "two runs, no slope across the stall: {svg}"
         );
         let throughput = history.throughput();
-        assert_eq!(
-            throughput[0].1.len(),
-            2,
-            "no rate across the gap: {throughput:?}"
+        let rates: Vec<f64> = throughput[0].1.iter().map(|(_, v)| *v).collect();
+        assert!(
+            rates.len() == 3 && rates[1].is_nan(),
+            "no rate across the gap: {rates:?}"
         );
+        // A sampler that spaces its counts out draws them as one line.
+        history.set_spacing(Duration::from_secs(600));
+        let svg = chart("Backlog", "commands", &history.backlog(), now).into_string();
+        assert_eq!(svg.matches("<polyline").count(), 1, "{svg}");
     }
 
     #[test]

@@ -285,6 +285,9 @@ impl Console {
             let started = std::time::Instant::now();
             self.sample().await;
             let pause = SAMPLE_EVERY.max(started.elapsed() * 10);
+            if let Ok(mut history) = self.inner.history.lock() {
+                history.set_spacing(pause);
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(pause) => {}

@@ -935,6 +935,30 @@ fn pretty_prefix(value: &serde_json::Value, max: usize) -> (String, bool) {
     (text, whole)
 }
 
+/// `value` as compact JSON, in a buffer of exactly its size (a growing buffer would
+/// take up to twice a large payload's size, and copy it on the way).
+fn encoded(value: &serde_json::Value) -> Vec<u8> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    if serde_json::to_writer(&mut count, value).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::with_capacity(count.0);
+    if serde_json::to_writer(&mut bytes, value).is_err() {
+        return Vec::new();
+    }
+    bytes
+}
+
 /// How much of a payload download is handed to the connection at a time.
 const PAYLOAD_CHUNK: usize = 64 * 1024;
 
@@ -980,7 +1004,7 @@ pub(crate) async fn payload(
         Err(err) => return error_page(&console, "Payload", &err),
     };
     let name = shown.row.id.to_string();
-    let bytes = axum::body::Bytes::from(serde_json::to_vec(&shown.row.payload).unwrap_or_default());
+    let bytes = axum::body::Bytes::from(encoded(&shown.row.payload));
     drop(shown);
     drop(reading);
     let chunks = (0..bytes.len().div_ceil(PAYLOAD_CHUNK)).map(move |n| {
