@@ -72,6 +72,26 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert_eq!(pending_json(&db.url)[0]["dead"], 2, "nothing deleted");
+    // Cancel from a list of due commands takes the scheduled ones of its filter too: the
+    // button and the confirmation say so.
+    let (_, page) = get(&console, "/list?state=due&type=email.digest", &[]).await;
+    assert!(
+        page.contains("Cancel every due and scheduled command of this type and queue"),
+        "{page}"
+    );
+    let (_, page) = get(
+        &console,
+        "/actions/cancel?source=default&type=email.digest",
+        &[],
+    )
+    .await;
+    assert!(
+        page.contains(
+            "Cancel 2 pending commands of type email.digest in source default? They will not \
+             run (they become dead letters). Due and scheduled ones alike"
+        ),
+        "{page}"
+    );
     // Unfiltered by type, the confirmation names the queue, the sources and the count.
     let (_, page) = get(
         &console,

@@ -287,17 +287,20 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
         Action::Cancel(target) => {
             let plan = admin::plan_cancel(sources, target).await?;
             let total = plan.total();
-            let what = match target {
-                CancelTarget::Matching { type_name, queue } => format!(
-                    "{}{}",
-                    plural(total, "pending command", "pending commands"),
-                    filtered(type_name.as_deref(), queue.as_deref())
+            let (what, scope) = match target {
+                CancelTarget::Matching { type_name, queue } => (
+                    format!(
+                        "{}{}",
+                        plural(total, "pending command", "pending commands"),
+                        filtered(type_name.as_deref(), queue.as_deref())
+                    ),
+                    " Due and scheduled ones alike; running ones are left to finish.",
                 ),
-                CancelTarget::Ids(_) => plural(total, "command", "commands"),
+                CancelTarget::Ids(_) => (plural(total, "command", "commands"), ""),
             };
             (
                 format!(
-                    "Cancel {what} in {}? They will not run (they become dead letters).",
+                    "Cancel {what} in {}? They will not run (they become dead letters).{scope}",
                     in_sources(&plan.sources())
                 ),
                 total,

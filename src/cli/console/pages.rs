@@ -602,13 +602,14 @@ fn list_actions(
                 .text(query(&pairs))
                 .raw("\">Requeue all matching…</a></p>");
         }
-        // Cancel by type and/or queue takes due and scheduled rows: offered when filtered.
+        // Cancel by type and/or queue takes due and scheduled rows alike, whichever of
+        // those lists offers it: the button and the confirmation say so.
         ListState::Due | ListState::Scheduled | ListState::Pending
             if type_name.is_some() || queue.is_some() =>
         {
             html.raw("<p class=\"actions\"><a class=\"button\" id=\"cancel-matching\" href=\"/actions/cancel?")
                 .text(query(&pairs))
-                .raw("\">Cancel all matching pending…</a></p>");
+                .raw("\">Cancel every due and scheduled command of this type and queue…</a></p>");
         }
         _ => {}
     }
