@@ -165,6 +165,17 @@ pub struct ListReport {
 ///
 /// See [`ListRequest`]'s example.
 pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
+    read(sources, request, true).await
+}
+
+/// [`list`] without the total (`total` is 0): one page costs a page's rows, not a count
+/// of every row in the state, for a caller that counts elsewhere (the console counts once
+/// for all its pages).
+pub async fn list_page(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
+    read(sources, request, false).await
+}
+
+async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Result<ListReport> {
     let source = match sources {
         [one] => one,
         _ => one_source(sources).map_err(|_| {
@@ -212,13 +223,17 @@ pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListR
         .into_iter()
         .map(|row| ListedCommand::new(row, now))
         .collect();
-    let counts = backend
-        .state_count(&StateCountParams {
-            by_type: request.type_name.is_some(),
-            by_queue: false,
-            queue: request.queue.clone(),
-        })
-        .await?;
+    let counts = if count {
+        backend
+            .state_count(&StateCountParams {
+                by_type: request.type_name.is_some(),
+                by_queue: false,
+                queue: request.queue.clone(),
+            })
+            .await?
+    } else {
+        Vec::new()
+    };
     let total = counts
         .iter()
         .filter(|c| c.type_name.is_none() || c.type_name == request.type_name)

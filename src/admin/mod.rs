@@ -37,7 +37,7 @@ pub use cancel::{
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterQuery, DeadLetterReport, DeadLetterRow, dead_letters,
 };
-pub use list::{ListReport, ListRequest, ListedCommand, MAX_PAGE_LIMIT, list};
+pub use list::{ListReport, ListRequest, ListedCommand, MAX_PAGE_LIMIT, list, list_page};
 pub use pending::{PendingCount, PendingReport, PendingRequest, pending, pending_with};
 pub use purge::{PURGE_BATCH, PurgeCount, PurgePlan, PurgeReport, PurgeRequest, plan_purge, purge};
 pub use replay::{ReplayReport, Replayed, replay};

@@ -77,12 +77,15 @@ Examples:
 
 Security:
   Binds 127.0.0.1 by default and answers to loopback host names only. Another address
-  needs ICQ_CONSOLE_TOKEN, and every page then asks for it. Requeue, replay, cancel and
-  purge exist only with --allow-actions and a token; each is confirmed, is a POST that
-  must come from the console's own page (Origin / Sec-Fetch-Site) and carry the token.
+  needs ICQ_CONSOLE_TOKEN (16 bytes at least: openssl rand -hex 16), and every page then
+  asks for it; after a few wrong tokens an address waits, longer each time. Requeue,
+  replay, cancel and purge exist only with --allow-actions and a token; each is
+  confirmed, is a POST that must come from the console's own page (Origin /
+  Sec-Fetch-Site) and carry the token. A request from another site gets 403, GET
+  included. The console counts only while a page of it is open.
 
 Exit codes:
   0  stopped by Ctrl-C or SIGTERM
   1  the server failed
   2  usage error (a non-loopback --addr or --allow-actions without ICQ_CONSOLE_TOKEN,
-     an address already in use, a configuration error)";
+     a token under 16 bytes, an address already in use, a configuration error)";

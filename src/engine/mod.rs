@@ -648,6 +648,9 @@ impl ConnectOptions {
             .acquire_timeout(self.acquire_timeout)
             .test_before_acquire(false)
             .after_release(|conn, _| {
+                // A large row (a payload of megabytes) grows the connection's buffers to
+                // its size: give that memory back instead of keeping it per connection.
+                sqlx::Connection::shrink_buffers(conn);
                 Box::pin(crate::processor::health::release_check::<DB::Connection>(
                     conn,
                 ))

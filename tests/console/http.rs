@@ -482,7 +482,9 @@ async fn bulk_actions_take_the_queue_filter(engine: &'static str) {
     )
     .await;
     assert!(
-        page.contains("Delete 2 dead letters in queue emails? This cannot be undone."),
+        page.contains(
+            "Delete 2 dead letters in queue emails in source default? This cannot be undone."
+        ),
         "{page}"
     );
     let (status, page) = post(

@@ -6,6 +6,7 @@
 mod support;
 
 mod browser;
+mod hostile;
 mod http;
 
 use std::io::{BufRead, BufReader};
@@ -311,6 +312,11 @@ impl Console {
     /// The full URL of `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// The console's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// `host:port`, as a browser's `Host` header names it.

@@ -9,7 +9,9 @@
 //! changes nothing.
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
@@ -129,6 +131,14 @@ impl Action {
                         "purge what? `completed` and/or `dead_letters`".into(),
                     ));
                 }
+                // A filter the purge would ignore must not widen what it deletes.
+                if let Some(type_name) = &fields.type_name {
+                    return Err(Error::Usage(format!(
+                        "purge takes no type filter (it would delete every type, not only \
+                         `{type_name}`): clear the type filter to purge by queue, or cancel / \
+                         requeue the `{type_name}` rows instead"
+                    )));
+                }
                 let older_than = fields
                     .older_than
                     .as_deref()
@@ -175,7 +185,7 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<OpenSourc
 fn forbidden(console: &Console, refusal: Refusal) -> Response {
     render(
         console,
-        StatusCode::FORBIDDEN,
+        refusal.status(),
         "Refused",
         Nav::None,
         &[refusal.message().into()],
@@ -256,6 +266,13 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
         }
         Action::Replay(id) => {
             let shown = admin::show(sources, id.clone()).await?;
+            if !matches!(shown.state, crate::State::Completed | crate::State::Dead) {
+                return Err(Error::Refused(format!(
+                    "command {id} is {}: only a completed or dead command can be replayed \
+                     (a pending one runs on its own; requeue makes it due now)",
+                    shown.state.as_str()
+                )));
+            }
             (
                 format!(
                     "Replay command {id} (type {}, {}) in source {}? A new pending copy of its type, payload and context is scheduled.",
@@ -270,17 +287,20 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
         Action::Cancel(target) => {
             let plan = admin::plan_cancel(sources, target).await?;
             let total = plan.total();
-            let what = match target {
-                CancelTarget::Matching { type_name, queue } => format!(
-                    "{}{}",
-                    plural(total, "pending command", "pending commands"),
-                    filtered(type_name.as_deref(), queue.as_deref())
+            let (what, scope) = match target {
+                CancelTarget::Matching { type_name, queue } => (
+                    format!(
+                        "{}{}",
+                        plural(total, "pending command", "pending commands"),
+                        filtered(type_name.as_deref(), queue.as_deref())
+                    ),
+                    " Due and scheduled ones alike; running ones are left to finish.",
                 ),
-                CancelTarget::Ids(_) => plural(total, "command", "commands"),
+                CancelTarget::Ids(_) => (plural(total, "command", "commands"), ""),
             };
             (
                 format!(
-                    "Cancel {what} in {}? They will not run (they become dead letters).",
+                    "Cancel {what} in {}? They will not run (they become dead letters).{scope}",
                     in_sources(&plan.sources())
                 ),
                 total,
@@ -309,11 +329,13 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                 .older_than
                 .map(|d| format!(", finished more than {} ago", humanize(d)))
                 .unwrap_or_default();
+            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
             (
                 format!(
-                    "Delete {}{}{age}? This cannot be undone.",
+                    "Delete {}{}{age} in {}? This cannot be undone.",
                     crate::cli::output::describe_purge(&report.counts),
-                    filtered(None, request.queue.as_deref())
+                    filtered(None, request.queue.as_deref()),
+                    in_sources(&names)
                 ),
                 plan.total(),
                 details,
@@ -357,12 +379,15 @@ fn humanize(duration: std::time::Duration) -> String {
 /// and applies the action and shows its result.
 pub(crate) async fn perform(
     State(console): State<Console>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let fields = Fields::parse(&body);
-    if let Err(refusal) = guard::check_mutation(&console, &headers, fields.token.as_deref()) {
+    if let Err(refusal) =
+        guard::check_mutation(&console, Some(peer.ip()), &headers, fields.token.as_deref())
+    {
         return forbidden(&console, refusal);
     }
     let done = async {
@@ -371,6 +396,8 @@ pub(crate) async fn perform(
         apply(&action, &sources).await
     }
     .await;
+    // Whatever was done (or partly done before an error), the next page counts afresh.
+    console.counts_changed();
     match done {
         Ok(result) => {
             let mut body = Html::new();
@@ -462,6 +489,7 @@ async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
 /// `POST /login`: a same-origin form with the right token sets the sign-in cookie.
 pub(crate) async fn login(
     State(console): State<Console>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -472,7 +500,13 @@ pub(crate) async fn login(
     if !guard::same_origin(&headers) {
         return forbidden(&console, Refusal::CrossOrigin);
     }
-    if let Err(refusal) = guard::check_token(token, &headers, fields.token.as_deref()) {
+    if let Err(refusal) = guard::check_token_throttled(
+        &console,
+        Some(peer.ip()),
+        token,
+        &headers,
+        fields.token.as_deref(),
+    ) {
         return forbidden(&console, refusal);
     }
     let cookie = format!(

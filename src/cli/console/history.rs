@@ -1,9 +1,10 @@
 //! What the overview's charts draw: the counts of every source, sampled every
-//! [`SAMPLE_EVERY`] while the console runs and kept for [`WINDOW`] (the console keeps no
+//! [`SAMPLE_EVERY`] while someone watches and kept for [`WINDOW`] (the console keeps no
 //! state in the database: a console started a minute ago shows a minute of history).
 //! Throughput is the growth of the completed count between two samples, per minute;
-//! backlog is due + scheduled at each sample. Charts are inline SVG drawn here: no
-//! script, no chart library.
+//! backlog is due + scheduled at each sample. Where samples are missing (nobody watched,
+//! or the database did not answer) the line breaks instead of drawing a slope across the
+//! gap. Charts are inline SVG drawn here: no script, no chart library.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -11,9 +12,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::html::Html;
+use super::snapshot::SAMPLE_EVERY;
 
-/// How often the sampler counts.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// A point that is no value: the line breaks there.
+const BREAK: f64 = f64::NAN;
 
 /// How much history the charts show.
 pub const WINDOW: Duration = Duration::from_secs(3600);
@@ -31,6 +33,8 @@ pub struct Figures {
 #[derive(Debug, Default)]
 pub struct History {
     samples: VecDeque<(DateTime<Utc>, BTreeMap<String, Figures>)>,
+    /// How far apart the sampler means to take samples (it spaces out slow counts).
+    spacing: Option<Duration>,
 }
 
 /// A chart's series: a name and its (time, value) points.
@@ -50,7 +54,19 @@ impl History {
         }
     }
 
-    /// Completed commands per minute for each source, between consecutive samples.
+    /// Sets how far apart the next samples are meant to be.
+    pub fn set_spacing(&mut self, spacing: Duration) {
+        self.spacing = Some(spacing);
+    }
+
+    /// Two samples further apart than this have a gap between them: the line breaks.
+    fn gap(&self) -> chrono::Duration {
+        let every = self.spacing.unwrap_or(SAMPLE_EVERY).max(SAMPLE_EVERY);
+        chrono::Duration::from_std(every * 3).unwrap_or(chrono::Duration::seconds(15))
+    }
+
+    /// Completed commands per minute for each source, between consecutive samples; a
+    /// [`BREAK`] where samples are missing.
     pub fn throughput(&self) -> Vec<Series> {
         let mut series: BTreeMap<String, Vec<(DateTime<Utc>, f64)>> = BTreeMap::new();
         for pair in self.samples.iter().collect::<Vec<_>>().windows(2) {
@@ -59,6 +75,12 @@ impl History {
             };
             let seconds = (*at - *before).num_milliseconds() as f64 / 1000.0;
             if seconds <= 0.0 {
+                continue;
+            }
+            if *at - *before > self.gap() {
+                for source in new.keys() {
+                    series.entry(source.clone()).or_default().push((*at, BREAK));
+                }
                 continue;
             }
             for (source, figures) in new {
@@ -75,15 +97,20 @@ impl History {
         series.into_iter().collect()
     }
 
-    /// Due + scheduled for each source at each sample.
+    /// Due + scheduled for each source at each sample; a [`BREAK`] where samples are
+    /// missing.
     pub fn backlog(&self) -> Vec<Series> {
         let mut series: BTreeMap<String, Vec<(DateTime<Utc>, f64)>> = BTreeMap::new();
+        let mut previous: Option<DateTime<Utc>> = None;
         for (at, figures) in &self.samples {
+            let gap = previous.is_some_and(|p| *at - p > self.gap());
+            previous = Some(*at);
             for (source, f) in figures {
-                series
-                    .entry(source.clone())
-                    .or_default()
-                    .push((*at, f.backlog as f64));
+                let points = series.entry(source.clone()).or_default();
+                if gap {
+                    points.push((*at, BREAK));
+                }
+                points.push((*at, f.backlog as f64));
             }
         }
         series.into_iter().collect()
@@ -169,34 +196,32 @@ pub fn chart(
     }
     for (index, (_, points)) in series.iter().enumerate() {
         let color = COLORS[index % COLORS.len()];
-        let coordinates: Vec<String> = points
-            .iter()
-            .filter(|(at, _)| *at >= start)
-            .map(|(at, v)| format!("{:.1},{:.1}", x(*at), y(*v)))
-            .collect();
-        if coordinates.is_empty() {
-            continue;
-        }
-        if coordinates.len() == 1 {
-            let (cx, cy) = coordinates[0].split_once(',').unwrap_or(("0", "0"));
-            svg.raw("<circle r=\"3\" cx=\"")
-                .text(cx)
-                .raw("\" cy=\"")
-                .text(cy)
-                .raw("\" fill=\"")
-                .text(color)
-                .raw("\"/>");
-        } else {
-            svg.raw("<polyline fill=\"none\" stroke-width=\"2\" stroke=\"")
-                .text(color)
-                .raw("\" points=\"")
-                .text(coordinates.join(" "))
-                .raw("\"/>");
+        for run in runs(points.iter().filter(|(at, _)| *at >= start)) {
+            let coordinates: Vec<String> = run
+                .iter()
+                .map(|(at, v)| format!("{:.1},{:.1}", x(*at), y(*v)))
+                .collect();
+            if let [only] = coordinates.as_slice() {
+                let (cx, cy) = only.split_once(',').unwrap_or(("0", "0"));
+                svg.raw("<circle r=\"3\" cx=\"")
+                    .text(cx)
+                    .raw("\" cy=\"")
+                    .text(cy)
+                    .raw("\" fill=\"")
+                    .text(color)
+                    .raw("\"/>");
+            } else {
+                svg.raw("<polyline fill=\"none\" stroke-width=\"2\" stroke=\"")
+                    .text(color)
+                    .raw("\" points=\"")
+                    .text(coordinates.join(" "))
+                    .raw("\"/>");
+            }
         }
     }
     svg.raw("</svg><ul class=\"legend\">");
     if series.is_empty() {
-        svg.raw("<li>no samples yet (one every few seconds while the console runs)</li>");
+        svg.raw("<li>no samples yet (one every few seconds while the console is watched)</li>");
     }
     for (index, (name, points)) in series.iter().enumerate() {
         svg.raw("<li><svg class=\"swatch\" viewBox=\"0 0 10 10\"><rect width=\"10\" height=\"10\" fill=\"")
@@ -204,13 +229,35 @@ pub fn chart(
             .raw("\"/></svg> ")
             .text(name)
             .raw(": ")
-            .text(points.last().map_or_else(|| "-".into(), |(_, v)| short_number(*v)))
+            .text(
+                points
+                    .iter()
+                    .rev()
+                    .find(|(_, v)| !v.is_nan())
+                    .map_or_else(|| "-".into(), |(_, v)| short_number(*v)),
+            )
             .raw(" ")
             .text(unit)
             .raw("</li>");
     }
     svg.raw("</ul></figure>");
     svg
+}
+
+/// The points split at each [`BREAK`].
+fn runs<'a>(
+    points: impl Iterator<Item = &'a (DateTime<Utc>, f64)>,
+) -> Vec<Vec<(DateTime<Utc>, f64)>> {
+    let mut runs: Vec<Vec<(DateTime<Utc>, f64)>> = vec![Vec::new()];
+    for &(at, value) in points {
+        if value.is_nan() {
+            runs.push(Vec::new());
+        } else if let Some(run) = runs.last_mut() {
+            run.push((at, value));
+        }
+    }
+    runs.retain(|run| !run.is_empty());
+    runs
 }
 
 /// An axis label for a time before now: `-90 s`, `-12 min`.
@@ -262,11 +309,11 @@ mod tests {
         let t0 = Utc::now();
         let mut history = History::default();
         history.record(t0, figures(10, 5));
-        history.record(t0 + chrono::Duration::seconds(30), figures(20, 3));
-        history.record(t0 + chrono::Duration::seconds(60), figures(0, 0)); // purged
+        history.record(t0 + chrono::Duration::seconds(5), figures(20, 3));
+        history.record(t0 + chrono::Duration::seconds(10), figures(0, 0)); // purged
         let throughput = history.throughput();
         let values: Vec<f64> = throughput[0].1.iter().map(|(_, v)| *v).collect();
-        assert_eq!(values, [20.0, 0.0]);
+        assert_eq!(values, [120.0, 0.0]);
         let backlog: Vec<f64> = history.backlog()[0].1.iter().map(|(_, v)| *v).collect();
         assert_eq!(backlog, [5.0, 3.0, 0.0]);
     }
@@ -278,6 +325,35 @@ mod tests {
         history.record(t0, figures(1, 1));
         history.record(t0 + chrono::Duration::minutes(61), figures(2, 2));
         assert_eq!(history.backlog()[0].1.len(), 1);
+    }
+
+    #[test]
+    fn a_gap_in_the_samples_breaks_the_line() {
+        let t0 = Utc::now() - chrono::Duration::minutes(20);
+        let mut history = History::default();
+        for (second, backlog) in [(0, 5), (5, 6), (600, 100), (605, 101)] {
+            history.record(
+                t0 + chrono::Duration::seconds(second),
+                figures(backlog, backlog),
+            );
+        }
+        let now = t0 + chrono::Duration::minutes(11);
+        let svg = chart("Backlog", "commands", &history.backlog(), now).into_string();
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            2,
+            "two runs, no slope across the stall: {svg}"
+        );
+        let throughput = history.throughput();
+        let rates: Vec<f64> = throughput[0].1.iter().map(|(_, v)| *v).collect();
+        assert!(
+            rates.len() == 3 && rates[1].is_nan(),
+            "no rate across the gap: {rates:?}"
+        );
+        // A sampler that spaces its counts out draws them as one line.
+        history.set_spacing(Duration::from_secs(600));
+        let svg = chart("Backlog", "commands", &history.backlog(), now).into_string();
+        assert_eq!(svg.matches("<polyline").count(), 1, "{svg}");
     }
 
     #[test]

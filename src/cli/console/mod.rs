@@ -2,31 +2,40 @@
 //!
 //! Server-rendered HTML over axum (no build step, no client framework): an overview of
 //! every source (the counts of `icq pending`, per queue and per type, and throughput and
-//! backlog charts sampled while the console runs), lists by state with type and queue
-//! filters and keyset paging, one command in full (queue, priority, unique key, trace
-//! parent and snoozes included), dead letters, and — only when started with
-//! `--allow-actions` and a token — requeue, replay, cancel and purge (the bulk ones
-//! filtered by type and/or queue), each behind a confirmation page. A queue filter on a
-//! schema-version-1 table is the admin API's usage error, shown as the page's banner.
+//! backlog charts), lists by state with type and queue filters and keyset paging, one
+//! command in full (queue, priority, unique key, trace parent and snoozes included; a
+//! large payload cut, with a download), dead letters, and — only when started with
+//! `--allow-actions` and a token — requeue, replay, cancel and purge (each acting on
+//! exactly the filter of the page that offers it), each behind a confirmation page. A
+//! queue filter on a schema-version-1 table is the admin API's usage error, shown as the
+//! page's banner.
+//!
+//! Counts ([`snapshot`]) are taken once for every page and tab, one statement per
+//! source, and only while someone watches: an idle console runs no query.
 //!
 //! Every figure comes from the library's operator API ([`crate::admin`]), the same calls
 //! the CLI's operator subcommands make. The console opens each source on its own and
 //! keeps going when one is down: the page shows an error banner and the next request
 //! tries again.
 //!
-//! Security ([`guard`]): loopback by default, a token required for any other address and
-//! for actions, POST + same-origin + token for every change, escaping by construction
-//! ([`html`]), strict response headers, and no URL shown anywhere (errors are redacted).
+//! Security ([`guard`]): loopback by default, a token (of at least [`MIN_TOKEN_BYTES`])
+//! required for any other address and for actions, wrong tokens slowed, requests from
+//! other sites refused whatever their method, POST + same-origin + token for every
+//! change, escaping by construction ([`html`]), strict response headers, and no URL shown
+//! anywhere (errors are redacted). Resources are bounded ([`accept`]): connections at
+//! once, time to send headers, and the memory a large payload can take.
 
 mod actions;
 mod guard;
 mod history;
 mod html;
 mod pages;
+mod snapshot;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -40,7 +49,28 @@ use crate::config::{Config, SourceConfig};
 use crate::error::{Error, Result};
 use crate::sources::OpenSource;
 
-use history::SAMPLE_EVERY;
+use snapshot::{SAMPLE_EVERY, Snapshot, Watch};
+
+/// The shortest token the console accepts, in bytes.
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// At most this many connections are served at once; more wait in the listen queue.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// A client has this long to send a request's headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// At most this many commands are read whole at once (for a page, or for a download
+/// until its payload is encoded): a big payload is held in memory several times over
+/// while it is decoded and encoded.
+const LARGE_READS: usize = 1;
+
+/// At most this many payload downloads are in progress at once (a download holds its
+/// payload until the client has read it all).
+const DOWNLOADS: usize = 1;
+
+/// How long a download waits for its turn before it is refused.
+const DOWNLOAD_WAIT: Duration = Duration::from_secs(30);
 
 /// How `icq console` was started.
 #[derive(Debug, Clone)]
@@ -59,6 +89,16 @@ impl ConsoleOptions {
     /// error (exit 2).
     pub fn validate(&self) -> Result<()> {
         let token = self.token.as_deref().filter(|t| !t.trim().is_empty());
+        if let Some(token) = token
+            && token.len() < MIN_TOKEN_BYTES
+        {
+            return Err(Error::Usage(format!(
+                "ICQ_CONSOLE_TOKEN is {} bytes long; the console needs at least {MIN_TOKEN_BYTES} \
+                 (a short token is guessed in seconds): make one with `openssl rand -hex 16` \
+                 and put it in ICQ_CONSOLE_TOKEN",
+                token.len()
+            )));
+        }
         if !self.addr.ip().is_loopback() && token.is_none() {
             return Err(Error::Refused(format!(
                 "refusing to serve the console on {} (not a loopback address) without a token: \
@@ -91,6 +131,10 @@ struct Inner {
     /// The `Host` values a loopback console answers to (empty: any, behind the sign-in).
     hosts: Vec<String>,
     history: std::sync::Mutex<history::History>,
+    watch: Watch,
+    throttle: guard::Throttle,
+    large_reads: Arc<tokio::sync::Semaphore>,
+    downloads: Arc<tokio::sync::Semaphore>,
 }
 
 /// One configured source, opened on first use and again after a failed open.
@@ -148,13 +192,45 @@ impl Console {
         self.inner.allow_actions && self.inner.token.is_some()
     }
 
-    /// Takes one sample of every open source's counts for the charts.
+    /// Takes one sample of every open source (one statement each, by queue and type),
+    /// publishes it for the pages and records it for the charts.
     async fn sample(&self) {
         let opened = self.opened().await;
-        let Ok(report) = crate::admin::pending(&opened.sources, false).await else {
-            return; // a database that is down: no point, the page shows the error
+        let mut errors = opened.errors;
+        let request = crate::admin::PendingRequest {
+            by_queue: true,
+            by_type: true,
+            ..crate::admin::PendingRequest::default()
         };
-        let figures: BTreeMap<String, history::Figures> = report
+        let counted = futures::future::join_all(opened.sources.iter().map(|source| {
+            let request = &request;
+            async move {
+                crate::admin::pending_with(std::slice::from_ref(source), request)
+                    .await
+                    .map(|report| (source.name.clone(), report))
+            }
+        }))
+        .await;
+        let mut rows = Vec::new();
+        let mut sources = Vec::new();
+        for result in counted {
+            match result {
+                Ok((name, report)) => {
+                    sources.push(name);
+                    rows.extend(report.rows);
+                }
+                Err(err) => errors.push(describe(&err)),
+            }
+        }
+        let snapshot = Snapshot {
+            at: Utc::now(),
+            taken: std::time::Instant::now(),
+            rows,
+            sources,
+            errors,
+        };
+        let figures: BTreeMap<String, history::Figures> = snapshot
+            .totals()
             .rows
             .iter()
             .map(|row| {
@@ -168,7 +244,55 @@ impl Console {
             })
             .collect();
         if let Ok(mut history) = self.inner.history.lock() {
-            history.record(Utc::now(), figures);
+            history.record(snapshot.at, figures);
+        }
+        self.inner.watch.publish(snapshot);
+    }
+
+    /// The counts for a page, no older than `fresh` (see [`Watch::snapshot`]).
+    pub(crate) async fn snapshot(&self, fresh: Duration) -> Option<Arc<Snapshot>> {
+        self.inner.watch.snapshot(fresh).await
+    }
+
+    /// Rows changed: the next page counts again.
+    pub(crate) fn counts_changed(&self) {
+        self.inner.watch.invalidate();
+    }
+
+    /// A permit for one large read (see [`LARGE_READS`]).
+    pub(crate) async fn large_read(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inner.large_reads.clone().acquire_owned().await.ok()
+    }
+
+    /// A permit for one payload download (see [`DOWNLOADS`]); `None` after
+    /// [`DOWNLOAD_WAIT`].
+    pub(crate) async fn download(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(DOWNLOAD_WAIT, self.inner.downloads.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Samples while someone watches, and not at all otherwise. A count that takes long
+    /// (a big table) spaces the samples out: the sampler counts at most a tenth of the
+    /// time.
+    async fn run_sampler(&self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.inner.watch.until_watched() => {}
+            }
+            let started = std::time::Instant::now();
+            self.sample().await;
+            let pause = SAMPLE_EVERY.max(started.elapsed() * 10);
+            if let Ok(mut history) = self.inner.history.lock() {
+                history.set_spacing(pause);
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+                () = self.inner.watch.until_needed() => {}
+            }
         }
     }
 
@@ -241,37 +365,95 @@ pub async fn serve(
             sign_in_required: !loopback,
             hosts,
             history: std::sync::Mutex::new(history::History::default()),
+            watch: Watch::default(),
+            throttle: guard::Throttle::default(),
+            large_reads: Arc::new(tokio::sync::Semaphore::new(LARGE_READS)),
+            downloads: Arc::new(tokio::sync::Semaphore::new(DOWNLOADS)),
         }),
     };
 
     let sampler = {
         let console = console.clone();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SAMPLE_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    _ = tick.tick() => console.sample().await,
-                }
-            }
-        })
+        tokio::spawn(async move { console.run_sampler(stop).await })
     };
 
     let app = router(console.clone());
     ready(local);
-    let stop = shutdown.clone();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
+    let served = accept(listener, app, shutdown.clone()).await;
     shutdown.cancel();
     let _ = sampler.await;
     console.close().await;
-    served.map_err(|cause| Error::Io {
-        context: "the console's server stopped".into(),
-        cause,
-    })
+    served
+}
+
+/// Serves connections until `shutdown`: at most [`MAX_CONNECTIONS`] at once (the rest
+/// wait in the kernel's listen queue, costing the console nothing), each with
+/// [`HEADER_READ_TIMEOUT`] to send its headers. On shutdown, connections finish the
+/// request in flight and close.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::debug!(error = %err, "console: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(
+                move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                    async move {
+                        use hyper::service::Service as _;
+                        service.call(request).await
+                    }
+                },
+            );
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+                }
+            }
+        });
+    }
+    // Wait (briefly) for the connections still open to finish their request.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        slots.acquire_many(MAX_CONNECTIONS as u32),
+    )
+    .await;
+    Ok(())
 }
 
 fn router(console: Console) -> Router {
@@ -280,6 +462,7 @@ fn router(console: Console) -> Router {
         .route("/live", get(pages::live))
         .route("/list", get(pages::list))
         .route("/command", get(pages::command))
+        .route("/command/payload", get(pages::payload))
         .route("/dead-letters", get(pages::dead_letters))
         .route(
             "/actions/{action}",
@@ -337,12 +520,31 @@ mod tests {
                 .validate()
                 .is_err()
         );
-        assert!(options("0.0.0.0:8089", false, Some("t")).validate().is_ok());
-        assert!(options("127.0.0.1:8089", true, None).validate().is_err());
+        let long = "0123456789abcdef";
         assert!(
-            options("127.0.0.1:8089", true, Some("t"))
+            options("0.0.0.0:8089", false, Some(long))
                 .validate()
                 .is_ok()
+        );
+        assert!(options("127.0.0.1:8089", true, None).validate().is_err());
+        assert!(
+            options("127.0.0.1:8089", true, Some(long))
+                .validate()
+                .is_ok()
+        );
+        // A short token is refused wherever it is given, saying how to make one.
+        let short = options("127.0.0.1:8089", false, Some("a"))
+            .validate()
+            .unwrap_err();
+        assert_eq!(short.exit_code(), 2);
+        assert!(
+            short.to_string().contains("openssl rand -hex 16"),
+            "{short}"
+        );
+        assert!(
+            options("127.0.0.1:8089", true, Some(&long[1..]))
+                .validate()
+                .is_err()
         );
         let err = options("10.0.0.1:80", false, None).validate().unwrap_err();
         assert_eq!(err.exit_code(), 2);

@@ -2,15 +2,19 @@
 //! dead letters, sign-in, not found. Each reads through [`crate::admin`] exactly as the
 //! matching CLI subcommand does (`pending`, `list`, `show`, `dead-letters list`).
 
+use std::time::Duration;
+
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::html::{Html, query};
+use super::snapshot::SAMPLE_EVERY;
 use super::{Console, describe, history};
-use crate::admin::{self, ListState, PendingReport, PendingRequest};
+use crate::admin::{self, ListState, PendingReport, StateCount};
 use crate::command::CommandId;
 use crate::error::Error;
 use crate::sources::OpenSource;
@@ -97,6 +101,46 @@ pub(crate) fn error_page(console: &Console, title: &str, err: &Error) -> Respons
     )
 }
 
+/// A page's query, or its 400 page saying what is wrong with the address.
+fn parsed<T>(
+    console: &Console,
+    title: &str,
+    query: Result<Query<T>, QueryRejection>,
+) -> Result<T, Box<Response>> {
+    query.map(|Query(q)| q).map_err(|rejection| {
+        let text = rejection.body_text();
+        let detail = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text);
+        Box::new(error_page(
+            console,
+            title,
+            &Error::Usage(format!("this page's address is not understood: {detail}")),
+        ))
+    })
+}
+
+/// The source a page names: `None` when it is configured, else the 404 page naming
+/// those that are.
+fn unknown_source(console: &Console, title: &str, wanted: &str) -> Option<Response> {
+    let names = console.source_names();
+    if names.iter().any(|n| n == wanted) {
+        return None;
+    }
+    Some(error_page(
+        console,
+        title,
+        &Error::NotFound(format!(
+            "no source named `{wanted}`: the configured sources are {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    ))
+}
+
 fn time(html: &mut Html, at: Option<DateTime<Utc>>) {
     match at {
         Some(at) => {
@@ -134,14 +178,14 @@ fn excerpt(text: &str, max: usize) -> String {
 // ---------------------------------------------------------------------------------------
 // overview
 
-/// `GET /`: every source's counts, per type, and the charts; refreshed live by
-/// `/static/console.js` from [`live`].
+/// `GET /`: every source's counts, per queue and per type, and the charts; refreshed
+/// live by `/static/console.js` from [`live`].
 pub(crate) async fn overview(State(console): State<Console>) -> Response {
     let mut body = Html::new();
     body.raw("<h1>Overview</h1><div id=\"live\" data-refresh=\"/live\" data-every=\"")
-        .text(history::SAMPLE_EVERY.as_millis())
+        .text(SAMPLE_EVERY.as_millis())
         .raw("\">")
-        .html(&live_fragment(&console).await)
+        .html(&live_fragment(&console, FRESH_FOR_A_PAGE).await)
         .raw("</div>");
     render(
         &console,
@@ -153,42 +197,45 @@ pub(crate) async fn overview(State(console): State<Console>) -> Response {
     )
 }
 
-/// `GET /live`: the overview's figures alone, for the live refresh.
+/// How old the counts of a page someone just opened may be.
+const FRESH_FOR_A_PAGE: Duration = Duration::from_secs(1);
+
+/// How old the counts of a live refresh or a list's total may be: whatever the sampler
+/// took last while it runs (it spaces its counts out on a big table), so refreshes never
+/// count on their own; older means nobody watched, and the page waits for a new count.
+const FRESH_FOR_A_REFRESH: Duration = super::snapshot::WATCHED_FOR;
+
+/// `GET /live`: the overview's figures alone, for the live refresh (the latest shared
+/// count: any number of tabs cost one count per sample).
 pub(crate) async fn live(State(console): State<Console>) -> Response {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        live_fragment(&console).await.into_string(),
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        live_fragment(&console, FRESH_FOR_A_REFRESH)
+            .await
+            .into_string(),
     )
         .into_response()
 }
 
-async fn live_fragment(console: &Console) -> Html {
-    let opened = console.opened().await;
-    let mut errors = opened.errors.clone();
-    let totals = admin::pending(&opened.sources, false).await;
-    let by_queue = admin::pending_with(
-        &opened.sources,
-        &PendingRequest {
-            by_queue: true,
-            ..PendingRequest::default()
-        },
-    )
-    .await;
-    let by_type = admin::pending(&opened.sources, true).await;
+async fn live_fragment(console: &Console, fresh: Duration) -> Html {
+    let snapshot = console.snapshot(fresh).await;
     let mut html = Html::new();
-    html.raw("<p class=\"stamp\">As of ")
-        .text(Utc::now().format("%H:%M:%S UTC"))
-        .raw(" · the same counts as <code>icq pending</code></p>");
-    match &totals {
-        Ok(report) => html.html(&counts_table(report, Breakdown::Source)),
-        Err(err) => {
-            errors.push(describe(err));
-            &mut html
+    match &snapshot {
+        Some(snapshot) => {
+            html.html(&banner(&snapshot.errors))
+                .raw("<p class=\"stamp\" id=\"stamp\">As of <time datetime=\"")
+                .text(snapshot.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .raw("\">")
+                .text(snapshot.at.format("%H:%M:%S UTC"))
+                .raw("</time> · the same counts as <code>icq pending</code>, taken in one statement per source so every table agrees</p>")
+                .html(&counts_table(&snapshot.totals(), Breakdown::Source));
         }
-    };
-    let mut front = banner(&errors);
-    front.html(&html);
-    let mut html = front;
+        None => {
+            html.html(&banner(&[
+                "The counts did not come back in time (a database is slow or unreachable); the page tries again.".into(),
+            ]));
+        }
+    }
 
     let now = Utc::now();
     let (throughput, backlog) = match console.inner.history.lock() {
@@ -210,7 +257,12 @@ async fn live_fragment(console: &Console) -> Html {
         ))
         .raw("</section>");
 
-    html.html(&breakdowns(by_queue.as_ref().ok(), by_type.as_ref().ok()));
+    if let Some(snapshot) = &snapshot {
+        html.html(&breakdowns(
+            Some(&snapshot.breakdown(true)),
+            Some(&snapshot.breakdown(false)),
+        ));
+    }
     html
 }
 
@@ -325,6 +377,7 @@ fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
 
 /// The query of `GET /list`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     source: Option<String>,
     state: Option<String>,
@@ -347,6 +400,9 @@ const STATES: [(&str, ListState); 6] = [
 /// The default page size of a list.
 const PAGE: u32 = 25;
 
+/// The largest page size of a list.
+const MAX_PAGE: u32 = 500;
+
 fn non_empty(value: Option<&String>) -> Option<&str> {
     value.map(|v| v.trim()).filter(|v| !v.is_empty())
 }
@@ -355,12 +411,22 @@ fn non_empty(value: Option<&String>) -> Option<&str> {
 /// commands in a state (`icq list`), newest first for dead and completed, in queue order
 /// otherwise. A queue filter on a version-1 table is the admin API's usage error, shown as
 /// the page's banner (status 400) under the filter form.
-pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQuery>) -> Response {
+pub(crate) async fn list(
+    State(console): State<Console>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let q = match parsed(&console, "Commands", q) {
+        Ok(q) => q,
+        Err(page) => return *page,
+    };
     let names = console.source_names();
     let source_name = non_empty(q.source.as_ref())
         .map(str::to_owned)
         .or_else(|| names.first().cloned())
         .unwrap_or_default();
+    if let Some(page) = unknown_source(&console, "Commands", &source_name) {
+        return page;
+    }
     let state_name = non_empty(q.state.as_ref()).unwrap_or("due");
     let Some((state_name, state)) = STATES.iter().find(|(name, _)| *name == state_name).copied()
     else {
@@ -374,7 +440,16 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
     };
     let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
     let queue = non_empty(q.queue.as_ref()).map(str::to_owned);
-    let limit = q.limit.unwrap_or(PAGE).clamp(1, 500);
+    let limit = q.limit.unwrap_or(PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return error_page(
+            &console,
+            "Commands",
+            &Error::invalid(format!(
+                "limit {limit} is out of range: a page holds 1 to {MAX_PAGE} commands (default {PAGE})"
+            )),
+        );
+    }
     let after = match non_empty(q.after.as_ref()).map(str::parse::<CommandId>) {
         None => None,
         Some(Ok(id)) => Some(id),
@@ -411,17 +486,26 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
             before: None,
             queue: queue.clone(),
         };
-        match admin::list(&source, &request).await {
+        match admin::list_page(&source, &request).await {
             Ok(report) => {
-                body.raw("<p class=\"total\">")
-                    .text(report.total)
-                    .raw(" ")
-                    .text(state_name)
-                    .raw(if report.total == 1 {
-                        " command"
-                    } else {
-                        " commands"
-                    });
+                // The total comes from the console's shared count, not a count of its own.
+                let snapshot = console.snapshot(FRESH_FOR_A_REFRESH).await;
+                let total = snapshot.as_ref().and_then(|s| {
+                    s.count(&source_name, type_name.as_deref(), queue.as_deref(), |c| {
+                        in_state(c, state)
+                    })
+                    .map(|n| (n, s.at))
+                });
+                body.raw("<p class=\"total\">");
+                match total {
+                    Some((n, _)) => {
+                        body.raw("<span id=\"total\">").text(n).raw("</span> ");
+                    }
+                    None => {
+                        body.raw("<span id=\"total\">?</span> ");
+                    }
+                }
+                body.text(state_name).raw(" commands");
                 if let Some(t) = &type_name {
                     body.raw(" of type <code>").text(t).raw("</code>");
                 }
@@ -429,6 +513,9 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
                     body.raw(" in queue <code>").text(q).raw("</code>");
                 }
                 body.raw(" in <code>").text(&report.source).raw("</code>");
+                if let Some((_, at)) = total {
+                    body.raw(" · counted at ").text(at.format("%H:%M:%S UTC"));
+                }
                 if after.is_some() {
                     body.raw(" · a later page");
                 }
@@ -483,6 +570,18 @@ pub(crate) async fn list(State(console): State<Console>, Query(q): Query<ListQue
     render(&console, status, "Commands", Nav::Lists, &errors, &body)
 }
 
+/// The count of one listing state.
+fn in_state(counts: &StateCount, state: ListState) -> u64 {
+    match state {
+        ListState::Pending => counts.due + counts.scheduled + counts.running,
+        ListState::Due => counts.due,
+        ListState::Scheduled => counts.scheduled,
+        ListState::Running => counts.running,
+        ListState::Dead => counts.dead,
+        ListState::Completed => counts.completed,
+    }
+}
+
 /// The bulk actions a filtered list offers (with `--allow-actions`): requeue every dead
 /// letter of the list's type and queue, or cancel every pending command of them.
 fn list_actions(
@@ -503,13 +602,14 @@ fn list_actions(
                 .text(query(&pairs))
                 .raw("\">Requeue all matching…</a></p>");
         }
-        // Cancel by type and/or queue takes due and scheduled rows: offered when filtered.
+        // Cancel by type and/or queue takes due and scheduled rows alike, whichever of
+        // those lists offers it: the button and the confirmation say so.
         ListState::Due | ListState::Scheduled | ListState::Pending
             if type_name.is_some() || queue.is_some() =>
         {
             html.raw("<p class=\"actions\"><a class=\"button\" id=\"cancel-matching\" href=\"/actions/cancel?")
                 .text(query(&pairs))
-                .raw("\">Cancel all matching pending…</a></p>");
+                .raw("\">Cancel every due and scheduled command of this type and queue…</a></p>");
         }
         _ => {}
     }
@@ -586,8 +686,9 @@ fn list_table(report: &admin::ListReport, state: ListState) -> Html {
 // ---------------------------------------------------------------------------------------
 // one command
 
-/// The query of `GET /command`.
+/// The query of `GET /command` and `GET /command/payload`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct CommandQuery {
     source: Option<String>,
     id: Option<String>,
@@ -596,14 +697,23 @@ pub(crate) struct CommandQuery {
 /// `GET /command?source=&id=`: one command in full (`icq show`).
 pub(crate) async fn command(
     State(console): State<Console>,
-    Query(q): Query<CommandQuery>,
+    q: Result<Query<CommandQuery>, QueryRejection>,
 ) -> Response {
+    let q = match parsed(&console, "Command", q) {
+        Ok(q) => q,
+        Err(page) => return *page,
+    };
     let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
         Ok(id) => id,
         Err(err) => return error_page(&console, "Command", &err),
     };
-    let opened = console.opened().await;
     let wanted = non_empty(q.source.as_ref());
+    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Command", w)) {
+        return page;
+    }
+    // A row is read whole (its payload may be megabytes): a few at a time.
+    let _permit = console.large_read().await;
+    let opened = console.opened().await;
     let sources: Vec<OpenSource> = opened
         .sources
         .into_iter()
@@ -744,6 +854,13 @@ pub(crate) async fn command(
     body.raw("<h2>Last error</h2>");
     match &row.last_error {
         Some(error) => {
+            // A completed command keeps the error of an attempt before the one that
+            // succeeded: say so, or it reads as the reason it failed.
+            if let (crate::State::Completed, Some(at)) = (shown.state, row.processed_at) {
+                body.raw("<p class=\"note\" id=\"last-error-note\">From an earlier attempt: the command completed at ");
+                time(&mut body, Some(at));
+                body.raw(".</p>");
+            }
             body.raw("<pre id=\"last-error\">")
                 .text(error)
                 .raw("</pre>");
@@ -752,11 +869,24 @@ pub(crate) async fn command(
             body.raw("<p class=\"none\">None.</p>");
         }
     }
-    let payload =
-        serde_json::to_string_pretty(&row.payload).unwrap_or_else(|_| row.payload.to_string());
-    body.raw("<h2>Payload</h2><pre id=\"payload\">")
-        .text(payload)
-        .raw("</pre>");
+    let (shown_part, whole) = pretty_prefix(&row.payload, PAYLOAD_SHOWN);
+    let download = query(&[("source", &shown.source), ("id", row.id.as_str())]);
+    body.raw("<h2>Payload</h2>");
+    if whole {
+        body.raw("<pre id=\"payload\">")
+            .text(&shown_part)
+            .raw("</pre><p><a id=\"payload-download\" href=\"/command/payload?")
+            .text(&download)
+            .raw("\">Download the payload</a> (JSON).</p>");
+    } else {
+        body.raw("<p class=\"note\" id=\"payload-cut\">The payload is larger than ")
+            .text(PAYLOAD_SHOWN / 1024)
+            .raw(" KiB: its first part is shown. <a id=\"payload-download\" href=\"/command/payload?")
+            .text(&download)
+            .raw("\">Download the whole payload</a> (JSON).</p><pre id=\"payload\">")
+            .text(&shown_part)
+            .raw("…</pre>");
+    }
     render(
         &console,
         StatusCode::OK,
@@ -767,11 +897,144 @@ pub(crate) async fn command(
     )
 }
 
+/// How much of a payload a command's page shows (as pretty-printed JSON).
+const PAYLOAD_SHOWN: usize = 64 * 1024;
+
+/// The first `max` bytes (at most) of `value` pretty-printed, cut at a character
+/// boundary, and whether that is all of it. Printing stops once `max` is reached, so a
+/// payload of megabytes costs a page no more than `max`.
+fn pretty_prefix(value: &serde_json::Value, max: usize) -> (String, bool) {
+    struct Capped(Vec<u8>, usize);
+    impl std::io::Write for Capped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let room = self.1.saturating_sub(self.0.len());
+            if room == 0 {
+                return Err(std::io::Error::other("full"));
+            }
+            let take = room.min(buf.len());
+            self.0.extend_from_slice(&buf[..take]);
+            Ok(take)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // One byte more than shown tells whether there is more.
+    let mut capped = Capped(Vec::new(), max + 1);
+    let whole = serde_json::to_writer_pretty(&mut capped, value).is_ok() && capped.0.len() <= max;
+    let mut bytes = capped.0;
+    bytes.truncate(max);
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(err) => {
+            let valid = err.utf8_error().valid_up_to();
+            let mut bytes = err.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).unwrap_or_default()
+        }
+    };
+    (text, whole)
+}
+
+/// `value` as compact JSON, in a buffer of exactly its size (a growing buffer would
+/// take up to twice a large payload's size, and copy it on the way).
+fn encoded(value: &serde_json::Value) -> Vec<u8> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    if serde_json::to_writer(&mut count, value).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::with_capacity(count.0);
+    if serde_json::to_writer(&mut bytes, value).is_err() {
+        return Vec::new();
+    }
+    bytes
+}
+
+/// How much of a payload download is handed to the connection at a time.
+const PAYLOAD_CHUNK: usize = 64 * 1024;
+
+/// `GET /command/payload?source=&id=`: the command's payload as a JSON file
+/// (`Content-Disposition: attachment`), sent in chunks.
+pub(crate) async fn payload(
+    State(console): State<Console>,
+    q: Result<Query<CommandQuery>, QueryRejection>,
+) -> Response {
+    let q = match parsed(&console, "Payload", q) {
+        Ok(q) => q,
+        Err(page) => return *page,
+    };
+    let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
+        Ok(id) => id,
+        Err(err) => return error_page(&console, "Payload", &err),
+    };
+    let wanted = non_empty(q.source.as_ref());
+    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Payload", w)) {
+        return page;
+    }
+    // Held until the whole payload is sent: a few downloads at a time; the row is read
+    // and encoded under a large-read permit, like a page.
+    let Some(permit) = console.download().await else {
+        return render(
+            &console,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Payload",
+            Nav::None,
+            &["Too many payload downloads are in progress; try again in a minute.".into()],
+            &Html::new(),
+        );
+    };
+    let reading = console.large_read().await;
+    let opened = console.opened().await;
+    let sources: Vec<OpenSource> = opened
+        .sources
+        .into_iter()
+        .filter(|s| wanted.is_none_or(|w| w == s.name))
+        .collect();
+    let shown = match admin::show(&sources, id).await {
+        Ok(shown) => shown,
+        Err(err) => return error_page(&console, "Payload", &err),
+    };
+    let name = shown.row.id.to_string();
+    let bytes = axum::body::Bytes::from(encoded(&shown.row.payload));
+    drop(shown);
+    drop(reading);
+    let chunks = (0..bytes.len().div_ceil(PAYLOAD_CHUNK)).map(move |n| {
+        let end = ((n + 1) * PAYLOAD_CHUNK).min(bytes.len());
+        Ok::<_, std::convert::Infallible>(bytes.slice(n * PAYLOAD_CHUNK..end))
+    });
+    let stream = futures::StreamExt::map(futures::stream::iter(chunks), move |chunk| {
+        let _held = &permit;
+        chunk
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}.json\""),
+            ),
+        ],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
 // ---------------------------------------------------------------------------------------
 // dead letters
 
 /// The query of `GET /dead-letters`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DeadQuery {
     #[serde(rename = "type")]
     type_name: Option<String>,
@@ -787,8 +1050,12 @@ const DEAD_PAGE: u32 = 100;
 /// error, shown as the page's banner (status 400).
 pub(crate) async fn dead_letters(
     State(console): State<Console>,
-    Query(q): Query<DeadQuery>,
+    q: Result<Query<DeadQuery>, QueryRejection>,
 ) -> Response {
+    let q = match parsed(&console, "Dead letters", q) {
+        Ok(q) => q,
+        Err(page) => return *page,
+    };
     let type_name = non_empty(q.type_name.as_ref()).map(str::to_owned);
     let queue = non_empty(q.queue.as_ref()).map(str::to_owned);
     let t = type_name.as_deref().unwrap_or("");
@@ -803,15 +1070,23 @@ pub(crate) async fn dead_letters(
         .text(qn)
         .raw("\"></label><button type=\"submit\">Filter</button></form>");
     if console.actions_allowed() {
-        // Requeue takes the type and queue filters; purge has no type filter, so it takes
-        // the queue alone (its confirmation page says so).
-        body.raw("<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?")
-            .text(query(&[("all_dead", "1"), ("type", t), ("queue", qn)]))
-            .raw("\">Requeue all…</a> <a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
-            .text(query(&[("dead_letters", "1"), ("queue", qn)]))
-            .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
-            .text(query(&[("completed", "1"), ("queue", qn)]))
-            .raw("\">Purge completed…</a></p>");
+        // Every action acts on exactly the page's filter: requeue takes the type and the
+        // queue; purge has no type filter, so a page filtered by type does not offer it.
+        body.raw(
+            "<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?",
+        )
+        .text(query(&[("all_dead", "1"), ("type", t), ("queue", qn)]))
+        .raw("\">Requeue all matching…</a> ");
+        if type_name.is_none() {
+            body.raw("<a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
+                .text(query(&[("dead_letters", "1"), ("queue", qn)]))
+                .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
+                .text(query(&[("completed", "1"), ("queue", qn)]))
+                .raw("\">Purge completed…</a>");
+        } else {
+            body.raw("<span class=\"note\" id=\"no-purge\">Purge deletes by queue and age, not by type: clear the type filter to purge.</span>");
+        }
+        body.raw("</p>");
     }
     let query_params = admin::DeadLetterQuery {
         type_name: type_name.clone(),
