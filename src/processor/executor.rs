@@ -65,6 +65,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             }
             shared.leases.forget(std::iter::once(&change.lease));
         } else {
+            shared.leases.finished(&change.lease);
             shared.outbox.push(change).await;
         }
         let busy = u64::try_from(taken_at.elapsed().as_micros()).unwrap_or(u64::MAX);

@@ -365,6 +365,10 @@ pub(crate) struct Lane {
     pub(crate) concurrency: usize,
     /// What its claims ask for (`ClaimParams::queues`).
     pub(crate) queues: Option<Arc<[String]>>,
+    /// Every queue the source's lanes serve (`None`: every queue): `until_idle` ends a
+    /// lane only once none of them has work due or running, since a lane that stopped
+    /// could not claim a retry that comes due in its queue while another lane still waits.
+    pub(crate) served: Option<Arc<[String]>>,
     /// Its claims in flight at most.
     pub(crate) claims_in_flight: usize,
 }
@@ -571,6 +575,7 @@ impl SourceWorker {
                 shared
                     .buffered
                     .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                shared.leases.finished(&item.claimed.lease);
                 shared
                     .outbox
                     .push(SetState {
@@ -656,11 +661,13 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
             name: None,
             concurrency: settings.concurrency.max(1) as usize,
             queues: None,
+            served: None,
             claims_in_flight: claims_in_flight.max(1),
         }];
     }
     let n = settings.queues.len();
     let share = claims_in_flight.div_ceil(n).max(1);
+    let served: Arc<[String]> = settings.queues.iter().map(|q| q.name.clone()).collect();
     settings
         .queues
         .iter()
@@ -668,6 +675,7 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
             name: Some(queue.name.as_str().into()),
             concurrency: queue.concurrency.max(1) as usize,
             queues: Some(Arc::from(vec![queue.name.clone()])),
+            served: Some(served.clone()),
             claims_in_flight: share,
         })
         .collect()

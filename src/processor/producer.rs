@@ -285,9 +285,28 @@ pub(crate) async fn run(
         leases_emptied.as_mut().enable();
         let waiting_for_own = !want && claims.is_empty() && options.until_idle;
         if waiting_for_own && shared.leases.len() == 0 {
-            match idle_activity(&shared).await {
+            match idle_activity(&shared, shared.lane.queues.as_deref()).await {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
-                    break Stopped::Idle;
+                    // This lane's queue is idle; the drain ends only when every queue the
+                    // source serves is (a retry may come due here while another lane
+                    // still waits for a lease to end).
+                    let others = match &shared.lane.served {
+                        Some(served) if served.len() > 1 => {
+                            idle_activity(&shared, Some(served)).await
+                        }
+                        _ => Ok(activity),
+                    };
+                    match others {
+                        Ok(all) if all.due == 0 && all.running == 0 => break Stopped::Idle,
+                        Ok(_) => {
+                            // Look again (and claim: a retry here may have come due) soon.
+                            next_poll = next_poll.min(Instant::now() + idle_recheck);
+                            idle_recheck = (idle_recheck * 2).min(poll);
+                        }
+                        Err(err) => {
+                            tracing::warn!(source = %shared.source.name, error = %err, "cannot count due commands")
+                        }
+                    }
                 }
                 Ok(activity) if activity.due > 0 => {
                     // Due but not claimable yet (processing delay) or taken by a racing
@@ -505,13 +524,15 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
 /// claims when `claim_only_handled_types` is on (the others wait for the worker that has
 /// their handler, and must not keep this one running).
 ///
-/// A worker that lists queues is idle when every queue is: each queue's producer counts
-/// only its own queue (`QueueOps::activity_in`), so rows of queues this worker does not
-/// serve never keep it running.
-async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
+/// `queues` limits the count (`QueueOps::activity_in`): a lane counts its own queue, then
+/// every queue its source serves, so rows of queues this worker does not serve never keep
+/// it running.
+async fn idle_activity(
+    shared: &Shared,
+    queues: Option<&[String]>,
+) -> crate::error::Result<crate::engine::Activity> {
     let limit = health::call_deadline(shared.source.settings.lease());
     let backend = &shared.source.backend;
-    let queues = shared.lane.queues.as_deref();
     let Some(types) = &shared.types else {
         let counting = backend.activity_in(queues);
         return health::deadline(limit, "counting due commands", counting).await;

@@ -1,0 +1,120 @@
+//! What a worker does while its database misbehaves under it or changes beneath it, on
+//! every engine: `--until-idle` with queues keeps claiming every queue while it waits for
+//! another processor's lease, and outcomes that cannot be written stop the claims.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use icq::handler::FnHandler;
+use icq::settings::QueueSettings;
+use icq::{HandlerError, Job, NewCommand, Processor, Registry, RunOptions, Settings};
+
+use super::support::{RUNTIME_ENGINES, TestDb};
+
+/// Opens the test database's default table as source `main` with `settings`.
+pub(crate) async fn open(db: &TestDb, settings: &Settings) -> icq::sources::OpenSource {
+    let config = icq::config::SourceConfig {
+        name: "main".into(),
+        url: icq::config::DatabaseUrl::new(db.url.clone()),
+        table: Default::default(),
+        settings: settings.clone(),
+        embedded: false,
+    };
+    icq::sources::open_one(&config).await.unwrap()
+}
+
+/// SQL for "now plus `seconds`" in the engine's `LockedUntil` representation.
+pub(crate) fn now_plus(engine: &str, seconds: u32) -> String {
+    match engine {
+        "postgres" => format!("now() + interval '{seconds} seconds'"),
+        "mysql" => format!("UTC_TIMESTAMP(6) + INTERVAL {seconds} SECOND"),
+        _ => format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+{seconds} seconds')"),
+    }
+}
+
+/// A worker serving queues `default` and `webhooks` drains with `--until-idle` while
+/// another processor holds a `webhooks` row's lease: a `default` command that fails once
+/// with a 1 s backoff comes due while the worker waits for that lease, and is claimed and
+/// run before the worker returns (the drain ends only when no served queue has work due
+/// or running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_idle_with_queues_claims_a_retry_that_comes_due_while_waiting_on_another_queue() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "idle_queues").await;
+        let mut settings = Settings::default();
+        settings.retry_backoff_base_seconds = 1.0;
+        settings.max_retry_backoff_seconds = 1.0;
+        settings.polling_interval_seconds = 0.2;
+        let settings = settings.with_queues(vec![
+            QueueSettings::new("default", 2),
+            QueueSettings::new("webhooks", 2),
+        ]);
+        let source = open(&db, &settings).await;
+        let mut hook = NewCommand::new("hook", serde_json::json!({}));
+        hook.queue = "webhooks".into();
+        source.queue.schedule(&hook).await.unwrap();
+        // Another processor holds the webhook for a few seconds.
+        let (t, token, until, queue) = (
+            db.q("InternalCommands"),
+            db.q("LockToken"),
+            db.q("LockedUntil"),
+            db.q("Queue"),
+        );
+        db.execute(&format!(
+            "UPDATE {t} SET {token} = '6f2b1f4e-0000-4000-8000-000000000001', {until} = {} \
+             WHERE {queue} = 'webhooks'",
+            now_plus(engine, 6)
+        ))
+        .await;
+        source
+            .queue
+            .schedule(&NewCommand::new("flaky", serde_json::json!({})))
+            .await
+            .unwrap();
+
+        let runs = Arc::new(AtomicU32::new(0));
+        let mut registry = Registry::new();
+        registry
+            .insert("hook", Arc::new(icq::handler::Noop))
+            .unwrap();
+        registry
+            .insert(
+                "flaky",
+                Arc::new(FnHandler({
+                    let runs = runs.clone();
+                    move |_job: Job| {
+                        let first = runs.fetch_add(1, Ordering::SeqCst) == 0;
+                        async move {
+                            if first {
+                                Err(HandlerError::retry("fails once"))
+                            } else {
+                                Ok(())
+                            }
+                        }
+                    }
+                })),
+            )
+            .unwrap();
+        let mut processor = Processor::new(registry);
+        processor.add_source(source.queue.source_handle(settings.clone()));
+        let started = Instant::now();
+        let options = RunOptions::default().with_until_idle(true);
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            processor.run(options, Default::default()),
+        )
+        .await
+        .expect("the drain ends")
+        .unwrap();
+        eprintln!("{engine}: drained in {:?}", started.elapsed());
+        let (processed, pending) = (db.q("ProcessedAt"), db.q("DeadLetteredAt"));
+        let left = db
+            .scalar_i64(&format!(
+                "SELECT COUNT(*) FROM {t} WHERE {processed} IS NULL AND {pending} IS NULL"
+            ))
+            .await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{engine}: the retry ran");
+        assert_eq!(left, 0, "{engine}: nothing left pending");
+    }
+}
