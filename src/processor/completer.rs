@@ -156,6 +156,10 @@ pub(crate) struct Completer {
     pub(crate) outbox: Arc<Outbox>,
     /// How long a failing stamp is retried before the lease is left to lapse.
     pub(crate) lease: Duration,
+    /// Stamps that fail with an error that cannot heal stop the source's claims.
+    pub(crate) trouble: Arc<health::Trouble>,
+    /// `--until-idle`: such an error fails the run after a short retry.
+    pub(crate) until_idle: bool,
 }
 
 impl Completer {
@@ -209,7 +213,7 @@ impl Completer {
 
     async fn stamp(&self, batch: Vec<SetState>) {
         let started = Instant::now();
-        let mut pause = Duration::from_millis(100);
+        let mut health = health::Health::new(self.source.clone(), "stamp", self.until_idle);
         loop {
             let params = CommandSetStateManyParams { changes: &batch };
             let call = self.backend.command_set_state_many(&params);
@@ -217,22 +221,41 @@ impl Completer {
                 .await
             {
                 Ok(stamped) => {
+                    self.trouble.succeeded();
                     count(&self.source, &self.stats, &batch, stamped);
                     break;
                 }
-                Err(err) if started.elapsed() + pause < self.lease => {
-                    tracing::warn!(source = %self.source, error = %err, retry_in_ms = pause.as_millis() as u64, "could not stamp outcomes; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(health::RETRY_CAP);
-                }
                 Err(err) => {
-                    tracing::error!(
-                        source = %self.source,
-                        error = %err,
-                        rows = batch.len(),
-                        "could not stamp outcomes before their leases lapse; the rows will run again"
-                    );
-                    break;
+                    self.trouble.failed(&err);
+                    let heals = err.healing().heals();
+                    // Once the source gave up, what cannot heal is tried once: the run is
+                    // ending and the leases lapse anyway.
+                    let pause = if !heals && self.trouble.gave_up() {
+                        None
+                    } else {
+                        match health.failed(err) {
+                            health::Next::RetryAfter(pause) => Some(pause),
+                            health::Next::GiveUp(err) => {
+                                self.trouble.give_up(err);
+                                None
+                            }
+                        }
+                    };
+                    match pause {
+                        Some(pause) if started.elapsed() + pause < self.lease => {
+                            // A pause of zero means "waited already" to a role whose calls
+                            // run side by side; a batch's retries follow one another.
+                            tokio::time::sleep(pause.max(Duration::from_millis(100))).await;
+                        }
+                        _ => {
+                            tracing::error!(
+                                source = %self.source,
+                                rows = batch.len(),
+                                "could not stamp outcomes before their leases lapse; the rows will run again"
+                            );
+                            break;
+                        }
+                    }
                 }
             }
         }

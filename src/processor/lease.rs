@@ -396,8 +396,11 @@ pub(crate) async fn renew_loop(
     leases: Arc<Leases>,
     lease: Duration,
     stop: CancellationToken,
+    trouble: Arc<health::Trouble>,
+    until_idle: bool,
 ) {
     let every = renew_every(lease);
+    let mut health = health::Health::new(source.clone(), "lease renewal", until_idle);
     // Cancel with room to spare: the handler's kill and the release need a moment.
     let margin = (lease / 10).min(Duration::from_secs(2));
     // A quarter of the renewal period, so a renewal is at most 1.25 periods after the
@@ -441,6 +444,7 @@ pub(crate) async fn renew_loop(
                 };
                 match outcome {
                     Ok(kept) => {
+                        health.succeeded(true);
                         if kept.len() < chunk.len() {
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
                         }
@@ -448,7 +452,11 @@ pub(crate) async fn renew_loop(
                         explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
                     }
                     Err(err) => {
-                        tracing::warn!(source = %source, error = %err, "could not extend leases; retrying");
+                        // Logged by `health`; one that cannot heal stops the claims.
+                        trouble.failed(&err);
+                        if let health::Next::GiveUp(err) = health.failed(err) {
+                            trouble.give_up(err);
+                        }
                         next = Instant::now() + every.min(Duration::from_secs(1));
                         break;
                     }

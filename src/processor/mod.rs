@@ -401,6 +401,8 @@ pub(crate) struct Shared {
     /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
+    /// Outcomes or leases that cannot be written hold the claims.
+    trouble: Arc<health::Trouble>,
 }
 
 struct SourceWorker {
@@ -424,6 +426,7 @@ impl SourceWorker {
         });
 
         let leases = Arc::new(lease::Leases::default());
+        let trouble = Arc::new(health::Trouble::default());
         let lanes = lanes(settings, src.backend.claims_in_flight());
         let capacity: usize = lanes
             .iter()
@@ -446,6 +449,8 @@ impl SourceWorker {
                 leases: leases.clone(),
                 outbox: outbox.clone(),
                 lease: settings.lease(),
+                trouble: trouble.clone(),
+                until_idle: self.options.until_idle,
             }
             .run(),
         );
@@ -456,6 +461,8 @@ impl SourceWorker {
             leases.clone(),
             settings.lease(),
             renew_stop.clone(),
+            trouble.clone(),
+            self.options.until_idle,
         ));
         let checker = tokio::spawn(lease::check_loop(
             src.name.clone(),
@@ -499,6 +506,7 @@ impl SourceWorker {
                 busy_micros: Default::default(),
                 space: Notify::new(),
                 outbox: outbox.clone(),
+                trouble: trouble.clone(),
             });
             for _ in 0..concurrency.max(1) {
                 slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));

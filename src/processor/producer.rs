@@ -227,6 +227,14 @@ pub(crate) async fn run(
         if shutdown.is_cancelled() {
             break Stopped::Shutdown;
         }
+        // Outcomes or leases that cannot be written: claim nothing that would run again.
+        let mut trouble_changed = std::pin::pin!(shared.trouble.changed());
+        trouble_changed.as_mut().enable();
+        if let Some(err) = shared.trouble.take_fatal() {
+            gave_up = Some(err);
+            break Stopped::Shutdown;
+        }
+        let held_until = shared.trouble.holds_claims_until();
         let now = Instant::now();
         pace.sample(
             shared.finished.load(Ordering::Relaxed),
@@ -245,7 +253,7 @@ pub(crate) async fn run(
         };
         let look_ahead = pace.look_ahead(max_look_ahead);
         let target = slots + look_ahead;
-        while want && claims.len() < in_flight_now {
+        while want && held_until.is_none() && claims.len() < in_flight_now {
             let held = shared.active.load(Ordering::Acquire)
                 + shared.buffered.load(Ordering::Acquire)
                 + reserved;
@@ -283,7 +291,8 @@ pub(crate) async fn run(
         // interval (a quarter of a second at the end of half the drains).
         let mut leases_emptied = std::pin::pin!(shared.leases.emptied());
         leases_emptied.as_mut().enable();
-        let waiting_for_own = !want && claims.is_empty() && options.until_idle;
+        let waiting_for_own =
+            !want && claims.is_empty() && options.until_idle && held_until.is_none();
         if waiting_for_own && shared.leases.len() == 0 {
             match idle_activity(&shared, shared.lane.queues.as_deref()).await {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
@@ -373,6 +382,8 @@ pub(crate) async fn run(
                 want = true;
                 next_poll = Instant::now() + poll;
             }
+            _ = &mut trouble_changed => {}
+            _ = tokio::time::sleep_until(held_until.unwrap_or(next_poll)), if held_until.is_some() => {}
             _ = shutdown.cancelled() => {}
         }
     };
@@ -487,6 +498,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
             }
             Err(err) => {
                 // The completer retries them on its own.
+                shared.trouble.failed(&err);
                 shared.outbox.put(stamps);
                 Err(err)
             }

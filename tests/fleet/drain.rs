@@ -118,3 +118,83 @@ async fn until_idle_with_queues_claims_a_retry_that_comes_due_while_waiting_on_a
         assert_eq!(left, 0, "{engine}: nothing left pending");
     }
 }
+
+/// A trigger on `db`'s table that refuses every stamp of a completed outcome (an error
+/// that cannot heal, as a missing privilege or an illegal collation mix would be).
+async fn refuse_stamps(db: &TestDb) {
+    let sql = match db.engine {
+        "postgres" => {
+            "CREATE FUNCTION refuse_stamp() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.\"ProcessedAt\" IS NOT NULL THEN \
+             RAISE EXCEPTION 'stamps are refused by a trigger'; END IF; RETURN NEW; END $$;\n\
+             CREATE TRIGGER refuse_stamp BEFORE UPDATE ON \"InternalCommands\" \
+             FOR EACH ROW EXECUTE FUNCTION refuse_stamp();"
+        }
+        "mysql" => {
+            "CREATE TRIGGER refuse_stamp BEFORE UPDATE ON `InternalCommands` FOR EACH ROW \
+             BEGIN IF NEW.`ProcessedAt` IS NOT NULL THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'stamps are refused by a trigger'; \
+             END IF; END"
+        }
+        _ => {
+            "CREATE TRIGGER refuse_stamp BEFORE UPDATE ON \"InternalCommands\" FOR EACH ROW \
+             WHEN NEW.\"ProcessedAt\" IS NOT NULL \
+             BEGIN SELECT RAISE(ABORT, 'stamps are refused by a trigger'); END;"
+        }
+    };
+    db.execute(sql).await;
+}
+
+/// Outcomes that cannot be written stop the claims: with a trigger refusing every stamp,
+/// `icq work --until-idle` fails with exit 1 and `kind: database` naming the server's
+/// message, having started only the first few of 200 commands instead of running them
+/// all (each of which would run again when its lease lapsed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_that_cannot_be_written_stop_the_claims_and_fail_the_drain() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "refused_stamps").await;
+        super::insert_many(&db, "ping", 200).await;
+        refuse_stamps(&db).await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = super::write_config(
+            dir.path(),
+            &db.url,
+            "      concurrency: 2\n      batch_size: 5\n      lease_seconds: 20\n      polling_interval_seconds: 0.2",
+            "  ping:\n    noop: true\n",
+        );
+        let started = Instant::now();
+        let out = super::icq()
+            .args(["--format", "json", "work", "--until-idle", "--config"])
+            .arg(&config)
+            .env_remove("DATABASE_URL")
+            .env_remove("ICQ_CONFIG")
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let error = stderr
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find_map(|doc| doc.get("error").cloned())
+            .unwrap_or_else(|| panic!("{engine}: no error document ({:?}): {stderr}", out.status));
+        assert_eq!(out.status.code(), Some(1), "{engine}: {stderr}");
+        assert_eq!(error["kind"], "database", "{engine}: {error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("stamps are refused by a trigger"),
+            "{engine}: {message}"
+        );
+        let (t, attempts) = (db.q("InternalCommands"), db.q("Attempts"));
+        let started_rows = db
+            .scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {attempts} > 0"))
+            .await;
+        eprintln!(
+            "{engine}: failed after {took:?} having started {started_rows} of 200: {message}"
+        );
+        assert!(
+            started_rows <= 40,
+            "{engine}: {started_rows} of 200 commands were started although no outcome could be written"
+        );
+        assert!(took < Duration::from_secs(20), "{engine}: {took:?}");
+    }
+}
