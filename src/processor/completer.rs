@@ -160,6 +160,9 @@ pub(crate) struct Completer {
     pub(crate) trouble: Arc<health::Trouble>,
     /// `--until-idle`: such an error fails the run after a short retry.
     pub(crate) until_idle: bool,
+    /// Cancelled when writing must end (shutdown's write deadline): what is not stamped
+    /// by then is given up on, its lease left to lapse.
+    pub(crate) writes_end: tokio_util::sync::CancellationToken,
 }
 
 impl Completer {
@@ -215,11 +218,19 @@ impl Completer {
         let started = Instant::now();
         let mut health = health::Health::new(self.source.clone(), "stamp", self.until_idle);
         loop {
+            if self.writes_end.is_cancelled() {
+                self.give_up(&batch);
+                break;
+            }
             let params = CommandSetStateManyParams { changes: &batch };
             let call = self.backend.command_set_state_many(&params);
-            match health::deadline(health::call_deadline(self.lease), "stamping outcomes", call)
-                .await
-            {
+            let stamping =
+                health::deadline(health::call_deadline(self.lease), "stamping outcomes", call);
+            let stamped = tokio::select! {
+                stamped = stamping => stamped,
+                () = self.writes_end.cancelled() => continue,
+            };
+            match stamped {
                 Ok(stamped) => {
                     self.trouble.succeeded();
                     count(&self.source, &self.stats, &batch, stamped);
@@ -245,7 +256,11 @@ impl Completer {
                         Some(pause) if started.elapsed() + pause < self.lease => {
                             // A pause of zero means "waited already" to a role whose calls
                             // run side by side; a batch's retries follow one another.
-                            tokio::time::sleep(pause.max(Duration::from_millis(100))).await;
+                            let pause = pause.max(Duration::from_millis(100));
+                            tokio::select! {
+                                () = tokio::time::sleep(pause) => {}
+                                () = self.writes_end.cancelled() => {}
+                            }
                         }
                         _ => {
                             tracing::error!(
@@ -260,6 +275,15 @@ impl Completer {
             }
         }
         settled(&self.leases, &self.outbox, &batch);
+    }
+
+    /// Shutdown's write deadline passed with `batch` not stamped.
+    fn give_up(&self, batch: &[SetState]) {
+        tracing::error!(
+            source = %self.source,
+            rows = batch.len(),
+            "could not write outcomes before shutdown's deadline; their leases lapse and the rows run again"
+        );
     }
 }
 

@@ -441,6 +441,7 @@ impl SourceWorker {
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),
         ));
+        let writes_end = CancellationToken::new();
         let completer = tokio::spawn(
             completer::Completer {
                 source: src.name.clone(),
@@ -451,6 +452,7 @@ impl SourceWorker {
                 lease: settings.lease(),
                 trouble: trouble.clone(),
                 until_idle: self.options.until_idle,
+                writes_end: writes_end.clone(),
             }
             .run(),
         );
@@ -566,6 +568,17 @@ impl SourceWorker {
         let stopped = stopped.map(|_| ());
 
         // Teardown: stop taking rows, give running commands their grace, then stop them.
+        // Writing releases and outcomes is bounded (their leases lapse anyway): it ends
+        // `HARD_STOP_WRITES` after a hard stop, and `FINAL_WRITES` after the last
+        // execution ended, whichever comes first.
+        let hard_stop_writes = tokio::spawn({
+            let (hard_stop, writes_end) = (hard_stop.clone(), writes_end.clone());
+            async move {
+                hard_stop.cancelled().await;
+                tokio::time::sleep(HARD_STOP_WRITES).await;
+                writes_end.cancel();
+            }
+        });
         stop_taking.cancel();
         let buffered: usize = shareds.iter().map(|shared| buffered_len(shared)).sum();
         let running = leases.len().saturating_sub(buffered);
@@ -630,8 +643,17 @@ impl SourceWorker {
             }
         }
         drop(shareds);
+        let final_writes = tokio::spawn({
+            let writes_end = writes_end.clone();
+            async move {
+                tokio::time::sleep(FINAL_WRITES).await;
+                writes_end.cancel();
+            }
+        });
         outbox.close();
         let _ = completer.await;
+        final_writes.abort();
+        hard_stop_writes.abort();
         renew_stop.cancel();
         let _ = renewer.await;
         let _ = checker.await;
@@ -641,6 +663,15 @@ impl SourceWorker {
         stopped
     }
 }
+
+/// How long after a hard stop (a second signal) releases and outcomes may still be
+/// written: a database that is gone must not keep the process from exiting.
+pub(crate) const HARD_STOP_WRITES: Duration = Duration::from_secs(3);
+
+/// How long the last releases and outcomes may take to be written once every execution
+/// ended (at the end of a shutdown or a drain); on a reachable database they take
+/// milliseconds.
+pub(crate) const FINAL_WRITES: Duration = Duration::from_secs(10);
 
 /// The driver keeps this processor's connections between its statements while the
 /// processor runs, and hands them back to the pool when it ends (however it ends): the

@@ -294,7 +294,12 @@ pub(crate) async fn run(
         let waiting_for_own =
             !want && claims.is_empty() && options.until_idle && held_until.is_none();
         if waiting_for_own && shared.leases.len() == 0 {
-            match idle_activity(&shared, shared.lane.queues.as_deref()).await {
+            let counting = idle_activity(&shared, shared.lane.queues.as_deref());
+            let counted = tokio::select! {
+                counted = counting => counted,
+                () = shutdown.cancelled() => continue,
+            };
+            match counted {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
                     // This lane's queue is idle; the drain ends only when every queue the
                     // source serves is (a retry may come due here while another lane
@@ -345,7 +350,10 @@ pub(crate) async fn run(
                 match result {
                     Ok(rows) => {
                         if !rows.is_empty() {
-                            sharing.check(&shared).await;
+                            tokio::select! {
+                                () = sharing.check(&shared) => {}
+                                () = shutdown.cancelled() => {}
+                            }
                         }
                         let claimed = rows.len();
                         db_health.succeeded(claimed > 0);
@@ -387,8 +395,20 @@ pub(crate) async fn run(
             _ = shutdown.cancelled() => {}
         }
     };
-    // Claims already sent still lease their rows: buffer them, so shutdown releases them.
-    while let Some((result, _, _)) = claims.next().await {
+    // Claims already sent still lease their rows: buffer them, so shutdown releases them
+    // (not for long after a hard stop: a claim that cannot answer leases nothing).
+    let hard_stop = options.hard_stop.clone();
+    let abandon = async move {
+        hard_stop.cancelled().await;
+        tokio::time::sleep(super::HARD_STOP_WRITES).await;
+    };
+    tokio::pin!(abandon);
+    loop {
+        let next = tokio::select! {
+            next = claims.next() => next,
+            () = &mut abandon => None,
+        };
+        let Some((result, _, _)) = next else { break };
         if let Ok(rows) = result {
             shared.source.stats.claimed(rows.len() as u64);
             buffer(&shared, rows);
