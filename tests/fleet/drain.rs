@@ -198,3 +198,117 @@ async fn outcomes_that_cannot_be_written_stop_the_claims_and_fail_the_drain() {
         assert!(took < Duration::from_secs(20), "{engine}: {took:?}");
     }
 }
+
+/// SQL for "now minus `seconds`" in the engine's `RunAt` representation.
+fn now_minus(engine: &str, seconds: u32) -> String {
+    match engine {
+        "postgres" => format!("now() - interval '{seconds} seconds'"),
+        "mysql" => format!("UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND"),
+        _ => format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{seconds} seconds')"),
+    }
+}
+
+/// A worker started on a version-1 table, which is upgraded to version 2 while it runs,
+/// switches to the version-2 claim without a restart: it starts claiming by `Priority`
+/// (a version-1 claim takes the oldest `RunAt` first). Each round schedules, in one
+/// statement, an older row at priority 5 and a newer one at priority -5 and sees which
+/// one a one-row claim takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_switches_to_the_version_2_claim_after_the_upgrade() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::new(engine, "upgrade_live").await;
+        let kind: icq::Engine = engine.parse().unwrap();
+        let table = icq::TableName::default();
+        db.execute(&icq::schema::render_v1(kind, &table).up).await;
+        let settings = Settings::default()
+            .with_concurrency(1)
+            .with_batch_size(1)
+            .with_polling_interval_seconds(0.1);
+        let source = open(&db, &settings).await;
+        let order = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let mut registry = Registry::new();
+        registry
+            .insert(
+                "probe",
+                Arc::new(FnHandler({
+                    let order = order.clone();
+                    move |job: Job| {
+                        let order = order.clone();
+                        async move {
+                            let name = job.payload["p"].as_str().unwrap_or("").to_owned();
+                            order.lock().unwrap().push(name);
+                            Ok(())
+                        }
+                    }
+                })),
+            )
+            .unwrap();
+        let mut processor = Processor::new(registry);
+        processor.add_source(source.queue.source_handle(settings.clone()));
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let worker = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { processor.run(RunOptions::default(), shutdown).await }
+        });
+        let (t, ty, payload, run_at) = (
+            db.q("InternalCommands"),
+            db.q("Type"),
+            db.q("Payload"),
+            db.q("RunAt"),
+        );
+        // The worker claims on the version-1 table (and has looked its version up).
+        db.execute(&format!(
+            "INSERT INTO {t} ({ty}, {payload}) VALUES ('probe', '{{\"p\": \"warm\"}}')"
+        ))
+        .await;
+        assert!(
+            super::wait_until(Duration::from_secs(30), || async {
+                order.lock().unwrap().len() == 1
+            })
+            .await,
+            "{engine}: the worker never ran the first command"
+        );
+        db.execute(&icq::schema::render_upgrade(kind, &table).up)
+            .await;
+        let priority = db.q("Priority");
+        let started = Instant::now();
+        let mut rounds = 0;
+        let switched = loop {
+            rounds += 1;
+            order.lock().unwrap().clear();
+            db.execute(&format!(
+                "INSERT INTO {t} ({ty}, {payload}, {run_at}, {priority}) VALUES \
+                 ('probe', '{{\"p\": \"old\"}}', {}, 5), \
+                 ('probe', '{{\"p\": \"urgent\"}}', {}, -5)",
+                now_minus(engine, 60),
+                now_minus(engine, 30)
+            ))
+            .await;
+            assert!(
+                super::wait_until(Duration::from_secs(30), || async {
+                    order.lock().unwrap().len() == 2
+                })
+                .await,
+                "{engine}: the worker stopped running commands after the upgrade"
+            );
+            if order.lock().unwrap()[0] == "urgent" {
+                break true;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        shutdown.cancel();
+        worker.await.unwrap().unwrap();
+        eprintln!(
+            "{engine}: switched after {:?} ({rounds} rounds)",
+            started.elapsed()
+        );
+        assert!(
+            switched,
+            "{engine}: still claiming in version-1 order {:?} after the upgrade",
+            started.elapsed()
+        );
+    }
+}
