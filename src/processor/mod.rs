@@ -33,6 +33,7 @@
 mod completer;
 mod executor;
 pub(crate) mod health;
+mod idle;
 mod lease;
 mod producer;
 pub mod retry;
@@ -403,6 +404,12 @@ pub(crate) struct Shared {
     outbox: Arc<completer::Outbox>,
     /// Outcomes or leases that cannot be written hold the claims.
     trouble: Arc<health::Trouble>,
+    /// Execution slots alive (started as rows arrive, see [`executor::ensure_slots`]).
+    slots_live: AtomicUsize,
+    /// Every lane's execution slots (the source's).
+    slots: Arc<std::sync::Mutex<JoinSet<()>>>,
+    /// Tells the slots to stop taking rows (teardown).
+    stop_taking: CancellationToken,
 }
 
 struct SourceWorker {
@@ -487,11 +494,10 @@ impl SourceWorker {
         });
         let owner = uuid::Uuid::new_v4();
         let stop_taking = CancellationToken::new();
-        let mut slots = JoinSet::new();
+        let slot_set = Arc::new(std::sync::Mutex::new(JoinSet::new()));
         let mut shareds = Vec::with_capacity(lanes.len());
         for lane in lanes {
             let (buffer_tx, buffer_rx) = mpsc::unbounded_channel();
-            let concurrency = lane.concurrency;
             let shared = Arc::new(Shared {
                 lane,
                 source: src.clone(),
@@ -509,10 +515,10 @@ impl SourceWorker {
                 space: Notify::new(),
                 outbox: outbox.clone(),
                 trouble: trouble.clone(),
+                slots_live: AtomicUsize::new(0),
+                slots: slot_set.clone(),
+                stop_taking: stop_taking.clone(),
             });
-            for _ in 0..concurrency.max(1) {
-                slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
-            }
             shareds.push(shared);
         }
 
@@ -534,7 +540,19 @@ impl SourceWorker {
         } else {
             shareds.iter().map(|_| Arc::new(Notify::new())).collect()
         };
-        let fan_out = (wakes.len() > 1).then(|| {
+        // A long-running worker listing queues: one poll for every idle lane, and
+        // wake-ups go to it; `--until-idle` drains lane by lane.
+        let idle_lanes = (wakes.len() > 1 && !self.options.until_idle)
+            .then(|| Arc::new(idle::IdleLanes::new(wakes.clone())));
+        let idle_poll = idle_lanes.as_ref().map(|idle_lanes| {
+            tokio::spawn(idle::poll(
+                shareds.clone(),
+                idle_lanes.clone(),
+                src.wake.clone(),
+                shutdown.clone(),
+            ))
+        });
+        let fan_out = (wakes.len() > 1 && idle_lanes.is_none()).then(|| {
             let (wake, lanes) = (src.wake.clone(), wakes.clone());
             tokio::spawn(async move {
                 loop {
@@ -545,28 +563,44 @@ impl SourceWorker {
                 }
             })
         });
-        let producers = shareds.iter().zip(wakes).map(|(shared, wake)| {
-            let shutdown = shutdown.clone();
-            let options = self.options.clone();
-            let shared = shared.clone();
-            async move {
-                let stopped = producer::run(shared, options, wake, shutdown.clone()).await;
-                if stopped.is_err() {
-                    shutdown.cancel();
+        let producers = shareds
+            .iter()
+            .zip(wakes)
+            .enumerate()
+            .map(|(index, (shared, wake))| {
+                let shutdown = shutdown.clone();
+                let options = self.options.clone();
+                let shared = shared.clone();
+                let idle = idle_lanes.clone().map(|idle| (idle, index));
+                async move {
+                    let stopped =
+                        producer::run(shared, options, wake, shutdown.clone(), idle).await;
+                    if stopped.is_err() {
+                        shutdown.cancel();
+                    }
+                    stopped
                 }
-                stopped
-            }
-        });
+            });
         let stopped = futures::future::join_all(producers)
             .await
             .into_iter()
             .collect::<Result<Vec<_>>>();
         hard_stop_watch.abort();
+        if let Some(idle_poll) = idle_poll {
+            // Its claim in flight buffers its rows before it returns.
+            let _ = idle_poll.await;
+        }
         if let Some(fan_out) = fan_out {
             fan_out.abort();
         }
         let stopped = stopped.map(|_| ());
 
+        // No slot starts from here on (only the producers start them).
+        let mut slots = std::mem::take(
+            &mut *slot_set
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         // Teardown: stop taking rows, give running commands their grace, then stop them.
         // Writing releases and outcomes is bounded (their leases lapse anyway): it ends
         // `HARD_STOP_WRITES` after a hard stop, and `FINAL_WRITES` after the last

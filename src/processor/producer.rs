@@ -69,6 +69,9 @@ const LOOK_AHEAD_CLAIMS: f64 = 4.0;
 /// due or running rows; it doubles up to the polling interval.
 const IDLE_RECHECK_FIRST: Duration = Duration::from_millis(10);
 
+/// How often a lane the source's idle poll claims for polls on its own anyway.
+const IDLE_LANE_POLL: Duration = Duration::from_secs(24 * 3600);
+
 /// How often the producer looks for other processors' leases while it is busy.
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The first interval between those looks: replicas started together (a deployment, a
@@ -192,6 +195,7 @@ pub(crate) async fn run(
     options: RunOptions,
     wake: Arc<Notify>,
     shutdown: CancellationToken,
+    idle: Option<(Arc<super::idle::IdleLanes>, usize)>,
 ) -> Result<Stopped> {
     let settings = &shared.source.settings;
     let batch = settings.batch_size.max(1) as usize;
@@ -363,6 +367,10 @@ pub(crate) async fn run(
                         want = claimed > 0;
                         if want {
                             idle_recheck = IDLE_RECHECK_FIRST;
+                        } else if let Some((idle, index)) = &idle {
+                            // The source's idle poll claims for this lane from now on.
+                            idle.set_idle(*index);
+                            next_poll = Instant::now() + IDLE_LANE_POLL;
                         } else {
                             next_poll = Instant::now() + poll;
                         }
@@ -531,7 +539,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
     )
 }
 
-fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
+pub(crate) fn buffer(shared: &Arc<Shared>, mut rows: Vec<(ClaimedRow, Instant)>) {
     // A claim takes the best rows, but a statement's returned rows come in no particular
     // order: the slots take them in claim order (`Priority`, then `RunAt`; a stable sort
     // keeps the statement's order for ties).
@@ -539,7 +547,7 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
     for (claimed, expires) in rows {
         let stopper = shared.leases.hold(&claimed.lease, expires);
         let bytes = claimed.payload_bytes;
-        shared.buffered.fetch_add(1, Ordering::AcqRel);
+        shared.buffered.fetch_add(1, Ordering::SeqCst);
         shared.buffered_bytes.fetch_add(bytes, Ordering::AcqRel);
         if shared
             .buffer_tx
@@ -550,6 +558,7 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
             shared.buffered_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
+    super::executor::ensure_slots(shared);
 }
 
 /// What `--until-idle` waits for: due and running rows, only of the types this worker

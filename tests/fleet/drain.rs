@@ -312,3 +312,89 @@ async fn a_running_worker_switches_to_the_version_2_claim_after_the_upgrade() {
         );
     }
 }
+
+/// This process's resident memory, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Transactions committed in `db` so far (PostgreSQL's statistics).
+async fn commits(db: &TestDb) -> i64 {
+    db.scalar_i64("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .await
+}
+
+/// A worker listing 1,000 queues of 200 slots each, idle: its cost follows the work, not
+/// the configured slots — a few transactions in ten seconds (one poll covers every idle
+/// queue, not one per queue each interval), memory that does not grow by a slot per
+/// configured concurrency — and it stops at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_queues_cost_what_one_does() {
+    let db = TestDb::with_table("postgres", "idle_queues_1000").await;
+    let n = 1000;
+    let queues: Vec<QueueSettings> = (0..n)
+        .map(|i| QueueSettings::new(format!("q{i}"), 200))
+        .collect();
+    let settings = Settings::default()
+        .with_polling_interval_seconds(1.0)
+        .with_queues(queues);
+    let source = open(&db, &settings).await;
+    let mut registry = Registry::new();
+    registry
+        .insert("ping", Arc::new(icq::handler::Noop))
+        .unwrap();
+    let mut processor = Processor::new(registry);
+    processor.add_source(source.queue.source_handle(settings.clone()));
+    let before = rss();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { processor.run(RunOptions::default(), shutdown).await }
+    });
+    // Settled: every queue claimed once and found nothing, and the server's statistics
+    // of those claims flushed (an idle PostgreSQL backend reports within 10 s).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (from, window) = (commits(&db).await, Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle_commits = commits(&db).await - from;
+    let per_second = idle_commits as f64 / window.elapsed().as_secs_f64();
+    let grown = rss().saturating_sub(before);
+    // Work still runs: a command on the last queue.
+    let mut last = NewCommand::new("ping", serde_json::json!({}));
+    last.queue = format!("q{}", n - 1);
+    source.queue.schedule(&last).await.unwrap();
+    assert!(
+        super::wait_until(Duration::from_secs(30), || async {
+            source.queue.stats().snapshot().succeeded == 1
+        })
+        .await,
+        "the command on an idle queue never ran"
+    );
+    let asked = Instant::now();
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+    let stopped = asked.elapsed();
+    eprintln!(
+        "1,000 idle queues: {per_second:.1} transactions/s, RSS +{} MB, stopped in {stopped:?}",
+        grown >> 20
+    );
+    assert!(
+        per_second < 20.0,
+        "{per_second:.1} transactions a second while idle"
+    );
+    assert!(
+        grown < 64 << 20,
+        "RSS grew by {} MB while idle",
+        grown >> 20
+    );
+    assert!(
+        stopped < Duration::from_secs(15),
+        "stopped after {stopped:?}"
+    );
+}
