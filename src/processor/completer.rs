@@ -12,8 +12,10 @@
 //! and batches of 5 ms made four replicas commit twice the transactions per command of
 //! one), with at most [`STAMPS_IN_FLIGHT`] statements at once. A full outbox makes
 //! executors wait (back-pressure) instead of growing memory. A stamp that fails (the
-//! database went away) is retried while the leases can still be held; the completer
-//! returns only once the outbox is closed and empty, so shutdown loses no outcome.
+//! database went away) is retried while the leases can still be held, and until
+//! shutdown's write deadline; one that fails with an error that cannot heal also holds
+//! the source's claims ([`health::Trouble`]). The completer returns once the outbox is
+//! closed and empty, so shutdown loses no outcome the database can take.
 //! Leases are forgotten (and so no longer renewed) only once their row is stamped.
 
 use std::sync::Arc;

@@ -13,7 +13,9 @@
 //! [`CHECK_EVERY`] (at once on PostgreSQL's cancel notification): the execution is asked
 //! to stop (its job's cancellation fires, an exec handler's group gets SIGTERM, and it is
 //! killed after the stop grace; at once when another claim holds the row), nothing is
-//! stamped for it, and the reason is logged once ("cancelled by operator").
+//! stamped for it, and the reason is logged once ("cancelled by operator"). A row whose
+//! outcome is already on its way to the database is never counted as lost: a renewal
+//! that no longer finds it raced its stamp.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

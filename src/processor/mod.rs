@@ -2,21 +2,27 @@
 //!
 //! - [`producer`] claims what the free slots will start, plus a look-ahead sized by how
 //!   fast the slots take rows, into a local buffer;
-//! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
+//! - [`executor`] slots (up to `concurrency`, started as rows arrive and ended after a
+//!   second without one) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
 //!   cannot be kept, and checks the leases of running handlers every second (at once on a
 //!   PostgreSQL cancel notification) to stop the ones an operator cancelled;
 //! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert and cancel
-//!   notifications.
+//!   notifications; [`idle`] claims for every idle queue of a worker that lists queues
+//!   with one statement.
+//! - [`health`] bounds every call and decides what a failure means; outcomes or leases
+//!   that cannot be written (an error that cannot heal) hold the source's claims.
 //!
 //! Queues (SPEC §8): a source whose settings list `queues` gets one *lane* per queue — a
 //! producer and its own execution slots (the queue's `concurrency`), claiming only that
 //! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
 //! lease renewer and check, and the sweeper stay one per source. A slow queue therefore
 //! holds only its own slots. A source that lists none has one lane claiming every queue
-//! with `concurrency` slots, exactly as before queues existed. With `until_idle` the
-//! source stops when every lane is idle. Listing queues needs a version-2 table: `run`
+//! with `concurrency` slots, exactly as before queues existed. A lane whose claim found
+//! nothing leaves polling to the source's one idle poll, so idle queues cost one claim per
+//! polling interval in all. With `until_idle` the source stops when every lane is idle,
+//! each lane ending only when no queue the source serves has work due or running. Listing queues needs a version-2 table: `run`
 //! refuses to start on version 1 and names the upgrade.
 //!
 //! Guarantees: a row runs only under a live lease, and a live worker keeps its leases, so
@@ -28,7 +34,10 @@
 //! then are asked to stop (their [`Job::cancellation`](crate::Job::cancellation) fires, an
 //! exec handler's process group gets SIGTERM) and after
 //! [`STOP_GRACE`](crate::handler::STOP_GRACE) are dropped (the group killed) and released;
-//! every outcome is stamped before `run` returns.
+//! every outcome is stamped before `run` returns — or given up on when the database
+//! cannot take it: writing ends [`HARD_STOP_WRITES`] after a hard stop and
+//! [`FINAL_WRITES`] after the last execution ended (the leases lapse and the rows run
+//! again).
 
 mod completer;
 mod executor;
