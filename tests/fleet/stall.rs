@@ -480,3 +480,50 @@ async fn a_first_signal_alone_ends_within_the_grace_and_the_write_deadline() {
     use nix::sys::signal::Signal::SIGTERM;
     exits_with_its_database_gone("postgres", "1", &[SIGTERM], Duration::from_secs(20), 0).await;
 }
+
+/// `Queue::close()` of an embedded queue whose server stopped answering (every open
+/// connection stalled, as during a machine stall) returns within a bound instead of
+/// waiting on its connections (the LISTEN connection's `UNLISTEN *` among them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_queue_whose_server_stalled_is_bounded() {
+    let db = TestDb::with_table("postgres", "close_stall").await;
+    let proxy = Proxy::start(&upstream(&db.url)).await;
+    let queue = Queue::connect(
+        "close",
+        &proxy.url(&db.url),
+        &Default::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    let runs = Arc::new(Mutex::new(Runs::default()));
+    let mut processor = Processor::new(registry(runs.clone(), Duration::from_millis(10)));
+    processor
+        .add_source(queue.source_handle(Settings::default().with_polling_interval_seconds(0.2)));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { processor.run(RunOptions::default(), shutdown).await }
+    });
+    queue
+        .schedule(&NewCommand::new("stall.work", serde_json::json!({})))
+        .await
+        .unwrap();
+    assert!(
+        crate::wait_until(Duration::from_secs(30), || async {
+            runs.lock().unwrap().runs.len() == 1
+        })
+        .await,
+        "the command never ran"
+    );
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    proxy.stall();
+    let asked = Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), queue.close())
+        .await
+        .expect("close() returned");
+    let took = asked.elapsed();
+    eprintln!("close() took {took:?}");
+    assert!(took < Duration::from_secs(10), "close() took {took:?}");
+}
