@@ -549,8 +549,12 @@ impl Queue {
     /// queue made by [`Queue::from_pool`] stops only its own LISTEN connection and leaves
     /// the application's pool open. Clones of the queue share the pools, so this closes
     /// theirs too. See [`Queue`]'s example.
+    ///
+    /// Bounded by [`CLOSE_DEADLINE`]: a server that stopped answering (a stalled machine,
+    /// a vanished network) cannot hold the caller; the pools are closed to new work at
+    /// once and the connections still open are dropped when the process ends.
     pub async fn close(&self) {
-        self.backend.close().await;
+        close_within(self.backend.as_ref(), CLOSE_DEADLINE).await;
     }
 
     /// Wakes the local processor (call after committing a transaction that scheduled
@@ -639,5 +643,20 @@ impl Queue {
             wake: self.wake.clone(),
             stats: self.stats.clone(),
         }
+    }
+}
+
+/// How long [`Queue::close`] (and `icq work` at exit) waits for the pools' connections
+/// to close.
+pub const CLOSE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Closes `backend`'s pools, waiting at most `limit` for their connections.
+pub(crate) async fn close_within(backend: &dyn crate::engine::Backend, limit: std::time::Duration) {
+    if tokio::time::timeout(limit, backend.close()).await.is_err() {
+        tracing::warn!(
+            table = %backend.table(),
+            waited_ms = limit.as_millis() as u64,
+            "the database did not answer while its connections were closed; leaving them to the operating system"
+        );
     }
 }

@@ -305,7 +305,11 @@ impl Work {
                 tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, snoozed = stats.snoozed, cancelled = stats.cancelled, stale = stats.stale, "stopped");
             }
             summary.sources.push((source.name.clone(), stats));
-            source.queue.backend().close().await;
+            crate::queue::close_within(
+                source.queue.backend().as_ref(),
+                crate::queue::CLOSE_DEADLINE,
+            )
+            .await;
         }
         outcome.map(|()| summary)
     }

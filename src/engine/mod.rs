@@ -433,11 +433,21 @@ pub trait BenchOps: Send + Sync + 'static {
 /// at a time: a processor's first claim, its lease checks and its sweep all ask at start,
 /// and each concurrent look-up took a connection of its own (two extra logins per
 /// PostgreSQL replica).
+///
+/// A version below the current one is looked up again every [`RECHECK_OLD_VERSION`]
+/// (a catalogue query): a table upgraded while workers run is noticed by them, which
+/// switch to the new claim (its index and its order) without a restart. Meanwhile, and
+/// when the new look-up fails, the version already known is used.
 #[derive(Debug, Default)]
 pub(crate) struct SchemaVersionCache {
     known: std::sync::atomic::AtomicU32,
     looking: tokio::sync::Mutex<()>,
+    /// When an old version was last looked up.
+    looked_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a driver that found an old table version looks it up again.
+pub(crate) const RECHECK_OLD_VERSION: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl SchemaVersionCache {
     /// The remembered version, or else `look_up()`'s answer: `Some(has_queue_column)`
@@ -448,8 +458,35 @@ impl SchemaVersionCache {
     {
         use std::sync::atomic::Ordering;
         let known = self.known.load(Ordering::Acquire);
-        if known != 0 {
+        if known >= crate::schema::SCHEMA_VERSION {
             return Ok(known);
+        }
+        if known != 0 {
+            if !self.recheck_due() {
+                return Ok(known);
+            }
+            // One looks again; the others go on with what is known.
+            let Ok(_one_at_a_time) = self.looking.try_lock() else {
+                return Ok(known);
+            };
+            if !self.recheck_due() {
+                return Ok(self.known.load(Ordering::Acquire));
+            }
+            self.looked_now();
+            return Ok(match look_up.await {
+                Ok(Some(has_queue)) => {
+                    let version = if has_queue { 2 } else { 1 };
+                    if version != known {
+                        tracing::info!(
+                            version,
+                            "the commands table's schema version changed; using it from now on"
+                        );
+                    }
+                    self.known.store(version, Ordering::Release);
+                    version
+                }
+                Ok(None) | Err(_) => known,
+            });
         }
         let _one_at_a_time = self.looking.lock().await;
         let known = self.known.load(Ordering::Acquire);
@@ -459,11 +496,26 @@ impl SchemaVersionCache {
         match look_up.await? {
             Some(has_queue) => {
                 let version = if has_queue { 2 } else { 1 };
+                self.looked_now();
                 self.known.store(version, Ordering::Release);
                 Ok(version)
             }
             None => Ok(crate::schema::SCHEMA_VERSION),
         }
+    }
+
+    fn recheck_due(&self) -> bool {
+        self.looked_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|at| at.elapsed() >= RECHECK_OLD_VERSION)
+    }
+
+    fn looked_now(&self) {
+        *self
+            .looked_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
     }
 
     /// Forgets the remembered version (after a DDL script changed the table).

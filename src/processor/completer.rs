@@ -12,8 +12,10 @@
 //! and batches of 5 ms made four replicas commit twice the transactions per command of
 //! one), with at most [`STAMPS_IN_FLIGHT`] statements at once. A full outbox makes
 //! executors wait (back-pressure) instead of growing memory. A stamp that fails (the
-//! database went away) is retried while the leases can still be held; the completer
-//! returns only once the outbox is closed and empty, so shutdown loses no outcome.
+//! database went away) is retried while the leases can still be held, and until
+//! shutdown's write deadline; one that fails with an error that cannot heal also holds
+//! the source's claims ([`health::Trouble`]). The completer returns once the outbox is
+//! closed and empty, so shutdown loses no outcome the database can take.
 //! Leases are forgotten (and so no longer renewed) only once their row is stamped.
 
 use std::sync::Arc;
@@ -156,6 +158,13 @@ pub(crate) struct Completer {
     pub(crate) outbox: Arc<Outbox>,
     /// How long a failing stamp is retried before the lease is left to lapse.
     pub(crate) lease: Duration,
+    /// Stamps that fail with an error that cannot heal stop the source's claims.
+    pub(crate) trouble: Arc<health::Trouble>,
+    /// `--until-idle`: such an error fails the run after a short retry.
+    pub(crate) until_idle: bool,
+    /// Cancelled when writing must end (shutdown's write deadline): what is not stamped
+    /// by then is given up on, its lease left to lapse.
+    pub(crate) writes_end: tokio_util::sync::CancellationToken,
 }
 
 impl Completer {
@@ -209,34 +218,74 @@ impl Completer {
 
     async fn stamp(&self, batch: Vec<SetState>) {
         let started = Instant::now();
-        let mut pause = Duration::from_millis(100);
+        let mut health = health::Health::new(self.source.clone(), "stamp", self.until_idle);
         loop {
+            if self.writes_end.is_cancelled() {
+                self.give_up(&batch);
+                break;
+            }
             let params = CommandSetStateManyParams { changes: &batch };
             let call = self.backend.command_set_state_many(&params);
-            match health::deadline(health::call_deadline(self.lease), "stamping outcomes", call)
-                .await
-            {
+            let stamping =
+                health::deadline(health::call_deadline(self.lease), "stamping outcomes", call);
+            let stamped = tokio::select! {
+                stamped = stamping => stamped,
+                () = self.writes_end.cancelled() => continue,
+            };
+            match stamped {
                 Ok(stamped) => {
+                    self.trouble.succeeded();
                     count(&self.source, &self.stats, &batch, stamped);
                     break;
                 }
-                Err(err) if started.elapsed() + pause < self.lease => {
-                    tracing::warn!(source = %self.source, error = %err, retry_in_ms = pause.as_millis() as u64, "could not stamp outcomes; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(health::RETRY_CAP);
-                }
                 Err(err) => {
-                    tracing::error!(
-                        source = %self.source,
-                        error = %err,
-                        rows = batch.len(),
-                        "could not stamp outcomes before their leases lapse; the rows will run again"
-                    );
-                    break;
+                    self.trouble.failed(&err);
+                    let heals = err.healing().heals();
+                    // Once the source gave up, what cannot heal is tried once: the run is
+                    // ending and the leases lapse anyway.
+                    let pause = if !heals && self.trouble.gave_up() {
+                        None
+                    } else {
+                        match health.failed(err) {
+                            health::Next::RetryAfter(pause) => Some(pause),
+                            health::Next::GiveUp(err) => {
+                                self.trouble.give_up(err);
+                                None
+                            }
+                        }
+                    };
+                    match pause {
+                        Some(pause) if started.elapsed() + pause < self.lease => {
+                            // A pause of zero means "waited already" to a role whose calls
+                            // run side by side; a batch's retries follow one another.
+                            let pause = pause.max(Duration::from_millis(100));
+                            tokio::select! {
+                                () = tokio::time::sleep(pause) => {}
+                                () = self.writes_end.cancelled() => {}
+                            }
+                        }
+                        _ => {
+                            tracing::error!(
+                                source = %self.source,
+                                rows = batch.len(),
+                                "could not stamp outcomes before their leases lapse; the rows will run again"
+                            );
+                            break;
+                        }
+                    }
                 }
             }
         }
         settled(&self.leases, &self.outbox, &batch);
+    }
+
+    /// Shutdown's write deadline passed with `batch` not stamped.
+    fn give_up(&self, batch: &[SetState]) {
+        tracing::error!(
+            source = %self.source,
+            rows = batch.len(),
+            "could not write outcomes before shutdown's deadline; their leases lapse and the rows run again"
+        );
     }
 }
 

@@ -37,7 +37,40 @@ use super::{Buffered, Shared, retry};
 use crate::engine::{SetState, StateChange};
 use crate::handler::{HandlerError, Job, MAX_SNOOZE, MIN_SNOOZE, STOP_GRACE, with_context};
 
-/// One execution slot: takes buffered rows until `stop` is cancelled, then returns.
+/// How long an execution slot waits for a row before it ends: slots are started as rows
+/// arrive (up to the lane's `concurrency`, see [`ensure_slots`]), so an idle lane holds
+/// none and a configured concurrency costs nothing until work fills it.
+const SLOT_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts execution slots until there are as many as the rows running and buffered, at
+/// most the lane's `concurrency`. The producer calls it after buffering rows.
+pub(crate) fn ensure_slots(shared: &Arc<Shared>) {
+    let concurrency = shared.lane.concurrency.max(1);
+    let wanted = (shared.active.load(Ordering::SeqCst) + shared.buffered.load(Ordering::SeqCst))
+        .min(concurrency);
+    loop {
+        let live = shared.slots_live.load(Ordering::SeqCst);
+        if live >= wanted {
+            return;
+        }
+        if shared
+            .slots_live
+            .compare_exchange(live, live + 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let (slots, stop) = (shared.slots.clone(), shared.stop_taking.clone());
+            let mut slots = slots
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Slots that ended are reaped here, so the set grows with the slots alive.
+            while slots.try_join_next().is_some() {}
+            slots.spawn(slot(shared.clone(), stop));
+        }
+    }
+}
+
+/// One execution slot: takes buffered rows until `stop` is cancelled or none came for
+/// [`SLOT_IDLE`], then returns.
 pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let next = {
@@ -45,10 +78,34 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => None,
-                item = buffer.recv() => item,
+                item = tokio::time::timeout(SLOT_IDLE, buffer.recv()) => Some(item),
             }
         };
-        let Some(item) = next else { return };
+        let item = match next {
+            None | Some(Ok(None)) => {
+                shared.slots_live.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            Some(Ok(Some(item))) => item,
+            Some(Err(_idle)) => {
+                // Ends, unless a row arrived as it decided to: the producer counts the
+                // slots after buffering a row, this slot counts the rows after leaving.
+                shared.slots_live.fetch_sub(1, Ordering::SeqCst);
+                let concurrency = shared.lane.concurrency.max(1);
+                let live = shared.slots_live.load(Ordering::SeqCst);
+                if shared.buffered.load(Ordering::SeqCst) > 0
+                    && !stop.is_cancelled()
+                    && live < concurrency
+                    && shared
+                        .slots_live
+                        .compare_exchange(live, live + 1, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    continue;
+                }
+                return;
+            }
+        };
         let taken_at = Instant::now();
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
@@ -66,6 +123,7 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             }
             shared.leases.forget(std::iter::once(&change.lease));
         } else {
+            shared.leases.finished(&change.lease);
             shared.outbox.push(change).await;
         }
         let busy = u64::try_from(taken_at.elapsed().as_micros()).unwrap_or(u64::MAX);

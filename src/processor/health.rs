@@ -139,6 +139,95 @@ pub(crate) async fn release_check<C: sqlx::Connection>(
     }
 }
 
+/// Writes of outcomes and leases that fail with an error that cannot heal (permission
+/// denied, a missing column, a trigger or constraint refusing the stamp, an illegal
+/// collation mix) make a source unhealthy: its producers stop claiming, since every
+/// command they would start could not have its outcome written and would run again when
+/// its lease lapsed. A long-running worker looks again [`UNHEALABLE_CAP`] after the last
+/// such failure (someone may have fixed the cause); `--until-idle` fails with the error.
+#[derive(Default)]
+pub(crate) struct Trouble {
+    state: std::sync::Mutex<TroubleState>,
+    /// Signalled when the source turns unhealthy or the error to fail with is set.
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct TroubleState {
+    /// When a write last failed with an error that cannot heal.
+    last: Option<Instant>,
+    /// `--until-idle`: the error the source fails with.
+    fatal: Option<Error>,
+    /// The fatal error was set (and may have been taken).
+    gave_up: bool,
+}
+
+impl Trouble {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TroubleState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A write failed with `err`: an error that cannot heal holds the claims.
+    pub(crate) fn failed(&self, err: &Error) {
+        if err.healing().heals() {
+            return;
+        }
+        self.lock().last = Some(Instant::now());
+        self.changed.notify_waiters();
+    }
+
+    /// `--until-idle` gave up on a write: the source fails with `err`.
+    pub(crate) fn give_up(&self, err: Error) {
+        let mut state = self.lock();
+        state.last = Some(Instant::now());
+        if !state.gave_up {
+            state.gave_up = true;
+            state.fatal = Some(err);
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    /// A write succeeded: the claims may go on.
+    pub(crate) fn succeeded(&self) {
+        let mut state = self.lock();
+        if !state.gave_up {
+            state.last = None;
+        }
+    }
+
+    /// Whether a write already gave up (the next writes try once, not for a lease).
+    pub(crate) fn gave_up(&self) -> bool {
+        self.lock().gave_up
+    }
+
+    /// Until when claims wait (`None`: the source is healthy).
+    pub(crate) fn holds_claims_until(&self) -> Option<Instant> {
+        let state = self.lock();
+        if state.gave_up {
+            return Some(Instant::now() + UNHEALABLE_CAP);
+        }
+        state
+            .last
+            .map(|at| at + UNHEALABLE_CAP)
+            .filter(|until| *until > Instant::now())
+    }
+
+    /// The error the source fails with, once (to the first producer that asks).
+    pub(crate) fn take_fatal(&self) -> Option<Error> {
+        self.lock().fatal.take()
+    }
+
+    /// Resolves at the next change ([`Notified::enable`] it before looking).
+    ///
+    /// [`Notified::enable`]: tokio::sync::futures::Notified::enable
+    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+}
+
 /// What a role does after a failed database call: wait and retry, or give up.
 pub(crate) enum Next {
     /// Try again after this pause.

@@ -13,7 +13,9 @@
 //! [`CHECK_EVERY`] (at once on PostgreSQL's cancel notification): the execution is asked
 //! to stop (its job's cancellation fires, an exec handler's group gets SIGTERM, and it is
 //! killed after the stop grace; at once when another claim holds the row), nothing is
-//! stamped for it, and the reason is logged once ("cancelled by operator").
+//! stamped for it, and the reason is logged once ("cancelled by operator"). A row whose
+//! outcome is already on its way to the database is never counted as lost: a renewal
+//! that no longer finds it raced its stamp.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +44,10 @@ struct Held {
     /// The lease passed to another claim (not an operator's cancel): the dropped outcome
     /// counts as stale, like any outcome a lapsed lease makes stale.
     taken: bool,
+    /// Its outcome is on its way to the database: a renewal that no longer finds the row
+    /// under its token raced the stamp (or the stamp's guard counts it stale), so it is
+    /// not a lost lease.
+    finished: bool,
 }
 
 /// The two ways an execution is stopped.
@@ -93,6 +99,7 @@ impl Leases {
                 running: false,
                 lost: false,
                 taken: false,
+                finished: false,
             },
         );
         stopper
@@ -105,6 +112,17 @@ impl Leases {
             && held.lease.token == lease.token
         {
             held.running = running;
+        }
+    }
+
+    /// Marks `lease` as finished: its outcome goes to the outbox now, and a renewal that
+    /// misses it from here on found it stamped, not lost.
+    pub(crate) fn finished(&self, lease: &Lease) {
+        if let Some(held) = self.lock().get_mut(&lease.id)
+            && held.lease.token == lease.token
+        {
+            held.finished = true;
+            held.running = false;
         }
     }
 
@@ -207,7 +225,8 @@ impl Leases {
             let Some(entry) = held.get_mut(&asked.id) else {
                 continue; // stamped meanwhile
             };
-            if entry.lease.token != asked.token || entry.lost {
+            if entry.lease.token != asked.token || entry.lost || entry.finished {
+                // Its outcome was stamped while the renewal ran: not lost.
                 continue;
             }
             if only_running && !entry.running {
@@ -379,8 +398,11 @@ pub(crate) async fn renew_loop(
     leases: Arc<Leases>,
     lease: Duration,
     stop: CancellationToken,
+    trouble: Arc<health::Trouble>,
+    until_idle: bool,
 ) {
     let every = renew_every(lease);
+    let mut health = health::Health::new(source.clone(), "lease renewal", until_idle);
     // Cancel with room to spare: the handler's kill and the release need a moment.
     let margin = (lease / 10).min(Duration::from_secs(2));
     // A quarter of the renewal period, so a renewal is at most 1.25 periods after the
@@ -424,6 +446,7 @@ pub(crate) async fn renew_loop(
                 };
                 match outcome {
                     Ok(kept) => {
+                        health.succeeded(true);
                         if kept.len() < chunk.len() {
                             tracing::debug!(source = %source, lost = chunk.len() - kept.len(), "leases not extended");
                         }
@@ -431,7 +454,11 @@ pub(crate) async fn renew_loop(
                         explain_all_lost(&source, backend.as_ref(), &leases, &lost).await;
                     }
                     Err(err) => {
-                        tracing::warn!(source = %source, error = %err, "could not extend leases; retrying");
+                        // Logged by `health`; one that cannot heal stops the claims.
+                        trouble.failed(&err);
+                        if let health::Next::GiveUp(err) = health.failed(err) {
+                            trouble.give_up(err);
+                        }
                         next = Instant::now() + every.min(Duration::from_secs(1));
                         break;
                     }
@@ -439,5 +466,47 @@ pub(crate) async fn renew_loop(
             }
         }
         check_lapsing();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::LeaseToken;
+
+    fn lease() -> Lease {
+        Lease {
+            id: CommandId::new(),
+            token: LeaseToken::owned_by(uuid::Uuid::new_v4()),
+        }
+    }
+
+    /// A renewal that raced a stamp finds the stamped rows gone from under their token:
+    /// those are finished, not lost, and nothing is stopped or reported.
+    #[test]
+    fn a_renewal_that_misses_rows_stamped_meanwhile_loses_no_lease() {
+        let leases = Leases::default();
+        let later = Instant::now() + Duration::from_secs(30);
+        let stamped: Vec<Lease> = (0..8).map(|_| lease()).collect();
+        let cancelled = lease();
+        let mut stoppers = Vec::new();
+        for held in stamped.iter().chain([&cancelled]) {
+            stoppers.push(leases.hold(held, later));
+            leases.set_running(held, true);
+        }
+        // The renewal takes its snapshot; the handlers finish and their outcomes go out.
+        let asked = leases.snapshot();
+        for done in &stamped {
+            leases.finished(done);
+        }
+        // The stamps commit before the renewal's statement: it keeps none of them.
+        let lost = leases.renewed(&asked, &[], Instant::now(), Duration::from_secs(30));
+        assert_eq!(
+            lost,
+            vec![cancelled.clone()],
+            "only the cancelled row is lost"
+        );
+        assert!(stamped.iter().all(|l| !leases.is_lost(l)));
+        assert_eq!(stoppers.iter().filter(|s| s.is_stopped()).count(), 1);
     }
 }

@@ -2,21 +2,27 @@
 //!
 //! - [`producer`] claims what the free slots will start, plus a look-ahead sized by how
 //!   fast the slots take rows, into a local buffer;
-//! - [`executor`] slots (`concurrency` of them) run buffered rows through their handlers;
+//! - [`executor`] slots (up to `concurrency`, started as rows arrive and ended after a
+//!   second without one) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
 //!   cannot be kept, and checks the leases of running handlers every second (at once on a
 //!   PostgreSQL cancel notification) to stop the ones an operator cancelled;
 //! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert and cancel
-//!   notifications.
+//!   notifications; [`idle`] claims for every idle queue of a worker that lists queues
+//!   with one statement.
+//! - [`health`] bounds every call and decides what a failure means; outcomes or leases
+//!   that cannot be written (an error that cannot heal) hold the source's claims.
 //!
 //! Queues (SPEC §8): a source whose settings list `queues` gets one *lane* per queue — a
 //! producer and its own execution slots (the queue's `concurrency`), claiming only that
 //! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
 //! lease renewer and check, and the sweeper stay one per source. A slow queue therefore
 //! holds only its own slots. A source that lists none has one lane claiming every queue
-//! with `concurrency` slots, exactly as before queues existed. With `until_idle` the
-//! source stops when every lane is idle. Listing queues needs a version-2 table: `run`
+//! with `concurrency` slots, exactly as before queues existed. A lane whose claim found
+//! nothing leaves polling to the source's one idle poll, so idle queues cost one claim per
+//! polling interval in all. With `until_idle` the source stops when every lane is idle,
+//! each lane ending only when no queue the source serves has work due or running. Listing queues needs a version-2 table: `run`
 //! refuses to start on version 1 and names the upgrade.
 //!
 //! Guarantees: a row runs only under a live lease, and a live worker keeps its leases, so
@@ -28,11 +34,15 @@
 //! then are asked to stop (their [`Job::cancellation`](crate::Job::cancellation) fires, an
 //! exec handler's process group gets SIGTERM) and after
 //! [`STOP_GRACE`](crate::handler::STOP_GRACE) are dropped (the group killed) and released;
-//! every outcome is stamped before `run` returns.
+//! every outcome is stamped before `run` returns — or given up on when the database
+//! cannot take it: writing ends [`HARD_STOP_WRITES`] after a hard stop and
+//! [`FINAL_WRITES`] after the last execution ended (the leases lapse and the rows run
+//! again).
 
 mod completer;
 mod executor;
 pub(crate) mod health;
+mod idle;
 mod lease;
 mod producer;
 pub mod retry;
@@ -365,6 +375,10 @@ pub(crate) struct Lane {
     pub(crate) concurrency: usize,
     /// What its claims ask for (`ClaimParams::queues`).
     pub(crate) queues: Option<Arc<[String]>>,
+    /// Every queue the source's lanes serve (`None`: every queue): `until_idle` ends a
+    /// lane only once none of them has work due or running, since a lane that stopped
+    /// could not claim a retry that comes due in its queue while another lane still waits.
+    pub(crate) served: Option<Arc<[String]>>,
     /// Its claims in flight at most.
     pub(crate) claims_in_flight: usize,
 }
@@ -397,6 +411,14 @@ pub(crate) struct Shared {
     /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
+    /// Outcomes or leases that cannot be written hold the claims.
+    trouble: Arc<health::Trouble>,
+    /// Execution slots alive (started as rows arrive, see [`executor::ensure_slots`]).
+    slots_live: AtomicUsize,
+    /// Every lane's execution slots (the source's).
+    slots: Arc<std::sync::Mutex<JoinSet<()>>>,
+    /// Tells the slots to stop taking rows (teardown).
+    stop_taking: CancellationToken,
 }
 
 struct SourceWorker {
@@ -420,6 +442,7 @@ impl SourceWorker {
         });
 
         let leases = Arc::new(lease::Leases::default());
+        let trouble = Arc::new(health::Trouble::default());
         let lanes = lanes(settings, src.backend.claims_in_flight());
         let capacity: usize = lanes
             .iter()
@@ -434,6 +457,7 @@ impl SourceWorker {
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),
         ));
+        let writes_end = CancellationToken::new();
         let completer = tokio::spawn(
             completer::Completer {
                 source: src.name.clone(),
@@ -442,6 +466,9 @@ impl SourceWorker {
                 leases: leases.clone(),
                 outbox: outbox.clone(),
                 lease: settings.lease(),
+                trouble: trouble.clone(),
+                until_idle: self.options.until_idle,
+                writes_end: writes_end.clone(),
             }
             .run(),
         );
@@ -452,6 +479,8 @@ impl SourceWorker {
             leases.clone(),
             settings.lease(),
             renew_stop.clone(),
+            trouble.clone(),
+            self.options.until_idle,
         ));
         let checker = tokio::spawn(lease::check_loop(
             src.name.clone(),
@@ -474,11 +503,10 @@ impl SourceWorker {
         });
         let owner = uuid::Uuid::new_v4();
         let stop_taking = CancellationToken::new();
-        let mut slots = JoinSet::new();
+        let slot_set = Arc::new(std::sync::Mutex::new(JoinSet::new()));
         let mut shareds = Vec::with_capacity(lanes.len());
         for lane in lanes {
             let (buffer_tx, buffer_rx) = mpsc::unbounded_channel();
-            let concurrency = lane.concurrency;
             let shared = Arc::new(Shared {
                 lane,
                 source: src.clone(),
@@ -495,10 +523,11 @@ impl SourceWorker {
                 busy_micros: Default::default(),
                 space: Notify::new(),
                 outbox: outbox.clone(),
+                trouble: trouble.clone(),
+                slots_live: AtomicUsize::new(0),
+                slots: slot_set.clone(),
+                stop_taking: stop_taking.clone(),
             });
-            for _ in 0..concurrency.max(1) {
-                slots.spawn(executor::slot(shared.clone(), stop_taking.clone()));
-            }
             shareds.push(shared);
         }
 
@@ -520,7 +549,19 @@ impl SourceWorker {
         } else {
             shareds.iter().map(|_| Arc::new(Notify::new())).collect()
         };
-        let fan_out = (wakes.len() > 1).then(|| {
+        // A long-running worker listing queues: one poll for every idle lane, and
+        // wake-ups go to it; `--until-idle` drains lane by lane.
+        let idle_lanes = (wakes.len() > 1 && !self.options.until_idle)
+            .then(|| Arc::new(idle::IdleLanes::new(wakes.clone())));
+        let idle_poll = idle_lanes.as_ref().map(|idle_lanes| {
+            tokio::spawn(idle::poll(
+                shareds.clone(),
+                idle_lanes.clone(),
+                src.wake.clone(),
+                shutdown.clone(),
+            ))
+        });
+        let fan_out = (wakes.len() > 1 && idle_lanes.is_none()).then(|| {
             let (wake, lanes) = (src.wake.clone(), wakes.clone());
             tokio::spawn(async move {
                 loop {
@@ -531,29 +572,56 @@ impl SourceWorker {
                 }
             })
         });
-        let producers = shareds.iter().zip(wakes).map(|(shared, wake)| {
-            let shutdown = shutdown.clone();
-            let options = self.options.clone();
-            let shared = shared.clone();
-            async move {
-                let stopped = producer::run(shared, options, wake, shutdown.clone()).await;
-                if stopped.is_err() {
-                    shutdown.cancel();
+        let producers = shareds
+            .iter()
+            .zip(wakes)
+            .enumerate()
+            .map(|(index, (shared, wake))| {
+                let shutdown = shutdown.clone();
+                let options = self.options.clone();
+                let shared = shared.clone();
+                let idle = idle_lanes.clone().map(|idle| (idle, index));
+                async move {
+                    let stopped =
+                        producer::run(shared, options, wake, shutdown.clone(), idle).await;
+                    if stopped.is_err() {
+                        shutdown.cancel();
+                    }
+                    stopped
                 }
-                stopped
-            }
-        });
+            });
         let stopped = futures::future::join_all(producers)
             .await
             .into_iter()
             .collect::<Result<Vec<_>>>();
         hard_stop_watch.abort();
+        if let Some(idle_poll) = idle_poll {
+            // Its claim in flight buffers its rows before it returns.
+            let _ = idle_poll.await;
+        }
         if let Some(fan_out) = fan_out {
             fan_out.abort();
         }
         let stopped = stopped.map(|_| ());
 
+        // No slot starts from here on (only the producers start them).
+        let mut slots = std::mem::take(
+            &mut *slot_set
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         // Teardown: stop taking rows, give running commands their grace, then stop them.
+        // Writing releases and outcomes is bounded (their leases lapse anyway): it ends
+        // `HARD_STOP_WRITES` after a hard stop, and `FINAL_WRITES` after the last
+        // execution ended, whichever comes first.
+        let hard_stop_writes = tokio::spawn({
+            let (hard_stop, writes_end) = (hard_stop.clone(), writes_end.clone());
+            async move {
+                hard_stop.cancelled().await;
+                tokio::time::sleep(HARD_STOP_WRITES).await;
+                writes_end.cancel();
+            }
+        });
         stop_taking.cancel();
         let buffered: usize = shareds.iter().map(|shared| buffered_len(shared)).sum();
         let running = leases.len().saturating_sub(buffered);
@@ -571,6 +639,7 @@ impl SourceWorker {
                 shared
                     .buffered
                     .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                shared.leases.finished(&item.claimed.lease);
                 shared
                     .outbox
                     .push(SetState {
@@ -617,8 +686,17 @@ impl SourceWorker {
             }
         }
         drop(shareds);
+        let final_writes = tokio::spawn({
+            let writes_end = writes_end.clone();
+            async move {
+                tokio::time::sleep(FINAL_WRITES).await;
+                writes_end.cancel();
+            }
+        });
         outbox.close();
         let _ = completer.await;
+        final_writes.abort();
+        hard_stop_writes.abort();
         renew_stop.cancel();
         let _ = renewer.await;
         let _ = checker.await;
@@ -628,6 +706,15 @@ impl SourceWorker {
         stopped
     }
 }
+
+/// How long after a hard stop (a second signal) releases and outcomes may still be
+/// written: a database that is gone must not keep the process from exiting.
+pub(crate) const HARD_STOP_WRITES: Duration = Duration::from_secs(3);
+
+/// How long the last releases and outcomes may take to be written once every execution
+/// ended (at the end of a shutdown or a drain); on a reachable database they take
+/// milliseconds.
+pub(crate) const FINAL_WRITES: Duration = Duration::from_secs(10);
 
 /// The driver keeps this processor's connections between its statements while the
 /// processor runs, and hands them back to the pool when it ends (however it ends): the
@@ -656,11 +743,13 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
             name: None,
             concurrency: settings.concurrency.max(1) as usize,
             queues: None,
+            served: None,
             claims_in_flight: claims_in_flight.max(1),
         }];
     }
     let n = settings.queues.len();
     let share = claims_in_flight.div_ceil(n).max(1);
+    let served: Arc<[String]> = settings.queues.iter().map(|q| q.name.clone()).collect();
     settings
         .queues
         .iter()
@@ -668,6 +757,7 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
             name: Some(queue.name.as_str().into()),
             concurrency: queue.concurrency.max(1) as usize,
             queues: Some(Arc::from(vec![queue.name.clone()])),
+            served: Some(served.clone()),
             claims_in_flight: share,
         })
         .collect()

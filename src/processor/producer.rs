@@ -69,6 +69,9 @@ const LOOK_AHEAD_CLAIMS: f64 = 4.0;
 /// due or running rows; it doubles up to the polling interval.
 const IDLE_RECHECK_FIRST: Duration = Duration::from_millis(10);
 
+/// How often a lane the source's idle poll claims for polls on its own anyway.
+const IDLE_LANE_POLL: Duration = Duration::from_secs(24 * 3600);
+
 /// How often the producer looks for other processors' leases while it is busy.
 const SHARING_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The first interval between those looks: replicas started together (a deployment, a
@@ -192,6 +195,7 @@ pub(crate) async fn run(
     options: RunOptions,
     wake: Arc<Notify>,
     shutdown: CancellationToken,
+    idle: Option<(Arc<super::idle::IdleLanes>, usize)>,
 ) -> Result<Stopped> {
     let settings = &shared.source.settings;
     let batch = settings.batch_size.max(1) as usize;
@@ -227,6 +231,14 @@ pub(crate) async fn run(
         if shutdown.is_cancelled() {
             break Stopped::Shutdown;
         }
+        // Outcomes or leases that cannot be written: claim nothing that would run again.
+        let mut trouble_changed = std::pin::pin!(shared.trouble.changed());
+        trouble_changed.as_mut().enable();
+        if let Some(err) = shared.trouble.take_fatal() {
+            gave_up = Some(err);
+            break Stopped::Shutdown;
+        }
+        let held_until = shared.trouble.holds_claims_until();
         let now = Instant::now();
         pace.sample(
             shared.finished.load(Ordering::Relaxed),
@@ -245,7 +257,7 @@ pub(crate) async fn run(
         };
         let look_ahead = pace.look_ahead(max_look_ahead);
         let target = slots + look_ahead;
-        while want && claims.len() < in_flight_now {
+        while want && held_until.is_none() && claims.len() < in_flight_now {
             let held = shared.active.load(Ordering::Acquire)
                 + shared.buffered.load(Ordering::Acquire)
                 + reserved;
@@ -283,11 +295,36 @@ pub(crate) async fn run(
         // interval (a quarter of a second at the end of half the drains).
         let mut leases_emptied = std::pin::pin!(shared.leases.emptied());
         leases_emptied.as_mut().enable();
-        let waiting_for_own = !want && claims.is_empty() && options.until_idle;
+        let waiting_for_own =
+            !want && claims.is_empty() && options.until_idle && held_until.is_none();
         if waiting_for_own && shared.leases.len() == 0 {
-            match idle_activity(&shared).await {
+            let counting = idle_activity(&shared, shared.lane.queues.as_deref());
+            let counted = tokio::select! {
+                counted = counting => counted,
+                () = shutdown.cancelled() => continue,
+            };
+            match counted {
                 Ok(activity) if activity.due == 0 && activity.running == 0 => {
-                    break Stopped::Idle;
+                    // This lane's queue is idle; the drain ends only when every queue the
+                    // source serves is (a retry may come due here while another lane
+                    // still waits for a lease to end).
+                    let others = match &shared.lane.served {
+                        Some(served) if served.len() > 1 => {
+                            idle_activity(&shared, Some(served)).await
+                        }
+                        _ => Ok(activity),
+                    };
+                    match others {
+                        Ok(all) if all.due == 0 && all.running == 0 => break Stopped::Idle,
+                        Ok(_) => {
+                            // Look again (and claim: a retry here may have come due) soon.
+                            next_poll = next_poll.min(Instant::now() + idle_recheck);
+                            idle_recheck = (idle_recheck * 2).min(poll);
+                        }
+                        Err(err) => {
+                            tracing::warn!(source = %shared.source.name, error = %err, "cannot count due commands")
+                        }
+                    }
                 }
                 Ok(activity) if activity.due > 0 => {
                     // Due but not claimable yet (processing delay) or taken by a racing
@@ -317,7 +354,10 @@ pub(crate) async fn run(
                 match result {
                     Ok(rows) => {
                         if !rows.is_empty() {
-                            sharing.check(&shared).await;
+                            tokio::select! {
+                                () = sharing.check(&shared) => {}
+                                () = shutdown.cancelled() => {}
+                            }
                         }
                         let claimed = rows.len();
                         db_health.succeeded(claimed > 0);
@@ -327,6 +367,10 @@ pub(crate) async fn run(
                         want = claimed > 0;
                         if want {
                             idle_recheck = IDLE_RECHECK_FIRST;
+                        } else if let Some((idle, index)) = &idle {
+                            // The source's idle poll claims for this lane from now on.
+                            idle.set_idle(*index);
+                            next_poll = Instant::now() + IDLE_LANE_POLL;
                         } else {
                             next_poll = Instant::now() + poll;
                         }
@@ -354,11 +398,25 @@ pub(crate) async fn run(
                 want = true;
                 next_poll = Instant::now() + poll;
             }
+            _ = &mut trouble_changed => {}
+            _ = tokio::time::sleep_until(held_until.unwrap_or(next_poll)), if held_until.is_some() => {}
             _ = shutdown.cancelled() => {}
         }
     };
-    // Claims already sent still lease their rows: buffer them, so shutdown releases them.
-    while let Some((result, _, _)) = claims.next().await {
+    // Claims already sent still lease their rows: buffer them, so shutdown releases them
+    // (not for long after a hard stop: a claim that cannot answer leases nothing).
+    let hard_stop = options.hard_stop.clone();
+    let abandon = async move {
+        hard_stop.cancelled().await;
+        tokio::time::sleep(super::HARD_STOP_WRITES).await;
+    };
+    tokio::pin!(abandon);
+    loop {
+        let next = tokio::select! {
+            next = claims.next() => next,
+            () = &mut abandon => None,
+        };
+        let Some((result, _, _)) = next else { break };
         if let Ok(rows) = result {
             shared.source.stats.claimed(rows.len() as u64);
             buffer(&shared, rows);
@@ -468,6 +526,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
             }
             Err(err) => {
                 // The completer retries them on its own.
+                shared.trouble.failed(&err);
                 shared.outbox.put(stamps);
                 Err(err)
             }
@@ -480,7 +539,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
     )
 }
 
-fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
+pub(crate) fn buffer(shared: &Arc<Shared>, mut rows: Vec<(ClaimedRow, Instant)>) {
     // A claim takes the best rows, but a statement's returned rows come in no particular
     // order: the slots take them in claim order (`Priority`, then `RunAt`; a stable sort
     // keeps the statement's order for ties).
@@ -488,7 +547,7 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
     for (claimed, expires) in rows {
         let stopper = shared.leases.hold(&claimed.lease, expires);
         let bytes = claimed.payload_bytes;
-        shared.buffered.fetch_add(1, Ordering::AcqRel);
+        shared.buffered.fetch_add(1, Ordering::SeqCst);
         shared.buffered_bytes.fetch_add(bytes, Ordering::AcqRel);
         if shared
             .buffer_tx
@@ -499,19 +558,22 @@ fn buffer(shared: &Shared, mut rows: Vec<(ClaimedRow, Instant)>) {
             shared.buffered_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
+    super::executor::ensure_slots(shared);
 }
 
 /// What `--until-idle` waits for: due and running rows, only of the types this worker
 /// claims when `claim_only_handled_types` is on (the others wait for the worker that has
 /// their handler, and must not keep this one running).
 ///
-/// A worker that lists queues is idle when every queue is: each queue's producer counts
-/// only its own queue (`QueueOps::activity_in`), so rows of queues this worker does not
-/// serve never keep it running.
-async fn idle_activity(shared: &Shared) -> crate::error::Result<crate::engine::Activity> {
+/// `queues` limits the count (`QueueOps::activity_in`): a lane counts its own queue, then
+/// every queue its source serves, so rows of queues this worker does not serve never keep
+/// it running.
+async fn idle_activity(
+    shared: &Shared,
+    queues: Option<&[String]>,
+) -> crate::error::Result<crate::engine::Activity> {
     let limit = health::call_deadline(shared.source.settings.lease());
     let backend = &shared.source.backend;
-    let queues = shared.lane.queues.as_deref();
     let Some(types) = &shared.types else {
         let counting = backend.activity_in(queues);
         return health::deadline(limit, "counting due commands", counting).await;

@@ -29,7 +29,13 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
             // Not latency-bound (and a batch delete may take a while): the longest deadline.
             let limit = SWEEP_DEADLINE;
             let call = source.backend.completed_delete_batch(&params);
-            match health::deadline(limit, "deleting old completed commands", call).await {
+            let sweeping = health::deadline(limit, "deleting old completed commands", call);
+            // Shutdown does not wait for a batch (it is repeated next time).
+            let swept = tokio::select! {
+                swept = sweeping => swept,
+                _ = stop.cancelled() => return,
+            };
+            match swept {
                 Ok(Some(n)) => {
                     deleted += n;
                     if n < u64::from(BATCH) || stop.is_cancelled() {

@@ -6,6 +6,7 @@
 mod support;
 
 mod clock;
+mod drain;
 mod errors;
 mod failover;
 mod hosts;

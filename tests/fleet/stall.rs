@@ -393,3 +393,137 @@ async fn postgres_resumes_within_5_s_of_the_servers_return() {
 async fn mariadb_resumes_within_5_s_of_the_servers_return() {
     resumes_within_5_s_of_the_servers_return("mysql").await;
 }
+
+/// `icq work` whose database vanishes (every connection closed, new ones refused) while
+/// its handlers run, so their outcomes cannot be written; then `signals` (a pause between
+/// them): the worker exits within `limit` of the last signal with `code`.
+async fn exits_with_its_database_gone(
+    engine: &'static str,
+    grace: &str,
+    signals: &[nix::sys::signal::Signal],
+    limit: Duration,
+    code: i32,
+) {
+    let db = TestDb::with_table(engine, "vanished").await;
+    super::insert_many(&db, "vanish.work", 8).await;
+    let mut proxy = Proxy::start(&upstream(&db.url)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = super::write_config(
+        dir.path(),
+        &proxy.url(&db.url),
+        "      concurrency: 4\n      batch_size: 4\n      polling_interval_seconds: 0.2",
+        &super::recording_handler("vanish.work", &started, "sleep 2"),
+    );
+    let log = dir.path().join("worker.log");
+    let mut worker = super::Replica::start(&[], &config, &["--grace-seconds", grace], &[], &log);
+    assert!(
+        super::wait_until(Duration::from_secs(30), || async {
+            super::lines(&started).len() >= 4
+        })
+        .await,
+        "{engine}: the handlers never started: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    proxy.refuse();
+    // The handlers end and their outcomes cannot be written.
+    assert!(
+        super::wait_until(Duration::from_secs(30), || async {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("stamp")
+        })
+        .await,
+        "{engine}: no stamp failed: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let mut last = Instant::now();
+    for (i, signal) in signals.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        worker.signal(*signal);
+        last = Instant::now();
+    }
+    let status = worker.wait(limit + Duration::from_secs(20)).await;
+    let took = last.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("{engine}: still running after {took:?}: {text}"));
+    eprintln!("{engine}: exited {status:?} {took:?} after the last signal");
+    assert_eq!(status.code(), Some(code), "{engine}: {text}");
+    assert!(
+        took < limit,
+        "{engine}: exited {took:?} after the last signal: {text}"
+    );
+}
+
+/// A second SIGTERM ends a worker whose database vanished within 10 s, with exit 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_database_vanished_exits_within_10_s_of_a_second_signal() {
+    use nix::sys::signal::Signal::SIGTERM;
+    for engine in ["postgres", "mysql"] {
+        exits_with_its_database_gone(
+            engine,
+            "600",
+            &[SIGTERM, SIGTERM],
+            Duration::from_secs(10),
+            143,
+        )
+        .await;
+    }
+}
+
+/// A first signal alone ends a worker whose database vanished within its grace plus the
+/// bounded time given to the last writes, with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_signal_alone_ends_within_the_grace_and_the_write_deadline() {
+    use nix::sys::signal::Signal::SIGTERM;
+    exits_with_its_database_gone("postgres", "1", &[SIGTERM], Duration::from_secs(20), 0).await;
+}
+
+/// `Queue::close()` of an embedded queue whose server stopped answering (every open
+/// connection stalled, as during a machine stall) returns within a bound instead of
+/// waiting on its connections (the LISTEN connection's `UNLISTEN *` among them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_queue_whose_server_stalled_is_bounded() {
+    let db = TestDb::with_table("postgres", "close_stall").await;
+    let proxy = Proxy::start(&upstream(&db.url)).await;
+    let queue = Queue::connect(
+        "close",
+        &proxy.url(&db.url),
+        &Default::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    let runs = Arc::new(Mutex::new(Runs::default()));
+    let mut processor = Processor::new(registry(runs.clone(), Duration::from_millis(10)));
+    processor
+        .add_source(queue.source_handle(Settings::default().with_polling_interval_seconds(0.2)));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { processor.run(RunOptions::default(), shutdown).await }
+    });
+    queue
+        .schedule(&NewCommand::new("stall.work", serde_json::json!({})))
+        .await
+        .unwrap();
+    assert!(
+        crate::wait_until(Duration::from_secs(30), || async {
+            runs.lock().unwrap().runs.len() == 1
+        })
+        .await,
+        "the command never ran"
+    );
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    proxy.stall();
+    let asked = Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), queue.close())
+        .await
+        .expect("close() returned");
+    let took = asked.elapsed();
+    eprintln!("close() took {took:?}");
+    assert!(took < Duration::from_secs(10), "close() took {took:?}");
+}

@@ -151,6 +151,15 @@ const INSERT_ROW: &str =
 const INSERT_ROW_V2: &str =
     "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?, ?, ?, ?, ?)";
 
+/// The columns a claim returns from a version-1 table, named: a statement prepared with
+/// `RETURNING *` keeps the column count it was prepared with in sqlx's statement cache,
+/// and once the table gained columns (an upgrade while a worker runs) the next claim
+/// read past them and crashed the connection's worker thread.
+const COLUMNS_V1: &str = r#""Id", "Type", "Payload", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId""#;
+
+/// [`COLUMNS_V1`] and the version-2 columns.
+const COLUMNS_V2: &str = r#""Id", "Type", "Payload", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes""#;
+
 /// Rows per multi-row insert (13 parameters each at most, well under SQLite's limit).
 const INSERT_ROWS_PER_STATEMENT: usize = 500;
 
@@ -263,7 +272,8 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
                                  ELSE "Attempts" END
            WHERE {row} IN (
                {due}{unusable})
-           RETURNING *, {NOW} AS "IcqNow""#
+           RETURNING {returning}, {NOW} AS "IcqNow""#,
+        returning = if key.v2 { COLUMNS_V2 } else { COLUMNS_V1 }
     );
     if !key.stamps {
         return claim;

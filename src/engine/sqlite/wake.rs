@@ -392,17 +392,16 @@ mod tests {
             .await
             .unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bumped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let waker = std::thread::spawn({
-            let stop = stop.clone();
+            let (stop, bumped) = (stop.clone(), bumped.clone());
             move || {
-                let mut bumps = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     word.fetch_add(1, Ordering::Release);
                     imp::wake_all(word);
-                    bumps += 1;
+                    bumped.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_micros(20));
                 }
-                bumps
             }
         });
         let pool = driver.pool.clone();
@@ -411,7 +410,16 @@ mod tests {
                 .execute(&pool)
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The lock is held for 1.5 s and at least 6,000 wake-ups (a loaded machine's
+        // sleeps are longer than asked: the count, not the clock, is what proves the
+        // point), at most 20 s (within the 30 s busy timeout).
+        let held = std::time::Instant::now();
+        while (held.elapsed() < Duration::from_millis(1500)
+            || bumped.load(Ordering::Relaxed) < 6_000)
+            && held.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(
             !write.is_finished(),
             "the write ended while the lock was held"
@@ -419,10 +427,11 @@ mod tests {
         sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
         let written = write.await.unwrap();
         stop.store(true, Ordering::Relaxed);
-        let bumps = waker.join().unwrap();
+        waker.join().unwrap();
+        let bumps = bumped.load(Ordering::Relaxed);
         assert!(
             bumps > 6_000,
-            "only {bumps} wake-ups: the test proved nothing"
+            "only {bumps} wake-ups in 20 s: the test proved nothing"
         );
         written.expect("the write waited for the lock");
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM waits")
