@@ -262,7 +262,11 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
     let malformed: Vec<(&CommandId, String)> = ids
         .iter()
         .filter_map(|id| {
-            // Malformed only when no selected source could hold it.
+            // Malformed only when no selected source could hold it (and with no source
+            // open at all, nothing says so).
+            if sources.is_empty() {
+                return None;
+            }
             let mut reasons = sources
                 .iter()
                 .map(|s| s.queue.backend().id_problem(id))
