@@ -272,9 +272,10 @@ impl Queue {
     ///   own pools use `synchronous_commit = off`), and a URL listing several hosts
     ///   (failover) is [`Queue::connect`]'s alone.
     /// - **SQLite.** `pool` is used as configured: icq's own connect sets WAL
-    ///   (`journal_mode(Wal)`), `synchronous(Normal)` and a 30 s `busy_timeout`, and a
-    ///   shared pool wants them too (a busy timeout above all: the processor writes from
-    ///   several connections).
+    ///   (`journal_mode(Wal)`), `synchronous(Full)` (`Normal` only for the processor's own
+    ///   writes) and a 30 s `busy_timeout`. A shared pool wants WAL and the busy timeout
+    ///   too (above all: the processor writes from several connections), and keeps
+    ///   SQLite's default `Full` for schedules that survive a power loss.
     /// - **Abandoned calls.** The processor abandons a database call that outlives its
     ///   deadline (a tenth of the lease). Its own pools then close the connection when it
     ///   comes back; `pool` has no such hook, so a connection on a dead socket is held
