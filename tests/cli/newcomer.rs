@@ -170,6 +170,84 @@ async fn pending_listing_is_in_claim_order_across_pages() {
     }
 }
 
+/// Pages of every size give every pending row once, in claim order, when many rows tie
+/// on priority and run at, priorities sit at both ends of their range and run ats lie
+/// beyond 2038 (a bound instant MariaDB compares as a `TIMESTAMP` would end there); and
+/// `--before` a far instant keeps those rows.
+#[tokio::test]
+async fn pending_pages_of_any_size_give_every_row_once_with_ties_and_far_run_ats() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.jsonl");
+    let priorities = [-32768, -1, 0, 32767];
+    let run_ats = [
+        "2020-01-01T00:00:00Z",
+        "2099-01-01T00:00:00Z",
+        "2099-01-01T00:00:00.001Z",
+    ];
+    let mut lines = String::new();
+    let mut keys = Vec::new();
+    for copy in 0..2 {
+        for priority in priorities {
+            for at in run_ats {
+                lines.push_str(&format!(
+                    "{{\"type\":\"t\",\"payload\":{{}},\"run_at\":\"{at}\",\"priority\":{priority}}}\n"
+                ));
+                let micros = chrono::DateTime::parse_from_rfc3339(at)
+                    .unwrap()
+                    .timestamp_micros();
+                keys.push((priority, micros, copy));
+            }
+        }
+    }
+    std::fs::write(&file, lines).unwrap();
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "newcomer_far").await;
+        let doc = json_of(&db, &["schedule", "--from-file", file.to_str().unwrap()]);
+        let ids: Vec<String> = doc["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_str().unwrap().to_owned())
+            .collect();
+        let mut expected: Vec<(i32, i64, String)> = keys
+            .iter()
+            .zip(&ids)
+            .map(|((priority, micros, _), id)| (*priority, *micros, id.clone()))
+            .collect();
+        expected.sort();
+        let expected: Vec<String> = expected.into_iter().map(|(_, _, id)| id).collect();
+        for limit in ["1", "2", "5", "100"] {
+            let mut seen = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let mut args = vec!["list", "--limit", limit];
+                if let Some(after) = &after {
+                    args.extend(["--after", after.as_str()]);
+                }
+                let page = json_of(&db, &args);
+                for command in page["commands"].as_array().unwrap() {
+                    seen.push(command["id"].as_str().unwrap().to_owned());
+                }
+                match page["next_after"].as_str() {
+                    Some(next) => after = Some(next.to_owned()),
+                    None => break,
+                }
+                assert!(seen.len() <= expected.len(), "{engine} {limit}: {seen:?}");
+            }
+            assert_eq!(seen, expected, "{engine} pages of {limit}");
+        }
+        let before = json_of(
+            &db,
+            &["list", "--limit", "100", "--before", "2100-01-01T00:00:00Z"],
+        );
+        assert_eq!(
+            before["commands"].as_array().unwrap().len(),
+            expected.len(),
+            "{engine} --before 2100"
+        );
+    }
+}
+
 /// `?PassWord=` (which sqlx would log with its value) is dropped with a warning naming
 /// it, in every command that opens a source, not only `icq work`; never its value.
 #[tokio::test]
