@@ -336,7 +336,7 @@ where
     outcome
 }
 
-pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_name as check_queue_name};
+pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_filter as check_queue_name};
 
 /// Checks a `--queue` filter before anything is read or written: a valid name, and every
 /// source's table at schema version 2 (a version-1 table has no queues: the refusal

@@ -248,6 +248,75 @@ async fn pending_pages_of_any_size_give_every_row_once_with_ties_and_far_run_ats
     }
 }
 
+/// A queue whose name ends in a space (written by another program, or by an icq that
+/// took such names) is a queue an operator can still name in a filter: `schedule`
+/// refuses the name, but `list`, `pending`, `cancel`, `dead-letters list` and `purge`
+/// with `--queue 'emails '` act on exactly its rows, byte for byte, never on `emails`'s.
+#[tokio::test]
+async fn operator_filters_name_a_queue_that_ends_in_a_space() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "newcomer_edge_filter").await;
+        let t = db.q("InternalCommands");
+        let (ty, queue, payload) = (db.q("Type"), db.q("Queue"), db.q("Payload"));
+        db.execute(&format!(
+            "INSERT INTO {t} ({ty}, {queue}, {payload}) VALUES \
+             ('t', 'emails ', '{{}}'), ('t', 'emails', '{{}}')"
+        ))
+        .await;
+        let listed = json_of(&db, &["list", "--queue", "emails "]);
+        let queues: Vec<&str> = listed["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["queue"].as_str().unwrap())
+            .collect();
+        assert_eq!(queues, ["emails "], "{engine}: {listed}");
+        let pending = json_of(&db, &["pending", "--by-queue", "--queue", "emails "]);
+        assert!(
+            pending.to_string().contains("\"emails \""),
+            "{engine}: {pending}"
+        );
+        let run = on(&db, &["cancel", "--queue", "emails ", "-y"]);
+        assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
+        assert!(
+            run.stdout.contains("Cancelled 1 command"),
+            "{engine}: {}",
+            run.stdout
+        );
+        let dead = json_of(&db, &["dead-letters", "list", "--queue", "emails "]);
+        assert_eq!(
+            dead.to_string().matches("\"emails \"").count(),
+            1,
+            "{engine}: {dead}"
+        );
+        let run = on(
+            &db,
+            &[
+                "purge",
+                "--dead-letters",
+                "--queue",
+                "emails ",
+                "--older-than",
+                "0s",
+                "-y",
+            ],
+        );
+        assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
+        let left = json_of(&db, &["list", "--queue", "emails"]);
+        assert_eq!(
+            left["commands"].as_array().unwrap().len(),
+            1,
+            "{engine}: {left}"
+        );
+        let gone = json_of(&db, &["list", "--state", "dead", "--queue", "emails "]);
+        assert_eq!(
+            gone["commands"].as_array().unwrap().len(),
+            0,
+            "{engine}: {gone}"
+        );
+    }
+}
+
 /// `?PassWord=` (which sqlx would log with its value) is dropped with a warning naming
 /// it, in every command that opens a source, not only `icq work`; never its value.
 #[tokio::test]
