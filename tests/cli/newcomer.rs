@@ -119,6 +119,28 @@ async fn an_id_that_cannot_exist_is_a_usage_error_on_every_engine() {
     }
 }
 
+/// The ids of every page of the listing `args`, each page joined to the next with
+/// `--after`; more than `most` ids (a page repeating itself) fails the test.
+fn every_page(db: &TestDb, args: &[&str], most: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut all = args.to_vec();
+        if let Some(after) = &after {
+            all.extend(["--after", after.as_str()]);
+        }
+        let page = json_of(db, &all);
+        for command in page["commands"].as_array().unwrap() {
+            seen.push(command["id"].as_str().unwrap().to_owned());
+        }
+        assert!(seen.len() <= most, "{} {args:?}: {seen:?}", db.engine);
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return seen,
+        }
+    }
+}
+
 /// `icq list` (pending, the default) and `--state due` list in claim order: priority,
 /// then run at, then id; pages of two joined with `--after` give every row once, in that
 /// order, on every engine.
@@ -147,23 +169,7 @@ async fn pending_listing_is_in_claim_order_across_pages() {
         expected.sort();
         let ids: Vec<String> = expected.iter().map(|(_, _, id)| id.clone()).collect();
         for state in ["pending", "due"] {
-            let mut seen = Vec::new();
-            let mut after: Option<String> = None;
-            loop {
-                let mut args = vec!["list", "--state", state, "--limit", "2"];
-                if let Some(after) = &after {
-                    args.extend(["--after", after.as_str()]);
-                }
-                let page = json_of(&db, &args);
-                for command in page["commands"].as_array().unwrap() {
-                    seen.push(command["id"].as_str().unwrap().to_owned());
-                }
-                match page["next_after"].as_str() {
-                    Some(next) => after = Some(next.to_owned()),
-                    None => break,
-                }
-                assert!(seen.len() <= ids.len(), "{engine} {state}: {seen:?}");
-            }
+            let seen = every_page(&db, &["list", "--state", state, "--limit", "2"], ids.len());
             // Ids compare as the engine sorts them (lower-case UUIDs: byte order).
             assert_eq!(seen, ids, "{engine} {state}: {expected:?}");
         }
@@ -217,23 +223,7 @@ async fn pending_pages_of_any_size_give_every_row_once_with_ties_and_far_run_ats
         expected.sort();
         let expected: Vec<String> = expected.into_iter().map(|(_, _, id)| id).collect();
         for limit in ["1", "2", "5", "100"] {
-            let mut seen = Vec::new();
-            let mut after: Option<String> = None;
-            loop {
-                let mut args = vec!["list", "--limit", limit];
-                if let Some(after) = &after {
-                    args.extend(["--after", after.as_str()]);
-                }
-                let page = json_of(&db, &args);
-                for command in page["commands"].as_array().unwrap() {
-                    seen.push(command["id"].as_str().unwrap().to_owned());
-                }
-                match page["next_after"].as_str() {
-                    Some(next) => after = Some(next.to_owned()),
-                    None => break,
-                }
-                assert!(seen.len() <= expected.len(), "{engine} {limit}: {seen:?}");
-            }
+            let seen = every_page(&db, &["list", "--limit", limit], expected.len());
             assert_eq!(seen, expected, "{engine} pages of {limit}");
         }
         let before = json_of(
