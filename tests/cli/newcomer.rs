@@ -390,6 +390,27 @@ async fn a_mysql_url_on_a_postgres_port_says_so_at_once() {
     assert!(took < Duration::from_secs(6), "took {took:?}");
 }
 
+/// A PostgreSQL URL on a MariaDB server's port names the mismatch, not "unexpected
+/// response from SSLRequest".
+#[tokio::test]
+async fn a_postgres_url_on_a_mysql_port_says_so() {
+    let my = TestDb::new("mysql", "newcomer_mismatch_pg").await;
+    let parsed = url::Url::parse(&my.url).unwrap();
+    let port = parsed.port().unwrap_or(3306);
+    let host = parsed.host_str().unwrap();
+    let postgres = format!("postgres://postgres@{host}:{port}/test");
+    let run = icq(&["--database-url", &postgres, "pending"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("answers as MySQL/MariaDB, not PostgreSQL")
+            && run.stderr.contains("mysql://"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("SSLRequest"), "{}", run.stderr);
+}
+
 /// A `--from-file` line's `priority` that is no whole number says what a priority is, not
 /// "expected i64"; `null` is still no priority.
 #[tokio::test]
