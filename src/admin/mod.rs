@@ -263,12 +263,18 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
         .iter()
         .filter_map(|id| {
             // Malformed only when no selected source could hold it.
-            let mut reasons = sources
+            let reasons = sources
                 .iter()
                 .map(|s| s.queue.backend().id_problem(id))
                 .collect::<Option<Vec<String>>>()?;
-            reasons.dedup();
-            Some((id, reasons.join("; ")))
+            // Each engine's reason once, however many of its sources are selected.
+            let mut distinct: Vec<String> = Vec::new();
+            for reason in reasons {
+                if !distinct.contains(&reason) {
+                    distinct.push(reason);
+                }
+            }
+            Some((id, distinct.join("; ")))
         })
         .collect();
     if !malformed.is_empty() {

@@ -141,6 +141,38 @@ fn every_page(db: &TestDb, args: &[&str], most: usize) -> Vec<String> {
     }
 }
 
+/// An id no configured source can hold names each engine's id shape once, however many
+/// sources of that engine are configured (PostgreSQL, MariaDB, PostgreSQL).
+#[tokio::test]
+async fn a_malformed_id_names_each_engines_id_shape_once() {
+    let pg = TestDb::with_table("postgres", "newcomer_ids_pg").await;
+    let my = TestDb::with_table("mysql", "newcomer_ids_my").await;
+    let home = tempfile::tempdir().unwrap();
+    let file = home.path().join("icq.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "sources:\n  - name: a\n    url: {}\n  - name: b\n    url: {}\n  - name: c\n    \
+             url: {}\n",
+            pg.url, my.url, pg.url
+        ),
+    )
+    .unwrap();
+    let long = "x".repeat(40);
+    let run = icq_in(
+        home.path(),
+        &["--config", file.to_str().unwrap(), "show", &long],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(run.stderr.matches("are UUIDs").count(), 1, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("at most 36 characters").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+}
+
 /// `icq list` (pending, the default) and `--state due` list in claim order: priority,
 /// then run at, then id; pages of two joined with `--after` give every row once, in that
 /// order, on every engine.
