@@ -545,7 +545,7 @@ impl NewCommand {
         if let Some(why) = edge_whitespace(&self.type_name) {
             return Err(Error::invalid(format!(
                 "`{}` is not a command type: {why}",
-                crate::redact::escape_for_log(&truncated(&self.type_name, 40))
+                crate::redact::echo(&self.type_name)
             )));
         }
         if self.type_name.len() > 255 {
@@ -651,7 +651,7 @@ fn queue_name_error(name: &str, problem: &str) -> Error {
     Error::invalid(format!(
         "`{}` is not a queue name: {problem}; a queue name is 1 to {MAX_QUEUE_NAME_BYTES} \
          bytes of text without control characters",
-        crate::redact::escape_for_log(&truncated(name, 40))
+        crate::redact::echo(name)
     ))
 }
 
@@ -665,17 +665,9 @@ pub(crate) fn edge_whitespace(name: &str) -> Option<String> {
         format!(
             "it begins or ends with white space (names are matched byte for byte); write it \
              without: `{}`",
-            crate::redact::escape_for_log(&truncated(trimmed, 40))
+            crate::redact::echo(trimmed)
         )
     })
-}
-
-/// At most the first `chars` characters of `text`, with `…` when it was longer.
-fn truncated(text: &str, chars: usize) -> String {
-    match text.char_indices().nth(chars) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
 }
 
 /// Checks a unique key: 1–255 bytes, no NUL.
