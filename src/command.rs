@@ -545,7 +545,7 @@ impl NewCommand {
         if let Some(why) = edge_whitespace(&self.type_name) {
             return Err(Error::invalid(format!(
                 "`{}` is not a command type: {why}",
-                crate::redact::escape_for_log(&truncated(&self.type_name, 40))
+                crate::redact::echo(&self.type_name)
             )));
         }
         if self.type_name.len() > 255 {
@@ -590,8 +590,9 @@ pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 
 /// Checks a queue name: 1 to [`MAX_QUEUE_NAME_BYTES`] bytes, no control characters (so no
-/// NUL or line break), not only whitespace, no white space at either end. A bad name is [`Error::Invalid`] (exit code 2).
-/// `icq::admin::check_queue_name` is this same function.
+/// NUL or line break), not only whitespace, no white space at either end. A bad name is
+/// [`Error::Invalid`] (exit code 2). A queue named in a filter is checked by
+/// [`validate_queue_filter`] instead.
 ///
 /// # Examples
 ///
@@ -606,6 +607,29 @@ pub const MAX_UNIQUE_KEY_BYTES: usize = 255;
 /// assert!(validate_queue_name(&"q".repeat(129)).is_err());
 /// ```
 pub fn validate_queue_name(name: &str) -> Result<()> {
+    validate_queue_filter(name)?;
+    match edge_whitespace(name) {
+        Some(why) => Err(queue_name_error(name, &why)),
+        None => Ok(()),
+    }
+}
+
+/// Checks a queue named in a filter (`--queue` of the operator commands): what
+/// [`validate_queue_name`] checks but white space at an end, which a queue scheduled by
+/// another program may have; a filter matches it byte for byte.
+/// `icq::admin::check_queue_name` is this same function.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::validate_queue_filter;
+///
+/// assert!(validate_queue_filter("emails ").is_ok());
+/// for bad in ["", "  ", "a\nb"] {
+///     assert_eq!(validate_queue_filter(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+/// }
+/// ```
+pub fn validate_queue_filter(name: &str) -> Result<()> {
     let problem = if name.is_empty() {
         "it is empty".to_owned()
     } else if name.len() > MAX_QUEUE_NAME_BYTES {
@@ -617,16 +641,18 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
         "it holds a control character".to_owned()
     } else if name.trim().is_empty() {
         "it is only whitespace".to_owned()
-    } else if let Some(why) = edge_whitespace(name) {
-        why
     } else {
         return Ok(());
     };
-    Err(Error::invalid(format!(
+    Err(queue_name_error(name, &problem))
+}
+
+fn queue_name_error(name: &str, problem: &str) -> Error {
+    Error::invalid(format!(
         "`{}` is not a queue name: {problem}; a queue name is 1 to {MAX_QUEUE_NAME_BYTES} \
          bytes of text without control characters",
-        crate::redact::escape_for_log(&truncated(name, 40))
-    )))
+        crate::redact::echo(name)
+    ))
 }
 
 /// Why a type or queue name with white space at either end is refused (`None` when it has
@@ -639,17 +665,9 @@ pub(crate) fn edge_whitespace(name: &str) -> Option<String> {
         format!(
             "it begins or ends with white space (names are matched byte for byte); write it \
              without: `{}`",
-            crate::redact::escape_for_log(&truncated(trimmed, 40))
+            crate::redact::echo(trimmed)
         )
     })
-}
-
-/// At most the first `chars` characters of `text`, with `…` when it was longer.
-fn truncated(text: &str, chars: usize) -> String {
-    match text.char_indices().nth(chars) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
 }
 
 /// Checks a unique key: 1–255 bytes, no NUL.

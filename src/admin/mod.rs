@@ -267,12 +267,18 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
             if sources.is_empty() {
                 return None;
             }
-            let mut reasons = sources
+            let reasons = sources
                 .iter()
                 .map(|s| s.queue.backend().id_problem(id))
                 .collect::<Option<Vec<String>>>()?;
-            reasons.dedup();
-            Some((id, reasons.join("; ")))
+            // Each engine's reason once, however many of its sources are selected.
+            let mut distinct: Vec<String> = Vec::new();
+            for reason in reasons {
+                if !distinct.contains(&reason) {
+                    distinct.push(reason);
+                }
+            }
+            Some((id, distinct.join("; ")))
         })
         .collect();
     if !malformed.is_empty() {
@@ -340,7 +346,7 @@ where
     outcome
 }
 
-pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_name as check_queue_name};
+pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_filter as check_queue_name};
 
 /// Checks a `--queue` filter before anything is read or written: a valid name, and every
 /// source's table at schema version 2 (a version-1 table has no queues: the refusal

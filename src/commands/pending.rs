@@ -38,8 +38,9 @@ pub async fn run(args: PendingArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The value parser of every `--queue`: a queue name (1 to 128 bytes, no control
-/// characters, not only whitespace), else a usage error (exit 2) before anything runs.
+/// The value parser of the operator commands' `--queue` filter: a queue name (1 to 128
+/// bytes, no control characters, not only whitespace; white space at an end is kept, since
+/// the filter matches byte for byte), else a usage error (exit 2) before anything runs.
 pub(crate) fn parse_queue(raw: &str) -> Result<String, String> {
     match admin::check_queue_name(raw) {
         Ok(()) => Ok(raw.to_owned()),

@@ -4,7 +4,8 @@
 //! in the password) gets a hint. A server that answers but refuses the login with an error
 //! the pool would retry until its timeout (PostgreSQL's `too many connections`) is logged
 //! in to once more on the side, so its own message is reported at once instead of `pool
-//! timed out`; a MySQL/MariaDB URL whose port answers as PostgreSQL is named as such.
+//! timed out`; a MySQL/MariaDB URL whose port answers as PostgreSQL is named as such, and
+//! a PostgreSQL URL whose port answers as MySQL/MariaDB.
 
 use std::time::Duration;
 
@@ -32,7 +33,10 @@ pub(crate) async fn watch_connect<T>(
     tokio::pin!(connecting);
     let explain = |err| with_password_hint(url, err);
     tokio::select! {
-        result = &mut connecting => return result.map_err(explain),
+        result = &mut connecting => return match result {
+            Err(err) => Err(explain(mysql_on_postgres_url(url, err).await)),
+            ok => ok,
+        },
         () = tokio::time::sleep(PROBE_AFTER) => {}
     }
     tokio::select! {
@@ -112,6 +116,56 @@ async fn speaks_postgres(host: &str, port: u16) -> bool {
     };
     matches!(
         tokio::time::timeout(PROBE_TIMEOUT, ask).await,
+        Ok(Some(true))
+    )
+}
+
+/// `err` of a PostgreSQL URL whose port answers as MySQL/MariaDB, named as such: the
+/// driver reads the server's greeting as a reply to its first message and reports only
+/// "unexpected response from SSLRequest". Any other error is returned as it is.
+async fn mysql_on_postgres_url(url: &str, err: Error) -> Error {
+    let protocol = matches!(
+        &err,
+        Error::Database {
+            cause: sqlx::Error::Protocol(_),
+            ..
+        }
+    );
+    if !protocol || Engine::from_url(url).ok() != Some(Engine::Postgres) {
+        return err;
+    }
+    let Some((host, port)) = probe_target(url) else {
+        return err;
+    };
+    if !greets_as_mysql(&host, port).await {
+        return err;
+    }
+    Error::Connect {
+        context: format!("cannot connect to {}", crate::redact::redact_url(url)),
+        reason: format!(
+            "the server at {} answers as MySQL/MariaDB, not PostgreSQL",
+            shown_address(&host, port)
+        ),
+        hint: "; hint: use a mysql:// URL for a MySQL/MariaDB server, or the port of the \
+               PostgreSQL server (5432 by default)"
+            .to_owned(),
+    }
+}
+
+/// Whether the server at `host:port` speaks first with a MySQL/MariaDB packet: a 3-byte
+/// length, sequence number 0, then protocol version 10 (a greeting) or 0xff (an error,
+/// e.g. too many connections). A PostgreSQL server says nothing until the client does.
+async fn greets_as_mysql(host: &str, port: u16) -> bool {
+    use tokio::io::AsyncReadExt;
+
+    let listen = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        let mut packet = [0u8; 5];
+        stream.read_exact(&mut packet).await.ok()?;
+        Some(packet[3] == 0 && matches!(packet[4], 10 | 0xff))
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, listen).await,
         Ok(Some(true))
     )
 }

@@ -117,9 +117,9 @@ const MYSQL_SSL_MODES: &[&str] = &[
 /// number, on PostgreSQL): the error names the parameter and the values it takes
 /// ([`crate::Error::Invalid`], exit 2). Other URLs and parameters are left to the driver.
 pub(crate) fn check_parameters(url: &str) -> crate::Result<()> {
-    let modes = match Engine::from_url(url) {
-        Ok(Engine::Postgres) => PG_SSL_MODES,
-        Ok(Engine::Mysql) => MYSQL_SSL_MODES,
+    let (modes, postgres) = match Engine::from_url(url) {
+        Ok(Engine::Postgres) => (PG_SSL_MODES, true),
+        Ok(Engine::Mysql) => (MYSQL_SSL_MODES, false),
         _ => return Ok(()),
     };
     let head = url.split('#').next().unwrap_or(url);
@@ -133,10 +133,7 @@ pub(crate) fn check_parameters(url: &str) -> crate::Result<()> {
             "sslmode" | "ssl-mode" if !modes.contains(&value.to_ascii_lowercase().as_str()) => {
                 format!("is not a TLS mode: it takes {}", modes.join(", "))
             }
-            "port"
-                if modes == PG_SSL_MODES
-                    && value.split(',').any(|p| p.trim().parse::<u16>().is_err()) =>
-            {
+            "port" if postgres && value.split(',').any(|p| p.trim().parse::<u16>().is_err()) => {
                 "is not a port: write a number from 1 to 65535".to_owned()
             }
             _ => continue,

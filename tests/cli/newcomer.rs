@@ -119,6 +119,60 @@ async fn an_id_that_cannot_exist_is_a_usage_error_on_every_engine() {
     }
 }
 
+/// The ids of every page of the listing `args`, each page joined to the next with
+/// `--after`; more than `most` ids (a page repeating itself) fails the test.
+fn every_page(db: &TestDb, args: &[&str], most: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut all = args.to_vec();
+        if let Some(after) = &after {
+            all.extend(["--after", after.as_str()]);
+        }
+        let page = json_of(db, &all);
+        for command in page["commands"].as_array().unwrap() {
+            seen.push(command["id"].as_str().unwrap().to_owned());
+        }
+        assert!(seen.len() <= most, "{} {args:?}: {seen:?}", db.engine);
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return seen,
+        }
+    }
+}
+
+/// An id no configured source can hold names each engine's id shape once, however many
+/// sources of that engine are configured (PostgreSQL, MariaDB, PostgreSQL).
+#[tokio::test]
+async fn a_malformed_id_names_each_engines_id_shape_once() {
+    let pg = TestDb::with_table("postgres", "newcomer_ids_pg").await;
+    let my = TestDb::with_table("mysql", "newcomer_ids_my").await;
+    let home = tempfile::tempdir().unwrap();
+    let file = home.path().join("icq.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "sources:\n  - name: a\n    url: {}\n  - name: b\n    url: {}\n  - name: c\n    \
+             url: {}\n",
+            pg.url, my.url, pg.url
+        ),
+    )
+    .unwrap();
+    let long = "x".repeat(40);
+    let run = icq_in(
+        home.path(),
+        &["--config", file.to_str().unwrap(), "show", &long],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(run.stderr.matches("are UUIDs").count(), 1, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("at most 36 characters").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+}
+
 /// `icq list` (pending, the default) and `--state due` list in claim order: priority,
 /// then run at, then id; pages of two joined with `--after` give every row once, in that
 /// order, on every engine.
@@ -147,26 +201,141 @@ async fn pending_listing_is_in_claim_order_across_pages() {
         expected.sort();
         let ids: Vec<String> = expected.iter().map(|(_, _, id)| id.clone()).collect();
         for state in ["pending", "due"] {
-            let mut seen = Vec::new();
-            let mut after: Option<String> = None;
-            loop {
-                let mut args = vec!["list", "--state", state, "--limit", "2"];
-                if let Some(after) = &after {
-                    args.extend(["--after", after.as_str()]);
-                }
-                let page = json_of(&db, &args);
-                for command in page["commands"].as_array().unwrap() {
-                    seen.push(command["id"].as_str().unwrap().to_owned());
-                }
-                match page["next_after"].as_str() {
-                    Some(next) => after = Some(next.to_owned()),
-                    None => break,
-                }
-                assert!(seen.len() <= ids.len(), "{engine} {state}: {seen:?}");
-            }
+            let seen = every_page(&db, &["list", "--state", state, "--limit", "2"], ids.len());
             // Ids compare as the engine sorts them (lower-case UUIDs: byte order).
             assert_eq!(seen, ids, "{engine} {state}: {expected:?}");
         }
+    }
+}
+
+/// Pages of every size give every pending row once, in claim order, when many rows tie
+/// on priority and run at, priorities sit at both ends of their range and run ats lie
+/// beyond 2038 (a bound instant MariaDB compares as a `TIMESTAMP` would end there); and
+/// `--before` a far instant keeps those rows.
+#[tokio::test]
+async fn pending_pages_of_any_size_give_every_row_once_with_ties_and_far_run_ats() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rows.jsonl");
+    let priorities = [-32768, -1, 0, 32767];
+    let run_ats = [
+        "2020-01-01T00:00:00Z",
+        "2099-01-01T00:00:00Z",
+        "2099-01-01T00:00:00.001Z",
+    ];
+    let mut lines = String::new();
+    let mut keys = Vec::new();
+    for copy in 0..2 {
+        for priority in priorities {
+            for at in run_ats {
+                lines.push_str(&format!(
+                    "{{\"type\":\"t\",\"payload\":{{}},\"run_at\":\"{at}\",\"priority\":{priority}}}\n"
+                ));
+                let micros = chrono::DateTime::parse_from_rfc3339(at)
+                    .unwrap()
+                    .timestamp_micros();
+                keys.push((priority, micros, copy));
+            }
+        }
+    }
+    std::fs::write(&file, lines).unwrap();
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "newcomer_far").await;
+        let doc = json_of(&db, &["schedule", "--from-file", file.to_str().unwrap()]);
+        let ids: Vec<String> = doc["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_str().unwrap().to_owned())
+            .collect();
+        let mut expected: Vec<(i32, i64, String)> = keys
+            .iter()
+            .zip(&ids)
+            .map(|((priority, micros, _), id)| (*priority, *micros, id.clone()))
+            .collect();
+        expected.sort();
+        let expected: Vec<String> = expected.into_iter().map(|(_, _, id)| id).collect();
+        for limit in ["1", "2", "5", "100"] {
+            let seen = every_page(&db, &["list", "--limit", limit], expected.len());
+            assert_eq!(seen, expected, "{engine} pages of {limit}");
+        }
+        let before = json_of(
+            &db,
+            &["list", "--limit", "100", "--before", "2100-01-01T00:00:00Z"],
+        );
+        assert_eq!(
+            before["commands"].as_array().unwrap().len(),
+            expected.len(),
+            "{engine} --before 2100"
+        );
+    }
+}
+
+/// A queue whose name ends in a space (written by another program, or by an icq that
+/// took such names) is a queue an operator can still name in a filter: `schedule`
+/// refuses the name, but `list`, `pending`, `cancel`, `dead-letters list` and `purge`
+/// with `--queue 'emails '` act on exactly its rows, byte for byte, never on `emails`'s.
+#[tokio::test]
+async fn operator_filters_name_a_queue_that_ends_in_a_space() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::with_table(engine, "newcomer_edge_filter").await;
+        let t = db.q("InternalCommands");
+        let (ty, queue, payload) = (db.q("Type"), db.q("Queue"), db.q("Payload"));
+        db.execute(&format!(
+            "INSERT INTO {t} ({ty}, {queue}, {payload}) VALUES \
+             ('t', 'emails ', '{{}}'), ('t', 'emails', '{{}}')"
+        ))
+        .await;
+        let listed = json_of(&db, &["list", "--queue", "emails "]);
+        let queues: Vec<&str> = listed["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["queue"].as_str().unwrap())
+            .collect();
+        assert_eq!(queues, ["emails "], "{engine}: {listed}");
+        let pending = json_of(&db, &["pending", "--by-queue", "--queue", "emails "]);
+        assert!(
+            pending.to_string().contains("\"emails \""),
+            "{engine}: {pending}"
+        );
+        let run = on(&db, &["cancel", "--queue", "emails ", "-y"]);
+        assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
+        assert!(
+            run.stdout.contains("Cancelled 1 command"),
+            "{engine}: {}",
+            run.stdout
+        );
+        let dead = json_of(&db, &["dead-letters", "list", "--queue", "emails "]);
+        assert_eq!(
+            dead.to_string().matches("\"emails \"").count(),
+            1,
+            "{engine}: {dead}"
+        );
+        let run = on(
+            &db,
+            &[
+                "purge",
+                "--dead-letters",
+                "--queue",
+                "emails ",
+                "--older-than",
+                "0s",
+                "-y",
+            ],
+        );
+        assert_eq!(run.code, 0, "{engine}: {}", run.stderr);
+        let left = json_of(&db, &["list", "--queue", "emails"]);
+        assert_eq!(
+            left["commands"].as_array().unwrap().len(),
+            1,
+            "{engine}: {left}"
+        );
+        let gone = json_of(&db, &["list", "--state", "dead", "--queue", "emails "]);
+        assert_eq!(
+            gone["commands"].as_array().unwrap().len(),
+            0,
+            "{engine}: {gone}"
+        );
     }
 }
 
@@ -251,6 +420,27 @@ async fn a_mysql_url_on_a_postgres_port_says_so_at_once() {
     );
     assert!(!run.stderr.contains("timed out"), "{}", run.stderr);
     assert!(took < Duration::from_secs(6), "took {took:?}");
+}
+
+/// A PostgreSQL URL on a MariaDB server's port names the mismatch, not "unexpected
+/// response from SSLRequest".
+#[tokio::test]
+async fn a_postgres_url_on_a_mysql_port_says_so() {
+    let my = TestDb::new("mysql", "newcomer_mismatch_pg").await;
+    let parsed = url::Url::parse(&my.url).unwrap();
+    let port = parsed.port().unwrap_or(3306);
+    let host = parsed.host_str().unwrap();
+    let postgres = format!("postgres://postgres@{host}:{port}/test");
+    let run = icq(&["--database-url", &postgres, "pending"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("answers as MySQL/MariaDB, not PostgreSQL")
+            && run.stderr.contains("mysql://"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("SSLRequest"), "{}", run.stderr);
 }
 
 /// A `--from-file` line's `priority` that is no whole number says what a priority is, not

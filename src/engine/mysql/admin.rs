@@ -7,7 +7,7 @@
 //! Times are `DATETIME(6)` UTC, bound as naive UTC values.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::AssertSqlSafe;
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row, exact, exact_marks};
@@ -134,10 +134,12 @@ fn list_condition(state: ListState) -> String {
 
 /// Where a claim-ordered page continues: the `Priority` and `RunAt` of its `after` row,
 /// read first and bound as values, so MariaDB's range optimizer walks the poll index from
-/// there (the same condition with subqueries reads every row before it).
+/// there (the same condition with subqueries reads every row before it). `RunAt` is bound
+/// as a `DATETIME`: a `DateTime<Utc>` goes as a `TIMESTAMP`, and MariaDB compares the
+/// column as one, which ends in 2038.
 struct Cursor {
     priority: i16,
-    run_at: Option<DateTime<Utc>>,
+    run_at: NaiveDateTime,
 }
 
 /// A listing page (see the PostgreSQL driver). Placeholders are positional: type twice,
@@ -164,11 +166,6 @@ fn list_sql(t: &str, params: &CommandListParams, version: u32, cursor: Option<&C
     let by_priority = params.state.claim_order() && version >= 2;
     if params.after.is_some() {
         conditions.push(match cursor {
-            // A NULL `RunAt` sorts first: after it come its priority's other rows.
-            Some(Cursor { run_at: None, .. }) if by_priority => {
-                "(`Priority` > ? OR (`Priority` = ? AND (`RunAt` IS NOT NULL OR `Id` > ?)))"
-                    .to_owned()
-            }
             Some(_) if by_priority => "(`Priority` > ? OR (`Priority` = ? AND `RunAt` > ?) \
                  OR (`Priority` = ? AND `RunAt` = ? AND `Id` > ?))"
                 .to_owned(),
@@ -197,14 +194,7 @@ fn bind_keyset<'q>(
     cursor: Option<&Cursor>,
 ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
     match cursor {
-        Some(Cursor {
-            priority,
-            run_at: None,
-        }) => query.bind(*priority).bind(*priority).bind(id.to_owned()),
-        Some(Cursor {
-            priority,
-            run_at: Some(run_at),
-        }) => query
+        Some(Cursor { priority, run_at }) => query
             .bind(*priority)
             .bind(*priority)
             .bind(*run_at)
@@ -256,12 +246,11 @@ impl AdminOps for MySqlDriver {
             Some(after) if params.state.claim_order() && version >= 2 => {
                 let t = &self.t;
                 let sql = format!("SELECT `Priority`, `RunAt` FROM {t} WHERE `Id` = ?");
-                let found: Option<(i16, Option<DateTime<Utc>>)> =
-                    sqlx::query_as(AssertSqlSafe(sql))
-                        .bind(after.to_string())
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(Error::db(self.ctx("listing commands")))?;
+                let found: Option<(i16, NaiveDateTime)> = sqlx::query_as(AssertSqlSafe(sql))
+                    .bind(after.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(Error::db(self.ctx("listing commands")))?;
                 match found {
                     // No such row: nothing follows it.
                     None => return Ok(Vec::new()),
@@ -279,7 +268,7 @@ impl AdminOps for MySqlDriver {
             query = query.bind(queue).bind(queue);
         }
         if let Some(before) = params.before {
-            query = query.bind(before);
+            query = query.bind(before.naive_utc());
         }
         if let Some(after) = &params.after {
             query = bind_keyset(query, after.as_str(), cursor.as_ref());
