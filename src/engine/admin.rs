@@ -261,6 +261,8 @@ pub struct FinishedFilter {
     pub before: DateTime<Utc>,
     /// Only rows of this queue (version-2 tables only).
     pub queue: Option<String>,
+    /// Only rows of this command type.
+    pub type_name: Option<String>,
 }
 
 /// One batch of [`AdminOps::finished_delete_batch`].

@@ -131,14 +131,6 @@ impl Action {
                         "purge what? `completed` and/or `dead_letters`".into(),
                     ));
                 }
-                // A filter the purge would ignore must not widen what it deletes.
-                if let Some(type_name) = &fields.type_name {
-                    return Err(Error::Usage(format!(
-                        "purge takes no type filter (it would delete every type, not only \
-                         `{type_name}`): clear the type filter to purge by queue, or cancel / \
-                         requeue the `{type_name}` rows instead"
-                    )));
-                }
                 let older_than = fields
                     .older_than
                     .as_deref()
@@ -149,6 +141,7 @@ impl Action {
                     dead_letters: fields.dead_letters,
                     older_than,
                     queue: fields.queue.clone(),
+                    type_name: fields.type_name.clone(),
                 }))
             }
             other => Err(Error::NotFound(format!(
@@ -334,7 +327,7 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                 format!(
                     "Delete {}{}{age} in {}? This cannot be undone.",
                     crate::cli::output::describe_purge(&report.counts),
-                    filtered(None, request.queue.as_deref()),
+                    filtered(request.type_name.as_deref(), request.queue.as_deref()),
                     in_sources(&names)
                 ),
                 plan.total(),
@@ -477,8 +470,9 @@ async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
             let report = admin::purge(&plan, &NoProgress).await?;
             Applied {
                 message: format!(
-                    "Deleted {}.",
-                    crate::cli::output::describe_purge(&report.counts)
+                    "Deleted {}{}.",
+                    crate::cli::output::describe_purge(&report.counts),
+                    filtered(request.type_name.as_deref(), request.queue.as_deref())
                 ),
                 show: None,
             }
@@ -558,6 +552,15 @@ mod tests {
         match Action::parse("purge", &Fields::parse(b"completed=1&queue=")) {
             Ok(Action::Purge(request)) => assert_eq!(request.queue, None),
             _ => panic!("purge"),
+        }
+        match Action::parse(
+            "purge",
+            &Fields::parse(b"dead_letters=1&type=webhooks.deliver"),
+        ) {
+            Ok(Action::Purge(request)) => {
+                assert_eq!(request.type_name.as_deref(), Some("webhooks.deliver"));
+            }
+            _ => panic!("purge by type"),
         }
     }
 

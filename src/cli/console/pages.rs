@@ -1070,22 +1070,17 @@ pub(crate) async fn dead_letters(
         .text(qn)
         .raw("\"></label><button type=\"submit\">Filter</button></form>");
     if console.actions_allowed() {
-        // Every action acts on exactly the page's filter: requeue takes the type and the
-        // queue; purge has no type filter, so a page filtered by type does not offer it.
+        // Every action acts on exactly the page's filter: the type and the queue.
         body.raw(
             "<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?",
         )
         .text(query(&[("all_dead", "1"), ("type", t), ("queue", qn)]))
         .raw("\">Requeue all matching…</a> ");
-        if type_name.is_none() {
-            body.raw("<a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
-                .text(query(&[("dead_letters", "1"), ("queue", qn)]))
-                .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
-                .text(query(&[("completed", "1"), ("queue", qn)]))
-                .raw("\">Purge completed…</a>");
-        } else {
-            body.raw("<span class=\"note\" id=\"no-purge\">Purge deletes by queue and age, not by type: clear the type filter to purge.</span>");
-        }
+        body.raw("<a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
+            .text(query(&[("dead_letters", "1"), ("type", t), ("queue", qn)]))
+            .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
+            .text(query(&[("completed", "1"), ("type", t), ("queue", qn)]))
+            .raw("\">Purge completed…</a>");
         body.raw("</p>");
     }
     let query_params = admin::DeadLetterQuery {

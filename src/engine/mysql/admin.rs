@@ -95,14 +95,17 @@ fn requeue_set(version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?` (of
-/// queue `?` when the filter names one: bind it twice).
+/// The `WHERE` condition and ordering column of finished rows at or before `?` (then
+/// of queue `?` and of type `?` when the filter names them, in that order: bind each
+/// twice).
 fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        format!(" AND {}", equals("`Queue`"))
-    } else {
-        String::new()
-    };
+    let mut queue = String::new();
+    if filter.queue.is_some() {
+        queue.push_str(&format!(" AND {}", equals("`Queue`")));
+    }
+    if filter.type_name.is_some() {
+        queue.push_str(&format!(" AND {}", equals("`Type`")));
+    }
     match filter.kind {
         FinishedKind::Completed => (
             format!("`ProcessedAt` IS NOT NULL AND `ProcessedAt` <= ?{queue}"),
@@ -608,6 +611,9 @@ impl AdminOps for MySqlDriver {
         if let Some(queue) = &filter.queue {
             query = query.bind(queue).bind(queue);
         }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name).bind(type_name);
+        }
         let n: i64 = query
             .fetch_one(&self.pool)
             .await
@@ -621,10 +627,14 @@ impl AdminOps for MySqlDriver {
         let (condition, order) = finished(&params.filter);
         let before = params.filter.before.naive_utc();
         let queue = &params.filter.queue;
+        let type_name = &params.filter.type_name;
         let select = format!("SELECT `Id` FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?");
         let mut query = sqlx::query_scalar(AssertSqlSafe(select)).bind(before);
         if let Some(queue) = queue {
             query = query.bind(queue).bind(queue);
+        }
+        if let Some(type_name) = type_name {
+            query = query.bind(type_name).bind(type_name);
         }
         let ids: Vec<String> = query
             .bind(i64::from(params.limit))
@@ -644,6 +654,9 @@ impl AdminOps for MySqlDriver {
             query = query.bind(before);
             if let Some(queue) = queue {
                 query = query.bind(queue).bind(queue);
+            }
+            if let Some(type_name) = type_name {
+                query = query.bind(type_name).bind(type_name);
             }
             done += query
                 .execute(&self.pool)

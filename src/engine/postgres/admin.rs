@@ -71,26 +71,33 @@ fn key_free(t: &str, version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `$1` (of
-/// queue `$2` when the filter names one).
-fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        r#" AND "Queue" = $2"#
-    } else {
-        ""
-    };
-    match filter.kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `$1` (then
+/// of queue `$2` and of type `$n` when the filter names them, in that order), and the
+/// number of the next free parameter.
+fn finished(filter: &FinishedFilter) -> (String, &'static str, usize) {
+    let mut extra = String::new();
+    let mut next = 2;
+    if filter.queue.is_some() {
+        extra.push_str(&format!(r#" AND "Queue" = ${next}"#));
+        next += 1;
+    }
+    if filter.type_name.is_some() {
+        extra.push_str(&format!(r#" AND "Type" = ${next}"#));
+        next += 1;
+    }
+    let (condition, order) = match filter.kind {
         FinishedKind::Completed => (
-            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1{queue}"#),
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1{extra}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
             format!(
-                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1{queue}"#
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1{extra}"#
             ),
             r#""DeadLetteredAt""#,
         ),
-    }
+    };
+    (condition, order, next)
 }
 
 /// The condition that selects a listing's rows.
@@ -555,11 +562,14 @@ impl AdminOps for PgDriver {
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter);
+        let (condition, _, _) = finished(filter);
         let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before);
         if let Some(queue) = &filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name);
         }
         let n: i64 = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
             .await
@@ -569,19 +579,17 @@ impl AdminOps for PgDriver {
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(&params.filter);
-        let limit = if params.filter.queue.is_some() {
-            "$3"
-        } else {
-            "$2"
-        };
+        let (condition, order, limit) = finished(&params.filter);
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ${limit})"#
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(params.filter.before);
         if let Some(queue) = &params.filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &params.filter.type_name {
+            query = query.bind(type_name);
         }
         let done = on_pool!(self, self.pool, BEGIN, |e| query
             .bind(i64::from(params.limit))

@@ -86,26 +86,33 @@ fn requeue_set(version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?1` (of
-/// queue `?2` when the filter names one).
-fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        r#" AND "Queue" = ?2"#
-    } else {
-        ""
-    };
-    match filter.kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `?1` (then
+/// of queue `?2` and of type `?n` when the filter names them, in that order), and the
+/// number of the next free parameter.
+fn finished(filter: &FinishedFilter) -> (String, &'static str, usize) {
+    let mut extra = String::new();
+    let mut next = 2;
+    if filter.queue.is_some() {
+        extra.push_str(&format!(r#" AND "Queue" = ?{next}"#));
+        next += 1;
+    }
+    if filter.type_name.is_some() {
+        extra.push_str(&format!(r#" AND "Type" = ?{next}"#));
+        next += 1;
+    }
+    let (condition, order) = match filter.kind {
         FinishedKind::Completed => (
-            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1{queue}"#),
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1{extra}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
             format!(
-                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1{queue}"#
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1{extra}"#
             ),
             r#""DeadLetteredAt""#,
         ),
-    }
+    };
+    (condition, order, next)
 }
 
 /// The condition that selects a listing's rows. A `RunAt` that is not a time (text
@@ -485,12 +492,15 @@ impl AdminOps for SqliteDriver {
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter);
+        let (condition, _, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
         let mut query =
             sqlx::query_scalar(AssertSqlSafe(sql)).bind(format_timestamp(filter.before));
         if let Some(queue) = &filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name);
         }
         let n: i64 = query
             .fetch_one(&self.pool)
@@ -501,20 +511,18 @@ impl AdminOps for SqliteDriver {
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(&params.filter);
-        let limit = if params.filter.queue.is_some() {
-            "?3"
-        } else {
-            "?2"
-        };
+        let (condition, order, limit) = finished(&params.filter);
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?{limit})"#
         );
         let mut query =
             sqlx::query(AssertSqlSafe(sql)).bind(format_timestamp(params.filter.before));
         if let Some(queue) = &params.filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &params.filter.type_name {
+            query = query.bind(type_name);
         }
         let done = query
             .bind(i64::from(params.limit))
