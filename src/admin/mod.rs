@@ -48,7 +48,7 @@ pub use schedule::{
     DEFAULT_MAX_INPUT_BYTES, InputLimit, SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source,
     parse_jobs, read_jobs, read_limited, schedule, schedule_many,
 };
-pub use show::{ShownCommand, show};
+pub use show::{ShownCommand, ShownHead, show, show_head};
 
 use std::collections::HashSet;
 
@@ -262,7 +262,11 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
     let malformed: Vec<(&CommandId, String)> = ids
         .iter()
         .filter_map(|id| {
-            // Malformed only when no selected source could hold it.
+            // Malformed only when no selected source could hold it (with no source
+            // selected, e.g. all of them down, nothing says so).
+            if sources.is_empty() {
+                return None;
+            }
             let mut reasons = sources
                 .iter()
                 .map(|s| s.queue.backend().id_problem(id))

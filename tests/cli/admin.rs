@@ -908,6 +908,62 @@ async fn purge_by_type_effects(engine: &'static str) {
     );
 }
 
+/// A command read to show its payload's start gets the first characters (not bytes) and
+/// the whole payload's length in bytes from the database; a small payload comes whole.
+async fn payload_heads_are_cut_by_the_database(engine: &'static str) {
+    let db = seeded(engine, "payload_head").await;
+    let big = "10000000-0000-4000-8000-000000000201";
+    insert(
+        &db,
+        big,
+        "reports.render",
+        &json!({ "text": "é".repeat(100_000) }).to_string(),
+        &[],
+    )
+    .await;
+    let sources = open(&db).await;
+    let shown = admin::show_head(&sources, big.parse().unwrap(), 20)
+        .await
+        .unwrap();
+    assert_eq!(shown.row.type_name, "reports.render");
+    assert_eq!(
+        shown.row.payload,
+        Value::Null,
+        "the payload is not read whole"
+    );
+    assert_eq!(
+        shown.payload_head.chars().count(),
+        20,
+        "{}",
+        shown.payload_head
+    );
+    assert!(
+        shown.payload_head.starts_with(r#"{"text""#),
+        "{}",
+        shown.payload_head
+    );
+    assert!(shown.payload_head.ends_with('é'), "{}", shown.payload_head);
+    assert!(!shown.whole());
+    // 100,000 two-byte characters and the JSON around them (spacing differs by engine).
+    assert!(
+        (200_011..200_020).contains(&shown.payload_bytes),
+        "{} bytes",
+        shown.payload_bytes
+    );
+    let small = admin::show_head(&sources, DEAD_OLD.parse().unwrap(), 1000)
+        .await
+        .unwrap();
+    assert!(small.whole());
+    let payload: Value = serde_json::from_str(&small.payload_head).unwrap();
+    assert_eq!(payload, json!({"event": "order.paid", "order_id": 4}));
+    assert_eq!(small.row.last_error.as_deref(), Some(LONG_ERROR));
+    assert!(matches!(
+        admin::show_head(&sources, UNKNOWN.parse().unwrap(), 10).await,
+        Err(icq::Error::NotFound(_))
+    ));
+    admin::close(&sources).await;
+}
+
 async fn replay_effects(engine: &'static str) {
     let db = seeded(engine, "replay").await;
     let out = json_of(&db, &["replay", DEAD_OLD, DONE_OLD]);
@@ -1082,6 +1138,7 @@ on_every_engine!(
     requeue_effects,
     purge_effects,
     purge_by_type_effects,
+    payload_heads_are_cut_by_the_database,
     replay_effects,
     schedule_effects
 );

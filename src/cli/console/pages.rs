@@ -711,15 +711,14 @@ pub(crate) async fn command(
     if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Command", w)) {
         return page;
     }
-    // A row is read whole (its payload may be megabytes): a few at a time.
-    let _permit = console.large_read().await;
     let opened = console.opened().await;
     let sources: Vec<OpenSource> = opened
         .sources
         .into_iter()
         .filter(|s| wanted.is_none_or(|w| w == s.name))
         .collect();
-    let shown = match admin::show(&sources, id).await {
+    // The database cuts the payload: a page never reads more than it shows.
+    let shown = match admin::show_head(&sources, id, PAYLOAD_SHOWN as u32).await {
         Ok(shown) => shown,
         Err(err) => {
             let some_down = !opened.errors.is_empty();
@@ -869,7 +868,7 @@ pub(crate) async fn command(
             body.raw("<p class=\"none\">None.</p>");
         }
     }
-    let (shown_part, whole) = pretty_prefix(&row.payload, PAYLOAD_SHOWN);
+    let (shown_part, whole) = payload_part(&shown.payload_head, shown.whole());
     let download = query(&[("source", &shown.source), ("id", row.id.as_str())]);
     body.raw("<h2>Payload</h2>");
     if whole {
@@ -899,6 +898,22 @@ pub(crate) async fn command(
 
 /// How much of a payload a command's page shows (as pretty-printed JSON).
 const PAYLOAD_SHOWN: usize = 64 * 1024;
+
+/// The payload as the page shows it: a whole payload pretty-printed (cut at
+/// [`PAYLOAD_SHOWN`] bytes), the start of a larger one as its database printed it (cut
+/// there too), and whether that is all of it.
+fn payload_part(head: &str, whole: bool) -> (String, bool) {
+    if whole {
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(head) {
+            return pretty_prefix(&value, PAYLOAD_SHOWN);
+        }
+    }
+    let mut end = head.len().min(PAYLOAD_SHOWN);
+    while !head.is_char_boundary(end) {
+        end -= 1;
+    }
+    (head[..end].to_owned(), whole && end == head.len())
+}
 
 /// The first `max` bytes (at most) of `value` pretty-printed, cut at a character
 /// boundary, and whether that is all of it. Printing stops once `max` is reached, so a

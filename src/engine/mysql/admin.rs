@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row, exact, exact_marks};
 use crate::command::{CommandId, CommandRow};
@@ -21,6 +21,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
+use crate::engine::admin::{CommandHead, CommandHeadParams};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
@@ -457,6 +458,35 @@ impl AdminOps for MySqlDriver {
             .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
+    }
+
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let t = &self.t;
+        // `LEFT` counts characters; `LENGTH` is the stored text's bytes.
+        let columns = columns(self.schema_version().await?).replace(
+            "CAST(`Payload` AS CHAR) AS `Payload`",
+            "'null' AS `Payload`, LEFT(CAST(`Payload` AS CHAR), ?) AS `PayloadHead`, \
+             CAST(LENGTH(`Payload`) AS SIGNED) AS `PayloadBytes`",
+        );
+        let sql = format!("SELECT {columns} FROM {t} WHERE `Id` = ?");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(params.max_chars))
+            .bind(params.id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let ctx = || self.ctx("decoding a command");
+        let decoded = decode_row(&row).map_err(Error::db(ctx()))?;
+        let head: Option<String> = row.try_get("PayloadHead").map_err(Error::db(ctx()))?;
+        let bytes: Option<i64> = row.try_get("PayloadBytes").map_err(Error::db(ctx()))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
     }
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {

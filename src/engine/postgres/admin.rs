@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::{BEGIN, PgDriver, decode_row};
@@ -22,12 +22,17 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
-use crate::engine::admin::{RequeueBatch, requeue_page};
+use crate::engine::admin::{CommandHead, CommandHeadParams, RequeueBatch, requeue_page};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
 use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
+
+/// The columns of a version-1 row but its payload, for a read that cuts the payload.
+const COLUMNS_BUT_PAYLOAD: &str = r#""Id", "Type", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId""#;
+/// The columns a version-2 table adds.
+const COLUMNS_V2: &str = r#""Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes""#;
 
 /// Pending: neither completed nor dead.
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
@@ -220,6 +225,45 @@ impl AdminOps for PgDriver {
             .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(self.db("decoding a dead letter"))
+    }
+
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let Some(id) = params.id.as_uuid() else {
+            return Ok(None);
+        };
+        let t = &self.t;
+        let v2 = if self.schema_version().await? >= 2 {
+            format!(", {COLUMNS_V2}")
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            r#"SELECT {COLUMNS_BUT_PAYLOAD}{v2}, 'null'::jsonb AS "Payload",
+                   left("Payload"::text, $2::int) AS "PayloadHead",
+                   octet_length("Payload"::text)::bigint AS "PayloadBytes"
+               FROM {t} WHERE "Id" = $1"#
+        );
+        let row = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(i64::from(params.max_chars))
+            .fetch_optional(e))
+        .await
+        .map_err(self.db("reading a command"))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let decoded = decode_row(&row).map_err(self.db("decoding a command"))?;
+        let head: Option<String> = row
+            .try_get("PayloadHead")
+            .map_err(self.db("decoding a command"))?;
+        let bytes: Option<i64> = row
+            .try_get("PayloadBytes")
+            .map_err(self.db("decoding a command"))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
     }
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {

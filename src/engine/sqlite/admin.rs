@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
@@ -22,6 +22,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
+use crate::engine::admin::{CommandHead, CommandHeadParams};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
@@ -348,6 +349,41 @@ impl AdminOps for SqliteDriver {
             .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, _>>()
             .map_err(Error::db(self.ctx("decoding a dead letter")))
+    }
+
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let t = &self.t;
+        let columns = if self.schema_version().await? >= 2 {
+            super::COLUMNS_V2
+        } else {
+            super::COLUMNS_V1
+        };
+        // `substr` of text counts characters; the length is the text's bytes.
+        let columns = columns.replace(
+            r#""Payload""#,
+            r#"'null' AS "Payload",
+               substr(CAST("Payload" AS TEXT), 1, ?2) AS "PayloadHead",
+               length(CAST("Payload" AS BLOB)) AS "PayloadBytes""#,
+        );
+        let sql = format!(r#"SELECT {columns} FROM {t} WHERE "Id" = ?1"#);
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(params.id.to_string())
+            .bind(i64::from(params.max_chars))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let ctx = || self.ctx("decoding a command");
+        let decoded = decode_row(&row).map_err(Error::db(ctx()))?;
+        let head: Option<String> = row.try_get("PayloadHead").map_err(Error::db(ctx()))?;
+        let bytes: Option<i64> = row.try_get("PayloadBytes").map_err(Error::db(ctx()))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
     }
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
