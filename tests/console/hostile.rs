@@ -78,7 +78,7 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(
         page.contains(
-            "Delete 1 dead letter of type webhooks.deliver in queue webhooks in source default"
+            "Delete 1 dead letter of type webhooks.deliver in queue webhooks in source default (--database-url)"
         ),
         "{page}"
     );
@@ -110,7 +110,9 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     )
     .await;
     assert!(
-        page.contains("Delete 1 completed command of type webhooks.deliver in source default"),
+        page.contains(
+            "Delete 1 completed command of type webhooks.deliver in source default (--database-url)"
+        ),
         "{page}"
     );
     let (status, page) = post(
@@ -145,7 +147,7 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     .await;
     assert!(
         page.contains(
-            "Cancel 2 pending commands of type email.digest in source default? They will not \
+            "Cancel 2 pending commands of type email.digest in source default (--database-url)? They will not \
              run (they become dead letters). Due and scheduled ones alike"
         ),
         "{page}"
@@ -158,7 +160,7 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     )
     .await;
     assert!(
-        page.contains("Delete 1 dead letter in queue webhooks in source default?"),
+        page.contains("Delete 1 dead letter in queue webhooks in source default (--database-url)?"),
         "{page}"
     );
 }
@@ -308,7 +310,60 @@ macro_rules! on_engines {
     };
 }
 
+/// The source made from `--database-url` is named `default` (as in the CLI's JSON), which
+/// is also the default queue's name: the console labels it with where it came from. A
+/// source of that name read from a configuration file is shown as it is.
+async fn the_source_from_a_url_is_labelled(engine: &'static str) {
+    let db = seeded(engine, "console_url_label").await;
+    let label = "default (--database-url)";
+    let console = Console::start(&db.url, &[], None);
+    let (status, page) = get(&console, "/list", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(&format!(
+            "<option value=\"default\" selected>{label}</option>"
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(" in <code>{label}</code>")),
+        "{page}"
+    );
+    let (_, page) = get(&console, "/dead-letters", &[]).await;
+    assert!(page.contains(&format!("<tr><td>{label}</td>")), "{page}");
+    let (_, page) = get(&console, &format!("/command?id={DEAD}"), &[]).await;
+    assert!(
+        page.contains(&format!("in source <code>{label}</code>")),
+        "{page}"
+    );
+    // The name itself is unchanged: in links, and in the CLI's JSON.
+    assert!(page.contains("source=default&amp;id="), "{page}");
+    assert_eq!(pending_json(&db.url)[0]["source"], "default");
+    drop(console);
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!("sources:\n  - name: default\n    url: \"{}\"\n", db.url),
+    )
+    .expect("write icq.yaml");
+    let console = Console::start(
+        &db.url,
+        &["--config", config.to_str().expect("a UTF-8 path")],
+        None,
+    );
+    let (status, page) = get(&console, "/list", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("<option value=\"default\" selected>default</option>"),
+        "{page}"
+    );
+    assert!(!page.contains("--database-url"), "{page}");
+}
+
 on_engines!(
+    the_source_from_a_url_is_labelled,
     an_action_from_a_filtered_page_acts_on_that_filter,
     actions_are_offered_only_where_they_apply,
     bad_queries_are_pages_that_say_what_is_wrong,

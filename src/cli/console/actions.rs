@@ -200,7 +200,7 @@ pub(crate) async fn confirm(
     let planned = async {
         let action = Action::parse(&name, &fields)?;
         let sources = sources_for(&console, &fields).await?;
-        describe_plan(&action, &sources).await
+        describe_plan(&action, &sources, &|name| console.label(name)).await
     }
     .await;
     let (question, total, details) = match planned {
@@ -226,7 +226,16 @@ pub(crate) async fn confirm(
 
 /// The confirmation question, the number of rows concerned, and details (purge's dry
 /// run per source).
-async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(String, u64, Html)> {
+/// `label` names a source as the console shows it (see [`super::Console::label`]).
+async fn describe_plan(
+    action: &Action,
+    sources: &[OpenSource],
+    label: &(dyn Fn(&str) -> String + Sync),
+) -> Result<(String, u64, Html)> {
+    let in_sources = |names: &[&str]| {
+        let labels: Vec<String> = names.iter().map(|name| label(name)).collect();
+        in_sources(&labels.iter().map(String::as_str).collect::<Vec<_>>())
+    };
     let mut details = Html::new();
     Ok(match action {
         Action::Requeue(target) => {
@@ -271,7 +280,7 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                     "Replay command {id} (type {}, {}) in source {}? A new pending copy of its type, payload and context is scheduled.",
                     shown.row.type_name,
                     shown.state.as_str(),
-                    shown.source
+                    label(&shown.source)
                 ),
                 1,
                 details,

@@ -228,7 +228,11 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
                 .raw("\">")
                 .text(snapshot.at.format("%H:%M:%S UTC"))
                 .raw("</time> · the same counts as <code>icq pending</code>, taken in one statement per source so every table agrees</p>")
-                .html(&counts_table(&snapshot.totals(), Breakdown::Source));
+                .html(&counts_table(
+                    &snapshot.totals(),
+                    Breakdown::Source,
+                    &|name| console.label(name),
+                ));
         }
         None => {
             html.html(&banner(&[
@@ -261,6 +265,7 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
         html.html(&breakdowns(
             Some(&snapshot.breakdown(true)),
             Some(&snapshot.breakdown(false)),
+            &|name| console.label(name),
         ));
     }
     html
@@ -269,7 +274,11 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
 /// The breakdowns under the per-source totals: per source and queue (`icq pending
 /// --by-queue`; a version-1 table has the one queue `default`), then per source and type
 /// (`icq pending --by-type`). Each figure links to its list, filtered the same way.
-fn breakdowns(by_queue: Option<&PendingReport>, by_type: Option<&PendingReport>) -> Html {
+fn breakdowns(
+    by_queue: Option<&PendingReport>,
+    by_type: Option<&PendingReport>,
+    label: &dyn Fn(&str) -> String,
+) -> Html {
     let mut html = Html::new();
     for (report, breakdown, heading) in [
         (by_queue, Breakdown::Queue, "<h2>By queue</h2>"),
@@ -280,7 +289,7 @@ fn breakdowns(by_queue: Option<&PendingReport>, by_type: Option<&PendingReport>)
         if report.rows.is_empty() {
             html.raw("<p class=\"none\">No commands yet.</p>");
         } else {
-            html.html(&counts_table(report, breakdown));
+            html.html(&counts_table(report, breakdown, label));
         }
     }
     html
@@ -299,7 +308,12 @@ enum Breakdown {
 
 /// One row per source (and queue or type): due, scheduled, running, dead, completed,
 /// each linking to its list.
-fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
+/// `label` names a source as the console shows it (see [`super::Console::label`]).
+fn counts_table(
+    report: &PendingReport,
+    breakdown: Breakdown,
+    label: &dyn Fn(&str) -> String,
+) -> Html {
     let mut html = Html::new();
     html.raw("<table class=\"counts\" id=\"")
         .raw(match breakdown {
@@ -324,7 +338,7 @@ fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
             Breakdown::Queue => (row.counts.queue.as_deref().unwrap_or(""), ""),
             Breakdown::Type => ("", row.counts.type_name.as_deref().unwrap_or("")),
         };
-        html.raw("<tr><td>").text(&row.source).raw("</td>");
+        html.raw("<tr><td>").text(label(&row.source)).raw("</td>");
         match breakdown {
             Breakdown::Source => {}
             Breakdown::Queue => {
@@ -460,6 +474,7 @@ pub(crate) async fn list(
     body.raw("<h1>Commands</h1>");
     body.html(&filter_form(
         &names,
+        &|name| console.label(name),
         &source_name,
         state_name,
         type_name.as_deref(),
@@ -512,7 +527,9 @@ pub(crate) async fn list(
                 if let Some(q) = &queue {
                     body.raw(" in queue <code>").text(q).raw("</code>");
                 }
-                body.raw(" in <code>").text(&report.source).raw("</code>");
+                body.raw(" in <code>")
+                    .text(console.label(&report.source))
+                    .raw("</code>");
                 if let Some((_, at)) = total {
                     body.raw(" · counted at ").text(at.format("%H:%M:%S UTC"));
                 }
@@ -618,6 +635,7 @@ fn list_actions(
 
 fn filter_form(
     names: &[String],
+    label: &dyn Fn(&str) -> String,
     source: &str,
     state: &str,
     type_name: Option<&str>,
@@ -630,7 +648,7 @@ fn filter_form(
         if name == source {
             html.raw(" selected");
         }
-        html.raw(">").text(name).raw("</option>");
+        html.raw(">").text(label(name)).raw("</option>");
     }
     html.raw("</select></label><label>State <select name=\"state\">");
     for (name, _) in STATES {
@@ -750,7 +768,7 @@ pub(crate) async fn command(
         .raw("\" id=\"command-state\">")
         .text(shown.state.as_str())
         .raw("</span> in source <code>")
-        .text(&shown.source)
+        .text(console.label(&shown.source))
         .raw("</code></p>");
 
     if console.actions_allowed() {
@@ -1110,7 +1128,9 @@ pub(crate) async fn dead_letters(
         Ok(report) => {
             body.raw("<table class=\"commands\"><thead><tr><th>Source</th><th>Id</th><th>Type</th><th>Queue</th><th>Attempts</th><th>Dead since</th><th>Last error</th></tr></thead><tbody>");
             for row in &report.rows {
-                body.raw("<tr><td>").text(&row.source).raw("</td><td>");
+                body.raw("<tr><td>")
+                    .text(console.label(&row.source))
+                    .raw("</td><td>");
                 command_link(&mut body, &row.source, &row.summary.id);
                 body.raw("</td><td class=\"type\">")
                     .text(&row.summary.type_name)
@@ -1196,7 +1216,7 @@ mod tests {
             by_queue: true,
             source_count: 1,
         };
-        let html = breakdowns(Some(&report), None).into_string();
+        let html = breakdowns(Some(&report), None, &|name| name.to_owned()).into_string();
         assert!(html.contains("<h2>By queue</h2>"), "{html}");
         assert!(html.contains("id=\"queue-counts\""), "{html}");
         assert!(
@@ -1209,7 +1229,15 @@ mod tests {
 
     #[test]
     fn the_list_form_keeps_the_queue_filter() {
-        let html = filter_form(&["shop".into()], "shop", "due", None, Some("a\"b")).into_string();
+        let html = filter_form(
+            &["shop".into()],
+            &|name| name.to_owned(),
+            "shop",
+            "due",
+            None,
+            Some("a\"b"),
+        )
+        .into_string();
         assert!(
             html.contains("<input name=\"queue\" placeholder=\"any queue\" value=\"a&quot;b\">"),
             "{html}"
