@@ -154,7 +154,11 @@ pub async fn show_head(sources: &[OpenSource], id: CommandId, max_chars: u32) ->
         .zip(found)
         .find_map(|(source, head)| head.map(|head| (source, head)))
     else {
-        return Err(not_found(&[id.clone()], sources, "nothing to show"));
+        return Err(not_found(
+            std::slice::from_ref(&id),
+            sources,
+            "nothing to show",
+        ));
     };
     let now = source.queue.backend().clock_now().await?;
     Ok(ShownHead {

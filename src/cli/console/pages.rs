@@ -921,10 +921,8 @@ const PAYLOAD_SHOWN: usize = 64 * 1024;
 /// [`PAYLOAD_SHOWN`] bytes), the start of a larger one as its database printed it (cut
 /// there too), and whether that is all of it.
 fn payload_part(head: &str, whole: bool) -> (String, bool) {
-    if whole {
-        if let Ok(value) = serde_json::from_str::<serde_json::Value>(head) {
-            return pretty_prefix(&value, PAYLOAD_SHOWN);
-        }
+    if whole && let Ok(value) = serde_json::from_str::<serde_json::Value>(head) {
+        return pretty_prefix(&value, PAYLOAD_SHOWN);
     }
     let mut end = head.len().min(PAYLOAD_SHOWN);
     while !head.is_char_boundary(end) {
