@@ -48,7 +48,7 @@ pub use schedule::{
     DEFAULT_MAX_INPUT_BYTES, InputLimit, SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source,
     parse_jobs, read_jobs, read_limited, schedule, schedule_many,
 };
-pub use show::{ShownCommand, show};
+pub use show::{ShownCommand, ShownHead, show, show_head};
 
 use std::collections::HashSet;
 

@@ -62,6 +62,7 @@ pub const PURGE_BATCH: u32 = 5000;
 ///     dead_letters: true,
 ///     older_than: Some(Duration::from_secs(7 * 86_400)),
 ///     queue: None,
+///     type_name: None,
 /// };
 /// assert_eq!(plan_purge(&sources, &week_old).await?.total(), 0);
 /// assert!(plan_purge(&sources, &PurgeRequest::default()).await.is_err()); // say what to purge
@@ -78,6 +79,8 @@ pub struct PurgeRequest {
     pub older_than: Option<Duration>,
     /// Only rows of this queue (refused on a version-1 table, naming the upgrade).
     pub queue: Option<String>,
+    /// Only rows of this command type.
+    pub type_name: Option<String>,
 }
 
 struct PurgePart {
@@ -122,6 +125,8 @@ struct PurgePart {
 /// ```
 pub struct PurgePlan {
     parts: Vec<PurgePart>,
+    type_name: Option<String>,
+    queue: Option<String>,
 }
 
 /// Rows of one kind in one source, deleted or to delete.
@@ -166,7 +171,8 @@ pub struct PurgeCount {
 }
 
 /// The result of [`purge`] (or of a dry run): `{"deleted": N}` or `{"would_delete": N}`,
-/// with the split by state: `"completed"` and `"dead_letters"`.
+/// with the split by state: `"completed"` and `"dead_letters"`, and the filter it was
+/// limited to, when any: `"type"` and `"queue"`.
 ///
 /// # Examples
 ///
@@ -207,6 +213,10 @@ pub struct PurgeReport {
     pub counts: Vec<PurgeCount>,
     /// How many sources were asked.
     pub source_count: usize,
+    /// The command type the purge was limited to.
+    pub type_name: Option<String>,
+    /// The queue the purge was limited to.
+    pub queue: Option<String>,
 }
 
 impl PurgeReport {
@@ -222,7 +232,7 @@ impl Serialize for PurgeReport {
         serializer: S,
     ) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(3))?;
+        let mut map = serializer.serialize_map(None)?;
         let key = if self.dry_run {
             "would_delete"
         } else {
@@ -238,6 +248,12 @@ impl Serialize for PurgeReport {
         map.serialize_entry(key, &self.total())?;
         map.serialize_entry("completed", &of(FinishedKind::Completed))?;
         map.serialize_entry("dead_letters", &of(FinishedKind::DeadLetters))?;
+        if let Some(type_name) = &self.type_name {
+            map.serialize_entry("type", type_name)?;
+        }
+        if let Some(queue) = &self.queue {
+            map.serialize_entry("queue", queue)?;
+        }
         map.end()
     }
 }
@@ -255,7 +271,19 @@ impl PurgePlan {
             dry_run: true,
             counts: self.counts(|p| p.count),
             source_count: self.source_count(),
+            type_name: self.type_name.clone(),
+            queue: self.queue.clone(),
         }
+    }
+
+    /// The command type the plan is limited to, if any.
+    pub fn type_name(&self) -> Option<&str> {
+        self.type_name.as_deref()
+    }
+
+    /// The queue the plan is limited to, if any.
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
     }
 
     fn counts(&self, count: impl Fn(&PurgePart) -> u64) -> Vec<PurgeCount> {
@@ -341,6 +369,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
                 kind: *kind,
                 before,
                 queue: request.queue.clone(),
+                type_name: request.type_name.clone(),
             };
             let count = backend.finished_count(&filter).await?;
             parts.push(PurgePart {
@@ -351,7 +380,11 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
             });
         }
     }
-    Ok(PurgePlan { parts })
+    Ok(PurgePlan {
+        parts,
+        type_name: request.type_name.clone(),
+        queue: request.queue.clone(),
+    })
 }
 
 /// Deletes what the plan counted, in batches of [`PURGE_BATCH`] rows by primary key.
@@ -417,5 +450,7 @@ pub async fn purge(plan: &PurgePlan, progress: &dyn Progress) -> Result<PurgeRep
         dry_run: false,
         counts: deleted,
         source_count: plan.source_count(),
+        type_name: plan.type_name.clone(),
+        queue: plan.queue.clone(),
     })
 }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::command::{CommandId, CommandRow, State};
+use crate::engine::admin::CommandHeadParams;
 use crate::error::Result;
 use crate::sources::OpenSource;
 
@@ -89,5 +90,82 @@ pub async fn show(sources: &[OpenSource], id: CommandId) -> Result<ShownCommand>
         source: source.name.clone(),
         state: row.state(now),
         row,
+    })
+}
+
+/// One row with only the start of its payload's JSON text (see [`show_head`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShownHead {
+    /// The source name.
+    pub source: String,
+    /// Every column; `payload` is left `null` (see `payload_head`).
+    pub row: CommandRow,
+    /// The row's state at the database's `now`.
+    pub state: State,
+    /// The first characters of the payload's JSON text, as its database prints it.
+    pub payload_head: String,
+    /// The length of the payload's whole JSON text, in bytes.
+    pub payload_bytes: u64,
+}
+
+impl ShownHead {
+    /// Whether `payload_head` is the whole payload.
+    pub fn whole(&self) -> bool {
+        self.payload_head.len() as u64 >= self.payload_bytes
+    }
+}
+
+/// Reads one command as [`show`] does, but only the first `max_chars` characters of its
+/// payload's text: the database cuts it, so a payload of megabytes costs no more than
+/// its start.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
+/// # let source = icq::sources::open_one(&config).await?;
+/// # let queue = source.queue.clone();
+/// # let sources = vec![source];
+/// use icq::NewCommand;
+///
+/// let command = NewCommand::new("report", serde_json::json!({ "text": "x".repeat(1000) }));
+/// let id = queue.schedule(&command).await?.id;
+/// let shown = icq::admin::show_head(&sources, id, 10).await?;
+/// assert!(shown.payload_head.starts_with(r#"{"text""#));
+/// assert_eq!(shown.payload_head.chars().count(), 10);
+/// assert!(!shown.whole() && shown.payload_bytes > 1000);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn show_head(sources: &[OpenSource], id: CommandId, max_chars: u32) -> Result<ShownHead> {
+    let params = CommandHeadParams { id: &id, max_chars };
+    let found = futures::future::try_join_all(
+        sources
+            .iter()
+            .map(|s| async { s.queue.backend().command_head(&params).await }),
+    )
+    .await?;
+    let Some((source, head)) = sources
+        .iter()
+        .zip(found)
+        .find_map(|(source, head)| head.map(|head| (source, head)))
+    else {
+        return Err(not_found(
+            std::slice::from_ref(&id),
+            sources,
+            "nothing to show",
+        ));
+    };
+    let now = source.queue.backend().clock_now().await?;
+    Ok(ShownHead {
+        source: source.name.clone(),
+        state: head.row.state(now),
+        row: head.row,
+        payload_head: head.payload_head,
+        payload_bytes: head.payload_bytes,
     })
 }

@@ -520,6 +520,18 @@ pub fn describe_purge(counts: &[PurgeCount]) -> String {
     parts.join(" and ")
 }
 
+/// ` of type T in queue Q` for a purge limited to a type and/or a queue, else empty.
+pub fn purge_filter(type_name: Option<&str>, queue: Option<&str>) -> String {
+    let mut text = String::new();
+    if let Some(t) = type_name {
+        text.push_str(&format!(" of type {t}"));
+    }
+    if let Some(q) = queue {
+        text.push_str(&format!(" in queue {q}"));
+    }
+    text
+}
+
 impl Render for PurgeReport {
     fn human(&self, style: &Style) -> String {
         let verb = if self.dry_run {
@@ -527,7 +539,11 @@ impl Render for PurgeReport {
         } else {
             "Deleted"
         };
-        let mut text = format!("{verb} {}", describe_purge(&self.counts));
+        let mut text = format!(
+            "{verb} {}{}",
+            describe_purge(&self.counts),
+            purge_filter(self.type_name.as_deref(), self.queue.as_deref())
+        );
         if self.source_count > 1 {
             let mut table = style.table(&["Source", "Completed", "Dead letters"]);
             let mut sources: Vec<&str> = self.counts.iter().map(|c| c.source.as_str()).collect();

@@ -34,6 +34,11 @@ pub async fn run(args: ConsoleArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         addr: args.addr,
         allow_actions: args.allow_actions,
         token: std::env::var(TOKEN_VAR).ok(),
+        url_origin: Some(if global.database_url.is_some() {
+            "--database-url"
+        } else {
+            "$DATABASE_URL"
+        }),
     };
     options.validate()?;
     let config = crate::sources::load_config(&global.source_request())?;

@@ -1,5 +1,5 @@
-//! `icq purge [--completed] [--dead-letters] [--older-than 7d] [--dry-run]`: delete
-//! finished commands in bounded batches.
+//! `icq purge [--completed] [--dead-letters] [--older-than 7d] [--type T] [--queue Q]
+//! [--dry-run]`: delete finished commands in bounded batches.
 
 use std::time::Duration;
 
@@ -23,6 +23,10 @@ pub struct PurgeArgs {
     /// Only commands that finished longer ago than this, e.g. 30s, 5m, 12h, 7d.
     #[arg(long, value_name = "AGE", value_parser = super::parse::parse_duration, allow_hyphen_values = true)]
     pub older_than: Option<Duration>,
+
+    /// Only commands of this type.
+    #[arg(long = "type", value_name = "TYPE", value_parser = super::parse_non_empty)]
+    pub type_name: Option<String>,
 
     /// Only commands of this queue (needs a schema version 2 table).
     #[arg(long, value_name = "QUEUE", value_parser = super::pending::parse_queue)]
@@ -55,6 +59,7 @@ async fn purge(
         dead_letters: args.dead_letters,
         older_than: args.older_than,
         queue: args.queue.clone(),
+        type_name: args.type_name.clone(),
     };
     let plan = admin::plan_purge(sources, &request).await?;
     if args.dry_run {
@@ -84,8 +89,9 @@ fn question(plan: &admin::PurgePlan) -> String {
         "sources"
     };
     format!(
-        "Delete {} from {noun} {}?",
+        "Delete {}{} from {noun} {}?",
         output::describe_purge(&report.counts),
+        output::purge_filter(plan.type_name(), plan.queue()),
         sources.join(", ")
     )
 }

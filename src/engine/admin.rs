@@ -261,6 +261,8 @@ pub struct FinishedFilter {
     pub before: DateTime<Utc>,
     /// Only rows of this queue (version-2 tables only).
     pub queue: Option<String>,
+    /// Only rows of this command type.
+    pub type_name: Option<String>,
 }
 
 /// One batch of [`AdminOps::finished_delete_batch`].
@@ -431,6 +433,26 @@ pub struct CommandGetManyParams<'a> {
     pub ids: &'a [CommandId],
 }
 
+/// The row to read with its payload cut, see [`AdminOps::command_head`].
+#[derive(Debug, Clone, Copy)]
+pub struct CommandHeadParams<'a> {
+    /// The row's id.
+    pub id: &'a CommandId,
+    /// At most this many characters of the payload's text are read.
+    pub max_chars: u32,
+}
+
+/// One row whose payload the database cut, see [`AdminOps::command_head`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandHead {
+    /// Every column but the payload, which is left `null`.
+    pub row: CommandRow,
+    /// The first characters of the payload's JSON text, as the database prints it.
+    pub payload_head: String,
+    /// The length of the payload's whole JSON text, in bytes.
+    pub payload_bytes: u64,
+}
+
 /// Operator queries over one source's table.
 #[async_trait]
 pub trait AdminOps: Send + Sync + 'static {
@@ -452,6 +474,11 @@ pub trait AdminOps: Send + Sync + 'static {
         &self,
         params: &DeadLetterListParams,
     ) -> Result<Vec<DeadLetterSummary>>;
+
+    /// Reads the row with this id, in any state, with only the first `max_chars`
+    /// characters of its payload's text and the whole text's length, both computed by the
+    /// database: a payload of megabytes is never sent to show its start.
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>>;
 
     /// Reads the rows with these ids, in any state; ids that do not exist are absent.
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>>;

@@ -842,6 +842,128 @@ async fn purge_effects(engine: &'static str) {
     assert_eq!(total(&db).await, 3, "pending rows are never purged");
 }
 
+/// `purge --type T` deletes the finished rows of that type only, dead letters and completed
+/// alike, comparing the type byte for byte (a trailing space or another case is another
+/// type), and its output names the type.
+async fn purge_by_type_effects(engine: &'static str) {
+    let db = seeded(engine, "purge_by_type").await;
+    let done = |n: u32| format!("10000000-0000-4000-8000-00000000010{n}");
+    for (n, ty) in [
+        (1, "webhooks.deliver"),
+        (2, "webhooks.deliver "),
+        (3, "Webhooks.deliver"),
+    ] {
+        insert(
+            &db,
+            &done(n),
+            ty,
+            "{}",
+            &[
+                ("Attempts", "1".into()),
+                ("ProcessedAt", ts(&db, "2026-01-01T00:00:00")),
+            ],
+        )
+        .await;
+    }
+    let args = [
+        "purge",
+        "--completed",
+        "--dead-letters",
+        "--type",
+        "webhooks.deliver",
+    ];
+    assert_eq!(
+        json_of(&db, &[&args[..], &["--dry-run"]].concat()),
+        json!({"would_delete": 2, "completed": 1, "dead_letters": 1, "type": "webhooks.deliver"})
+    );
+    assert_eq!(
+        json_of(&db, &[&args[..], &["-y"]].concat()),
+        json!({"deleted": 2, "completed": 1, "dead_letters": 1, "type": "webhooks.deliver"})
+    );
+    assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}'")).await, 0);
+    assert_eq!(count(&db, &format!("{{Id}} = '{}'", done(1))).await, 0);
+    assert_eq!(
+        count(&db, "{DeadLetteredAt} IS NOT NULL").await,
+        1,
+        "the other type's dead letter stays"
+    );
+    assert_eq!(
+        count(&db, "{ProcessedAt} IS NOT NULL").await,
+        4,
+        "the other types' completed commands stay"
+    );
+    let text = ok(
+        &db,
+        &[
+            "purge",
+            "--dead-letters",
+            "--type",
+            "orders.send_receipt",
+            "--dry-run",
+        ],
+    );
+    assert!(
+        text.contains("Would delete 1 dead letter of type orders.send_receipt"),
+        "{text}"
+    );
+}
+
+/// A command read to show its payload's start gets the first characters (not bytes) and
+/// the whole payload's length in bytes from the database; a small payload comes whole.
+async fn payload_heads_are_cut_by_the_database(engine: &'static str) {
+    let db = seeded(engine, "payload_head").await;
+    let big = "10000000-0000-4000-8000-000000000201";
+    insert(
+        &db,
+        big,
+        "reports.render",
+        &json!({ "text": "é".repeat(100_000) }).to_string(),
+        &[],
+    )
+    .await;
+    let sources = open(&db).await;
+    let shown = admin::show_head(&sources, big.parse().unwrap(), 20)
+        .await
+        .unwrap();
+    assert_eq!(shown.row.type_name, "reports.render");
+    assert_eq!(
+        shown.row.payload,
+        Value::Null,
+        "the payload is not read whole"
+    );
+    assert_eq!(
+        shown.payload_head.chars().count(),
+        20,
+        "{}",
+        shown.payload_head
+    );
+    assert!(
+        shown.payload_head.starts_with(r#"{"text""#),
+        "{}",
+        shown.payload_head
+    );
+    assert!(shown.payload_head.ends_with('é'), "{}", shown.payload_head);
+    assert!(!shown.whole());
+    // 100,000 two-byte characters and the JSON around them (spacing differs by engine).
+    assert!(
+        (200_011..200_020).contains(&shown.payload_bytes),
+        "{} bytes",
+        shown.payload_bytes
+    );
+    let small = admin::show_head(&sources, DEAD_OLD.parse().unwrap(), 1000)
+        .await
+        .unwrap();
+    assert!(small.whole());
+    let payload: Value = serde_json::from_str(&small.payload_head).unwrap();
+    assert_eq!(payload, json!({"event": "order.paid", "order_id": 4}));
+    assert_eq!(small.row.last_error.as_deref(), Some(LONG_ERROR));
+    assert!(matches!(
+        admin::show_head(&sources, UNKNOWN.parse().unwrap(), 10).await,
+        Err(icq::Error::NotFound(_))
+    ));
+    admin::close(&sources).await;
+}
+
 async fn replay_effects(engine: &'static str) {
     let db = seeded(engine, "replay").await;
     let out = json_of(&db, &["replay", DEAD_OLD, DONE_OLD]);
@@ -1015,6 +1137,8 @@ on_every_engine!(
     dead_letter_listing,
     requeue_effects,
     purge_effects,
+    purge_by_type_effects,
+    payload_heads_are_cut_by_the_database,
     replay_effects,
     schedule_effects
 );
@@ -1565,6 +1689,7 @@ async fn measure_bulk_requeue_and_purge_on_postgres() {
         dead_letters: false,
         older_than: Some(std::time::Duration::from_secs(7 * 86_400)),
         queue: None,
+        type_name: None,
     };
     let plan = admin::plan_purge(&sources, &request).await.unwrap();
     let report = admin::purge(&plan, &admin::NoProgress).await.unwrap();

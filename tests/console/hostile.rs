@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 
 use crate::support::TestDb;
-use crate::{Console, DEAD, SCHEDULED, TOKEN, WEBHOOKS_QUEUE, pending_json, seeded, state_of};
+use crate::{Console, DEAD, SCHEDULED, TOKEN, WEBHOOKS_QUEUE, XSS, pending_json, seeded, state_of};
+
+/// A completed `orders.receipt` command of the seed, made a `webhooks.deliver` one.
+const COMPLETED_WEBHOOK: &str = "40000000-0000-4000-8000-000000000000";
 
 async fn get(console: &Console, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
     let mut request = reqwest::Client::new().get(console.url(path));
@@ -39,39 +42,96 @@ async fn post(console: &Console, path: &str, form: &[(&str, &str)]) -> (StatusCo
     (status, response.text().await.expect("a body"))
 }
 
-/// A purge offered from a page filtered by type would delete every type: it is not
-/// offered there, and a purge asked with a type filter is refused and deletes nothing.
+/// A purge offered from a page filtered by type deletes that type only, dead letters and
+/// completed commands alike, and its confirmation names the type, the queue, the source
+/// and the count.
 async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str) {
     let db = seeded(engine, "console_filtered_purge").await;
+    // One dead letter and two completed commands of another type than the filter's.
+    let (table, ty, id) = (db.q("InternalCommands"), db.q("Type"), db.q("Id"));
+    db.execute(&format!(
+        "UPDATE {table} SET {ty} = 'orders.receipt' WHERE {id} = '{XSS}';
+         UPDATE {table} SET {ty} = 'webhooks.deliver' WHERE {id} = '{COMPLETED_WEBHOOK}';"
+    ))
+    .await;
     let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
     let (status, page) = get(&console, "/dead-letters?type=webhooks.deliver", &[]).await;
     assert_eq!(status, StatusCode::OK, "{page}");
-    assert!(!page.contains("/actions/purge"), "no purge offered: {page}");
-    assert!(page.contains("id=\"no-purge\""), "{page}");
     assert!(
         page.contains("href=\"/actions/requeue?all_dead=1&amp;type=webhooks.deliver\""),
         "requeue takes the type: {page}"
     );
+    for kind in ["dead_letters", "completed"] {
+        assert!(
+            page.contains(&format!(
+                "href=\"/actions/purge?{kind}=1&amp;type=webhooks.deliver\""
+            )),
+            "purge takes the type: {page}"
+        );
+    }
     let (status, page) = get(
         &console,
-        "/actions/purge?dead_letters=1&type=webhooks.deliver",
+        &format!("/actions/purge?dead_letters=1&type=webhooks.deliver&queue={WEBHOOKS_QUEUE}"),
         &[],
     )
     .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
-    assert!(page.contains("purge takes no type filter"), "{page}");
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(
+            "Delete 1 dead letter of type webhooks.deliver in queue webhooks in source default (--database-url)"
+        ),
+        "{page}"
+    );
     let (status, page) = post(
         &console,
         "/actions/purge",
         &[
             ("dead_letters", "1"),
-            ("type", "orders.receipt"),
+            ("type", "webhooks.deliver"),
+            ("queue", WEBHOOKS_QUEUE),
             ("token", TOKEN),
         ],
     )
     .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
-    assert_eq!(pending_json(&db.url)[0]["dead"], 2, "nothing deleted");
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("Deleted 1 dead letter of type webhooks.deliver in queue webhooks."),
+        "{page}"
+    );
+    assert_eq!(
+        state_of(&db.url, XSS),
+        "dead",
+        "another type's dead letter stays"
+    );
+    let (_, page) = get(
+        &console,
+        "/actions/purge?completed=1&type=webhooks.deliver",
+        &[],
+    )
+    .await;
+    assert!(
+        page.contains(
+            "Delete 1 completed command of type webhooks.deliver in source default (--database-url)"
+        ),
+        "{page}"
+    );
+    let (status, page) = post(
+        &console,
+        "/actions/purge",
+        &[
+            ("completed", "1"),
+            ("type", "webhooks.deliver"),
+            ("token", TOKEN),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let counts = pending_json(&db.url);
+    assert_eq!(counts[0]["dead"], 1, "{counts}");
+    assert_eq!(
+        counts[0]["completed"], 2,
+        "other types' completed stay: {counts}"
+    );
     // Cancel from a list of due commands takes the scheduled ones of its filter too: the
     // button and the confirmation say so.
     let (_, page) = get(&console, "/list?state=due&type=email.digest", &[]).await;
@@ -87,7 +147,7 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     .await;
     assert!(
         page.contains(
-            "Cancel 2 pending commands of type email.digest in source default? They will not \
+            "Cancel 2 pending commands of type email.digest in source default (--database-url)? They will not \
              run (they become dead letters). Due and scheduled ones alike"
         ),
         "{page}"
@@ -100,7 +160,7 @@ async fn an_action_from_a_filtered_page_acts_on_that_filter(engine: &'static str
     )
     .await;
     assert!(
-        page.contains("Delete 2 dead letters in queue webhooks in source default?"),
+        page.contains("Delete 1 dead letter in queue webhooks in source default (--database-url)?"),
         "{page}"
     );
 }
@@ -250,7 +310,60 @@ macro_rules! on_engines {
     };
 }
 
+/// The source made from `--database-url` is named `default` (as in the CLI's JSON), which
+/// is also the default queue's name: the console labels it with where it came from. A
+/// source of that name read from a configuration file is shown as it is.
+async fn the_source_from_a_url_is_labelled(engine: &'static str) {
+    let db = seeded(engine, "console_url_label").await;
+    let label = "default (--database-url)";
+    let console = Console::start(&db.url, &[], None);
+    let (status, page) = get(&console, "/list", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(&format!(
+            "<option value=\"default\" selected>{label}</option>"
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(" in <code>{label}</code>")),
+        "{page}"
+    );
+    let (_, page) = get(&console, "/dead-letters", &[]).await;
+    assert!(page.contains(&format!("<tr><td>{label}</td>")), "{page}");
+    let (_, page) = get(&console, &format!("/command?id={DEAD}"), &[]).await;
+    assert!(
+        page.contains(&format!("in source <code>{label}</code>")),
+        "{page}"
+    );
+    // The name itself is unchanged: in links, and in the CLI's JSON.
+    assert!(page.contains("source=default&amp;id="), "{page}");
+    assert_eq!(pending_json(&db.url)[0]["source"], "default");
+    drop(console);
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!("sources:\n  - name: default\n    url: \"{}\"\n", db.url),
+    )
+    .expect("write icq.yaml");
+    let console = Console::start(
+        &db.url,
+        &["--config", config.to_str().expect("a UTF-8 path")],
+        None,
+    );
+    let (status, page) = get(&console, "/list", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("<option value=\"default\" selected>default</option>"),
+        "{page}"
+    );
+    assert!(!page.contains("--database-url"), "{page}");
+}
+
 on_engines!(
+    the_source_from_a_url_is_labelled,
     an_action_from_a_filtered_page_acts_on_that_filter,
     actions_are_offered_only_where_they_apply,
     bad_queries_are_pages_that_say_what_is_wrong,

@@ -452,7 +452,9 @@ async fn bulk_actions_take_the_queue_filter(engine: &'static str) {
     let (status, page) = get(&console, &format!("/actions/cancel?queue={EMAILS_QUEUE}")).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(
-        page.contains("Cancel 2 pending commands in queue emails in source default?"),
+        page.contains(
+            "Cancel 2 pending commands in queue emails in source default (--database-url)?"
+        ),
         "{page}"
     );
     assert!(
@@ -483,7 +485,7 @@ async fn bulk_actions_take_the_queue_filter(engine: &'static str) {
     .await;
     assert!(
         page.contains(
-            "Delete 2 dead letters in queue emails in source default? This cannot be undone."
+            "Delete 2 dead letters in queue emails in source default (--database-url)? This cannot be undone."
         ),
         "{page}"
     );
@@ -519,7 +521,7 @@ async fn bulk_actions_take_the_queue_filter(engine: &'static str) {
     .await;
     assert!(
         page.contains(
-            "Requeue 2 dead letters of type webhooks.deliver in queue webhooks in source default?"
+            "Requeue 2 dead letters of type webhooks.deliver in queue webhooks in source default (--database-url)?"
         ),
         "{page}"
     );

@@ -131,14 +131,6 @@ impl Action {
                         "purge what? `completed` and/or `dead_letters`".into(),
                     ));
                 }
-                // A filter the purge would ignore must not widen what it deletes.
-                if let Some(type_name) = &fields.type_name {
-                    return Err(Error::Usage(format!(
-                        "purge takes no type filter (it would delete every type, not only \
-                         `{type_name}`): clear the type filter to purge by queue, or cancel / \
-                         requeue the `{type_name}` rows instead"
-                    )));
-                }
                 let older_than = fields
                     .older_than
                     .as_deref()
@@ -149,6 +141,7 @@ impl Action {
                     dead_letters: fields.dead_letters,
                     older_than,
                     queue: fields.queue.clone(),
+                    type_name: fields.type_name.clone(),
                 }))
             }
             other => Err(Error::NotFound(format!(
@@ -207,7 +200,7 @@ pub(crate) async fn confirm(
     let planned = async {
         let action = Action::parse(&name, &fields)?;
         let sources = sources_for(&console, &fields).await?;
-        describe_plan(&action, &sources).await
+        describe_plan(&action, &sources, &|name| console.label(name)).await
     }
     .await;
     let (question, total, details) = match planned {
@@ -233,7 +226,16 @@ pub(crate) async fn confirm(
 
 /// The confirmation question, the number of rows concerned, and details (purge's dry
 /// run per source).
-async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(String, u64, Html)> {
+/// `label` names a source as the console shows it (see [`super::Console::label`]).
+async fn describe_plan(
+    action: &Action,
+    sources: &[OpenSource],
+    label: &(dyn Fn(&str) -> String + Sync),
+) -> Result<(String, u64, Html)> {
+    let in_sources = |names: &[&str]| {
+        let labels: Vec<String> = names.iter().map(|name| label(name)).collect();
+        in_sources(&labels.iter().map(String::as_str).collect::<Vec<_>>())
+    };
     let mut details = Html::new();
     Ok(match action {
         Action::Requeue(target) => {
@@ -278,7 +280,7 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                     "Replay command {id} (type {}, {}) in source {}? A new pending copy of its type, payload and context is scheduled.",
                     shown.row.type_name,
                     shown.state.as_str(),
-                    shown.source
+                    label(&shown.source)
                 ),
                 1,
                 details,
@@ -334,7 +336,7 @@ async fn describe_plan(action: &Action, sources: &[OpenSource]) -> Result<(Strin
                 format!(
                     "Delete {}{}{age} in {}? This cannot be undone.",
                     crate::cli::output::describe_purge(&report.counts),
-                    filtered(None, request.queue.as_deref()),
+                    filtered(request.type_name.as_deref(), request.queue.as_deref()),
                     in_sources(&names)
                 ),
                 plan.total(),
@@ -477,8 +479,9 @@ async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
             let report = admin::purge(&plan, &NoProgress).await?;
             Applied {
                 message: format!(
-                    "Deleted {}.",
-                    crate::cli::output::describe_purge(&report.counts)
+                    "Deleted {}{}.",
+                    crate::cli::output::describe_purge(&report.counts),
+                    filtered(request.type_name.as_deref(), request.queue.as_deref())
                 ),
                 show: None,
             }
@@ -558,6 +561,15 @@ mod tests {
         match Action::parse("purge", &Fields::parse(b"completed=1&queue=")) {
             Ok(Action::Purge(request)) => assert_eq!(request.queue, None),
             _ => panic!("purge"),
+        }
+        match Action::parse(
+            "purge",
+            &Fields::parse(b"dead_letters=1&type=webhooks.deliver"),
+        ) {
+            Ok(Action::Purge(request)) => {
+                assert_eq!(request.type_name.as_deref(), Some("webhooks.deliver"));
+            }
+            _ => panic!("purge by type"),
         }
     }
 

@@ -81,6 +81,10 @@ pub struct ConsoleOptions {
     pub allow_actions: bool,
     /// `ICQ_CONSOLE_TOKEN`.
     pub token: Option<String>,
+    /// Where the URL of a source made without a configuration file came from
+    /// (`--database-url` or `$DATABASE_URL`): the console labels that source with it, so
+    /// its name (`default`) is not taken for a queue's.
+    pub url_origin: Option<&'static str>,
 }
 
 impl ConsoleOptions {
@@ -125,6 +129,9 @@ pub(crate) struct Console {
 
 struct Inner {
     slots: Vec<Slot>,
+    /// The source made from a URL rather than read from a configuration file, and where
+    /// its URL came from.
+    url_source: Option<(String, &'static str)>,
     allow_actions: bool,
     token: Option<String>,
     sign_in_required: bool,
@@ -177,6 +184,16 @@ impl Console {
             }
         }
         opened
+    }
+
+    /// How the console names a source: a source made from a URL (not from a
+    /// configuration file) is labelled with where its URL came from, as
+    /// `default (--database-url)`, so it is not taken for the queue of that name.
+    pub(crate) fn label(&self, name: &str) -> String {
+        match &self.inner.url_source {
+            Some((source, origin)) if source == name => format!("{name} ({origin})"),
+            _ => name.to_owned(),
+        }
     }
 
     /// The configured source names, in configuration order.
@@ -323,6 +340,13 @@ pub async fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     options.validate()?;
+    let url_source = match (&config.path, config.sources.as_slice()) {
+        (None, [one]) if !one.embedded => Some((
+            one.name.clone(),
+            options.url_origin.unwrap_or("database URL"),
+        )),
+        _ => None,
+    };
     let slots = config
         .select(source)?
         .into_iter()
@@ -359,6 +383,7 @@ pub async fn serve(
     };
     let console = Console {
         inner: Arc::new(Inner {
+            url_source,
             slots,
             allow_actions: options.allow_actions,
             token: options.token.filter(|t| !t.trim().is_empty()),
@@ -507,6 +532,7 @@ mod tests {
             addr: addr.parse().expect("an address"),
             allow_actions,
             token: token.map(String::from),
+            url_origin: None,
         }
     }
 

@@ -228,7 +228,11 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
                 .raw("\">")
                 .text(snapshot.at.format("%H:%M:%S UTC"))
                 .raw("</time> · the same counts as <code>icq pending</code>, taken in one statement per source so every table agrees</p>")
-                .html(&counts_table(&snapshot.totals(), Breakdown::Source));
+                .html(&counts_table(
+                    &snapshot.totals(),
+                    Breakdown::Source,
+                    &|name| console.label(name),
+                ));
         }
         None => {
             html.html(&banner(&[
@@ -261,6 +265,7 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
         html.html(&breakdowns(
             Some(&snapshot.breakdown(true)),
             Some(&snapshot.breakdown(false)),
+            &|name| console.label(name),
         ));
     }
     html
@@ -269,7 +274,11 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
 /// The breakdowns under the per-source totals: per source and queue (`icq pending
 /// --by-queue`; a version-1 table has the one queue `default`), then per source and type
 /// (`icq pending --by-type`). Each figure links to its list, filtered the same way.
-fn breakdowns(by_queue: Option<&PendingReport>, by_type: Option<&PendingReport>) -> Html {
+fn breakdowns(
+    by_queue: Option<&PendingReport>,
+    by_type: Option<&PendingReport>,
+    label: &dyn Fn(&str) -> String,
+) -> Html {
     let mut html = Html::new();
     for (report, breakdown, heading) in [
         (by_queue, Breakdown::Queue, "<h2>By queue</h2>"),
@@ -280,7 +289,7 @@ fn breakdowns(by_queue: Option<&PendingReport>, by_type: Option<&PendingReport>)
         if report.rows.is_empty() {
             html.raw("<p class=\"none\">No commands yet.</p>");
         } else {
-            html.html(&counts_table(report, breakdown));
+            html.html(&counts_table(report, breakdown, label));
         }
     }
     html
@@ -299,7 +308,12 @@ enum Breakdown {
 
 /// One row per source (and queue or type): due, scheduled, running, dead, completed,
 /// each linking to its list.
-fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
+/// `label` names a source as the console shows it (see [`super::Console::label`]).
+fn counts_table(
+    report: &PendingReport,
+    breakdown: Breakdown,
+    label: &dyn Fn(&str) -> String,
+) -> Html {
     let mut html = Html::new();
     html.raw("<table class=\"counts\" id=\"")
         .raw(match breakdown {
@@ -324,7 +338,7 @@ fn counts_table(report: &PendingReport, breakdown: Breakdown) -> Html {
             Breakdown::Queue => (row.counts.queue.as_deref().unwrap_or(""), ""),
             Breakdown::Type => ("", row.counts.type_name.as_deref().unwrap_or("")),
         };
-        html.raw("<tr><td>").text(&row.source).raw("</td>");
+        html.raw("<tr><td>").text(label(&row.source)).raw("</td>");
         match breakdown {
             Breakdown::Source => {}
             Breakdown::Queue => {
@@ -460,6 +474,7 @@ pub(crate) async fn list(
     body.raw("<h1>Commands</h1>");
     body.html(&filter_form(
         &names,
+        &|name| console.label(name),
         &source_name,
         state_name,
         type_name.as_deref(),
@@ -512,7 +527,9 @@ pub(crate) async fn list(
                 if let Some(q) = &queue {
                     body.raw(" in queue <code>").text(q).raw("</code>");
                 }
-                body.raw(" in <code>").text(&report.source).raw("</code>");
+                body.raw(" in <code>")
+                    .text(console.label(&report.source))
+                    .raw("</code>");
                 if let Some((_, at)) = total {
                     body.raw(" · counted at ").text(at.format("%H:%M:%S UTC"));
                 }
@@ -618,6 +635,7 @@ fn list_actions(
 
 fn filter_form(
     names: &[String],
+    label: &dyn Fn(&str) -> String,
     source: &str,
     state: &str,
     type_name: Option<&str>,
@@ -630,7 +648,7 @@ fn filter_form(
         if name == source {
             html.raw(" selected");
         }
-        html.raw(">").text(name).raw("</option>");
+        html.raw(">").text(label(name)).raw("</option>");
     }
     html.raw("</select></label><label>State <select name=\"state\">");
     for (name, _) in STATES {
@@ -711,15 +729,14 @@ pub(crate) async fn command(
     if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Command", w)) {
         return page;
     }
-    // A row is read whole (its payload may be megabytes): a few at a time.
-    let _permit = console.large_read().await;
     let opened = console.opened().await;
     let sources: Vec<OpenSource> = opened
         .sources
         .into_iter()
         .filter(|s| wanted.is_none_or(|w| w == s.name))
         .collect();
-    let shown = match admin::show(&sources, id).await {
+    // The database cuts the payload: a page never reads more than it shows.
+    let shown = match admin::show_head(&sources, id, PAYLOAD_SHOWN as u32).await {
         Ok(shown) => shown,
         Err(err) => {
             let some_down = !opened.errors.is_empty();
@@ -751,7 +768,7 @@ pub(crate) async fn command(
         .raw("\" id=\"command-state\">")
         .text(shown.state.as_str())
         .raw("</span> in source <code>")
-        .text(&shown.source)
+        .text(console.label(&shown.source))
         .raw("</code></p>");
 
     if console.actions_allowed() {
@@ -869,7 +886,7 @@ pub(crate) async fn command(
             body.raw("<p class=\"none\">None.</p>");
         }
     }
-    let (shown_part, whole) = pretty_prefix(&row.payload, PAYLOAD_SHOWN);
+    let (shown_part, whole) = payload_part(&shown.payload_head, shown.whole());
     let download = query(&[("source", &shown.source), ("id", row.id.as_str())]);
     body.raw("<h2>Payload</h2>");
     if whole {
@@ -899,6 +916,20 @@ pub(crate) async fn command(
 
 /// How much of a payload a command's page shows (as pretty-printed JSON).
 const PAYLOAD_SHOWN: usize = 64 * 1024;
+
+/// The payload as the page shows it: a whole payload pretty-printed (cut at
+/// [`PAYLOAD_SHOWN`] bytes), the start of a larger one as its database printed it (cut
+/// there too), and whether that is all of it.
+fn payload_part(head: &str, whole: bool) -> (String, bool) {
+    if whole && let Ok(value) = serde_json::from_str::<serde_json::Value>(head) {
+        return pretty_prefix(&value, PAYLOAD_SHOWN);
+    }
+    let mut end = head.len().min(PAYLOAD_SHOWN);
+    while !head.is_char_boundary(end) {
+        end -= 1;
+    }
+    (head[..end].to_owned(), whole && end == head.len())
+}
 
 /// The first `max` bytes (at most) of `value` pretty-printed, cut at a character
 /// boundary, and whether that is all of it. Printing stops once `max` is reached, so a
@@ -1070,22 +1101,17 @@ pub(crate) async fn dead_letters(
         .text(qn)
         .raw("\"></label><button type=\"submit\">Filter</button></form>");
     if console.actions_allowed() {
-        // Every action acts on exactly the page's filter: requeue takes the type and the
-        // queue; purge has no type filter, so a page filtered by type does not offer it.
+        // Every action acts on exactly the page's filter: the type and the queue.
         body.raw(
             "<p class=\"actions\"><a class=\"button\" id=\"requeue-all\" href=\"/actions/requeue?",
         )
         .text(query(&[("all_dead", "1"), ("type", t), ("queue", qn)]))
         .raw("\">Requeue all matching…</a> ");
-        if type_name.is_none() {
-            body.raw("<a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
-                .text(query(&[("dead_letters", "1"), ("queue", qn)]))
-                .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
-                .text(query(&[("completed", "1"), ("queue", qn)]))
-                .raw("\">Purge completed…</a>");
-        } else {
-            body.raw("<span class=\"note\" id=\"no-purge\">Purge deletes by queue and age, not by type: clear the type filter to purge.</span>");
-        }
+        body.raw("<a class=\"button\" id=\"purge-dead\" href=\"/actions/purge?")
+            .text(query(&[("dead_letters", "1"), ("type", t), ("queue", qn)]))
+            .raw("\">Purge dead letters…</a> <a class=\"button\" id=\"purge-completed\" href=\"/actions/purge?")
+            .text(query(&[("completed", "1"), ("type", t), ("queue", qn)]))
+            .raw("\">Purge completed…</a>");
         body.raw("</p>");
     }
     let query_params = admin::DeadLetterQuery {
@@ -1100,7 +1126,9 @@ pub(crate) async fn dead_letters(
         Ok(report) => {
             body.raw("<table class=\"commands\"><thead><tr><th>Source</th><th>Id</th><th>Type</th><th>Queue</th><th>Attempts</th><th>Dead since</th><th>Last error</th></tr></thead><tbody>");
             for row in &report.rows {
-                body.raw("<tr><td>").text(&row.source).raw("</td><td>");
+                body.raw("<tr><td>")
+                    .text(console.label(&row.source))
+                    .raw("</td><td>");
                 command_link(&mut body, &row.source, &row.summary.id);
                 body.raw("</td><td class=\"type\">")
                     .text(&row.summary.type_name)
@@ -1186,7 +1214,7 @@ mod tests {
             by_queue: true,
             source_count: 1,
         };
-        let html = breakdowns(Some(&report), None).into_string();
+        let html = breakdowns(Some(&report), None, &|name| name.to_owned()).into_string();
         assert!(html.contains("<h2>By queue</h2>"), "{html}");
         assert!(html.contains("id=\"queue-counts\""), "{html}");
         assert!(
@@ -1199,7 +1227,15 @@ mod tests {
 
     #[test]
     fn the_list_form_keeps_the_queue_filter() {
-        let html = filter_form(&["shop".into()], "shop", "due", None, Some("a\"b")).into_string();
+        let html = filter_form(
+            &["shop".into()],
+            &|name| name.to_owned(),
+            "shop",
+            "due",
+            None,
+            Some("a\"b"),
+        )
+        .into_string();
         assert!(
             html.contains("<input name=\"queue\" placeholder=\"any queue\" value=\"a&quot;b\">"),
             "{html}"

@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{COLUMNS, MySqlDriver, NOW, decode_row, exact, exact_marks};
 use crate::command::{CommandId, CommandRow};
@@ -21,6 +21,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
+use crate::engine::admin::{CommandHead, CommandHeadParams};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
@@ -95,14 +96,17 @@ fn requeue_set(version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?` (of
-/// queue `?` when the filter names one: bind it twice).
+/// The `WHERE` condition and ordering column of finished rows at or before `?` (then
+/// of queue `?` and of type `?` when the filter names them, in that order: bind each
+/// twice).
 fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        format!(" AND {}", equals("`Queue`"))
-    } else {
-        String::new()
-    };
+    let mut queue = String::new();
+    if filter.queue.is_some() {
+        queue.push_str(&format!(" AND {}", equals("`Queue`")));
+    }
+    if filter.type_name.is_some() {
+        queue.push_str(&format!(" AND {}", equals("`Type`")));
+    }
     match filter.kind {
         FinishedKind::Completed => (
             format!("`ProcessedAt` IS NOT NULL AND `ProcessedAt` <= ?{queue}"),
@@ -445,6 +449,35 @@ impl AdminOps for MySqlDriver {
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
 
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let t = &self.t;
+        // `LEFT` counts characters; `LENGTH` is the stored text's bytes.
+        let columns = columns(self.schema_version().await?).replace(
+            "CAST(`Payload` AS CHAR) AS `Payload`",
+            "'null' AS `Payload`, LEFT(CAST(`Payload` AS CHAR), ?) AS `PayloadHead`, \
+             CAST(LENGTH(`Payload`) AS SIGNED) AS `PayloadBytes`",
+        );
+        let sql = format!("SELECT {columns} FROM {t} WHERE `Id` = ?");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(params.max_chars))
+            .bind(params.id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let ctx = || self.ctx("decoding a command");
+        let decoded = decode_row(&row).map_err(Error::db(ctx()))?;
+        let head: Option<String> = row.try_get("PayloadHead").map_err(Error::db(ctx()))?;
+        let bytes: Option<i64> = row.try_get("PayloadBytes").map_err(Error::db(ctx()))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
+    }
+
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
         let t = &self.t;
@@ -597,6 +630,9 @@ impl AdminOps for MySqlDriver {
         if let Some(queue) = &filter.queue {
             query = query.bind(queue).bind(queue);
         }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name).bind(type_name);
+        }
         let n: i64 = query
             .fetch_one(&self.pool)
             .await
@@ -610,10 +646,14 @@ impl AdminOps for MySqlDriver {
         let (condition, order) = finished(&params.filter);
         let before = params.filter.before.naive_utc();
         let queue = &params.filter.queue;
+        let type_name = &params.filter.type_name;
         let select = format!("SELECT `Id` FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?");
         let mut query = sqlx::query_scalar(AssertSqlSafe(select)).bind(before);
         if let Some(queue) = queue {
             query = query.bind(queue).bind(queue);
+        }
+        if let Some(type_name) = type_name {
+            query = query.bind(type_name).bind(type_name);
         }
         let ids: Vec<String> = query
             .bind(i64::from(params.limit))
@@ -633,6 +673,9 @@ impl AdminOps for MySqlDriver {
             query = query.bind(before);
             if let Some(queue) = queue {
                 query = query.bind(queue).bind(queue);
+            }
+            if let Some(type_name) = type_name {
+                query = query.bind(type_name).bind(type_name);
             }
             done += query
                 .execute(&self.pool)

@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::{BEGIN, PgDriver, decode_row};
@@ -22,12 +22,17 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
-use crate::engine::admin::{RequeueBatch, requeue_page};
+use crate::engine::admin::{CommandHead, CommandHeadParams, RequeueBatch, requeue_page};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
 use crate::engine::{AdminOps, Lifecycle};
 use crate::error::{Error, Result};
+
+/// The columns of a version-1 row but its payload, for a read that cuts the payload.
+const COLUMNS_BUT_PAYLOAD: &str = r#""Id", "Type", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId""#;
+/// The columns a version-2 table adds.
+const COLUMNS_V2: &str = r#""Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes""#;
 
 /// Pending: neither completed nor dead.
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
@@ -71,26 +76,33 @@ fn key_free(t: &str, version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `$1` (of
-/// queue `$2` when the filter names one).
-fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        r#" AND "Queue" = $2"#
-    } else {
-        ""
-    };
-    match filter.kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `$1` (then
+/// of queue `$2` and of type `$n` when the filter names them, in that order), and the
+/// number of the next free parameter.
+fn finished(filter: &FinishedFilter) -> (String, &'static str, usize) {
+    let mut extra = String::new();
+    let mut next = 2;
+    if filter.queue.is_some() {
+        extra.push_str(&format!(r#" AND "Queue" = ${next}"#));
+        next += 1;
+    }
+    if filter.type_name.is_some() {
+        extra.push_str(&format!(r#" AND "Type" = ${next}"#));
+        next += 1;
+    }
+    let (condition, order) = match filter.kind {
         FinishedKind::Completed => (
-            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1{queue}"#),
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= $1{extra}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
             format!(
-                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1{queue}"#
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= $1{extra}"#
             ),
             r#""DeadLetteredAt""#,
         ),
-    }
+    };
+    (condition, order, next)
 }
 
 /// The condition that selects a listing's rows.
@@ -213,6 +225,45 @@ impl AdminOps for PgDriver {
             .map(|row| decode_row(row).map(DeadLetterSummary::from))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(self.db("decoding a dead letter"))
+    }
+
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let Some(id) = params.id.as_uuid() else {
+            return Ok(None);
+        };
+        let t = &self.t;
+        let v2 = if self.schema_version().await? >= 2 {
+            format!(", {COLUMNS_V2}")
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            r#"SELECT {COLUMNS_BUT_PAYLOAD}{v2}, 'null'::jsonb AS "Payload",
+                   left("Payload"::text, $2::int) AS "PayloadHead",
+                   octet_length("Payload"::text)::bigint AS "PayloadBytes"
+               FROM {t} WHERE "Id" = $1"#
+        );
+        let row = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(i64::from(params.max_chars))
+            .fetch_optional(e))
+        .await
+        .map_err(self.db("reading a command"))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let decoded = decode_row(&row).map_err(self.db("decoding a command"))?;
+        let head: Option<String> = row
+            .try_get("PayloadHead")
+            .map_err(self.db("decoding a command"))?;
+        let bytes: Option<i64> = row
+            .try_get("PayloadBytes")
+            .map_err(self.db("decoding a command"))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
     }
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
@@ -555,11 +606,14 @@ impl AdminOps for PgDriver {
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter);
+        let (condition, _, _) = finished(filter);
         let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before);
         if let Some(queue) = &filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name);
         }
         let n: i64 = on_pool!(self, self.pool, BEGIN, |e| query.fetch_one(e))
             .await
@@ -569,19 +623,17 @@ impl AdminOps for PgDriver {
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(&params.filter);
-        let limit = if params.filter.queue.is_some() {
-            "$3"
-        } else {
-            "$2"
-        };
+        let (condition, order, limit) = finished(&params.filter);
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ${limit})"#
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(params.filter.before);
         if let Some(queue) = &params.filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &params.filter.type_name {
+            query = query.bind(type_name);
         }
         let done = on_pool!(self, self.pool, BEGIN, |e| query
             .bind(i64::from(params.limit))

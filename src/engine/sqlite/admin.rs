@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{NOW, SqliteDriver, decode_row};
 use crate::command::{CommandId, CommandRow, format_timestamp, parse_timestamp};
@@ -22,6 +22,7 @@ use crate::engine::admin::{
     FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
     StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
+use crate::engine::admin::{CommandHead, CommandHeadParams};
 use crate::engine::admin::{
     count_grouping, decode_state_count, is_unique_violation, requeue_dead_around_taken_keys,
 };
@@ -86,26 +87,33 @@ fn requeue_set(version: u32) -> String {
     )
 }
 
-/// The `WHERE` condition and ordering column of finished rows at or before `?1` (of
-/// queue `?2` when the filter names one).
-fn finished(filter: &FinishedFilter) -> (String, &'static str) {
-    let queue = if filter.queue.is_some() {
-        r#" AND "Queue" = ?2"#
-    } else {
-        ""
-    };
-    match filter.kind {
+/// The `WHERE` condition and ordering column of finished rows at or before `?1` (then
+/// of queue `?2` and of type `?n` when the filter names them, in that order), and the
+/// number of the next free parameter.
+fn finished(filter: &FinishedFilter) -> (String, &'static str, usize) {
+    let mut extra = String::new();
+    let mut next = 2;
+    if filter.queue.is_some() {
+        extra.push_str(&format!(r#" AND "Queue" = ?{next}"#));
+        next += 1;
+    }
+    if filter.type_name.is_some() {
+        extra.push_str(&format!(r#" AND "Type" = ?{next}"#));
+        next += 1;
+    }
+    let (condition, order) = match filter.kind {
         FinishedKind::Completed => (
-            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1{queue}"#),
+            format!(r#""ProcessedAt" IS NOT NULL AND "ProcessedAt" <= ?1{extra}"#),
             r#""ProcessedAt""#,
         ),
         FinishedKind::DeadLetters => (
             format!(
-                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1{queue}"#
+                r#""DeadLetteredAt" IS NOT NULL AND "ProcessedAt" IS NULL AND "DeadLetteredAt" <= ?1{extra}"#
             ),
             r#""DeadLetteredAt""#,
         ),
-    }
+    };
+    (condition, order, next)
 }
 
 /// The condition that selects a listing's rows. A `RunAt` that is not a time (text
@@ -343,6 +351,41 @@ impl AdminOps for SqliteDriver {
             .map_err(Error::db(self.ctx("decoding a dead letter")))
     }
 
+    async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
+        let t = &self.t;
+        let columns = if self.schema_version().await? >= 2 {
+            super::COLUMNS_V2
+        } else {
+            super::COLUMNS_V1
+        };
+        // `substr` of text counts characters; the length is the text's bytes.
+        let columns = columns.replace(
+            r#""Payload""#,
+            r#"'null' AS "Payload",
+               substr(CAST("Payload" AS TEXT), 1, ?2) AS "PayloadHead",
+               length(CAST("Payload" AS BLOB)) AS "PayloadBytes""#,
+        );
+        let sql = format!(r#"SELECT {columns} FROM {t} WHERE "Id" = ?1"#);
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(params.id.to_string())
+            .bind(i64::from(params.max_chars))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("reading a command")))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let ctx = || self.ctx("decoding a command");
+        let decoded = decode_row(&row).map_err(Error::db(ctx()))?;
+        let head: Option<String> = row.try_get("PayloadHead").map_err(Error::db(ctx()))?;
+        let bytes: Option<i64> = row.try_get("PayloadBytes").map_err(Error::db(ctx()))?;
+        Ok(Some(CommandHead {
+            row: decoded,
+            payload_head: head.unwrap_or_default(),
+            payload_bytes: bytes.unwrap_or(0).max(0) as u64,
+        }))
+    }
+
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
         let t = &self.t;
@@ -485,12 +528,15 @@ impl AdminOps for SqliteDriver {
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
         let t = &self.t;
-        let (condition, _) = finished(filter);
+        let (condition, _, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
         let mut query =
             sqlx::query_scalar(AssertSqlSafe(sql)).bind(format_timestamp(filter.before));
         if let Some(queue) = &filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &filter.type_name {
+            query = query.bind(type_name);
         }
         let n: i64 = query
             .fetch_one(&self.pool)
@@ -501,20 +547,18 @@ impl AdminOps for SqliteDriver {
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
         let t = &self.t;
-        let (condition, order) = finished(&params.filter);
-        let limit = if params.filter.queue.is_some() {
-            "?3"
-        } else {
-            "?2"
-        };
+        let (condition, order, limit) = finished(&params.filter);
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})"#
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?{limit})"#
         );
         let mut query =
             sqlx::query(AssertSqlSafe(sql)).bind(format_timestamp(params.filter.before));
         if let Some(queue) = &params.filter.queue {
             query = query.bind(queue);
+        }
+        if let Some(type_name) = &params.filter.type_name {
+            query = query.bind(type_name);
         }
         let done = query
             .bind(i64::from(params.limit))
