@@ -2008,17 +2008,17 @@ async fn queue_filters_change_only_their_queue(engine: &'static str) {
                 "--dry-run"
             ]
         ),
-        json!({"would_delete": 1, "completed": 0, "dead_letters": 1})
+        json!({"would_delete": 1, "completed": 0, "dead_letters": 1, "queue": "emails"})
     );
     assert_eq!(
         json_of(&db, &["purge", "--dead-letters", "--queue", "emails", "-y"]),
-        json!({"deleted": 1, "completed": 0, "dead_letters": 1})
+        json!({"deleted": 1, "completed": 0, "dead_letters": 1, "queue": "emails"})
     );
     assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_OLD}'")).await, 0);
     assert_eq!(count(&db, &format!("{{Id}} = '{DEAD_NEW}'")).await, 1);
     assert_eq!(
         json_of(&db, &["purge", "--completed", "--queue", "default", "-y"]),
-        json!({"deleted": 2, "completed": 2, "dead_letters": 0})
+        json!({"deleted": 2, "completed": 2, "dead_letters": 0, "queue": "default"})
     );
 
     // cancel: alone, and with --type
