@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::{not_found, one_source};
 use crate::command::{CommandId, CommandRow, State};
 use crate::engine::admin::CommandGetManyParams;
-use crate::engine::admin::{CommandListParams, ListState, StateCount, StateCountParams};
+use crate::engine::admin::{CommandListParams, ListState, StateCountParams};
 use crate::error::Result;
 use crate::sources::OpenSource;
 
@@ -237,7 +237,7 @@ async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Res
     let total = counts
         .iter()
         .filter(|c| c.type_name.is_none() || c.type_name == request.type_name)
-        .map(|c| in_state(c, request.state))
+        .map(|c| c.in_state(request.state))
         .sum();
     Ok(ListReport {
         source: source.name.clone(),
@@ -250,16 +250,4 @@ async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Res
         },
         commands,
     })
-}
-
-/// The count of one listing state.
-fn in_state(counts: &StateCount, state: ListState) -> u64 {
-    match state {
-        ListState::Pending => counts.due + counts.scheduled + counts.running,
-        ListState::Due => counts.due,
-        ListState::Scheduled => counts.scheduled,
-        ListState::Running => counts.running,
-        ListState::Dead => counts.dead,
-        ListState::Completed => counts.completed,
-    }
 }

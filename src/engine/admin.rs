@@ -57,6 +57,20 @@ pub struct StateCount {
     pub completed: u64,
 }
 
+impl StateCount {
+    /// The rows counted in one listing `state` (`pending` is due, scheduled and running).
+    pub fn in_state(&self, state: ListState) -> u64 {
+        match state {
+            ListState::Pending => self.due + self.scheduled + self.running,
+            ListState::Due => self.due,
+            ListState::Scheduled => self.scheduled,
+            ListState::Running => self.running,
+            ListState::Dead => self.dead,
+            ListState::Completed => self.completed,
+        }
+    }
+}
+
 /// Which dead letters [`AdminOps::dead_letter_list`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterListParams {

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::html::{Html, query};
 use super::snapshot::SAMPLE_EVERY;
 use super::{Console, describe, history};
-use crate::admin::{self, ListState, PendingReport, StateCount};
+use crate::admin::{self, ListState, PendingReport};
 use crate::command::CommandId;
 use crate::error::Error;
 use crate::sources::OpenSource;
@@ -507,7 +507,7 @@ pub(crate) async fn list(
                 let snapshot = console.snapshot(FRESH_FOR_A_REFRESH).await;
                 let total = snapshot.as_ref().and_then(|s| {
                     s.count(&source_name, type_name.as_deref(), queue.as_deref(), |c| {
-                        in_state(c, state)
+                        c.in_state(state)
                     })
                     .map(|n| (n, s.at))
                 });
@@ -585,18 +585,6 @@ pub(crate) async fn list(
         }
     }
     render(&console, status, "Commands", Nav::Lists, &errors, &body)
-}
-
-/// The count of one listing state.
-fn in_state(counts: &StateCount, state: ListState) -> u64 {
-    match state {
-        ListState::Pending => counts.due + counts.scheduled + counts.running,
-        ListState::Due => counts.due,
-        ListState::Scheduled => counts.scheduled,
-        ListState::Running => counts.running,
-        ListState::Dead => counts.dead,
-        ListState::Completed => counts.completed,
-    }
 }
 
 /// The bulk actions a filtered list offers (with `--allow-actions`): requeue every dead
@@ -712,23 +700,38 @@ pub(crate) struct CommandQuery {
     id: Option<String>,
 }
 
+/// The command a `/command` or `/command/payload` address names, and the source it asks
+/// for, or the page that says what is wrong with the address.
+fn command_target(
+    console: &Console,
+    title: &str,
+    q: Result<Query<CommandQuery>, QueryRejection>,
+) -> Result<(CommandId, Option<String>), Box<Response>> {
+    let q = parsed(console, title, q)?;
+    let id = non_empty(q.id.as_ref())
+        .unwrap_or("")
+        .parse::<CommandId>()
+        .map_err(|err| Box::new(error_page(console, title, &err)))?;
+    let wanted = non_empty(q.source.as_ref()).map(str::to_owned);
+    if let Some(page) = wanted
+        .as_deref()
+        .and_then(|w| unknown_source(console, title, w))
+    {
+        return Err(Box::new(page));
+    }
+    Ok((id, wanted))
+}
+
 /// `GET /command?source=&id=`: one command in full (`icq show`).
 pub(crate) async fn command(
     State(console): State<Console>,
     q: Result<Query<CommandQuery>, QueryRejection>,
 ) -> Response {
-    let q = match parsed(&console, "Command", q) {
-        Ok(q) => q,
+    let (id, wanted) = match command_target(&console, "Command", q) {
+        Ok(target) => target,
         Err(page) => return *page,
     };
-    let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
-        Ok(id) => id,
-        Err(err) => return error_page(&console, "Command", &err),
-    };
-    let wanted = non_empty(q.source.as_ref());
-    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Command", w)) {
-        return page;
-    }
+    let wanted = wanted.as_deref();
     let opened = console.opened().await;
     let sources: Vec<OpenSource> = opened
         .sources
@@ -1000,18 +1003,11 @@ pub(crate) async fn payload(
     State(console): State<Console>,
     q: Result<Query<CommandQuery>, QueryRejection>,
 ) -> Response {
-    let q = match parsed(&console, "Payload", q) {
-        Ok(q) => q,
+    let (id, wanted) = match command_target(&console, "Payload", q) {
+        Ok(target) => target,
         Err(page) => return *page,
     };
-    let id = match non_empty(q.id.as_ref()).unwrap_or("").parse::<CommandId>() {
-        Ok(id) => id,
-        Err(err) => return error_page(&console, "Payload", &err),
-    };
-    let wanted = non_empty(q.source.as_ref());
-    if let Some(page) = wanted.and_then(|w| unknown_source(&console, "Payload", w)) {
-        return page;
-    }
+    let wanted = wanted.as_deref();
     // Held until the whole payload is sent: a few downloads at a time; the row is read
     // and encoded under a large-read permit, like a page.
     let Some(permit) = console.download().await else {
