@@ -398,3 +398,58 @@ async fn a_thousand_idle_queues_cost_what_one_does() {
         "stopped after {stopped:?}"
     );
 }
+
+/// Reads through an open source keep working across the upgrade of its table: statements
+/// prepared before it (`show`, the dead-letter list, several ids at once) are not read
+/// past the columns the upgrade added.
+#[tokio::test]
+async fn operator_reads_on_an_open_source_survive_the_upgrade() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::new(engine, "upgrade_reads").await;
+        let kind: icq::Engine = engine.parse().unwrap();
+        let table = icq::TableName::default();
+        db.execute(&icq::schema::render_v1(kind, &table).up).await;
+        let sources = vec![open(&db, &Settings::default()).await];
+        let (t, id, ty, payload, dead) = (
+            db.q("InternalCommands"),
+            db.q("Id"),
+            db.q("Type"),
+            db.q("Payload"),
+            db.q("DeadLetteredAt"),
+        );
+        let uuid = "10000000-0000-4000-8000-0000000000b1";
+        let now = match engine {
+            "postgres" => "now()",
+            "mysql" => "UTC_TIMESTAMP(6)",
+            _ => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        };
+        db.execute(&format!(
+            "INSERT INTO {t} ({id}, {ty}, {payload}, {dead}) VALUES ('{uuid}', 'probe', '{{}}', {now})"
+        ))
+        .await;
+        let command: icq::CommandId = uuid.parse().unwrap();
+        let reads = || async {
+            let shown = icq::admin::show(&sources, command.clone()).await?;
+            let listed =
+                icq::admin::dead_letters(&sources, &icq::admin::DeadLetterQuery::default()).await?;
+            Ok::<_, icq::Error>((shown.row.id.to_string(), listed.rows.len()))
+        };
+        assert_eq!(
+            reads().await.unwrap(),
+            (uuid.to_owned(), 1),
+            "{engine}: before"
+        );
+        db.execute(&icq::schema::render_upgrade(kind, &table).up)
+            .await;
+        // Both before and after the driver notices the new version.
+        for _ in 0..2 {
+            let read = tokio::time::timeout(Duration::from_secs(30), reads()).await;
+            let read = read.unwrap_or_else(|_| panic!("{engine}: a read hung after the upgrade"));
+            assert_eq!(read.unwrap(), (uuid.to_owned(), 1), "{engine}: after");
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+        for source in sources {
+            source.queue.close().await;
+        }
+    }
+}

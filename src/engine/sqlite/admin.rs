@@ -329,8 +329,9 @@ impl AdminOps for SqliteDriver {
         } else {
             ""
         };
+        let columns = self.columns().await?;
         let sql = format!(
-            r#"SELECT * FROM {t}
+            r#"SELECT {columns} FROM {t}
                WHERE {DEAD} AND (?1 IS NULL OR "Type" = ?1) {queue}
                ORDER BY "DeadLetteredAt" DESC, "Id"
                LIMIT ?2"#
@@ -353,11 +354,7 @@ impl AdminOps for SqliteDriver {
 
     async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
         let t = &self.t;
-        let columns = if self.schema_version().await? >= 2 {
-            super::COLUMNS_V2
-        } else {
-            super::COLUMNS_V1
-        };
+        let columns = self.columns().await?;
         // `substr` of text counts characters; the length is the text's bytes.
         let columns = columns.replace(
             r#""Payload""#,
@@ -388,12 +385,14 @@ impl AdminOps for SqliteDriver {
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
+        let columns = self.columns().await?;
         let t = &self.t;
         let mut found = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = marks(chunk.len());
-            let sql =
-                format!(r#"SELECT * FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#);
+            let sql = format!(
+                r#"SELECT {columns} FROM {t} WHERE "Id" IN ({marks}) ORDER BY "CreatedAt", "Id""#
+            );
             let mut query = sqlx::query(AssertSqlSafe(sql));
             for id in chunk {
                 query = query.bind(id.to_string());

@@ -741,6 +741,16 @@ const WORK_SYNCHRONOUS: &str = "PRAGMA synchronous = NORMAL";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
+    /// The table's columns, named: a `SELECT *` prepared before an upgrade keeps its
+    /// column count in sqlx's statement cache and reads past the new columns.
+    pub(super) async fn columns(&self) -> Result<&'static str> {
+        Ok(if self.schema_version().await? >= 2 {
+            COLUMNS_V2
+        } else {
+            COLUMNS_V1
+        })
+    }
+
     /// The processor's turn to write (see `writing`) and a connection to write on; the
     /// turn ends when the guard drops. On icq's own pool the connection commits with
     /// `synchronous = NORMAL` (see [`SqliteDriver::connect`]); the application's pool is
@@ -1284,7 +1294,11 @@ impl QueueOps for SqliteDriver {
 
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
         let id = params.id;
-        let sql = format!(r#"SELECT * FROM {} WHERE "Id" = ?"#, self.t);
+        let sql = format!(
+            r#"SELECT {} FROM {} WHERE "Id" = ?"#,
+            self.columns().await?,
+            self.t
+        );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
             .fetch_optional(&self.pool)
