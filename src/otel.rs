@@ -1,6 +1,6 @@
 //! OpenTelemetry in the library (feature `otel`): the trace context a command carries
 //! from the code that scheduled it to the handler that runs it, the execution span and
-//! the messaging metrics (SPEC §10).
+//! the messaging metrics.
 //!
 //! - Scheduling inside a span records that span's W3C `traceparent` in `TraceParent`
 //!   ([`current_traceparent`]), unless the command names one itself.

@@ -688,7 +688,7 @@ mod tests {
 
     #[test]
     fn secrets_inside_libpq_options_are_masked() {
-        // Issue 20: `options` carries `-c password=...` to the server.
+        // `options` carries `-c password=...` to the server.
         assert_eq!(
             redact_url("postgres://u@h/d?options=-c%20password%3DS3cr%21t&sslmode=disable"),
             "postgres://u@h/d?options=-c%20password%3D***&sslmode=disable"

@@ -20,7 +20,7 @@
 //! | `concurrency` | 1 ..= 10 000 | whole |
 //! | `max_snoozes` | 0 ..= 1 000 000 | whole |
 //!
-//! A source's `queues:` (beside `settings:` in `icq.yaml`, SPEC §8) land in
+//! A source's `queues:` (beside `settings:` in `icq.yaml`) land in
 //! [`Settings::queues`]: queue names follow [`validate_queue_name`], each queue's
 //! `concurrency` the range of `concurrency` above, and no queue is listed twice.
 

@@ -1,7 +1,7 @@
 //! Operator operations across one or many sources: counts, dead letters, requeue, purge,
 //! replay and one-off scheduling. Every `icq` operator subcommand is a thin layer over one
 //! function here; each returns a typed report whose `Serialize` form is exactly the JSON
-//! document of the product contract (SPEC §7), and the CLI's output module renders it.
+//! document of the product contract, and the CLI's output module renders it.
 //!
 //! Guarantees:
 //!

@@ -564,10 +564,10 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
 mod tests {
     use super::*;
 
-    /// Issue 23: a type error in a JSON Lines document names the field it is in (serde
+    /// A type error in a JSON Lines document names the field it is in (serde
     /// alone says only `invalid type: string "high", expected i64 at line 1 column 45`).
     #[test]
-    fn issue_23_jsonl_type_errors_name_the_field() {
+    fn jsonl_type_errors_name_the_field() {
         for (line, expected) in [
             (
                 r#"{"type": "a", "payload": 1, "priority": "high"}"#,

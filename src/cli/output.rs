@@ -3,7 +3,7 @@
 //! prompts and progress bars).
 //!
 //! - **JSON** (`--format json`): the report's `Serialize` form, pretty-printed, on stdout,
-//!   exactly the shapes documented in SPEC §7. Nothing else is ever written to stdout.
+//!   exactly the shapes documented in the README. Nothing else is ever written to stdout.
 //! - **Tables** (`--format table`): comfy-table, fitted to the terminal width (or to
 //!   `$COLUMNS` when set); long error texts are cut to their first line and a bounded
 //!   length. Colour only on a terminal and never when `$NO_COLOR` is set.

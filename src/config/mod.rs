@@ -238,7 +238,7 @@ pub struct HandlerConfig {
     pub requires_roles: Vec<String>,
 }
 
-/// The kinds of configured handler (SPEC §5).
+/// The kinds of configured handler.
 ///
 /// # Examples
 ///

@@ -166,7 +166,7 @@ pub enum StateChange {
         /// Where to move `RunAt`, when it should move.
         run_in: Option<Duration>,
     },
-    /// The handler asked to run later (SPEC §8 snooze): `RunAt = now + delay`, the attempt
+    /// The handler asked to run later (a snooze): `RunAt = now + delay`, the attempt
     /// the claim consumed is given back, `Snoozes` grows by one, `LastError` is kept.
     Snooze {
         /// Delay before it is due again.
@@ -315,7 +315,7 @@ pub trait Lifecycle: Send + Sync + 'static {
     async fn schema_apply(&self, ddl: &str) -> Result<()>;
 
     /// The schema version of the table: 1 (the original table) or 2 (queues, priorities,
-    /// unique keys, trace context; SPEC §8). Looked up once (by whether the `Queue` column
+    /// unique keys, trace context). Looked up once (by whether the `Queue` column
     /// exists) and remembered; a table that does not exist yet counts as the version icq
     /// would create, and is looked up again next time.
     async fn schema_version(&self) -> Result<u32>;

@@ -726,7 +726,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn issue_20_endless_bodies_are_never_read_past_the_excerpt() {
+    async fn endless_bodies_are_never_read_past_the_excerpt() {
         for status in ["200 OK", "500 Internal Server Error", "404 Not Found"] {
             let (url, server) = endless(status).await;
             let outcome = handler(&url, &[]).handle(job()).await;

@@ -308,7 +308,7 @@ impl HandlerError {
     }
 
     /// Not now: run the command again after `delay`, without consuming an attempt
-    /// (SPEC §8 snooze; `LastError` is kept). A command snoozes at most `max_snoozes`
+    /// (a snooze; `LastError` is kept). A command snoozes at most `max_snoozes`
     /// times (default 1000), then is dead-lettered saying so; a delay longer than
     /// [`MAX_SNOOZE`] fails the attempt instead, and one shorter than [`MIN_SNOOZE`]
     /// (zero included) waits [`MIN_SNOOZE`].

@@ -14,7 +14,7 @@
 //! - [`health`] bounds every call and decides what a failure means; outcomes or leases
 //!   that cannot be written (an error that cannot heal) hold the source's claims.
 //!
-//! Queues (SPEC §8): a source whose settings list `queues` gets one *lane* per queue — a
+//! Queues: a source whose settings list `queues` gets one *lane* per queue — a
 //! producer and its own execution slots (the queue's `concurrency`), claiming only that
 //! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
 //! lease renewer and check, and the sweeper stay one per source. A slow queue therefore

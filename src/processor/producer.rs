@@ -1,7 +1,7 @@
 //! The producer: claims what the execution slots will start, plus a short look-ahead,
 //! into a local buffer, so a slot that frees up takes its next row from memory.
 //!
-//! Claim what you will start (SPEC §9). The rows one worker holds — running, buffered and
+//! Claim what you will start. The rows one worker holds — running, buffered and
 //! being claimed — are its `concurrency` slots plus a look-ahead: the rows the slots will
 //! take during the next few claims (the smoothed rate at which slots finish rows × the
 //! smoothed claim round trip × 4), never more than `batch_size` × the claims in flight; a
@@ -608,7 +608,7 @@ async fn idle_activity(
 mod tests {
     use super::*;
 
-    /// Issue 19's CI flake: eight 1 s commands that finish within one 10 ms sample made a
+    /// A CI flake: eight 1 s commands that finish within one 10 ms sample made a
     /// rate of 800 rows/s, a look-ahead of ~40 rows at a 40 ms claim, and a SIGKILL then
     /// charged an attempt to all of them.
     #[test]

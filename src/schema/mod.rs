@@ -2,7 +2,7 @@
 //!
 //! The templates are compiled into the binary; every name spliced into them is a
 //! validated [`TableName`] quoted by [`Engine::quote_ident`], so configuration can never
-//! inject SQL. The column shapes are the contract of SPEC §2 and §8 that the processor and
+//! inject SQL. The column shapes are the product contract that the processor and
 //! any foreign writer rely on; the five indexes are `IX_<table>_Poll`,
 //! `IX_<table>_QueuePoll`, `IX_<table>_UniqueKey`, `IX_<table>_Retention` and
 //! `IX_<table>_DeadLetters`, partial (filtered) wherever the engine allows.
@@ -173,7 +173,7 @@ pub fn cancel_channel(table: &TableName) -> String {
 }
 
 /// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
-/// context; SPEC §8). Version 1 is the original table.
+/// context). Version 1 is the original table.
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// Renders the version-1 DDL (the table before queues, priorities and unique keys) for

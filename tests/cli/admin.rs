@@ -1,5 +1,5 @@
 //! The operator subcommands (`pending`, `dead-letters list|show`, `requeue`, `purge`,
-//! `replay`, `schedule`; SPEC §7) run as a process: their table and JSON output on SQLite
+//! `replay`, `schedule`) run as a process: their table and JSON output on SQLite
 //! as snapshots, their effect on every engine checked with SQL, every bad input's exit
 //! code and message, and the batching of bulk requeues through the library.
 //!
@@ -1208,7 +1208,7 @@ async fn list_effects(engine: &'static str) {
     );
     assert_eq!(ids_of(&old), [DONE_OLD]);
 
-    // Issue 23: the next page's command is its own line on stderr (whole, and not mixed
+    // The next page's command is its own line on stderr (whole, and not mixed
     // into a pipe's result); the summary stays with the table.
     let run = on(
         &db,
@@ -1255,7 +1255,7 @@ async fn cancel_effects(engine: &'static str) {
         let err = fails(&db, &["cancel", id, DUE, "-y"], 2);
         assert!(err.contains(why), "{id}: {err}");
     }
-    // Issue 23: two refusals read as two clauses and the consequence, nothing run together.
+    // Two refusals read as two clauses and the consequence, nothing run together.
     let both = fails(&db, &["cancel", RUNNING, DONE_OLD, DEAD_OLD, "-y"], 2);
     let clauses: Vec<&str> = both.trim_end().split("; ").collect();
     assert_eq!(clauses.len(), 3, "{both}");
@@ -1520,7 +1520,7 @@ async fn payloads_and_job_files_must_be_json() {
     .unwrap();
     let err = fails(&db, &["schedule", "--from-file", jobs.to_str().unwrap()], 2);
     assert!(err.contains("jobs.jsonl:2: unknown field `when`"), "{err}");
-    // Issue 23: a value of the wrong type names its field.
+    // A value of the wrong type names its field.
     std::fs::write(
         &jobs,
         "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"a\", \"payload\": 1, \"priority\": \"high\"}\n",
@@ -1841,7 +1841,7 @@ async fn listings_in_a_pipe_are_tab_separated() {
     assert!(table.stdout.contains('╭'), "{}", table.stdout);
 }
 
-/// Issue 23: on PostgreSQL (a `uuid` column) an id in upper case or in braces is the same
+/// On PostgreSQL (a `uuid` column) an id in upper case or in braces is the same
 /// value: `show` finds it and `requeue` requeues it.
 #[tokio::test]
 async fn uuid_spellings_on_postgres() {
@@ -2329,7 +2329,7 @@ async fn replay_with_unique_keys(engine: &'static str) {
 }
 
 /// The copy carries the queue, priority and unique key (the insert of those columns is
-/// the scheduling side's, issue 21's `v2-engine` branch).
+/// the scheduling side's, the `v2-engine` branch).
 async fn replay_copies_queue_priority_and_key(engine: &'static str) {
     let db = TestDb::with_table(engine, "replay_copies").await;
     keyed(&db, D1, Some("k"), Some("2026-01-01T00:00:01")).await;

@@ -1,4 +1,4 @@
-//! Configuration (`icq.yaml`, SPEC §4), through the library: the fixture files in
+//! Configuration (`icq.yaml`), through the library: the fixture files in
 //! `fixtures/config/`, one per error class with its whole message asserted, and the lookup
 //! order of `icq::config::load` run in a child process with a controlled environment.
 

@@ -1,4 +1,4 @@
-//! The edges issue 10 found, through the binary: settings that would panic, wrap or spin
+//! The edges a first review found, through the binary: settings that would panic, wrap or spin
 //! are refused at load; `--grace-seconds` is range-checked; no password (userinfo or query
 //! form) reaches any output; the metrics listener serves `GET /metrics` only; handler
 //! stderr cannot forge log lines.
@@ -405,14 +405,14 @@ async fn secrets_never_printed_for_a_reachable_database() {
     );
 }
 
-/// Issue 20: secrets in PostgreSQL parameters sqlx does not take (`PassWord`, any case;
+/// Secrets in PostgreSQL parameters sqlx does not take (`PassWord`, any case;
 /// `sslpassword`), which sqlx logged with their value, and inside `options`
 /// (`-c%20password%3D…`, `options[password]=…`), which every error echoed. Every
 /// subcommand, at the default log level, at `warn` (sqlx's own warnings) and at `trace`
 /// (everything), on a reachable server (the parameters are dropped and the commands
 /// succeed) and an unreachable one.
 #[tokio::test(flavor = "multi_thread")]
-async fn issue_20_secrets_in_postgres_parameters_never_printed_at_any_log_level() {
+async fn secrets_in_postgres_parameters_never_printed_at_any_log_level() {
     let db = TestDb::new("postgres", "secrets20").await;
     let dir = tempfile::tempdir().unwrap();
     let migrations = migrations_dir(dir.path(), "postgres");

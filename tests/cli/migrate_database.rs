@@ -328,7 +328,7 @@ fn defect_7_add_twice_is_up_to_date_unless_another_table() {
     assert_eq!(files(&tmp.path().join("migrations")).len(), 1);
 }
 
-// ---- Schema version 2: upgrading a version-1 table (SPEC §8 "Upgrades") ----
+// ---- Schema version 2: upgrading a version-1 table ("Upgrades") ----
 
 /// What an older icq wrote with `migrate add -r`: its header, the version-1 table, and the
 /// down file dropping it.

@@ -1,4 +1,4 @@
-//! Issue 11, the operator's CLI finished: missing-table hints that carry the source's own
+//! The operator's CLI: missing-table hints that carry the source's own
 //! table and source (defect 6), and the fast connection-refused report through the
 //! library's own connect path.
 

@@ -1,4 +1,4 @@
-//! Issue 23's papercuts, each pinned: what a new user ran into on a first afternoon with
+//! Papercuts, each pinned: what a new user ran into on a first afternoon with
 //! the binary (a panic on a closed or full stdout, a hidden `man`, a SQLite URL without
 //! `?mode=rwc`, an absurd `--jobs`, two migrations with one version). The listing, cancel
 //! and id-spelling items live with their subcommands' tests in `admin.rs` and the table

@@ -1,4 +1,4 @@
-//! Embedding on the application's own pool (issue 23): `schema::apply` creates and upgrades
+//! Embedding on the application's own pool: `schema::apply` creates and upgrades
 //! the table, `Queue::from_pool` schedules in the application's transaction and a typed
 //! handler processes what was committed until idle; the pool stays the application's. A
 //! connection of another engine is refused without writing anything.

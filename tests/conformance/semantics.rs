@@ -1,4 +1,4 @@
-//! Queue semantics shared by every engine (see the contract, §6).
+//! Queue semantics shared by every engine (the product contract).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -845,7 +845,7 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         db.q("Attempts"),
     );
     // A worker claims its free slots plus a look-ahead paced by the commands it finishes
-    // (SPEC §9): with its one slot blocked from the start the look-ahead is 0, so the
+    // with its one slot blocked from the start the look-ahead is 0, so the
     // other three may be buffered or not claimed at all. Either way, shutdown must leave
     // them pending, unleased and with no attempt charged while the first still runs.
     let running = runs.lock().unwrap()[0].clone();

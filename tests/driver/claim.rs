@@ -1,4 +1,4 @@
-//! Claims: which rows, in which order, how many, under which lease (SPEC §6 "Claim").
+//! Claims: which rows, in which order, how many, under which lease ("Claim").
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use crate::engine::{
 /// Due rows come in `RunAt` order: a claim of `limit` takes the `limit` earliest due
 /// rows, never more, and leases them (token, `LockedUntil = now + lease`, `Attempts + 1`).
 /// Scheduled, completed, dead and live-leased rows are not claimed; a row whose lease has
-/// expired is. (The SPEC orders the claim by `RunAt` only; rows with equal `RunAt` are in
+/// expired is. (The contract orders the claim by `RunAt` only; rows with equal `RunAt` are in
 /// no promised order, so every row here has its own `RunAt`.)
 pub(crate) async fn claims_due_rows_in_run_at_order_up_to_the_limit(engine: &str) {
     let h = Harness::new(engine, "order").await;

@@ -1,4 +1,4 @@
-//! Rows another program wrote (SPEC §6: "a row icq cannot decode or use (any column, any
+//! Rows another program wrote ("a row icq cannot decode or use (any column, any
 //! engine) is dead-lettered alone with the reason; it never fails a claim or stamp for
 //! other rows, and ids are matched exactly as stored").
 

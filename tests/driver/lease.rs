@@ -1,4 +1,4 @@
-//! Lease renewal (SPEC §6 "Lease renewal ... token-guarded, batched").
+//! Lease renewal ("Lease renewal ... token-guarded, batched").
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Outcome stamps, each guarded by the lease token (SPEC §6 "Stamp the outcome
+//! Outcome stamps, each guarded by the lease token ("Stamp the outcome
 //! set-based, guarded by the lease token"): a stamp under a lease the row no longer
 //! carries changes nothing and counts 0; under the current lease it applies and clears
 //! the lease.

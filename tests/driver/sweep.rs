@@ -1,4 +1,4 @@
-//! The retention sweep's statement (SPEC §6 "Retention ... completed rows older than
+//! The retention sweep's statement ("Retention ... completed rows older than
 //! `retention_days` are deleted in bounded batches. Dead letters stay until purged.").
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Workload control on schema version 2 (SPEC §8): claims in `Priority`, `RunAt` order,
+//! Workload control on schema version 2: claims in `Priority`, `RunAt` order,
 //! queue filters, unique keys (from the library, inside a transaction, in bulk and from
 //! plain SQL), the snooze stamp, lease checks, and a version-1 table that keeps working
 //! and refuses what needs version 2.

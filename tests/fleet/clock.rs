@@ -1,4 +1,4 @@
-//! One clock: the database's (SPEC §9). A replica whose clock is minutes off runs
+//! One clock: the database's. A replica whose clock is minutes off runs
 //! commands exactly as one whose clock is right, beside a correct one, and neither starves
 //! the other. (SQLite has no server: its "database clock" is the clock of the process
 //! running the statement, so this is a server-engine test.)
@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::support::TestDb;
 use crate::{Replica, insert_many, lines, recording_handler, wait_until, write_config};
 
-/// Issue 19: under `faketime -120s` a worker released every row it claimed with `RunAt`
+/// Under `faketime -120s` a worker released every row it claimed with `RunAt`
 /// pushed ~115 s ahead, forever, starving a healthy replica beside it too.
 async fn skewed_replicas_run_every_command_once(engine: &'static str) {
     let db = TestDb::with_table(engine, "clock").await;

@@ -1,4 +1,4 @@
-//! Errors that cannot heal (issue 19, item 5): `icq work --until-idle` retries what heals
+//! Errors that cannot heal: `icq work --until-idle` retries what heals
 //! and fails with exit 1 and `kind: database`, the server's own message and a hint, within
 //! a few seconds, on what does not — a role that may only read the table, a missing
 //! column, a read-only database, a failed login — and PostgreSQL's `too many connections`

@@ -1,4 +1,4 @@
-//! Failover (issue 19, item 6; SPEC §9): a URL naming two hosts, a primary and a
+//! Failover: a URL naming two hosts, a primary and a
 //! **synchronous** streaming standby started by the test (two clusters of its own on free
 //! ports), 4 `icq work` replicas draining 20,000 commands; in the middle of the drain the
 //! primary is stopped and the standby promoted. Nothing is lost, every command run twice
@@ -700,7 +700,7 @@ pub(crate) fn icq_output(args: &[&str], cwd: &Path) -> (std::process::ExitStatus
     )
 }
 
-/// Issue 19: `icq migrate` takes a URL listing several hosts, in either of libpq's forms,
+/// `icq migrate` takes a URL listing several hosts, in either of libpq's forms,
 /// and applies to the writable one (a standby listed first is passed over); a URL naming
 /// only the standby with `target_session_attrs=read-write` fails, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

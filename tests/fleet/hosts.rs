@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use crate::failover::{free_port, icq_bin, icq_output};
 use crate::support::TestDb;
 
-/// Issue 19: `postgres://postgres@/DB?host=127.0.0.1,127.0.0.1&port=DEAD,5432`.
+/// `postgres://postgres@/DB?host=127.0.0.1,127.0.0.1&port=DEAD,5432`.
 #[tokio::test]
 async fn a_dead_port_listed_first_in_the_query_form_is_passed_over() {
     let db = TestDb::new("postgres", "query_hosts").await;

@@ -1,4 +1,4 @@
-//! Claim what you will start (SPEC §9): a worker holds its running commands plus a small
+//! Claim what you will start: a worker holds its running commands plus a small
 //! look-ahead, so a killed replica charges an attempt to little more than what it ran, and
 //! slow commands spread over every replica instead of queueing behind one.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::support::TestDb;
 use crate::{Replica, insert_many, lines, recording_handler, wait_until, write_config};
 
-/// Issue 19: a SIGKILL 3 s into a drain of 1 s handlers at concurrency 8 charged an
+/// A SIGKILL 3 s into a drain of 1 s handlers at concurrency 8 charged an
 /// attempt to 184 of 1,000 rows that never started (the worker held 200 rows ahead). At
 /// the kill its 8 slots' next rows may be starting, plus the look-ahead: what the slots
 /// finish during four claims, which grows with the claim's round trip on a loaded machine
@@ -77,7 +77,7 @@ async fn sigkill_charges_attempts_only_to_what_ran_sqlite() {
     sigkill_charges_attempts_only_to_what_ran("sqlite").await;
 }
 
-/// Issue 19: 4 replicas × 8 slots, 32 commands of 5 s: one replica claimed all 32 and ran
+/// 4 replicas × 8 slots, 32 commands of 5 s: one replica claimed all 32 and ran
 /// them 8 at a time. Each replica must take only what its slots start: 8 each, all at once.
 async fn slow_commands_spread_over_replicas(engine: &'static str) {
     let db = TestDb::with_table(engine, "spread").await;

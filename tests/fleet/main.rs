@@ -1,4 +1,4 @@
-//! Fleet tests (SPEC §9): several replicas on one table, the database's clock, signals,
+//! Fleet tests: several replicas on one table, the database's clock, signals,
 //! dead sockets, errors that cannot heal, failover and PgBouncer — each against the real
 //! server, started by the test where it needs one of its own.
 

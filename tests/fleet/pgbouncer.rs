@@ -1,4 +1,4 @@
-//! PgBouncer (issue 19, item 7; SPEC §9): Debian's `pgbouncer` with its default startup
+//! PgBouncer: Debian's `pgbouncer` with its default startup
 //! parameter handling (no `ignore_startup_parameters`), started by each test on a port of
 //! its own in front of a PostgreSQL cluster of the test's own, and 4 `icq work` replicas
 //! draining 20,000 commands through it:
@@ -262,7 +262,7 @@ async fn transaction_mode_without_the_setting_fails_naming_it() {
     );
 }
 
-/// Issue 23: `Queue::from_pool` on an application's pool that goes through PgBouncer in
+/// `Queue::from_pool` on an application's pool that goes through PgBouncer in
 /// transaction mode (its statement cache and `extra_float_digits` startup parameter off, as
 /// such a pool needs) finds the pooler by
 /// itself, and the in-process processor drains by polling, each statement in its own

@@ -1,4 +1,4 @@
-//! Signals and `icq work` (issue 19, item 3; SPEC §6 and §9): nothing of a handler outlives
+//! Signals and `icq work`: nothing of a handler outlives
 //! its worker, and shutdown never overlaps two executions of one command.
 //!
 //! - A second SIGINT during a long exec handler, with a grace far longer than the test, ends
@@ -349,7 +349,7 @@ fn children_running(parent: i32, text: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Issue 19: SIGKILL of `icq work` while two exec handlers run, each a shell with a
+/// SIGKILL of `icq work` while two exec handlers run, each a shell with a
 /// background and a foreground `sleep` in its process group (`sh -c 'sleep 300 & sleep
 /// 300'`): the parent-death signal kills the shell only; the watchdog kills the rest of
 /// both groups within 2 s, and then exits.

@@ -1,4 +1,4 @@
-//! Dead sockets (issue 19, item 4): a TCP proxy written here stands between the processor
+//! Dead sockets: a TCP proxy written here stands between the processor
 //! and the real server. On command it stops forwarding the connections it holds (they stay
 //! open: half-open, as behind a stalled NAT or proxy) while new connections work, or it
 //! refuses every connection (the server is gone) and later accepts again. Processing must

@@ -1,4 +1,4 @@
-//! Workload control (issue 21, SPEC §8) as a processor sees it, on every engine: named
+//! Workload control as a processor sees it, on every engine: named
 //! queues with their own slots (a slow queue never starves another), priorities claimed
 //! in order, snooze (exec exit 75, http 429 + Retry-After, Rust) that keeps `Attempts`
 //! and is bounded by `max_snoozes`, and an operator's cancel stopping a running exec
@@ -73,7 +73,7 @@ fn p99(latencies: &mut [u64]) -> u64 {
 /// one-millisecond receipts on `default` (concurrency 8): the receipts' p99 latency
 /// (schedule to start) stays within 2× of the same 100 receipts on an idle worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn issue_21_a_slow_queue_never_starves_another() {
+async fn a_slow_queue_never_starves_another() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "starve").await;
         let settings = Settings::default()
@@ -192,7 +192,7 @@ async fn issue_21_a_slow_queue_never_starves_another() {
 /// A single worker with one slot runs rows scheduled in reverse priority order by
 /// priority (lower first), then by `RunAt`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_priorities_are_claimed_in_order() {
+async fn priorities_are_claimed_in_order() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "priority").await;
         let settings = Settings::default().with_concurrency(1).with_batch_size(3);
@@ -353,7 +353,7 @@ async fn row_state(db: &TestDb, ty: &str) -> (i64, i64, Option<String>, bool, bo
 /// `HandlerError::snooze` each run again about a second later and complete with one
 /// attempt consumed (the snooze gave its attempt back) and `Snoozes` = 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_snooze_keeps_attempts() {
+async fn snooze_keeps_attempts() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "snooze").await;
         let dir = tempfile::tempdir().unwrap();
@@ -530,7 +530,7 @@ async fn a_zero_snooze_still_waits_and_keeps_attempts() {
 /// A command that snoozes every time is dead-lettered on the snooze past `max_snoozes`,
 /// saying how often it snoozed; its attempts were all given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_snoozes_are_bounded_by_max_snoozes() {
+async fn snoozes_are_bounded_by_max_snoozes() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "snooze_bound").await;
         let settings = Settings::default()
@@ -617,7 +617,7 @@ fn process_alive(pid: i32) -> bool {
 /// `LastError = "cancelled by operator"` (the worker's late outcome is dropped), and the
 /// worker logs it once, without a stale-stamp warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_cancel_stops_a_running_exec_on_another_replica() {
+async fn cancel_stops_a_running_exec_on_another_replica() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "cancel_exec").await;
         let dir = tempfile::tempdir().unwrap();
@@ -694,7 +694,7 @@ async fn issue_21_cancel_stops_a_running_exec_on_another_replica() {
 /// A Rust handler running in another processor (its own connections, as another replica
 /// would) sees its job's cancellation fire within the limits of an operator's cancel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_cancel_fires_a_rust_handlers_token_on_another_replica() {
+async fn cancel_fires_a_rust_handlers_token_on_another_replica() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::with_table(engine, "cancel_rust").await;
         let settings = Settings::default()
@@ -765,7 +765,7 @@ async fn issue_21_cancel_fires_a_rust_handlers_token_on_another_replica() {
 /// A worker that lists queues refuses to start on a version-1 table, naming the upgrade;
 /// without `queues:` it keeps working there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_21_queues_on_a_version_1_table_name_the_upgrade() {
+async fn queues_on_a_version_1_table_name_the_upgrade() {
     for engine in RUNTIME_ENGINES {
         let db = TestDb::new(engine, "queues_v1").await;
         let kind: icq::Engine = engine.parse().unwrap();

@@ -1,5 +1,5 @@
 //! OpenTelemetry end to end: `icq work` exporting to a real OTLP/HTTP receiver that decodes
-//! the protocol (opentelemetry-proto), on every engine. See SPEC §10.
+//! the protocol (opentelemetry-proto), on every engine.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,4 +1,4 @@
-//! Issue 20, hardening (its memory, stall and secrets items), through the binary:
+//! Hardening (memory, stalls and secrets), through the binary:
 //!
 //! - an http handler whose endpoint answers 500 with a gigabyte body keeps the worker's
 //!   peak RSS small, and the row's `LastError` has the excerpt;
@@ -102,7 +102,7 @@ async fn huge_error_endpoint(total: u64) -> (String, Arc<AtomicU64>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_20_http_error_body_is_read_only_to_the_excerpt() {
+async fn http_error_body_is_read_only_to_the_excerpt() {
     let _heavy = HEAVY.lock().await;
     let db = TestDb::with_table("sqlite", "bigbody").await;
     let t = table(&db);
@@ -177,7 +177,7 @@ async fn dropped_lines(addr: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_20_blocked_stderr_never_stops_the_worker() {
+async fn blocked_stderr_never_stops_the_worker() {
     const COMMANDS: usize = 3000;
     let _heavy = HEAVY.lock().await;
     let db = TestDb::with_table("sqlite", "stderr").await;
@@ -316,7 +316,7 @@ fn icq_measured(args: &[&str], dir: &Path, stdin: Stdio) -> (Option<i32>, String
 }
 
 #[test]
-fn issue_20_schedule_payload_from_dev_zero_is_refused_in_bounded_memory() {
+fn schedule_payload_from_dev_zero_is_refused_in_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
     let base = ["schedule", "--database-url", url.as_str(), "--type", "t"];
@@ -366,7 +366,7 @@ fn issue_20_schedule_payload_from_dev_zero_is_refused_in_bounded_memory() {
 }
 
 #[tokio::test]
-async fn issue_20_schedule_huge_jsonl_line_is_refused_in_bounded_memory() {
+async fn schedule_huge_jsonl_line_is_refused_in_bounded_memory() {
     let db = TestDb::with_table("sqlite", "jsonl").await;
     let url = db.url.clone();
     let dir = tempfile::tempdir().unwrap();
@@ -445,7 +445,7 @@ async fn issue_20_schedule_huge_jsonl_line_is_refused_in_bounded_memory() {
 }
 
 #[test]
-fn issue_20_deep_yaml_is_refused_in_well_under_a_second() {
+fn deep_yaml_is_refused_in_well_under_a_second() {
     let dir = tempfile::tempdir().unwrap();
     let n = 100_000;
     for (name, text) in [
@@ -481,14 +481,14 @@ fn issue_20_deep_yaml_is_refused_in_well_under_a_second() {
             );
             assert!(
                 took < Duration::from_secs(2),
-                "{name}: refused after {took:?} (issue 20: 34-37 s of CPU)"
+                "{name}: refused after {took:?} (the old code: 34-37 s of CPU)"
             );
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_20_queued_log_lines_are_flushed_at_exit() {
+async fn queued_log_lines_are_flushed_at_exit() {
     const COMMANDS: usize = 500;
     let db = TestDb::with_table("sqlite", "flush").await;
     let t = table(&db);

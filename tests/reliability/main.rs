@@ -7,10 +7,10 @@
 //! - [`crash_loop`]: 4 `icq work` processes draining 10,000 commands while a random one is
 //!   SIGKILLed and restarted 20 times: nothing lost, every duplicate explained by a kill.
 //! - [`faults`]: a SQLite source drained while another writer holds the write lock.
-//! - [`hardening`]: issue 20's memory and stall items: a gigabyte error body, a stderr
+//! - [`hardening`]: the memory and stall items: a gigabyte error body, a stderr
 //!   nobody reads, `@/dev/zero` and endless JSON Lines input, a configuration nested
 //!   100,000 deep.
-//! - [`payload_memory`]: issue 20's payload items: large payloads keep `icq work`'s
+//! - [`payload_memory`]: the payload items: large payloads keep `icq work`'s
 //!   peak RSS within the bound the README states.
 //! - [`lease`]: a handler outliving its lease runs once; SIGTERM kills a handler's whole
 //!   process group and hands the command over cleanly.

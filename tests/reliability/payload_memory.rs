@@ -1,4 +1,4 @@
-//! Issue 20, payload memory: large payloads through `icq work --until-idle` (the binary,
+//! Payload memory: large payloads through `icq work --until-idle` (the binary,
 //! under GNU time) keep the worker's peak RSS within the bound the README states:
 //!
 //! `peak RSS ≤ base + concurrency × 3P + BUFFERED_PAYLOAD_BYTES (16 MB) + c × P`
@@ -139,7 +139,7 @@ macro_rules! memory_tests {
 }
 
 memory_tests! {
-    issue_20_one_50_mb_payload_within_the_bound: [sqlite, postgres] => (1, 50, "cat > /dev/null");
-    issue_20_ten_20_mb_payloads_within_the_bound: [sqlite, postgres] => (10, 20, "cat > /dev/null");
-    issue_20_20_mb_payload_to_a_program_that_never_reads_stdin: [sqlite] => (1, 20, "exit 0");
+    one_50_mb_payload_within_the_bound: [sqlite, postgres] => (1, 50, "cat > /dev/null");
+    ten_20_mb_payloads_within_the_bound: [sqlite, postgres] => (10, 20, "cat > /dev/null");
+    a_20_mb_payload_to_a_program_that_never_reads_stdin: [sqlite] => (1, 20, "exit 0");
 }

@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(lines[1].split('\t').count(), 4);
     }
 
-    /// Issue 23: a listing leaves out an error column with nothing in it before its run
+    /// A listing leaves out an error column with nothing in it before its run
     /// time (80 columns) and its attempts (92 columns).
     #[test]
     fn an_empty_column_leaves_before_useful_ones() {

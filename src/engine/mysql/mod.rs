@@ -646,7 +646,7 @@ fn row_bytes((command, payload): (&NewCommand, &str)) -> usize {
 
 /// Refuses, before anything is sent, an insert larger than the server's
 /// `max_allowed_packet`: the server would drop the connection mid-statement, which the
-/// client reports only as "Connection reset by peer" (issue 23). Inserts below
+/// client reports only as "Connection reset by peer". Inserts below
 /// [`PACKET_CHECK_FROM`] are not checked.
 async fn check_packet(
     conn: &mut MySqlConnection,
@@ -1518,7 +1518,7 @@ mod tests {
     /// rows leave behind), in claim order; one that finds nothing after the cursor goes on
     /// from the head, which finds a row released behind the cursor.
     #[tokio::test]
-    async fn issue_21_claims_of_every_queue_follow_the_cursor() {
+    async fn claims_of_every_queue_follow_the_cursor() {
         // The cursor goes back to the head every HEAD_SCAN_EVERY: on a machine too busy to
         // make the claims within it, try again on a fresh table.
         for attempt in 0..5 {
@@ -1589,11 +1589,11 @@ mod tests {
         true
     }
 
-    /// Issue 19: icq's own sessions run at READ COMMITTED (on a server without a
+    /// icq's own sessions run at READ COMMITTED (on a server without a
     /// statement-based binary log, like this one), so a claim lets go of the leased rows
     /// it steps over instead of holding them until it commits.
     #[tokio::test]
-    async fn issue_19_own_sessions_claim_at_read_committed() {
+    async fn own_sessions_claim_at_read_committed() {
         let table = TableName::parse("isolation_probe").unwrap();
         let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
             .await
@@ -1623,12 +1623,12 @@ mod tests {
         }
     }
 
-    /// Issue 23: a payload larger than the server's `max_allowed_packet` is refused
+    /// A payload larger than the server's `max_allowed_packet` is refused
     /// before it is sent, naming the limit and the variable, and nothing is written (the
     /// server would drop the connection: "Connection reset by peer"). A batch of large
     /// payloads that fit one by one is split into statements that fit.
     #[tokio::test]
-    async fn issue_23_a_payload_over_max_allowed_packet_is_refused_by_name() {
+    async fn a_payload_over_max_allowed_packet_is_refused_by_name() {
         let (table, driver) = fresh_table("packet").await;
         let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
             .fetch_one(&driver.pool)
@@ -1748,12 +1748,12 @@ mod tests {
         }
     }
 
-    /// Issue 21: `PollQueue` is the queue of a pending row outside 'default' and NULL
+    /// `PollQueue` is the queue of a pending row outside 'default' and NULL
     /// otherwise, so completing a default-queue row writes nothing to the queue poll
     /// index; a claim of named queues seeks that index, one listing 'default' reads the
     /// poll index; both claim only their queues' rows, in priority order.
     #[tokio::test]
-    async fn issue_21_queue_claims_seek_the_queue_poll_index() {
+    async fn queue_claims_seek_the_queue_poll_index() {
         let (table, driver) = fresh_table("pollq").await;
         let t = &driver.t;
         sqlx::query(AssertSqlSafe(format!(
