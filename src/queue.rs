@@ -31,8 +31,9 @@ pub(crate) mod sealed {
     /// A connection type [`super::Enqueue`] is implemented for (each engine's, in its
     /// folder under `src/engine/`, built with its feature).
     #[diagnostic::on_unimplemented(
-        message = "icq cannot schedule through `{Self}` in this build",
-        note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+        message = "icq cannot schedule through `{Self}`",
+        note = "pass a connection, or an open transaction as `&mut *tx` (a `&mut Transaction` itself is not a connection)",
+        note = "if it is one, enable icq-queue's Cargo feature for its engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
     )]
     pub trait Connection {}
 
@@ -98,8 +99,9 @@ impl<DB: sealed::Database> QueueDatabase for DB {}
 /// # }
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "icq cannot schedule through `{Self}` in this build",
-    note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+    message = "icq cannot schedule through `{Self}`",
+    note = "pass a connection, or an open transaction as `&mut *tx` (a `&mut Transaction` itself is not a connection)",
+    note = "if it is one, enable icq-queue's Cargo feature for its engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
 )]
 #[async_trait]
 pub trait Enqueue: sealed::Connection + Send {
