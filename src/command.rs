@@ -659,7 +659,7 @@ fn queue_name_error(name: &str, problem: &str) -> Error {
 /// none): names are compared byte for byte, so `"emails "` would be a queue no worker for
 /// `emails` serves, and a type no handler matches, while looking the same in every
 /// listing. White space inside a name (`reports (eu)`) is kept as written.
-pub(crate) fn edge_whitespace(name: &str) -> Option<String> {
+pub fn edge_whitespace(name: &str) -> Option<String> {
     let trimmed = name.trim();
     (trimmed != name && !trimmed.is_empty()).then(|| {
         format!(
@@ -799,7 +799,7 @@ pub trait CommandType: Serialize + serde::de::DeserializeOwned + Send + Sync + '
 }
 
 /// The column names of `defects` (each `column <name>: <reason>`), in order, once each.
-pub(crate) fn unreadable_columns(defects: &[String]) -> Vec<String> {
+pub fn unreadable_columns(defects: &[String]) -> Vec<String> {
     let mut columns: Vec<String> = Vec::new();
     for defect in defects {
         if let Some((name, _)) = defect
@@ -824,8 +824,8 @@ pub(crate) fn unreadable_columns(defects: &[String]) -> Vec<String> {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let queue = icq::sources::open_one(&config).await?.queue;
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let queue = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
 /// use icq::{Context, NewCommand, State};
 ///
 /// let context = Context { user_id: Some("u-17".into()), ..Context::default() };

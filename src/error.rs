@@ -542,8 +542,7 @@ impl Error {
 
     /// The same error with `prefix: ` before its message, for errors that carry their
     /// message as text (the others already name what they are about).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn prefixed(self, prefix: &str) -> Error {
+    pub fn prefixed(self, prefix: &str) -> Error {
         let with = |text: String| format!("{prefix}: {text}");
         match self {
             Error::Usage(text) => Error::Usage(with(text)),

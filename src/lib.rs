@@ -160,21 +160,11 @@
 )]
 
 pub mod admin;
-#[cfg(feature = "cli")]
-pub(crate) mod cli;
 pub mod command;
-// The CLI's own layers (subcommands, icq.yaml, opening configured sources, `icq work`,
-// migration files): public for the binary and its tests, not part of the embedding API.
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod commands;
-#[doc(hidden)]
-pub mod config;
 pub(crate) mod engine;
 pub mod error;
 pub mod handler;
 pub mod ident;
-#[doc(hidden)]
 pub mod migrate;
 #[cfg(feature = "otel")]
 pub mod otel;
@@ -184,20 +174,17 @@ pub mod otel;
 pub mod otel;
 mod processor;
 pub mod queue;
-pub(crate) mod redact;
+pub mod redact;
 pub mod schema;
 pub mod settings;
-#[doc(hidden)]
-pub mod sources;
-#[doc(hidden)]
-pub mod worker;
 
 /// The sqlx icq is built with: use it (`icq::sqlx::PgPool`, ...) or depend on the same
 /// version, so the pool you pass to [`Queue::from_pool`] is the type icq takes.
 pub use sqlx;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
-pub use engine::ConnectOptions;
+pub use engine::url::server_urls;
+pub use engine::{Activity, ConnectOptions};
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
 pub use ident::{Engine, TableName};

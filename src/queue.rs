@@ -245,7 +245,7 @@ impl Queue {
             .await
             .map_err(|err| err.in_source(name))?;
         let queue = Queue::from_backend(name, backend);
-        queue.ensure_table(false).await?;
+        queue.ensure_table(options.create_table).await?;
         Ok(queue)
     }
 
@@ -338,9 +338,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
     /// queue.ensure_table(false).await?; // it is there
     ///
@@ -379,6 +379,21 @@ impl Queue {
         self.backend.engine()
     }
 
+    /// How many commands are due and running right now, counted no further than a
+    /// processor needs to know whether it is idle (at least the first 1,000 in claim
+    /// order): a cheap gauge for a dashboard, where [`crate::admin::pending`] counts
+    /// exactly.
+    pub async fn activity(&self) -> Result<crate::Activity> {
+        self.backend.activity().await
+    }
+
+    /// Drops the table and everything its migration created with it (the down script of
+    /// [`crate::schema::render`]), if it exists, with every command in it: for a scratch
+    /// table (a benchmark, a demo, a test), never for an application's queue.
+    pub async fn drop_table(&self) -> Result<()> {
+        self.backend.table_drop().await
+    }
+
     /// The driver, for operator queries.
     pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
@@ -401,9 +416,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use std::time::Duration;
     /// use icq::{NewCommand, State};
     ///
@@ -448,9 +463,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use icq::NewCommand;
     ///
     /// let commands: Vec<NewCommand> = (1..=3)
@@ -485,9 +500,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
     /// # sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, state TEXT); INSERT INTO orders VALUES (42, 'new')").execute(&pool).await?;
     /// let mut tx = pool.begin().await?;
@@ -531,9 +546,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use icq::{CommandId, NewCommand};
     ///
     /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
@@ -571,9 +586,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
     /// let mut tx = pool.begin().await?;
     /// queue.schedule_in(&mut *tx, &icq::NewCommand::new("t", serde_json::json!({}))).await?;
@@ -595,9 +610,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use icq::{NewCommand, Processor, Registry, RunOptions, Settings};
     ///
     /// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
@@ -626,9 +641,9 @@ impl Queue {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use icq::{Processor, Registry, Settings};
     ///
     /// let settings = Settings::default().with_concurrency(2);

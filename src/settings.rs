@@ -480,7 +480,7 @@ impl Settings {
     }
 
     /// Reads one queue's `concurrency` (range-checked like the source's).
-    pub(crate) fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(
+    pub fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(
         d: D,
     ) -> Result<u32, D::Error> {
         read::concurrency(d)

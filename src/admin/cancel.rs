@@ -17,7 +17,7 @@ use crate::engine::admin::{
     CancelledRow, CommandCancelManyParams, CommandListParams, ListState, StateCountParams,
 };
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 /// Rows cancelled per statement when cancelling a whole type.
 const CANCEL_BATCH: u32 = 500;
@@ -31,9 +31,9 @@ const CANCEL_BATCH: u32 = 500;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
@@ -87,9 +87,9 @@ struct Part {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
@@ -175,9 +175,9 @@ pub struct CancelledCommand {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};
@@ -221,9 +221,9 @@ pub struct CancelReport {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -245,7 +245,7 @@ pub struct CancelReport {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Result<CancelPlan> {
+pub async fn plan_cancel(sources: &[Queue], target: &CancelTarget) -> Result<CancelPlan> {
     match target {
         CancelTarget::Ids(ids) => plan_ids(sources, &distinct(ids)).await,
         CancelTarget::Matching { type_name, queue } => {
@@ -257,7 +257,7 @@ pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Resul
             super::check_queue_filter(sources, queue.as_deref()).await?;
             let mut parts = Vec::with_capacity(sources.len());
             for source in sources {
-                let backend = source.queue.backend().clone();
+                let backend = source.backend().clone();
                 let counts = backend
                     .state_count(&StateCountParams {
                         by_type: type_name.is_some(),
@@ -271,7 +271,7 @@ pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Resul
                     .map(|c| c.due + c.scheduled)
                     .sum();
                 parts.push(Part {
-                    source: source.name.clone(),
+                    source: source.name().to_owned(),
                     backend,
                     work: Work::Matching {
                         type_name: type_name.clone(),
@@ -288,7 +288,7 @@ pub async fn plan_cancel(sources: &[OpenSource], target: &CancelTarget) -> Resul
     }
 }
 
-async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPlan> {
+async fn plan_ids(sources: &[Queue], ids: &[CommandId]) -> Result<CancelPlan> {
     if ids.is_empty() {
         return Err(Error::Usage(
             "name the commands to cancel (ids), or pass --type TYPE or --queue QUEUE".into(),
@@ -310,10 +310,10 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
     .await?;
     let mut parts = Vec::with_capacity(per_source.len());
     for (index, rows) in per_source {
-        let backend = sources[index].queue.backend().clone();
+        let backend = sources[index].backend().clone();
         let now = backend.clock_now().await?;
         parts.push(Part {
-            source: sources[index].name.clone(),
+            source: sources[index].name().to_owned(),
             backend,
             count: rows.len() as u64,
             work: Work::Ids(
@@ -352,9 +352,9 @@ async fn plan_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<CancelPla
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 /// use icq::admin::{CancelTarget, NoProgress, cancel, plan_cancel};

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::engine::admin::{DeadLetterListParams, DeadLetterSummary};
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 /// Dead letters listed when no `--limit` is given.
 ///
@@ -26,9 +26,9 @@ pub const DEFAULT_DEAD_LETTER_LIMIT: u32 = 50;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -76,9 +76,9 @@ impl Default for DeadLetterQuery {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -116,9 +116,9 @@ pub struct DeadLetterRow {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -156,9 +156,9 @@ pub struct DeadLetterReport {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -178,7 +178,7 @@ pub struct DeadLetterReport {
 /// # }
 /// ```
 pub async fn dead_letters(
-    sources: &[OpenSource],
+    sources: &[Queue],
     query: &DeadLetterQuery,
 ) -> Result<DeadLetterReport> {
     super::check_queue_filter(sources, query.queue.as_deref()).await?;
@@ -189,14 +189,14 @@ pub async fn dead_letters(
     };
     let params = &params;
     let listed = futures::future::try_join_all(sources.iter().map(|s| async move {
-        Ok::<_, Error>((s, s.queue.backend().dead_letter_list(params).await?))
+        Ok::<_, Error>((s, s.backend().dead_letter_list(params).await?))
     }))
     .await?;
     let mut rows: Vec<DeadLetterRow> = listed
         .into_iter()
         .flat_map(|(source, summaries)| {
             summaries.into_iter().map(|summary| DeadLetterRow {
-                source: source.name.clone(),
+                source: source.name().to_owned(),
                 summary,
             })
         })

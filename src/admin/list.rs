@@ -9,7 +9,7 @@ use crate::command::{CommandId, CommandRow, State};
 use crate::engine::admin::CommandGetManyParams;
 use crate::engine::admin::{CommandListParams, ListState, StateCountParams};
 use crate::error::Result;
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 /// The largest page a listing (`icq list`, `icq dead-letters list`) shows at once.
 pub const MAX_PAGE_LIMIT: u32 = 10_000;
@@ -23,9 +23,9 @@ pub const MAX_PAGE_LIMIT: u32 = 10_000;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::admin::{ListRequest, ListState, list};
 /// use icq::NewCommand;
@@ -164,18 +164,18 @@ pub struct ListReport {
 /// Reads one page. Lists one source: `--after` names a row of that source.
 ///
 /// See [`ListRequest`]'s example.
-pub async fn list(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
+pub async fn list(sources: &[Queue], request: &ListRequest) -> Result<ListReport> {
     read(sources, request, true).await
 }
 
 /// [`list`] without the total (`total` is 0): one page costs a page's rows, not a count
 /// of every row in the state, for a caller that counts elsewhere (the console counts once
 /// for all its pages).
-pub async fn list_page(sources: &[OpenSource], request: &ListRequest) -> Result<ListReport> {
+pub async fn list_page(sources: &[Queue], request: &ListRequest) -> Result<ListReport> {
     read(sources, request, false).await
 }
 
-async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Result<ListReport> {
+async fn read(sources: &[Queue], request: &ListRequest, count: bool) -> Result<ListReport> {
     let source = match sources {
         [one] => one,
         _ => one_source(sources).map_err(|_| {
@@ -184,14 +184,14 @@ async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Res
                 sources.len(),
                 sources
                     .iter()
-                    .map(|s| s.name.as_str())
+                    .map(|s| s.name())
                     .collect::<Vec<_>>()
                     .join(", ")
             ))
         })?,
     };
     super::check_queue_filter(sources, request.queue.as_deref()).await?;
-    let backend = source.queue.backend();
+    let backend = source.backend();
     if let Some(after) = &request.after
         && backend
             .command_get_many(&CommandGetManyParams {
@@ -240,7 +240,7 @@ async fn read(sources: &[OpenSource], request: &ListRequest, count: bool) -> Res
         .map(|c| c.in_state(request.state))
         .sum();
     Ok(ListReport {
-        source: source.name.clone(),
+        source: source.name().to_owned(),
         state: request.state,
         total,
         next_after: if more {

@@ -55,7 +55,7 @@ use std::collections::HashSet;
 use crate::command::{CommandId, CommandRow, State};
 use crate::engine::admin::CommandGetManyParams;
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 /// Receives progress of long operations (a terminal progress bar, or nothing).
 ///
@@ -68,9 +68,9 @@ use crate::sources::OpenSource;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use icq::admin::{Progress, schedule_many};
 /// use icq::NewCommand;
@@ -112,9 +112,9 @@ pub trait Progress: Send + Sync {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::admin::{NoProgress, PurgeRequest, plan_purge, purge};
 ///
@@ -161,12 +161,12 @@ impl Located {
 }
 
 /// Reads the rows of `ids` from every source.
-pub(super) async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<Located> {
+pub(super) async fn locate(sources: &[Queue], ids: &[CommandId]) -> Result<Located> {
     let found =
         futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
             Ok::<_, Error>((
                 i,
-                s.queue
+                s
                     .backend()
                     .command_get_many(&CommandGetManyParams { ids })
                     .await?,
@@ -187,7 +187,7 @@ pub(super) async fn locate(sources: &[OpenSource], ids: &[CommandId]) -> Result<
 /// and in both cases nothing was written ("nothing was {done}"). Returns the accepted
 /// rows grouped by source, in source order.
 pub(super) async fn locate_checked(
-    sources: &[OpenSource],
+    sources: &[Queue],
     ids: &[CommandId],
     done: &str,
     check: impl Fn(&CommandRow, State) -> std::result::Result<(), String>,
@@ -209,7 +209,7 @@ pub(super) async fn locate_checked(
         if rows.is_empty() {
             continue;
         }
-        let now = source.queue.backend().clock_now().await?;
+        let now = source.backend().clock_now().await?;
         let mut accepted = Vec::with_capacity(rows.len());
         for row in rows {
             match check(row, row.state(now)) {
@@ -241,13 +241,13 @@ pub(super) fn list_ids(ids: &[CommandId]) -> String {
         .join(", ")
 }
 
-pub(super) fn where_sources(sources: &[OpenSource]) -> String {
+pub(super) fn where_sources(sources: &[Queue]) -> String {
     match sources {
-        [one] => format!("in source `{}`", one.name),
+        [one] => format!("in source `{}`", one.name()),
         many => format!(
             "in any of the sources {}",
             many.iter()
-                .map(|s| format!("`{}`", s.name))
+                .map(|s| format!("`{}`", s.name()))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -258,7 +258,7 @@ pub(super) fn where_sources(sources: &[OpenSource]) -> String {
 /// of them could not be the id of a row in any of these sources (not a UUID where ids are
 /// PostgreSQL `uuid`s, longer than MariaDB's `CHAR(36)`), since no row will ever have it,
 /// and [`Error::NotFound`] (exit 3) otherwise.
-pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: &str) -> Error {
+pub(super) fn not_found(ids: &[CommandId], sources: &[Queue], consequence: &str) -> Error {
     let malformed: Vec<(&CommandId, String)> = ids
         .iter()
         .filter_map(|id| {
@@ -269,7 +269,7 @@ pub(super) fn not_found(ids: &[CommandId], sources: &[OpenSource], consequence: 
             }
             let reasons = sources
                 .iter()
-                .map(|s| s.queue.backend().id_problem(id))
+                .map(|s| s.backend().id_problem(id))
                 .collect::<Option<Vec<String>>>()?;
             // Each engine's reason once, however many of its sources are selected.
             let mut distinct: Vec<String> = Vec::new();
@@ -351,13 +351,13 @@ pub use crate::command::{MAX_QUEUE_NAME_BYTES, validate_queue_filter as check_qu
 /// Checks a `--queue` filter before anything is read or written: a valid name, and every
 /// source's table at schema version 2 (a version-1 table has no queues: the refusal
 /// names the upgrade).
-pub(super) async fn check_queue_filter(sources: &[OpenSource], queue: Option<&str>) -> Result<()> {
+pub(super) async fn check_queue_filter(sources: &[Queue], queue: Option<&str>) -> Result<()> {
     let Some(queue) = queue else {
         return Ok(());
     };
     check_queue_name(queue)?;
     for source in sources {
-        let backend = source.queue.backend();
+        let backend = source.backend();
         if backend.schema_version().await? < 2 {
             return Err(Error::needs_schema_v2(backend.table(), "a --queue filter"));
         }
@@ -365,7 +365,8 @@ pub(super) async fn check_queue_filter(sources: &[OpenSource], queue: Option<&st
     Ok(())
 }
 
-/// Closes every source's connection pool (call once a command is done).
+/// Closes every queue's connection pools, each within [`crate::queue::CLOSE_DEADLINE`]
+/// (call once a command is done).
 ///
 /// # Examples
 ///
@@ -373,23 +374,17 @@ pub(super) async fn check_queue_filter(sources: &[OpenSource], queue: Option<&st
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # let db = dir.path().join("shop.db");
-/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// # std::fs::write(&file, format!("sources:\n  - name: shop\n    url: sqlite://{}\n", db.display()))?;
-/// use icq::sources::{SourceRequest, open};
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// use icq::{ConnectOptions, Queue};
 ///
-/// let sources = open(&SourceRequest { config_path: Some(file), ..Default::default() }).await?;
+/// let options = ConnectOptions::default().creating_table(true);
+/// let sources = vec![Queue::connect("shop", &url, &Default::default(), &options).await?];
 /// let pending = icq::admin::pending(&sources, false).await?;
 /// icq::admin::close(&sources).await;
 /// assert_eq!(pending.rows.len(), 1);
 /// # Ok(())
 /// # }
 /// ```
-pub async fn close(sources: &[OpenSource]) {
-    for source in sources {
-        source.queue.backend().close().await;
-    }
+pub async fn close(sources: &[Queue]) {
+    futures::future::join_all(sources.iter().map(Queue::close)).await;
 }

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::engine::admin::{StateCount, StateCountParams};
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 /// The counts of one source (and one queue with `--by-queue`, one type with `--by-type`).
 ///
@@ -15,9 +15,9 @@ use crate::sources::OpenSource;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use std::time::Duration;
 /// use icq::NewCommand;
@@ -52,9 +52,9 @@ pub struct PendingCount {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -98,9 +98,9 @@ pub struct PendingReport {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -118,7 +118,7 @@ pub struct PendingReport {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingReport> {
+pub async fn pending(sources: &[Queue], by_type: bool) -> Result<PendingReport> {
     pending_with(
         sources,
         &PendingRequest {
@@ -138,9 +138,9 @@ pub async fn pending(sources: &[OpenSource], by_type: bool) -> Result<PendingRep
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::admin::{PendingRequest, pending_with};
 ///
@@ -171,7 +171,7 @@ pub struct PendingRequest {
 ///
 /// See [`PendingRequest`]'s example.
 pub async fn pending_with(
-    sources: &[OpenSource],
+    sources: &[Queue],
     request: &PendingRequest,
 ) -> Result<PendingReport> {
     super::check_queue_filter(sources, request.queue.as_deref()).await?;
@@ -183,14 +183,14 @@ pub async fn pending_with(
     let params = &params;
     let counted =
         futures::future::try_join_all(sources.iter().map(|s| async move {
-            Ok::<_, Error>((s, s.queue.backend().state_count(params).await?))
+            Ok::<_, Error>((s, s.backend().state_count(params).await?))
         }))
         .await?;
     let rows = counted
         .into_iter()
         .flat_map(|(source, counts)| {
             counts.into_iter().map(|counts| PendingCount {
-                source: source.name.clone(),
+                source: source.name().to_owned(),
                 counts,
             })
         })

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::engine::Backend;
 use crate::engine::admin::{FinishedDeleteBatchParams, FinishedFilter, FinishedKind};
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 use super::{Progress, in_batches};
 
@@ -22,9 +22,9 @@ use super::{Progress, in_batches};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
 /// use icq::admin::{NoProgress, PURGE_BATCH, PurgeRequest, plan_purge, purge};
@@ -49,9 +49,9 @@ pub const PURGE_BATCH: u32 = 5000;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use std::time::Duration;
 /// use icq::admin::{PurgeRequest, plan_purge};
@@ -101,9 +101,9 @@ struct PurgePart {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -138,9 +138,9 @@ pub struct PurgePlan {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -181,9 +181,9 @@ pub struct PurgeCount {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -316,9 +316,9 @@ impl PurgePlan {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;
@@ -338,7 +338,7 @@ impl PurgePlan {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Result<PurgePlan> {
+pub async fn plan_purge(sources: &[Queue], request: &PurgeRequest) -> Result<PurgePlan> {
     let mut kinds = Vec::new();
     if request.completed {
         kinds.push(FinishedKind::Completed);
@@ -359,7 +359,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
     super::check_queue_filter(sources, request.queue.as_deref()).await?;
     let mut parts = Vec::new();
     for source in sources {
-        let backend = source.queue.backend().clone();
+        let backend = source.backend().clone();
         let now = backend.clock_now().await?;
         let before = now
             .checked_sub_signed(age)
@@ -373,7 +373,7 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
             };
             let count = backend.finished_count(&filter).await?;
             parts.push(PurgePart {
-                source: source.name.clone(),
+                source: source.name().to_owned(),
                 backend: backend.clone(),
                 filter,
                 count,
@@ -396,9 +396,9 @@ pub async fn plan_purge(sources: &[OpenSource], request: &PurgeRequest) -> Resul
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?;

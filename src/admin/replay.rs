@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::command::{CommandId, NewCommand, State};
 use crate::engine::admin::UniqueKeyHoldersParams;
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 use super::{distinct, locate_checked, state_name};
 
@@ -20,9 +20,9 @@ use super::{distinct, locate_checked, state_name};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -65,9 +65,9 @@ pub struct Replayed {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -108,9 +108,9 @@ pub struct ReplayReport {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -133,7 +133,7 @@ pub struct ReplayReport {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayReport> {
+pub async fn replay(sources: &[Queue], ids: &[CommandId]) -> Result<ReplayReport> {
     let ids = distinct(ids);
     if ids.is_empty() {
         return Err(Error::Usage("name the commands to replay (ids)".into()));
@@ -167,7 +167,6 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
             keys
         };
         let holders: HashMap<String, CommandId> = source
-            .queue
             .backend()
             .unique_key_holders(&UniqueKeyHoldersParams { keys })
             .await?
@@ -207,7 +206,7 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
         let new_ids = if commands.is_empty() {
             Vec::new()
         } else {
-            source.queue.schedule_many(&commands).await?
+            source.schedule_many(&commands).await?
         };
         for (row, plan) in rows.iter().zip(plans) {
             let (id, existing) = match plan {
@@ -219,7 +218,7 @@ pub async fn replay(sources: &[OpenSource], ids: &[CommandId]) -> Result<ReplayR
                 from: row.id.clone(),
                 id,
                 existing,
-                source: source.name.clone(),
+                source: source.name().to_owned(),
             });
         }
     }

@@ -10,7 +10,7 @@ use crate::engine::admin::{
     CommandRequeueManyParams, DeadLetterFilter, DeadLetterPageParams, UniqueKeyHoldersParams,
 };
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 use super::{Progress, distinct, locate_checked};
 
@@ -23,9 +23,9 @@ use super::{Progress, distinct, locate_checked};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -55,9 +55,9 @@ pub const REQUEUE_BATCH: u32 = 1000;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -144,9 +144,9 @@ impl Skipped {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -203,9 +203,9 @@ impl RequeuePlan {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -245,9 +245,9 @@ pub struct RequeueReport {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -268,14 +268,14 @@ pub struct RequeueReport {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Result<RequeuePlan> {
+pub async fn plan_requeue(sources: &[Queue], target: &RequeueTarget) -> Result<RequeuePlan> {
     match target {
         RequeueTarget::Ids(ids) => plan_requeue_ids(sources, &distinct(ids)).await,
         RequeueTarget::AllDead { type_name, queue } => {
             super::check_queue_filter(sources, queue.as_deref()).await?;
             let mut parts = Vec::with_capacity(sources.len());
             for source in sources {
-                let backend = source.queue.backend().clone();
+                let backend = source.backend().clone();
                 let filter = DeadLetterFilter {
                     type_name: type_name.clone(),
                     queue: queue.clone(),
@@ -283,7 +283,7 @@ pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Res
                 };
                 let count = backend.dead_letter_count(&filter).await?;
                 parts.push(RequeuePart {
-                    source: source.name.clone(),
+                    source: source.name().to_owned(),
                     backend,
                     work: RequeueWork::AllDead(filter),
                     count,
@@ -295,7 +295,7 @@ pub async fn plan_requeue(sources: &[OpenSource], target: &RequeueTarget) -> Res
     }
 }
 
-async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<RequeuePlan> {
+async fn plan_requeue_ids(sources: &[Queue], ids: &[CommandId]) -> Result<RequeuePlan> {
     if ids.is_empty() {
         return Err(Error::Usage(
             "name the commands to requeue (ids), or pass --all-dead".into(),
@@ -318,7 +318,7 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
     let mut parts = Vec::with_capacity(per_source.len());
     for (index, rows) in per_source {
         let source = &sources[index];
-        let backend = source.queue.backend().clone();
+        let backend = source.backend().clone();
         let now = backend.clock_now().await?;
         // A dead letter goes back to pending only when no pending row holds its key:
         // neither one already pending nor one this request puts back first.
@@ -341,7 +341,7 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
                 (Some(key), State::Dead) => match holders.get(key) {
                     Some(holder) if holder != &row.id => {
                         skipped.push(Skipped::new(
-                            &source.name,
+                            source.name(),
                             row.id,
                             key.clone(),
                             holder.clone(),
@@ -356,7 +356,7 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
             }
         }
         parts.push(RequeuePart {
-            source: source.name.clone(),
+            source: source.name().to_owned(),
             backend,
             count: accepted.len() as u64,
             work: RequeueWork::Ids(accepted),
@@ -380,9 +380,9 @@ async fn plan_requeue_ids(sources: &[OpenSource], ids: &[CommandId]) -> Result<R
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{CommandId, Context, NewCommand, RunAt};
 use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 use super::Progress;
 
@@ -25,9 +25,9 @@ use super::Progress;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use icq::admin::{Progress, SCHEDULE_CHUNK, schedule_many};
 /// use icq::NewCommand;
@@ -121,20 +121,20 @@ pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Resu
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::admin::one_source;
 ///
-/// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
+/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
 /// assert_eq!(one_source(&sources)?.name, "shop");
 /// let two = [sources[0].clone(), sources[0].clone()];
 /// assert!(one_source(&two).is_err()); // say which one with --source
 /// # Ok(())
 /// # }
 /// ```
-pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
+pub fn one_source(sources: &[Queue]) -> Result<&Queue> {
     match sources {
         [one] => Ok(one),
         [] => Err(Error::Usage(
@@ -144,7 +144,7 @@ pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
             "{} sources are configured ({}); say which one to schedule into with --source NAME",
             many.len(),
             many.iter()
-                .map(|s| s.name.as_str())
+                .map(|s| s.name())
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
@@ -160,9 +160,9 @@ pub fn one_source(sources: &[OpenSource]) -> Result<&OpenSource> {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use icq::NewCommand;
 ///
 /// let command = NewCommand::new("t", serde_json::json!({}));
@@ -212,9 +212,9 @@ impl Scheduled {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use icq::admin::{NoProgress, parse_jobs, schedule_many};
 ///
 /// let lines = "{\"type\": \"a\", \"payload\": 1}\n{\"type\": \"b\", \"payload\": 2}\n";
@@ -270,14 +270,14 @@ impl ScheduledMany {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 /// use icq::admin::{one_source, schedule};
 ///
-/// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
+/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
 /// let scheduled = schedule(one_source(&sources)?, &command).await?;
 /// assert_eq!(scheduled.id, command.id);
@@ -285,13 +285,13 @@ impl ScheduledMany {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Scheduled> {
+pub async fn schedule(source: &Queue, command: &NewCommand) -> Result<Scheduled> {
     command.validate()?;
-    let scheduled = source.queue.schedule(command).await?;
+    let scheduled = source.schedule(command).await?;
     Ok(Scheduled {
         id: scheduled.id,
         existing: scheduled.existing,
-        source: source.name.clone(),
+        source: source.name().to_owned(),
     })
 }
 
@@ -306,9 +306,9 @@ pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Sched
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use icq::NewCommand;
 /// use icq::admin::{NoProgress, schedule_many};
 ///
@@ -321,7 +321,7 @@ pub async fn schedule(source: &OpenSource, command: &NewCommand) -> Result<Sched
 /// # }
 /// ```
 pub async fn schedule_many(
-    source: &OpenSource,
+    source: &Queue,
     commands: &[NewCommand],
     progress: &dyn Progress,
 ) -> Result<ScheduledMany> {
@@ -331,11 +331,11 @@ pub async fn schedule_many(
     let mut ids = Vec::with_capacity(commands.len());
     let mut existing = Vec::with_capacity(commands.len());
     progress.begin(
-        &format!("scheduling into {}", source.name),
+        &format!("scheduling into {}", source.name()),
         commands.len() as u64,
     );
     for chunk in commands.chunks(SCHEDULE_CHUNK) {
-        match source.queue.schedule_many(chunk).await {
+        match source.schedule_many(chunk).await {
             Ok(new) => {
                 for scheduled in new {
                     ids.push(scheduled.id);
@@ -353,7 +353,7 @@ pub async fn schedule_many(
     Ok(ScheduledMany {
         ids,
         existing,
-        source: source.name.clone(),
+        source: source.name().to_owned(),
     })
 }
 

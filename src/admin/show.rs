@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::command::{CommandId, CommandRow, State};
 use crate::engine::admin::CommandHeadParams;
 use crate::error::Result;
-use crate::sources::OpenSource;
+use crate::queue::Queue;
 
 use super::{locate, not_found};
 
@@ -18,9 +18,9 @@ use super::{locate, not_found};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// # let dead = queue.schedule(&icq::NewCommand::new("boom", serde_json::json!({ "n": 1 }))).await?.id;
 /// # let done = queue.schedule(&icq::NewCommand::new("ok", serde_json::json!({}))).await?.id;
@@ -59,13 +59,13 @@ pub struct ShownCommand {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::{CommandId, Error, NewCommand};
 ///
-/// // `sources`: one source (see [`crate::sources`]), or wrap your queue in an `OpenSource`.
+/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
 /// let id = queue.schedule(&command).await?.id;
 /// let shown = icq::admin::show(&sources, id).await?;
@@ -75,7 +75,7 @@ pub struct ShownCommand {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn show(sources: &[OpenSource], id: CommandId) -> Result<ShownCommand> {
+pub async fn show(sources: &[Queue], id: CommandId) -> Result<ShownCommand> {
     let located = locate(sources, std::slice::from_ref(&id)).await?;
     if let Some(missing) = located.missing(std::slice::from_ref(&id)) {
         return Err(not_found(&missing, sources, "nothing to show"));
@@ -85,9 +85,9 @@ pub async fn show(sources: &[OpenSource], id: CommandId) -> Result<ShownCommand>
         return Err(not_found(&[id], sources, "nothing to show"));
     };
     let source = &sources[index];
-    let now = source.queue.backend().clock_now().await?;
+    let now = source.backend().clock_now().await?;
     Ok(ShownCommand {
-        source: source.name.clone(),
+        source: source.name().to_owned(),
         state: row.state(now),
         row,
     })
@@ -126,9 +126,9 @@ impl ShownHead {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// # let sources = vec![source];
 /// use icq::NewCommand;
 ///
@@ -141,12 +141,12 @@ impl ShownHead {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn show_head(sources: &[OpenSource], id: CommandId, max_chars: u32) -> Result<ShownHead> {
+pub async fn show_head(sources: &[Queue], id: CommandId, max_chars: u32) -> Result<ShownHead> {
     let params = CommandHeadParams { id: &id, max_chars };
     let found = futures::future::try_join_all(
         sources
             .iter()
-            .map(|s| async { s.queue.backend().command_head(&params).await }),
+            .map(|s| async { s.backend().command_head(&params).await }),
     )
     .await?;
     let Some((source, head)) = sources
@@ -160,9 +160,9 @@ pub async fn show_head(sources: &[OpenSource], id: CommandId, max_chars: u32) ->
             "nothing to show",
         ));
     };
-    let now = source.queue.backend().clock_now().await?;
+    let now = source.backend().clock_now().await?;
     Ok(ShownHead {
-        source: source.name.clone(),
+        source: source.name().to_owned(),
         state: head.row.state(now),
         row: head.row,
         payload_head: head.payload_head,

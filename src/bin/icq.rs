@@ -7,10 +7,18 @@
 //! looked for in the raw arguments since they did not parse. `--help` and `--version` are
 //! not errors and print as usual.
 
+// The CLI's module tree: the subcommands, and what only they need (configuration, opening
+// sources, `icq work`, migration files, output, console, bench, telemetry). It reaches the
+// library only through its public API.
+#[path = "../cli/mod.rs"]
+mod cli;
+#[path = "../commands/mod.rs"]
+mod commands;
+
 use std::ffi::OsString;
 
 use clap::error::ErrorKind;
-use icq::commands::{Cli, Format};
+use commands::{Cli, Format};
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().collect();
@@ -31,12 +39,12 @@ fn main() {
             1,
         ),
     };
-    if let Err(err) = runtime.block_on(icq::commands::run(cli)) {
+    if let Err(err) = runtime.block_on(commands::run(cli)) {
         fail(
             format,
-            &icq::commands::error_message(&err),
-            icq::commands::error_kind(&err),
-            icq::commands::exit_code(&err),
+            &commands::error_message(&err),
+            commands::error_kind(&err),
+            commands::exit_code(&err),
         );
     }
 }
@@ -66,10 +74,10 @@ fn parse_failure(err: clap::Error, json: bool) -> ! {
 /// Writes the error to stderr in `format` and exits with `code`. The message is scrubbed
 /// of passwords and secret parameters whatever produced it.
 fn fail(format: Format, message: &str, kind: &str, code: i32) -> ! {
-    let message = icq::commands::redact_text(message);
+    let message = commands::redact_text(message);
     match format {
-        Format::Json => icq::commands::note(&error_document(&message, kind, code)),
-        Format::Table => icq::commands::note(&format!("error: {message}")),
+        Format::Json => commands::note(&error_document(&message, kind, code)),
+        Format::Table => commands::note(&format!("error: {message}")),
     }
     std::process::exit(code)
 }

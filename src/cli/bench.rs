@@ -15,14 +15,11 @@
 //!    sample is the time from the insert's commit to the handler's start (on PostgreSQL
 //!    the table's NOTIFY trigger wakes the processor; elsewhere it finds rows by polling,
 //!    so the figure is about half the polling interval);
-//! 5. **claim**: the median time of the claim statement with nothing due on two tables
-//!    of their own that never held a pending row, one empty and one with exactly
-//!    `retained` completed rows (inserted set-based), samples alternating between the
-//!    two so that both see the same machine.
 //!
-//! The scratch tables (`icq_bench_<8 hex digits>`: the commands' table and the claim
-//! phase's two) are created from [`crate::schema::render`] and dropped at the end, also
-//! when a phase fails or the run is interrupted; nothing else in the database is touched.
+//! It measures through the library's public API only, as a service would see icq. The
+//! scratch table (`icq_bench_<8 hex digits>`) is created from [`icq::schema::render`]
+//! and dropped at the end, also when a phase fails or the run is interrupted; nothing
+//! else in the database is touched.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,18 +31,16 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Progress;
-use crate::command::{LeaseToken, NewCommand};
-use crate::config::DatabaseUrl;
-use crate::engine::admin::{StateCount, StateCountParams};
-use crate::engine::{self, Backend, ClaimParams, ConnectOptions};
-use crate::engine::{BenchFillCompletedParams, CommandInsertParams};
-use crate::error::{Error, Result};
-use crate::handler::{FnHandler, Job, Registry};
-use crate::ident::{Engine, TableName};
-use crate::processor::{Processor, RunOptions};
-use crate::queue::Queue;
-use crate::settings::Settings;
+use icq::admin::Progress;
+use icq::command::NewCommand;
+use crate::cli::config::DatabaseUrl;
+use icq::ConnectOptions;
+use icq::error::{Error, Result};
+use icq::handler::{FnHandler, Job, Registry};
+use icq::ident::{Engine, TableName};
+use icq::{Processor, RunOptions};
+use icq::queue::Queue;
+use icq::settings::Settings;
 
 /// The command type the drain runs with the `noop` handler.
 pub const NOOP_TYPE: &str = "bench.noop";
@@ -58,15 +53,6 @@ pub const LATENCY_SAMPLES: usize = 200;
 
 /// The gap between two latency inserts.
 const LATENCY_GAP: Duration = Duration::from_millis(20);
-
-/// Claim statements timed per claim measurement (after [`CLAIM_WARMUP`] untimed ones).
-const CLAIM_SAMPLES: usize = 50;
-
-/// Untimed claims before each claim measurement (connections and plans warm).
-const CLAIM_WARMUP: usize = 3;
-
-/// Retained rows inserted per call of the engine's fill statement.
-const FILL_CHUNK: u64 = 50_000;
 
 /// The most commands one run enqueues in bulk: the batch is built in memory (about 1 KB a
 /// command with its payload and parameters), so a larger `--jobs` is refused up front
@@ -89,21 +75,18 @@ pub struct BenchOptions {
     pub jobs: u64,
     /// The drain worker's `concurrency`; `None` keeps the settings default.
     pub concurrency: Option<u32>,
-    /// Completed rows in the table for the second claim measurement.
-    pub retained: u64,
     /// The `icq` binary the drain runs as `icq work --until-idle`.
     pub worker: PathBuf,
 }
 
 impl BenchOptions {
-    /// The default run (20,000 jobs, default concurrency, 1,000,000 retained rows) on
+    /// The default run (20,000 jobs, default concurrency) on
     /// `url`, draining with the `icq` binary at `worker`.
     pub fn new(url: DatabaseUrl, worker: PathBuf) -> BenchOptions {
         BenchOptions {
             url,
             jobs: 20_000,
             concurrency: None,
-            retained: 1_000_000,
             worker,
         }
     }
@@ -134,14 +117,8 @@ pub struct BenchReport {
     pub latency_p50_ms: f64,
     /// 99th percentile of the same.
     pub latency_p99_ms: f64,
-    /// Median claim statement time with nothing due, on the empty table, in milliseconds.
-    pub claim_ms_empty: f64,
-    /// Median claim statement time with nothing due and `retained` completed rows.
-    pub claim_ms_1m_retained: f64,
     /// Peak resident memory of the drain worker process, in MiB.
     pub rss_mb: f64,
-    /// Completed rows in the table for `claim_ms_1m_retained`.
-    pub retained: u64,
 }
 
 /// Runs the benchmark. `progress` shows each phase; cancelling `interrupt` (Ctrl-C)
@@ -169,23 +146,20 @@ pub async fn run(
     if engine == Engine::Sqlite {
         sqlite_file_exists(&options.url).await?;
     }
-    let mut scratch = Vec::with_capacity(SCRATCH_TABLES);
+    let table = scratch_table()?;
+    // From here on the table may exist (an interrupted create too): it is always dropped.
+    let mut queue = None;
     let created = tokio::select! {
-        created = create_scratch_tables(options, engine, &mut scratch) => created,
-        () = interrupt.cancelled() => Err(interrupted(!scratch.is_empty())),
+        created = create_scratch_table(options, &table, &mut queue) => created,
+        () = interrupt.cancelled() => Err(interrupted(queue.is_some())),
     };
-    let outcome = match created {
-        Ok(()) => {
-            let [main, claim_empty, claim_retained] = &scratch[..] else {
-                unreachable!("create_scratch_tables makes {SCRATCH_TABLES} tables or fails")
-            };
+    let outcome = match (created, &queue) {
+        (Ok(()), Some(queue)) => {
             let bench = Bench {
                 options,
                 engine,
-                table: &main.table,
-                backend: main.backend.clone(),
-                claim_empty: claim_empty.backend.clone(),
-                claim_retained: claim_retained.backend.clone(),
+                table: &table,
+                queue: queue.clone(),
                 progress,
             };
             tokio::select! {
@@ -193,21 +167,17 @@ pub async fn run(
                 () = interrupt.cancelled() => Err(interrupted(true)),
             }
         }
-        Err(err) => Err(err),
+        (Err(err), _) => Err(err),
+        (Ok(()), None) => unreachable!("create_scratch_table connects or fails"),
     };
     progress.finish();
-    let mut left_behind = Vec::new();
-    let mut first_drop_error = None;
-    for table in scratch {
-        if let Err(err) = drop_table(&*table.backend, &options.url, &table.table).await {
-            left_behind.push(table.table.clone());
-            first_drop_error.get_or_insert(err);
-        }
-        table.backend.close().await;
+    let dropped = drop_table(queue.as_ref(), &options.url, &table).await;
+    if let Some(queue) = queue {
+        queue.close().await;
     }
-    match first_drop_error {
-        None => outcome,
-        Some(err) => Err(drop_failed(&left_behind, err, outcome.err())),
+    match dropped {
+        Ok(()) => outcome,
+        Err(err) => Err(drop_failed(&table, err, outcome.err())),
     }
 }
 
@@ -230,67 +200,57 @@ async fn sqlite_file_exists(url: &DatabaseUrl) -> Result<()> {
     Err(Error::Usage(format!(
         "the SQLite database file {} does not exist; add {separator}mode=rwc to the URL to \
          create it ({}{separator}mode=rwc)",
-        crate::redact::redact_url(text),
-        crate::redact::redact_url(text)
+        icq::redact::redact_url(text),
+        icq::redact::redact_url(text)
     )))
 }
 
-/// Scratch tables per run: the one the commands go through, and the two the claim phase
-/// compares (empty, and with the retained rows).
-const SCRATCH_TABLES: usize = 3;
-
-/// One scratch table and the pool on it.
-struct Scratch {
-    table: TableName,
-    backend: Arc<dyn Backend>,
-}
-
-/// Creates the run's [`SCRATCH_TABLES`] tables, pushing each onto `scratch` as soon as it
-/// exists, so the caller drops whatever was made, also after a failure.
-async fn create_scratch_tables(
+/// Creates the scratch table, refusing one that exists already, and connects to it.
+async fn create_scratch_table(
     options: &BenchOptions,
-    engine: Engine,
-    scratch: &mut Vec<Scratch>,
+    table: &TableName,
+    queue: &mut Option<Queue>,
 ) -> Result<()> {
-    let connect_options = ConnectOptions::default();
-    for _ in 0..SCRATCH_TABLES {
-        let table = scratch_table()?;
-        let backend = engine::connect(options.url.expose(), &table, &connect_options).await?;
-        if backend.table_exists().await? {
-            backend.close().await;
+    let url = options.url.expose();
+    match Queue::connect("bench", url, table, &ConnectOptions::default()).await {
+        Ok(existing) => {
+            existing.close().await;
             return Err(Error::Bench(format!(
                 "the scratch table {table} already exists; run icq bench again (it picks a \
                  new name)"
             )));
         }
-        let up = crate::schema::render(engine, &table).up;
-        // Listed before it is created: an interrupted create is dropped too.
-        scratch.push(Scratch {
-            table,
-            backend: backend.clone(),
-        });
-        backend.schema_apply(&up).await?;
+        Err(Error::TableMissing { .. }) => {}
+        Err(err) => return Err(err),
     }
+    let create = ConnectOptions::default().creating_table(true);
+    *queue = Some(Queue::connect("bench", url, table, &create).await?);
     Ok(())
 }
 
 /// Drops the scratch table; on failure tries again twice, a second apart, each time on a
 /// fresh connection: a failure mid-run (a restarted server) can leave the pool holding
 /// only dead connections.
-async fn drop_table(backend: &dyn Backend, url: &DatabaseUrl, table: &TableName) -> Result<()> {
-    let mut outcome = backend.table_drop().await;
-    for _ in 1..DROP_ATTEMPTS {
+async fn drop_table(queue: Option<&Queue>, url: &DatabaseUrl, table: &TableName) -> Result<()> {
+    let mut outcome = match queue {
+        Some(queue) => queue.drop_table().await,
+        None => Err(Error::Bench("not connected".into())),
+    };
+    for attempt in 1..DROP_ATTEMPTS {
         if outcome.is_ok() {
             break;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let options = ConnectOptions {
-            max_connections: 1,
-            ..ConnectOptions::default()
-        };
-        outcome = match engine::connect(url.expose(), table, &options).await {
+        if queue.is_some() || attempt > 1 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        // Connecting with `creating_table` makes sure the table is there to drop, also
+        // when an interrupted create left it half made or not made at all.
+        let options = ConnectOptions::default()
+            .with_max_connections(1)
+            .creating_table(true);
+        outcome = match Queue::connect("bench", url.expose(), table, &options).await {
             Ok(fresh) => {
-                let dropped = fresh.table_drop().await;
+                let dropped = fresh.drop_table().await;
                 fresh.close().await;
                 dropped
             }
@@ -313,22 +273,13 @@ fn interrupted(wrote: bool) -> Error {
     })
 }
 
-/// The error when scratch tables could not be dropped: it names every one left behind
-/// so they can be dropped by hand, after the earlier failure, if any.
-fn drop_failed(tables: &[TableName], err: Error, earlier: Option<Error>) -> Error {
+/// The error when the scratch table could not be dropped: it names the table so it can
+/// be dropped by hand, after the earlier failure, if any.
+fn drop_failed(table: &TableName, err: Error, earlier: Option<Error>) -> Error {
     let earlier = earlier.map_or_else(String::new, |e| format!("{e}; then "));
-    let names = tables
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
-    let (what, it_is, it) = match tables {
-        [_] => ("table", "it is", "it"),
-        _ => ("tables", "they are", "them"),
-    };
     Error::Bench(format!(
-        "{earlier}dropping the scratch {what} {names} failed, so {it_is} still there (drop \
-         {it} by hand): {err}"
+        "{earlier}dropping the scratch table {table} failed, so it is still there (drop it \
+         by hand): {err}"
     ))
 }
 
@@ -337,17 +288,13 @@ struct Bench<'a> {
     options: &'a BenchOptions,
     engine: Engine,
     table: &'a TableName,
-    backend: Arc<dyn Backend>,
-    /// The claim phase's empty table.
-    claim_empty: Arc<dyn Backend>,
-    /// The claim phase's table with the retained rows.
-    claim_retained: Arc<dyn Backend>,
+    queue: Queue,
     progress: &'a dyn Progress,
 }
 
 impl Bench<'_> {
     async fn measure(&self) -> Result<BenchReport> {
-        let queue = Queue::from_backend("bench", self.backend.clone());
+        let queue = &self.queue;
         let singles = self.options.singles();
         let jobs = self.options.jobs;
 
@@ -370,8 +317,7 @@ impl Bench<'_> {
         drop(commands);
 
         let drained = self.drain(singles + jobs).await?;
-        let (latency_p50_ms, latency_p99_ms) = self.latency(&queue).await?;
-        let (claim_ms_empty, claim_ms_1m_retained) = self.claims().await?;
+        let (latency_p50_ms, latency_p99_ms) = self.latency(queue).await?;
 
         Ok(BenchReport {
             engine: self.engine,
@@ -381,10 +327,7 @@ impl Bench<'_> {
             drain_per_s: round(per_second(singles + jobs, drained.elapsed), 1),
             latency_p50_ms: round(latency_p50_ms, 3),
             latency_p99_ms: round(latency_p99_ms, 3),
-            claim_ms_empty: round(claim_ms_empty, 3),
-            claim_ms_1m_retained: round(claim_ms_1m_retained, 3),
             rss_mb: round(drained.peak_rss_mb, 1),
-            retained: self.options.retained,
         })
     }
 
@@ -429,7 +372,7 @@ impl Bench<'_> {
                 }
                 _ = tick.tick() => {
                     // Progress only: a failed count is simply not shown.
-                    if let Ok(left) = self.backend.activity().await {
+                    if let Ok(left) = self.queue.activity().await {
                         let done = total.saturating_sub(left.due + left.running);
                         if done > shown {
                             self.progress.advance(done - shown);
@@ -492,16 +435,9 @@ impl Bench<'_> {
         });
 
         // Another pool, so no insert wakes the processor in-process.
-        let other = engine::connect(
-            self.options.url.expose(),
-            self.table,
-            &ConnectOptions {
-                max_connections: 1,
-                ..ConnectOptions::default()
-            },
-        )
-        .await?;
-        let sampled = self.sample_latency(&*other, &mut started, &settings).await;
+        let one = ConnectOptions::default().with_max_connections(1);
+        let other = Queue::connect("bench", self.options.url.expose(), self.table, &one).await?;
+        let sampled = self.sample_latency(&other, &mut started, &settings).await;
         other.close().await;
         stop.cancel();
         let ran = running
@@ -515,17 +451,13 @@ impl Bench<'_> {
 
     async fn sample_latency(
         &self,
-        other: &dyn Backend,
+        other: &Queue,
         started: &mut mpsc::UnboundedReceiver<(usize, Instant)>,
         settings: &Settings,
     ) -> Result<Vec<f64>> {
         let patience = settings.polling_interval() * 2 + Duration::from_secs(30);
         // A first command, untimed: the processor is claiming (and listening) once it ran.
-        other
-            .command_insert(&CommandInsertParams {
-                command: &latency_command(LATENCY_SAMPLES),
-            })
-            .await?;
+        other.schedule(&latency_command(LATENCY_SAMPLES)).await?;
         wait_started(started, 1, patience, "the warm-up command").await?;
 
         self.progress
@@ -534,11 +466,7 @@ impl Bench<'_> {
         let mut next = tokio::time::Instant::now();
         for i in 0..LATENCY_SAMPLES {
             tokio::time::sleep_until(next).await;
-            other
-                .command_insert(&CommandInsertParams {
-                    command: &latency_command(i),
-                })
-                .await?;
+            other.schedule(&latency_command(i)).await?;
             committed.push(Instant::now());
             self.progress.advance(1);
             next += LATENCY_GAP;
@@ -552,80 +480,15 @@ impl Bench<'_> {
             .collect())
     }
 
-    /// Phase 5: the claim's median time with nothing due on two fresh tables, one empty
-    /// and one holding exactly `retained` completed rows, in ms: (empty, retained).
-    ///
-    /// The samples alternate between the two tables, so both see the same machine (a
-    /// checkpoint or autovacuum after the fill slows both alike), and neither table ever
-    /// held pending rows: the drained table's dead poll-index entries, which a claim steps
-    /// over until vacuum removes them, would be measured instead of the retained rows.
-    async fn claims(&self) -> Result<(f64, f64)> {
-        let retained = self.options.retained;
-        self.progress
-            .begin("insert retained completed rows", retained);
-        let mut left = retained;
-        while left > 0 {
-            let n = left.min(FILL_CHUNK);
-            self.claim_retained
-                .bench_fill_completed(&BenchFillCompletedParams { rows: n })
-                .await?;
-            self.progress.advance(n);
-            left -= n;
-        }
-
-        self.progress.begin(
-            "claim, empty table and retained rows",
-            2 * (CLAIM_WARMUP + CLAIM_SAMPLES) as u64,
-        );
-        let mut empty = Vec::with_capacity(CLAIM_SAMPLES);
-        let mut full = Vec::with_capacity(CLAIM_SAMPLES);
-        for i in 0..CLAIM_WARMUP + CLAIM_SAMPLES {
-            let e = time_claim(&*self.claim_empty).await?;
-            let f = time_claim(&*self.claim_retained).await?;
-            if i >= CLAIM_WARMUP {
-                empty.push(e);
-                full.push(f);
-            }
-            self.progress.advance(2);
-        }
-        empty.sort_by(f64::total_cmp);
-        full.sort_by(f64::total_cmp);
-        Ok((percentile(&empty, 0.50), percentile(&full, 0.50)))
-    }
-
-    async fn counts(&self) -> Result<StateCount> {
-        Ok(self
-            .backend
-            .state_count(&StateCountParams::default())
-            .await?
+    async fn counts(&self) -> Result<icq::admin::StateCount> {
+        let report = icq::admin::pending(std::slice::from_ref(&self.queue), false).await?;
+        Ok(report
+            .rows
             .into_iter()
             .next()
+            .map(|row| row.counts)
             .unwrap_or_default())
     }
-}
-
-/// One claim statement (default settings) on a table with nothing due, in ms.
-async fn time_claim(backend: &dyn Backend) -> Result<f64> {
-    let settings = Settings::default();
-    let params = ClaimParams {
-        limit: settings.batch_size,
-        lease: settings.lease(),
-        processing_delay: Duration::from_secs(settings.processing_delay_seconds),
-        token: LeaseToken::new(),
-        types: None,
-        queues: None,
-        spread: false,
-    };
-    let started = Instant::now();
-    let claimed = backend.command_claim(&params).await?;
-    let elapsed = started.elapsed();
-    if !claimed.is_empty() {
-        return Err(Error::Bench(format!(
-            "the claim measurement expects nothing due, but a claim took {} rows",
-            claimed.len()
-        )));
-    }
-    Ok(millis(elapsed))
 }
 
 /// What the drain phase measured.
@@ -805,7 +668,7 @@ mod tests {
         let text = std::fs::read_to_string(config.path()).unwrap();
         let url = "postgres://u:it''s@h/db".to_owned();
         let env = |name: &str| (name == URL_VARIABLE).then(|| url.clone());
-        let parsed = crate::config::parse(&text, config.path(), &env).unwrap();
+        let parsed = crate::cli::config::parse(&text, config.path(), &env).unwrap();
         assert_eq!(parsed.sources[0].table, table);
         assert_eq!(parsed.sources[0].url.expose(), "postgres://u:it's@h/db");
         assert_eq!(parsed.sources[0].settings.concurrency, 3);

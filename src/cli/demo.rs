@@ -6,16 +6,17 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::admin::{self, DeadLetterQuery, DeadLetterReport, PendingReport};
-use crate::command::{Context, NewCommand};
-use crate::config::SourceConfig;
-use crate::engine::ConnectOptions;
-use crate::error::{Error, Result};
-use crate::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
-use crate::ident::TableName;
-use crate::queue::Queue;
-use crate::settings::Settings;
-use crate::sources::{OpenSource, SourceRequest};
+use icq::admin::{self, DeadLetterQuery, DeadLetterReport, PendingReport};
+use icq::command::{Context, NewCommand};
+use crate::cli::config::SourceConfig;
+use icq::ConnectOptions;
+use icq::error::{Error, Result};
+use icq::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
+use icq::ident::TableName;
+use icq::queue::Queue;
+use icq::settings::Settings;
+use crate::cli::sources::Source;
+use crate::cli::sources::SourceRequest;
 
 /// The type the demo's succeeding handler runs.
 pub const GREET: &str = "demo.greet";
@@ -73,13 +74,12 @@ pub fn commands() -> Vec<NewCommand> {
 /// Settings that let the failing command exhaust its attempts within a second: three
 /// attempts, retried at once.
 pub fn settings() -> Settings {
-    Settings {
-        max_attempts: 3,
-        retry_backoff_base_seconds: 0.0,
-        max_retry_backoff_seconds: 0.0,
-        polling_interval_seconds: 0.2,
-        ..Settings::default()
-    }
+    let mut settings = Settings::default();
+    settings.max_attempts = 3;
+    settings.retry_backoff_base_seconds = 0.0;
+    settings.max_retry_backoff_seconds = 0.0;
+    settings.polling_interval_seconds = 0.2;
+    settings
 }
 
 /// The tour's own table: the samples never mix with a source's real commands, and each
@@ -100,7 +100,7 @@ pub fn target(request: &SourceRequest) -> Result<SourceConfig> {
     let named =
         request.config_path.is_some() || request.database_url.is_some() || request.source.is_some();
     let mut source = if named {
-        let config = crate::sources::load_config(request)?;
+        let config = crate::cli::sources::load_config(request)?;
         let selected = config.select(request.source.as_deref())?;
         match selected.as_slice() {
             [one] => (*one).clone(),
@@ -111,7 +111,7 @@ pub fn target(request: &SourceRequest) -> Result<SourceConfig> {
             }
         }
     } else {
-        crate::config::embedded_default()?
+        crate::cli::config::embedded_default()?
     };
     source.table = table();
     source.settings = settings();
@@ -120,15 +120,12 @@ pub fn target(request: &SourceRequest) -> Result<SourceConfig> {
 
 /// Connects to the tour's database and gives it a fresh, empty [`TABLE`] (the previous
 /// run's samples are dropped with the old table).
-pub async fn reset(source: &SourceConfig) -> Result<OpenSource> {
-    let options = ConnectOptions::default();
-    let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
-        .await
-        .map_err(|err| err.in_source(&source.name))?;
-    let queue = Queue::from_backend(&source.name, backend);
-    queue.backend().table_drop().await?;
+pub async fn reset(source: &SourceConfig) -> Result<Source> {
+    let options = ConnectOptions::default().creating_table(true);
+    let queue = Queue::connect(&source.name, source.url.expose(), &source.table, &options).await?;
+    queue.drop_table().await?;
     queue.ensure_table(true).await?;
-    Ok(OpenSource {
+    Ok(Source {
         name: source.name.clone(),
         queue,
         settings: source.settings.clone(),
@@ -159,11 +156,11 @@ pub struct TourReport {
 
 impl TourReport {
     /// Reads the counters of the finished run and the state of the tour's table.
-    pub async fn collect(source: &OpenSource, url: &str, scheduled: u64) -> Result<TourReport> {
+    pub async fn collect(source: &Source, url: &str, scheduled: u64) -> Result<TourReport> {
         let stats = source.queue.stats().snapshot();
-        let sources = std::slice::from_ref(source);
+        let sources = std::slice::from_ref(&source.queue);
         Ok(TourReport {
-            database: crate::redact::redact_url(url),
+            database: icq::redact::redact_url(url),
             table: source.queue.table().to_string(),
             scheduled,
             succeeded: stats.succeeded,

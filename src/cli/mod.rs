@@ -5,7 +5,13 @@
 //! proper depends on them.
 
 pub(crate) mod bench;
+pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod demo;
 pub(crate) mod output;
+pub(crate) mod sources;
 pub(crate) mod telemetry;
+pub(crate) mod worker;
+
+#[cfg(test)]
+mod properties;

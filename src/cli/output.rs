@@ -23,15 +23,15 @@ use comfy_table::{
 };
 use serde::Serialize;
 
-use crate::admin::FinishedKind;
-use crate::admin::{
+use icq::admin::FinishedKind;
+use icq::admin::{
     CancelReport, DeadLetterReport, ListReport, PendingReport, Progress, PurgeCount, PurgeReport,
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
 use crate::cli::bench::BenchReport;
-use crate::command::State;
-use crate::error::{Error, Result};
-use crate::redact::escape_for_log;
+use icq::command::State;
+use icq::error::{Error, Result};
+use icq::redact::escape_for_log;
 
 /// How results are written to stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -316,7 +316,7 @@ impl Render for ShownCommand {
 
     fn grid(&self) -> Option<Grid> {
         let r = &self.row;
-        let unreadable = crate::command::unreadable_columns(&r.defects);
+        let unreadable = icq::command::unreadable_columns(&r.defects);
         let time = |column: &str, at: DateTime<Utc>| {
             if unreadable.iter().any(|c| c == column) {
                 UNREADABLE.to_owned()
@@ -433,8 +433,8 @@ impl Render for ListReport {
 
     fn grid(&self) -> Option<Grid> {
         let when = match self.state {
-            crate::admin::ListState::Dead => "Dead lettered at",
-            crate::admin::ListState::Completed => "Processed at",
+            icq::admin::ListState::Dead => "Dead lettered at",
+            icq::admin::ListState::Completed => "Processed at",
             _ => "Run at",
         };
         let mut grid = Grid::new(vec![
@@ -447,8 +447,8 @@ impl Render for ListReport {
             Column::shrinkable("Last error", 10, 0),
         ]);
         let key_column = match self.state {
-            crate::admin::ListState::Dead => "DeadLetteredAt",
-            crate::admin::ListState::Completed => "ProcessedAt",
+            icq::admin::ListState::Dead => "DeadLetteredAt",
+            icq::admin::ListState::Completed => "ProcessedAt",
             _ => "RunAt",
         };
         for c in &self.commands {
@@ -481,7 +481,7 @@ impl Render for CancelReport {
         format!(
             "Cancelled {}{running}: they are dead letters now (LastError \"{}\").",
             plural(self.cancelled, "command", "commands"),
-            crate::admin::CANCELLED
+            icq::admin::CANCELLED
         )
     }
 }
@@ -628,7 +628,7 @@ impl Render for BenchReport {
 
     fn grid(&self) -> Option<Grid> {
         let figure = |x: f64, places: usize| format!("{x:.places$}");
-        let rows: [(&str, String); 11] = [
+        let rows: [(&str, String); 8] = [
             ("engine", self.engine.to_string()),
             ("jobs", self.jobs.to_string()),
             ("enqueue_single_per_s", figure(self.enqueue_single_per_s, 0)),
@@ -636,10 +636,7 @@ impl Render for BenchReport {
             ("drain_per_s", figure(self.drain_per_s, 0)),
             ("latency_p50_ms", figure(self.latency_p50_ms, 2)),
             ("latency_p99_ms", figure(self.latency_p99_ms, 2)),
-            ("claim_ms_empty", figure(self.claim_ms_empty, 3)),
-            ("claim_ms_1m_retained", figure(self.claim_ms_1m_retained, 3)),
             ("rss_mb", figure(self.rss_mb, 1)),
-            ("retained", self.retained.to_string()),
         ];
         let mut grid = Grid::new(vec![
             Column::whole("Measure"),
@@ -710,7 +707,7 @@ pub fn progress() -> Box<dyn Progress> {
     if std::io::stderr().is_terminal() {
         Box::new(Bar(std::sync::Mutex::new(None)))
     } else {
-        Box::new(crate::admin::NoProgress)
+        Box::new(icq::admin::NoProgress)
     }
 }
 

@@ -45,8 +45,7 @@ use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
 
-use crate::engine::Backend;
-use crate::error::{Error, Result};
+use icq::error::{Error, Result};
 
 /// Execution-time buckets, in seconds: 1 ms to 5 minutes.
 const BUCKETS: &[f64] = &[
@@ -139,7 +138,7 @@ impl Drop for LogGuard {
 /// once, inside the runtime; keep the guard until the process is about to exit.
 ///
 /// With `otel` (see [`init_otel`]) the OpenTelemetry layer joins: it exports the execution
-/// spans ([`crate::otel::SPAN_TARGET`]) and nothing else, and the log lines never include
+/// spans ([`icq::otel::SPAN_TARGET`]) and nothing else, and the log lines never include
 /// them. How the filters are laid out, and why: `log_dispatch`.
 pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
     use tracing_subscriber::util::SubscriberInitExt;
@@ -173,7 +172,7 @@ pub fn init_logging(json: bool, otel: Option<&Otel>) -> LogGuard {
 ///
 /// `RUST_LOG` (default `icq=info`) is one **global** filter, outermost, so whatever it
 /// rejects never reaches a layer. Without OpenTelemetry it is the only filter: it also
-/// turns [`crate::otel::SPAN_TARGET`] off, so the execution spans and metrics cost nothing
+/// turns [`icq::otel::SPAN_TARGET`] off, so the execution spans and metrics cost nothing
 /// (`tracing::enabled!` says no) and no layer filters on its own.
 ///
 /// A per-layer filter (`Layer::with_filter`) is used only to split the log lines from the
@@ -205,7 +204,7 @@ where
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("icq=info"));
     let spans = |level: &str| {
-        format!("{}={level}", crate::otel::SPAN_TARGET)
+        format!("{}={level}", icq::otel::SPAN_TARGET)
             .parse()
             .expect("a valid directive")
     };
@@ -219,7 +218,7 @@ where
     let filter = filter.add_directive(spans("info"));
     let not_spans = Targets::new()
         .with_default(LevelFilter::TRACE)
-        .with_target(crate::otel::SPAN_TARGET, LevelFilter::OFF);
+        .with_target(icq::otel::SPAN_TARGET, LevelFilter::OFF);
     let otel_layer = tracing_opentelemetry::layer()
         .with_tracer(otel.tracer.clone())
         // The spans carry the messaging attributes only, not the code location,
@@ -227,7 +226,7 @@ where
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
-        .with_filter(Targets::new().with_target(crate::otel::SPAN_TARGET, tracing::Level::INFO));
+        .with_filter(Targets::new().with_target(icq::otel::SPAN_TARGET, tracing::Level::INFO));
     tracing_subscriber::registry()
         .with(fmt_layer(json, colour, writer).with_filter(not_spans))
         .with(otel_layer)
@@ -325,8 +324,8 @@ impl Unreachable {
         };
         if first {
             tracing::warn!(
-                endpoint = %crate::redact::redact_url(endpoint),
-                error = %crate::redact::redact_text(&error.to_string()),
+                endpoint = %icq::redact::redact_url(endpoint),
+                error = %icq::redact::redact_text(&error.to_string()),
                 "OpenTelemetry: cannot reach the OTLP endpoint, so spans and metrics are being dropped; check that the collector is running and that OTEL_EXPORTER_OTLP_ENDPOINT names its OTLP/HTTP port (usually 4318; icq speaks http/protobuf only). Said once per collector"
             );
         }
@@ -491,7 +490,7 @@ pub fn otel_requested() -> bool {
 }
 
 /// Builds the OTLP pipeline when [`otel_requested`], installing its meter provider as
-/// the global one (so [`crate::otel`]'s metrics flow) and the W3C trace-context
+/// the global one (so [`icq::otel`]'s metrics flow) and the W3C trace-context
 /// propagator. `None` when no `OTEL_*` endpoint is set: nothing is exported and the
 /// execution spans are never created. Only the `http/protobuf` protocol is built in.
 pub fn init_otel() -> Result<Option<Otel>> {
@@ -515,7 +514,7 @@ pub fn init_otel() -> Result<Option<Otel>> {
         move |err: opentelemetry_otlp::ExporterBuildError| {
             Error::invalid(format!(
                 "cannot set up the OpenTelemetry {what} exporter from the OTEL_* variables: {}",
-                crate::redact::redact_text(&err.to_string())
+                icq::redact::redact_text(&err.to_string())
             ))
         }
     };
@@ -707,17 +706,17 @@ fn respond<B>(request: &Request<B>, render: impl FnOnce() -> String) -> Response
 
 /// Refreshes the `pending` gauges of each source every `every` until the task is aborted.
 pub fn spawn_pending_gauges(
-    sources: &[crate::sources::OpenSource],
+    sources: &[crate::cli::sources::Source],
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
-    let sources: Vec<(Arc<str>, Arc<dyn Backend>)> = sources
+    let sources: Vec<(Arc<str>, icq::Queue)> = sources
         .iter()
-        .map(|s| (Arc::from(s.name.as_str()), s.queue.backend().clone()))
+        .map(|s| (Arc::from(s.name.as_str()), s.queue.clone()))
         .collect();
     tokio::spawn(async move {
         loop {
-            for (name, backend) in &sources {
-                match backend.activity().await {
+            for (name, queue) in &sources {
+                match queue.activity().await {
                     Ok(activity) => {
                         let depth = otel_depth_gauge();
                         for (state, count) in [("due", activity.due), ("running", activity.running)]
@@ -761,9 +760,9 @@ fn otel_depth_gauge() -> &'static opentelemetry::metrics::Gauge<u64> {
 
 /// The field formatter for text logs: like tracing-subscriber's default (`message` first,
 /// then `name=value` pairs), but every value, the message included, is passed through
-/// [`crate::redact::escape_for_log`], so a line break or terminal escape in a handler's
+/// [`icq::redact::escape_for_log`], so a line break or terminal escape in a handler's
 /// stderr or a response body is written as `\n`, `\u{1b}`, ... and a log line can never
-/// be forged; and through [`crate::redact::redact_text`] first, so a URL's password or
+/// be forged; and through [`icq::redact::redact_text`] first, so a URL's password or
 /// `?token=` that slipped into a driver's message is masked. Use with
 /// `tracing_subscriber::fmt().fmt_fields(escaping_fields())`.
 pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Sync + 'static {
@@ -776,10 +775,10 @@ pub fn escaping_fields() -> impl for<'writer> FormatFields<'writer> + Send + Syn
             }
             let name = name.strip_prefix("r#").unwrap_or(name);
             let raw = format!("{value:?}");
-            let text = if crate::redact::is_plain_for_log(&raw) {
+            let text = if icq::redact::is_plain_for_log(&raw) {
                 raw
             } else {
-                crate::redact::escape_for_log(&crate::redact::redact_text(&raw))
+                icq::redact::escape_for_log(&icq::redact::redact_text(&raw))
             };
             if name == "message" {
                 write!(writer, "{text}")

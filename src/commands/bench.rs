@@ -1,4 +1,4 @@
-//! `icq bench`: measures enqueue, drain, idle latency and claim times on scratch tables
+//! `icq bench`: measures enqueue, drain, idle latency and memory on a scratch table
 //! (see `crate::cli::bench`), then prints the figures.
 
 use clap::Args;
@@ -6,15 +6,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::bench::BenchOptions;
 use crate::cli::output;
-use crate::config::DatabaseUrl;
-use crate::error::Error;
+use crate::cli::config::DatabaseUrl;
+use icq::error::Error;
 
 /// Arguments of `icq bench`.
 #[derive(Debug, Args)]
 #[command(
     after_help = "The database is the one --database-url names, or else the embedded \
     default; icq bench never reads icq.yaml or $DATABASE_URL, so it writes only where it was \
-    told to. It works on scratch tables icq_bench_<hex> that it creates and drops again \
+    told to. It works on a scratch table icq_bench_<hex> that it creates and drops again \
     (also on failure or Ctrl-C). Every setting is icq's default except --concurrency."
 )]
 pub struct BenchArgs {
@@ -27,10 +27,6 @@ pub struct BenchArgs {
     /// Execution slots of the drain worker (default: the settings default, 8).
     #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: Option<u32>,
-
-    /// Completed rows in the table for the second claim measurement.
-    #[arg(long, default_value_t = 1_000_000, value_name = "R")]
-    pub retained: u64,
 }
 
 /// Runs the benchmark and prints its report.
@@ -45,13 +41,12 @@ pub async fn run(args: BenchArgs, global: &super::GlobalArgs) -> anyhow::Result<
     }
     let url = match &global.database_url {
         Some(url) => DatabaseUrl::new(url.clone()),
-        None => crate::config::embedded_default()?.url,
+        None => crate::cli::config::embedded_default()?.url,
     };
     let worker = std::env::current_exe().map_err(Error::io("locating the icq binary"))?;
     let mut options = BenchOptions::new(url, worker);
     options.jobs = args.jobs;
     options.concurrency = args.concurrency;
-    options.retained = args.retained;
 
     let interrupt = CancellationToken::new();
     let signals = stop_on_signals(interrupt.clone());

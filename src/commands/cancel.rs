@@ -5,9 +5,9 @@
 use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
-use crate::admin::{self, CancelTarget};
+use icq::admin::{self, CancelTarget};
 use crate::cli::output::{self, Confirmation};
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Arguments of `icq cancel`.
 #[derive(Debug, Clone, Args)]
@@ -42,9 +42,9 @@ pub async fn run(args: CancelArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 
 async fn cancel(
     args: CancelArgs,
-    sources: &[crate::sources::OpenSource],
+    sources: &[icq::Queue],
     global: &GlobalArgs,
-) -> crate::Result<()> {
+) -> icq::Result<()> {
     let bulk = args.type_name.is_some() || args.queue.is_some();
     let target = if bulk {
         CancelTarget::Matching {

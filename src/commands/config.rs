@@ -4,7 +4,7 @@ use clap::Subcommand;
 
 use super::GlobalArgs;
 use crate::cli::output::{self, Render, Style};
-use crate::config::{CheckReport, ConfigRequest};
+use crate::cli::config::{CheckReport, ConfigRequest};
 
 /// Configuration subcommands.
 #[derive(Debug, Subcommand)]
@@ -24,7 +24,7 @@ pub fn run(command: ConfigCommand, global: &GlobalArgs) -> anyhow::Result<()> {
 
 /// `icq config check`: the report on stdout, or the problems as the error (exit 2).
 fn check(global: &GlobalArgs) -> anyhow::Result<()> {
-    let report = crate::config::check_file(&ConfigRequest {
+    let report = crate::cli::config::check_file(&ConfigRequest {
         config_path: global.config.clone(),
         database_url: global.database_url.clone(),
         source: global.source.clone(),

@@ -41,7 +41,7 @@ pub async fn run(args: ConsoleArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         }),
     };
     options.validate()?;
-    let config = crate::sources::load_config(&global.source_request())?;
+    let config = crate::cli::sources::load_config(&global.source_request())?;
     let shutdown = CancellationToken::new();
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;

@@ -4,9 +4,9 @@
 use clap::{Args, Subcommand};
 
 use super::GlobalArgs;
-use crate::admin;
+use icq::admin;
 use crate::cli::output;
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Dead-letter subcommands.
 #[derive(Debug, Clone, Subcommand)]

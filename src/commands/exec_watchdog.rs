@@ -1,13 +1,13 @@
 //! `icq exec-watchdog` (hidden): the process `icq work` starts at its first exec handler,
 //! reading the worker's pipe on stdin; when the worker is gone, however it ended, it kills
 //! the process groups of the handlers still running (see
-//! [`crate::handler::exec::watchdog`]).
+//! [`icq::handler::exec::watchdog`]).
 
 /// Runs the watchdog until its stdin ends; says on stderr what it killed. The stderr it
 /// shares with the dead worker may be a pipe nobody reads any more: the line is given a
 /// second, and the process exits whether or not it was written.
 pub fn run() -> anyhow::Result<()> {
-    let killed = crate::handler::exec::watchdog::run(std::io::stdin().lock());
+    let killed = icq::handler::exec::watchdog::run(std::io::stdin().lock());
     if killed > 0 {
         let (written, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -30,6 +30,6 @@ pub fn enable() {
     #[cfg(not(target_os = "linux"))]
     let program = std::env::current_exe().ok();
     if let Some(program) = program {
-        crate::handler::exec::watchdog::enable(program, ["exec-watchdog"]);
+        icq::handler::exec::watchdog::enable(program, ["exec-watchdog"]);
     }
 }

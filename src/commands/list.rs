@@ -6,10 +6,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin;
-use crate::admin::ListState;
+use icq::admin;
+use icq::admin::ListState;
 use crate::cli::output;
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Arguments of `icq list`.
 #[derive(Debug, Clone, Args)]

@@ -35,16 +35,16 @@ pub fn run(args: ManArgs) -> anyhow::Result<()> {
 /// Writes `icq.1` and one page per (nested) subcommand into `dir`, creating it, and
 /// prints the paths written.
 fn write_pages(command: clap::Command, dir: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).map_err(crate::Error::io(format!(
+    std::fs::create_dir_all(dir).map_err(icq::Error::io(format!(
         "creating the man page directory {}",
         dir.display()
     )))?;
-    clap_mangen::generate_to(command, dir).map_err(crate::Error::io(format!(
+    clap_mangen::generate_to(command, dir).map_err(icq::Error::io(format!(
         "writing man pages into {}",
         dir.display()
     )))?;
     let mut written: Vec<String> = std::fs::read_dir(dir)
-        .map_err(crate::Error::io(format!("listing {}", dir.display())))?
+        .map_err(icq::Error::io(format!("listing {}", dir.display())))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             path.extension().is_some_and(|ext| ext == "1")

@@ -1,9 +1,9 @@
-//! `icq migrate add|run|revert|info`: the clap layer over [`crate::migrate`].
+//! `icq migrate add|run|revert|info`: the clap layer over [`icq::migrate`].
 //!
 //! `add` writes (or with `--stdout` prints) the migration that creates the commands table,
 //! named and versioned the way sqlx-cli would; `run`, `revert` and `info` work on a
 //! database with sqlx's bookkeeping and print sqlx-cli's line shapes. The database comes
-//! from [`crate::sources::migration_target`]; no command ever prints a database password.
+//! from [`crate::cli::sources::migration_target`]; no command ever prints a database password.
 
 use std::path::PathBuf;
 
@@ -12,11 +12,11 @@ use clap::{Args, Subcommand};
 
 use super::{GlobalArgs, man};
 use crate::cli::output::{self, Format, migrate::Added};
-use crate::error::Error;
-use crate::ident::{Engine, TableName};
-use crate::migrate::{self, AddOptions, MigrateOptions, MigrationKind, PlanAction, Versioning};
-use crate::redact::redact_url;
-use crate::sources::{MigrationTarget, migration_target};
+use icq::error::Error;
+use icq::ident::{Engine, TableName};
+use icq::migrate::{self, AddOptions, MigrateOptions, MigrationKind, PlanAction, Versioning};
+use icq::redact::redact_url;
+use crate::cli::sources::{MigrationTarget, migration_target};
 
 /// Migration subcommands.
 #[derive(Debug, Subcommand)]

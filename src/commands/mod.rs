@@ -74,7 +74,7 @@ pub struct GlobalArgs {
 }
 
 pub use crate::cli::output::{Format, note};
-pub use crate::redact::redact_text;
+pub use icq::redact::redact_text;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
@@ -251,8 +251,8 @@ fn parse_non_empty(raw: &str) -> Result<String, String> {
 /// there is one in the chain, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     err.chain()
-        .find_map(|cause| cause.downcast_ref::<crate::Error>())
-        .map_or(1, crate::Error::exit_code)
+        .find_map(|cause| cause.downcast_ref::<icq::Error>())
+        .map_or(1, icq::Error::exit_code)
 }
 
 /// The message of an error that reached the binary: each error of the chain, joined by
@@ -285,12 +285,12 @@ pub fn error_message(err: &anyhow::Error) -> String {
 }
 
 /// The `kind` of the JSON error document for an error that reached the binary: the
-/// library error's [`crate::Error::kind`] when there is one in the chain, `io` for a bare
+/// library error's [`icq::Error::kind`] when there is one in the chain, `io` for a bare
 /// I/O error, `runtime` otherwise.
 pub fn error_kind(err: &anyhow::Error) -> &'static str {
     let library = err
         .chain()
-        .find_map(|cause| cause.downcast_ref::<crate::Error>());
+        .find_map(|cause| cause.downcast_ref::<icq::Error>());
     match library {
         Some(library) => library.kind(),
         None if err.chain().any(|cause| cause.is::<std::io::Error>()) => "io",
@@ -300,8 +300,8 @@ pub fn error_kind(err: &anyhow::Error) -> &'static str {
 
 impl GlobalArgs {
     /// The source request these options describe.
-    pub fn source_request(&self) -> crate::sources::SourceRequest {
-        crate::sources::SourceRequest {
+    pub fn source_request(&self) -> crate::cli::sources::SourceRequest {
+        crate::cli::sources::SourceRequest {
             config_path: self.config.clone(),
             database_url: self.database_url.clone(),
             source: self.source.clone(),
@@ -309,7 +309,9 @@ impl GlobalArgs {
     }
 }
 
-/// Opens the sources the global options select.
-pub async fn open_sources(global: &GlobalArgs) -> anyhow::Result<Vec<crate::sources::OpenSource>> {
-    Ok(crate::sources::open(&global.source_request()).await?)
+/// Opens the sources the global options select, as the queues the operator commands
+/// act on.
+pub async fn open_sources(global: &GlobalArgs) -> anyhow::Result<Vec<icq::Queue>> {
+    let sources = crate::cli::sources::open(&global.source_request()).await?;
+    Ok(sources.into_iter().map(|source| source.queue).collect())
 }

@@ -1,40 +1,12 @@
 //! Values typed on the command line: durations (`30s`, `1h30m`), RFC 3339 instants, and
-//! payload arguments (JSON text, `@file`, `@-` for stdin), and the whole numbers of
-//! `--priority`, `--limit` and `--target-version`. Each error says what to write.
+//! the whole numbers of `--priority`, `--limit` and `--target-version`. Each error says
+//! what to write.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::{Error, Result};
-
-/// Reads a payload argument: JSON text, `@path` for a file's contents, or `@-` for stdin.
-/// Text that is not JSON is an [`Error::Invalid`] carrying the parse error.
-pub fn read_payload(argument: &str) -> Result<serde_json::Value> {
-    let (text, origin) = match argument.strip_prefix('@') {
-        Some("-") => {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .map_err(Error::io("reading the payload from stdin"))?;
-            (text, "the payload on stdin".to_owned())
-        }
-        Some(path) => (
-            std::fs::read_to_string(path)
-                .map_err(Error::io(format!("reading the payload file {path}")))?,
-            format!("the payload file {path}"),
-        ),
-        None => (argument.to_owned(), "--payload".to_owned()),
-    };
-    serde_json::from_str(&text).map_err(|e| {
-        Error::invalid_because(
-            format!(
-                "{origin} is not JSON: {e} (pass a JSON document such as '{{\"order_id\": 42}}', \
-                 or @file to read one)"
-            ),
-            e,
-        )
-    })
-}
+use icq::error::{Error, Result};
 
 /// Parses a duration like `30s`, `5m`, `12h`, `7d`, `2w` or a sum such as `1h30m` (or
 /// `1h 30m`), with humantime's units (`ms`, `min`, `hours`, `days`, ...).
@@ -94,12 +66,12 @@ pub fn parse_priority(text: &str) -> Result<i16, String> {
     i16::try_from(value).map_err(|e| e.to_string())
 }
 
-/// `--limit` of every listing: 1 to [`crate::admin::MAX_PAGE_LIMIT`].
+/// `--limit` of every listing: 1 to [`icq::admin::MAX_PAGE_LIMIT`].
 pub fn parse_page_limit(text: &str) -> Result<u32, String> {
     let value = whole_in(
         text,
         1,
-        crate::admin::MAX_PAGE_LIMIT.into(),
+        icq::admin::MAX_PAGE_LIMIT.into(),
         "a page size",
         "--limit 100",
     )?;
@@ -157,10 +129,10 @@ mod tests {
     #[test]
     fn payloads_must_be_json() {
         assert_eq!(
-            read_payload("{\"a\":1}").unwrap(),
+            crate::commands::schedule::read_payload("{\"a\":1}", &Default::default()).unwrap(),
             serde_json::json!({"a": 1})
         );
-        let err = read_payload("not json").unwrap_err();
+        let err = crate::commands::schedule::read_payload("not json", &Default::default()).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("--payload is not JSON: expected"),

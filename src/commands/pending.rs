@@ -4,7 +4,7 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin;
+use icq::admin;
 use crate::cli::output;
 
 /// Arguments of `icq pending`.

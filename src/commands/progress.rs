@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::processor::Stats;
+use icq::Stats;
 
 /// A progress display that updates itself until [`RunProgress::finish`].
 pub struct RunProgress {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin::{self, PurgeRequest};
+use icq::admin::{self, PurgeRequest};
 use crate::cli::output::{self, Confirmation};
 
 /// Arguments of `icq purge`.
@@ -51,9 +51,9 @@ pub async fn run(args: PurgeArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 
 async fn purge(
     args: &PurgeArgs,
-    sources: &[crate::sources::OpenSource],
+    sources: &[icq::Queue],
     global: &GlobalArgs,
-) -> crate::Result<()> {
+) -> icq::Result<()> {
     let request = PurgeRequest {
         completed: args.completed,
         dead_letters: args.dead_letters,

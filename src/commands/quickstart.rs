@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use super::Format;
 use crate::cli::demo::{self, TourReport};
 use crate::cli::output;
-use crate::processor::{Processor, RunOptions};
-use crate::sources::OpenSource;
+use icq::{Processor, RunOptions};
+use crate::cli::sources::Source;
 
 /// Arguments of `icq quickstart`.
 #[derive(Debug, Args)]
@@ -26,14 +26,14 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
         people,
         &format!(
             "using {} (source `{}`), table {}",
-            crate::redact::redact_url(&url),
+            icq::redact::redact_url(&url),
             target.name,
             target.table
         ),
     );
     let source = demo::reset(&target).await?;
     let result = tour(&source, &url, people).await;
-    source.queue.backend().close().await;
+    source.queue.close().await;
     let report = result?;
     match global.format {
         Format::Json => output::raw(&format!("{}\n", serde_json::to_string_pretty(&report)?))?,
@@ -43,7 +43,7 @@ pub async fn run(_args: QuickstartArgs, global: &super::GlobalArgs) -> anyhow::R
 }
 
 /// Schedules the samples, works them off and reads back what happened.
-async fn tour(source: &OpenSource, url: &str, people: bool) -> anyhow::Result<TourReport> {
+async fn tour(source: &Source, url: &str, people: bool) -> anyhow::Result<TourReport> {
     let commands = demo::commands();
     source.queue.schedule_many(&commands).await?;
     say(
@@ -60,10 +60,8 @@ async fn tour(source: &OpenSource, url: &str, people: bool) -> anyhow::Result<To
         vec![source.queue.stats().clone()],
         Some(commands.len() as u64),
     );
-    let options = RunOptions {
-        until_idle: true,
-        ..RunOptions::default()
-    };
+    let mut options = RunOptions::default();
+    options.until_idle = true;
     processor.run(options, CancellationToken::new()).await?;
     progress.finish();
     Ok(TourReport::collect(source, url, commands.len() as u64).await?)

@@ -4,9 +4,9 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin;
+use icq::admin;
 use crate::cli::output;
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Arguments of `icq replay`.
 #[derive(Debug, Clone, Args)]

@@ -5,9 +5,9 @@
 use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
-use crate::admin::{self, RequeueTarget};
+use icq::admin::{self, RequeueTarget};
 use crate::cli::output::{self, Confirmation};
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Arguments of `icq requeue`.
 #[derive(Debug, Clone, Args)]
@@ -46,9 +46,9 @@ pub async fn run(args: RequeueArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 
 async fn requeue(
     args: RequeueArgs,
-    sources: &[crate::sources::OpenSource],
+    sources: &[icq::Queue],
     global: &GlobalArgs,
-) -> crate::Result<()> {
+) -> icq::Result<()> {
     let target = if args.all_dead {
         RequeueTarget::AllDead {
             type_name: args.type_name.clone(),

@@ -13,10 +13,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin;
+use icq::admin;
 use crate::cli::output;
-use crate::command::{Context, NewCommand, RunAt};
-use crate::error::Error;
+use icq::command::{Context, NewCommand, RunAt};
+use icq::error::Error;
 
 /// Arguments of `icq schedule`.
 #[derive(Debug, Clone, Args)]
@@ -102,16 +102,16 @@ pub struct ScheduleArgs {
     pub max_input_bytes: u64,
 }
 
-/// A `--queue` value ([`crate::command::validate_queue_name`]).
+/// A `--queue` value ([`icq::command::validate_queue_name`]).
 fn parse_queue(raw: &str) -> Result<String, String> {
-    crate::command::validate_queue_name(raw)
+    icq::command::validate_queue_name(raw)
         .map(|()| raw.to_owned())
         .map_err(|e| e.to_string())
 }
 
-/// A `--unique-key` value ([`crate::command::validate_unique_key`]).
+/// A `--unique-key` value ([`icq::command::validate_unique_key`]).
 fn parse_unique_key(raw: &str) -> Result<String, String> {
-    crate::command::validate_unique_key(raw)
+    icq::command::validate_unique_key(raw)
         .map(|()| raw.to_owned())
         .map_err(|e| e.to_string())
 }
@@ -182,7 +182,7 @@ enum Input {
 }
 
 impl Input {
-    fn read(args: ScheduleArgs) -> crate::Result<Input> {
+    fn read(args: ScheduleArgs) -> icq::Result<Input> {
         let limit = admin::InputLimit {
             bytes: args.max_input_bytes,
             raise_with: RAISE_WITH,
@@ -231,7 +231,7 @@ impl Input {
 
 /// The `--payload` argument as JSON: the text itself, `@-` for stdin, or `@FILE`, none of
 /// them read past `limit`.
-fn read_payload(argument: &str, limit: &admin::InputLimit) -> crate::Result<serde_json::Value> {
+pub(crate) fn read_payload(argument: &str, limit: &admin::InputLimit) -> icq::Result<serde_json::Value> {
     let (bytes, origin) = match argument.strip_prefix('@') {
         Some("-") => {
             let origin = "the payload on stdin".to_owned();

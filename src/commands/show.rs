@@ -3,9 +3,9 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use crate::admin;
+use icq::admin;
 use crate::cli::output;
-use crate::command::CommandId;
+use icq::command::CommandId;
 
 /// Arguments of `icq show`.
 #[derive(Debug, Clone, Args)]

@@ -13,7 +13,7 @@
 //! while the leases could be held; the rows then run again after their lease, as after a
 //! crash, but never alongside a handler of this worker.) SIGPIPE is ignored (Rust's runtime does so at startup; a closed
 //! pipe is an error on the write instead). SIGKILL cannot be caught: on Linux exec
-//! handlers die with the worker all the same (see [`crate::handler::exec`]).
+//! handlers die with the worker all the same (see [`icq::handler::exec`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use futures::StreamExt;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::processor::RunOptions;
+use icq::RunOptions;
 
 /// Arguments of `icq work`.
 #[derive(Debug, Args)]
@@ -192,7 +192,7 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     // processor has stamped everything, so the final spans and metrics are flushed.
     let otel = crate::cli::telemetry::init_otel()?;
     let _logs = init_logging(args.effective_log_format(global.format), otel.as_ref());
-    let work = crate::worker::Work::open(&global.source_request()).await?;
+    let work = crate::cli::worker::Work::open(&global.source_request()).await?;
     if let Some(addr) = args.metrics_addr {
         crate::cli::telemetry::serve(addr)?;
         tracing::info!(%addr, "serving Prometheus metrics");
@@ -202,11 +202,10 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     });
     let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
     let forced = stop_on_signals(shutdown.clone(), hard_stop.clone())?;
-    let options = RunOptions {
-        until_idle: args.until_idle,
-        shutdown_grace: Duration::from_secs_f64(args.grace_seconds.max(0.0)),
-        hard_stop,
-    };
+    let mut options = RunOptions::default();
+    options.until_idle = args.until_idle;
+    options.shutdown_grace = Duration::from_secs_f64(args.grace_seconds.max(0.0));
+    options.hard_stop = hard_stop;
     let progress = args.until_idle.then(|| {
         super::progress::RunProgress::start(
             work.sources()
@@ -235,7 +234,7 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     }
     let dead_lettered = summary.dead_lettered();
     if args.fail_on_dead && dead_lettered > 0 {
-        return Err(crate::Error::DeadLettered {
+        return Err(icq::Error::DeadLettered {
             count: dead_lettered,
         }
         .into());

@@ -665,6 +665,10 @@ pub struct ConnectOptions {
     pub acquire_timeout: Duration,
     /// The pooler in front of a PostgreSQL server (the source's `pooler` setting).
     pub pooler: crate::settings::Pooler,
+    /// Create the table when it is missing, and upgrade a SQLite table of schema version 1
+    /// to 2, instead of failing: for a database icq owns (the embedded default), never
+    /// for an application's database, whose table comes from its migrations.
+    pub create_table: bool,
 }
 
 impl ConnectOptions {
@@ -686,6 +690,23 @@ impl ConnectOptions {
     pub fn with_pooler(mut self, pooler: crate::settings::Pooler) -> ConnectOptions {
         self.pooler = pooler;
         self
+    }
+
+    /// These options with [`ConnectOptions::create_table`] set.
+    pub fn creating_table(mut self, create_table: bool) -> ConnectOptions {
+        self.create_table = create_table;
+        self
+    }
+
+    /// Options sized for a processor with `settings`: one connection per execution slot
+    /// is never needed (stamps are batched), but up to four claims, two stamps, lease
+    /// renewals and the sweep run side by side; and the source's pooler.
+    pub fn for_settings(settings: &crate::settings::Settings) -> ConnectOptions {
+        ConnectOptions {
+            max_connections: (settings.concurrency / 2).clamp(4, 32) + MAX_CLAIMS_IN_FLIGHT as u32,
+            pooler: settings.pooler,
+            ..ConnectOptions::default()
+        }
     }
 
     /// The pool options every driver starts from: these limits, no ping before each
@@ -716,6 +737,7 @@ impl Default for ConnectOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             pooler: crate::settings::Pooler::Session,
+            create_table: false,
         }
     }
 }
@@ -747,9 +769,14 @@ async fn connect_driver(
             postgres::PgDriver::connect(url, table, options).await?,
         )),
         #[cfg(feature = "sqlite")]
-        Engine::Sqlite => Ok(Arc::new(
-            sqlite::SqliteDriver::connect(url, table, options).await?,
-        )),
+        Engine::Sqlite => {
+            if options.create_table {
+                sqlite::upgrade_embedded(url, table).await?;
+            }
+            Ok(Arc::new(
+                sqlite::SqliteDriver::connect(url, table, options).await?,
+            ))
+        }
         #[cfg(feature = "mysql")]
         Engine::Mysql => Ok(Arc::new(
             mysql::MySqlDriver::connect(url, table, options).await?,

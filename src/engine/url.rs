@@ -168,6 +168,26 @@ pub(crate) struct PgHosts {
     pub(crate) session_attrs: Option<String>,
 }
 
+/// The URL of each server `url` names, in order: one per host of a PostgreSQL URL listing
+/// several (libpq's forms, see [`Queue::connect`](crate::Queue::connect)), else `url`
+/// itself. The error says which rule the URL breaks and never quotes it.
+///
+/// # Examples
+///
+/// ```
+/// let urls = icq::server_urls("postgres://app@db1:5432,db2:5433/shop").unwrap();
+/// assert_eq!(urls, ["postgres://app@db1:5432/shop", "postgres://app@db2:5433/shop"]);
+/// assert_eq!(icq::server_urls("sqlite:shop.db").unwrap(), ["sqlite:shop.db"]);
+/// ```
+pub fn server_urls(url: &str) -> Result<Vec<String>, String> {
+    if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+        return Ok(vec![url.to_owned()]);
+    }
+    Ok(postgres_hosts(url)?
+        .map(|listed| listed.hosts.into_iter().map(|host| host.url).collect())
+        .unwrap_or_else(|| vec![url.to_owned()]))
+}
+
 /// The servers a PostgreSQL URL names, by libpq's rules (`None` for a URL without `://`).
 ///
 /// - In the authority, hosts are separated by commas, each with its own port or none

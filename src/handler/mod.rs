@@ -12,6 +12,7 @@ pub mod exec;
 pub mod http;
 pub mod layers;
 pub(crate) mod program;
+pub use program::program_problem;
 
 use std::collections::HashMap;
 use std::fmt;

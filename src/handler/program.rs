@@ -8,7 +8,7 @@ use std::path::Path;
 /// Why `program` (an exec handler's `argv[0]`) cannot be started, or `None` when it can.
 /// A name without `/` is searched on `path_var` (`$PATH`); a path is taken relative to
 /// the current directory, as `icq work` does.
-pub(crate) fn program_problem(program: &str, path_var: Option<&str>) -> Option<String> {
+pub fn program_problem(program: &str, path_var: Option<&str>) -> Option<String> {
     if program.contains('/') {
         return file_problem(Path::new(program));
     }

@@ -129,9 +129,9 @@ impl std::fmt::Debug for SourceHandle {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use std::time::{Duration, Instant};
 /// use icq::{NewCommand, Processor, Registry, RunOptions, Settings};
 /// use tokio_util::sync::CancellationToken;
@@ -219,9 +219,9 @@ impl Default for RunOptions {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
+/// # let options = icq::ConnectOptions::default().creating_table(true);
+/// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+/// # let queue = source.clone();
 /// use icq::{HandlerError, Job, NewCommand, Processor, Registry, RunOptions, Settings};
 /// use icq::handler::FnHandler;
 ///
@@ -280,9 +280,9 @@ impl Processor {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-    /// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-    /// # let source = icq::sources::open_one(&config).await?;
-    /// # let queue = source.queue.clone();
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
     /// use icq::{NewCommand, Processor, Registry, Settings};
     /// use tokio_util::sync::CancellationToken;
     ///

@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use icq::ConnectOptions;
 use icq::admin::{self, Progress, PurgeRequest, RequeueTarget};
-use icq::sources::OpenSource;
-use icq::{Queue, Settings, TableName};
+use icq::{Queue, TableName};
 use serde_json::{Value, json};
 
 use crate::support::TestDb;
@@ -1592,7 +1591,7 @@ impl Progress for Steps {
     fn finish(&self) {}
 }
 
-async fn open(db: &TestDb) -> Vec<OpenSource> {
+async fn open(db: &TestDb) -> Vec<Queue> {
     let queue = Queue::connect(
         "default",
         &db.url,
@@ -1601,11 +1600,7 @@ async fn open(db: &TestDb) -> Vec<OpenSource> {
     )
     .await
     .unwrap();
-    vec![OpenSource {
-        name: "default".into(),
-        queue,
-        settings: Settings::default(),
-    }]
+    vec![queue]
 }
 
 #[tokio::test]

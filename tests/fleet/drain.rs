@@ -13,15 +13,11 @@ use icq::{HandlerError, Job, NewCommand, Processor, Registry, RunOptions, Settin
 use super::support::{RUNTIME_ENGINES, TestDb};
 
 /// Opens the test database's default table as source `main` with `settings`.
-pub(crate) async fn open(db: &TestDb, settings: &Settings) -> icq::sources::OpenSource {
-    let config = icq::config::SourceConfig {
-        name: "main".into(),
-        url: icq::config::DatabaseUrl::new(db.url.clone()),
-        table: Default::default(),
-        settings: settings.clone(),
-        embedded: false,
-    };
-    icq::sources::open_one(&config).await.unwrap()
+pub(crate) async fn open(db: &TestDb, settings: &Settings) -> icq::Queue {
+    let options = icq::ConnectOptions::for_settings(settings);
+    icq::Queue::connect("main", &db.url, &Default::default(), &options)
+        .await
+        .unwrap()
 }
 
 /// SQL for "now plus `seconds`" in the engine's `LockedUntil` representation.
@@ -53,7 +49,7 @@ async fn until_idle_with_queues_claims_a_retry_that_comes_due_while_waiting_on_a
         let source = open(&db, &settings).await;
         let mut hook = NewCommand::new("hook", serde_json::json!({}));
         hook.queue = "webhooks".into();
-        source.queue.schedule(&hook).await.unwrap();
+        source.schedule(&hook).await.unwrap();
         // Another processor holds the webhook for a few seconds.
         let (t, token, until, queue) = (
             db.q("InternalCommands"),
@@ -68,7 +64,6 @@ async fn until_idle_with_queues_claims_a_retry_that_comes_due_while_waiting_on_a
         ))
         .await;
         source
-            .queue
             .schedule(&NewCommand::new("flaky", serde_json::json!({})))
             .await
             .unwrap();
@@ -97,7 +92,7 @@ async fn until_idle_with_queues_claims_a_retry_that_comes_due_while_waiting_on_a
             )
             .unwrap();
         let mut processor = Processor::new(registry);
-        processor.add_source(source.queue.source_handle(settings.clone()));
+        processor.add_source(source.source_handle(settings.clone()));
         let started = Instant::now();
         let options = RunOptions::default().with_until_idle(true);
         tokio::time::timeout(
@@ -244,7 +239,7 @@ async fn a_running_worker_switches_to_the_version_2_claim_after_the_upgrade() {
             )
             .unwrap();
         let mut processor = Processor::new(registry);
-        processor.add_source(source.queue.source_handle(settings.clone()));
+        processor.add_source(source.source_handle(settings.clone()));
         let shutdown = tokio_util::sync::CancellationToken::new();
         let worker = tokio::spawn({
             let shutdown = shutdown.clone();
@@ -350,7 +345,7 @@ async fn a_thousand_idle_queues_cost_what_one_does() {
         .insert("ping", Arc::new(icq::handler::Noop))
         .unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(source.queue.source_handle(settings.clone()));
+    processor.add_source(source.source_handle(settings.clone()));
     let before = rss();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let worker = tokio::spawn({
@@ -368,10 +363,10 @@ async fn a_thousand_idle_queues_cost_what_one_does() {
     // Work still runs: a command on the last queue.
     let mut last = NewCommand::new("ping", serde_json::json!({}));
     last.queue = format!("q{}", n - 1);
-    source.queue.schedule(&last).await.unwrap();
+    source.schedule(&last).await.unwrap();
     assert!(
         super::wait_until(Duration::from_secs(30), || async {
-            source.queue.stats().snapshot().succeeded == 1
+            source.stats().snapshot().succeeded == 1
         })
         .await,
         "the command on an idle queue never ran"
@@ -449,7 +444,7 @@ async fn operator_reads_on_an_open_source_survive_the_upgrade() {
             tokio::time::sleep(Duration::from_secs(6)).await;
         }
         for source in sources {
-            source.queue.close().await;
+            source.close().await;
         }
     }
 }

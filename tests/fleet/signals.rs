@@ -456,14 +456,10 @@ async fn hard_stop_alone_stops_the_processor(engine: &'static str) {
     let db = TestDb::with_table(engine, "hard_stop_api").await;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pids");
-    let config = icq::config::SourceConfig {
-        name: "main".into(),
-        url: icq::config::DatabaseUrl::new(db.url.clone()),
-        table: Default::default(),
-        settings: Default::default(),
-        embedded: false,
-    };
-    let source = icq::sources::open_one(&config).await.unwrap();
+    let options = icq::ConnectOptions::for_settings(&Default::default());
+    let source = icq::Queue::connect("main", &db.url, &Default::default(), &options)
+        .await
+        .unwrap();
     insert(&db, 1).await;
     let mut registry = Registry::new();
     let script = format!("echo $$ >> '{}'; exec sleep 60", pidfile.display());
@@ -471,7 +467,6 @@ async fn hard_stop_alone_stops_the_processor(engine: &'static str) {
     let mut processor = Processor::new(registry);
     processor.add_source(
         source
-            .queue
             .source_handle(Settings::default().with_polling_interval_seconds(0.1)),
     );
     let hard_stop = CancellationToken::new();

@@ -20,27 +20,23 @@ use super::support::{RUNTIME_ENGINES, TestDb};
 use super::{Replica, wait_until, write_config};
 
 /// Opens the test database's default table as source `main` with `settings`.
-async fn open(db: &TestDb, settings: &Settings) -> icq::sources::OpenSource {
-    let config = icq::config::SourceConfig {
-        name: "main".into(),
-        url: icq::config::DatabaseUrl::new(db.url.clone()),
-        table: Default::default(),
-        settings: settings.clone(),
-        embedded: false,
-    };
-    icq::sources::open_one(&config).await.unwrap()
+async fn open(db: &TestDb, settings: &Settings) -> icq::Queue {
+    let options = icq::ConnectOptions::for_settings(settings);
+    icq::Queue::connect("main", &db.url, &Default::default(), &options)
+        .await
+        .unwrap()
 }
 
 /// A processor over `source` with `registry`, running in the background until the
 /// returned token is cancelled.
 fn start(
     registry: Registry,
-    source: &icq::sources::OpenSource,
+    source: &icq::Queue,
     settings: &Settings,
     grace: Duration,
 ) -> (CancellationToken, tokio::task::JoinHandle<icq::Result<()>>) {
     let mut processor = Processor::new(registry);
-    processor.add_source(source.queue.source_handle(settings.clone()));
+    processor.add_source(source.source_handle(settings.clone()));
     let shutdown = CancellationToken::new();
     let options = RunOptions::default().with_shutdown_grace(grace);
     let task = tokio::spawn({
@@ -147,10 +143,10 @@ async fn a_slow_queue_never_starves_another() {
             }
         };
         // Warm up, then the idle baseline.
-        source.queue.schedule_many(&receipts(20)).await.unwrap();
+        source.schedule_many(&receipts(20)).await.unwrap();
         assert!(drained(20).await, "{engine}: warm-up receipts did not run");
         latencies.lock().unwrap().clear();
-        source.queue.schedule_many(&receipts(100)).await.unwrap();
+        source.schedule_many(&receipts(100)).await.unwrap();
         assert!(drained(100).await, "{engine}: idle receipts did not run");
         let idle = p99(&mut latencies.lock().unwrap());
         latencies.lock().unwrap().clear();
@@ -159,7 +155,7 @@ async fn a_slow_queue_never_starves_another() {
         let hooks: Vec<NewCommand> = (0..8)
             .map(|i| on_queue("webhook", "webhooks", serde_json::json!({ "i": i })))
             .collect();
-        source.queue.schedule_many(&hooks).await.unwrap();
+        source.schedule_many(&hooks).await.unwrap();
         assert!(
             wait_until(Duration::from_secs(10), || {
                 let n = webhooks_started.load(Ordering::SeqCst);
@@ -168,7 +164,7 @@ async fn a_slow_queue_never_starves_another() {
             .await,
             "{engine}: webhooks did not start"
         );
-        source.queue.schedule_many(&receipts(100)).await.unwrap();
+        source.schedule_many(&receipts(100)).await.unwrap();
         assert!(drained(100).await, "{engine}: receipts starved");
         let loaded = p99(&mut latencies.lock().unwrap());
         // The webhooks queue holds only its own 2 slots meanwhile.
@@ -219,10 +215,10 @@ async fn priorities_are_claimed_in_order() {
         for p in priorities {
             let mut command = NewCommand::new("p", serde_json::json!({ "p": p }));
             command.priority = p;
-            source.queue.schedule(&command).await.unwrap();
+            source.schedule(&command).await.unwrap();
         }
         let mut processor = Processor::new(registry);
-        processor.add_source(source.queue.source_handle(settings.clone()));
+        processor.add_source(source.source_handle(settings.clone()));
         let options = RunOptions::default().with_until_idle(true);
         processor.run(options, Default::default()).await.unwrap();
         let mut expected: Vec<i64> = priorities.iter().map(|&p| i64::from(p)).collect();
@@ -399,13 +395,12 @@ async fn snooze_keeps_attempts() {
         let started = Instant::now();
         for ty in ["exec.snooze", "http.snooze", "rust.snooze"] {
             source
-                .queue
                 .schedule(&NewCommand::new(ty, serde_json::json!({})))
                 .await
                 .unwrap();
         }
         let (shutdown, worker) = start(registry, &source, &settings, Duration::from_secs(5));
-        let stats = source.queue.stats().clone();
+        let stats = source.stats().clone();
         let done = wait_until(Duration::from_secs(20), || {
             let s = stats.snapshot();
             async move { s.succeeded >= 3 }
@@ -413,12 +408,12 @@ async fn snooze_keeps_attempts() {
         .await;
         shutdown.cancel();
         worker.await.unwrap().unwrap();
-        assert!(done, "{engine}: {:?}", source.queue.stats().snapshot());
+        assert!(done, "{engine}: {:?}", source.stats().snapshot());
         assert!(
             started.elapsed() >= Duration::from_millis(900),
             "{engine}: ran again before the snooze delay"
         );
-        assert_eq!(source.queue.stats().snapshot().snoozed, 3, "{engine}");
+        assert_eq!(source.stats().snapshot().snoozed, 3, "{engine}");
         assert_eq!(requests.load(Ordering::SeqCst), 2, "{engine}");
         for ty in ["exec.snooze", "http.snooze", "rust.snooze"] {
             let (attempts, snoozes, last_error, done, dead) = row_state(&db, ty).await;
@@ -473,7 +468,6 @@ async fn a_zero_snooze_still_waits_and_keeps_attempts() {
         let types = ["http.zero", "http.past", "exec.zero", "rust.zero"];
         for ty in types {
             source
-                .queue
                 .schedule(&NewCommand::new(ty, serde_json::json!({})))
                 .await
                 .unwrap();
@@ -547,12 +541,11 @@ async fn snoozes_are_bounded_by_max_snoozes() {
             )
             .unwrap();
         source
-            .queue
             .schedule(&NewCommand::new("always.later", serde_json::json!({})))
             .await
             .unwrap();
         let (shutdown, worker) = start(registry, &source, &settings, Duration::from_secs(5));
-        let stats = source.queue.stats().clone();
+        let stats = source.stats().clone();
         let dead = wait_until(Duration::from_secs(20), || {
             let s = stats.snapshot();
             async move { s.dead_lettered >= 1 }
@@ -560,7 +553,7 @@ async fn snoozes_are_bounded_by_max_snoozes() {
         .await;
         shutdown.cancel();
         worker.await.unwrap().unwrap();
-        assert!(dead, "{engine}: {:?}", source.queue.stats().snapshot());
+        assert!(dead, "{engine}: {:?}", source.stats().snapshot());
         let (attempts, snoozes, last_error, done, dead) = row_state(&db, "always.later").await;
         assert_eq!(
             (attempts, snoozes, done, dead),
@@ -747,7 +740,7 @@ async fn cancel_fires_a_rust_handlers_token_on_another_replica() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         shutdown.cancel();
         worker.await.unwrap().unwrap();
-        let stats = source.queue.stats().snapshot();
+        let stats = source.stats().snapshot();
         assert_eq!(
             (stats.cancelled, stats.stale, stats.failed),
             (1, 0, 0),
@@ -778,7 +771,7 @@ async fn queues_on_a_version_1_table_name_the_upgrade() {
             .insert("ping", Arc::new(icq::handler::Noop))
             .unwrap();
         let mut processor = Processor::new(registry.clone());
-        processor.add_source(source.queue.source_handle(settings.clone()));
+        processor.add_source(source.source_handle(settings.clone()));
         let options = RunOptions::default().with_until_idle(true);
         let err = processor
             .run(options.clone(), Default::default())
@@ -798,8 +791,8 @@ async fn queues_on_a_version_1_table_name_the_upgrade() {
         // Without `queues:` a version-1 table works as before.
         super::insert_many(&db, "ping", 3).await;
         let mut processor = Processor::new(registry);
-        processor.add_source(source.queue.source_handle(Settings::default()));
+        processor.add_source(source.source_handle(Settings::default()));
         processor.run(options, Default::default()).await.unwrap();
-        assert_eq!(source.queue.stats().snapshot().succeeded, 3, "{engine}");
+        assert_eq!(source.stats().snapshot().succeeded, 3, "{engine}");
     }
 }

@@ -1,6 +1,6 @@
 //! Requeue, replay, cancel and purge: `GET /actions/{action}?…` shows what would happen
 //! (the plan's counts: purge's dry run) and a confirmation form; `POST /actions/{action}`
-//! with the same fields and the token does it. Both go through [`crate::admin`]'s plan and
+//! with the same fields and the token does it. Both go through [`icq::admin`]'s plan and
 //! apply steps exactly as `icq requeue|replay|cancel|purge` do, so the library's
 //! guarantees hold (nothing changes on a bad request; bulk work in short batches).
 //!
@@ -19,12 +19,12 @@ use super::Console;
 use super::guard::{self, Refusal};
 use super::html::{Html, query};
 use super::pages::{self, Nav, render};
-use crate::admin::FinishedKind;
-use crate::admin::{self, CancelTarget, NoProgress, PurgeRequest, RequeueTarget};
+use icq::admin::FinishedKind;
+use icq::admin::{self, CancelTarget, NoProgress, PurgeRequest, RequeueTarget};
 use crate::cli::output::plural;
-use crate::command::CommandId;
-use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use icq::command::CommandId;
+use icq::error::{Error, Result};
+use icq::Queue;
 
 /// The fields of an action, from a query string (confirm) or a form body (perform).
 #[derive(Debug, Default, Clone)]
@@ -153,7 +153,7 @@ impl Action {
 
 /// The sources an action works on: the one named, else every configured one. A source
 /// that is down refuses the action (a bulk action must not silently skip a source).
-async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<OpenSource>> {
+async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<Queue>> {
     let opened = console.opened().await;
     let wanted = fields.source.as_deref();
     if let Some(error) = opened.errors.first() {
@@ -161,10 +161,10 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<OpenSourc
             "{error}; nothing was planned or changed"
         )));
     }
-    let sources: Vec<OpenSource> = opened
+    let sources: Vec<Queue> = opened
         .sources
         .into_iter()
-        .filter(|s| wanted.is_none_or(|w| w == s.name))
+        .filter(|s| wanted.is_none_or(|w| w == s.name()))
         .collect();
     if sources.is_empty() {
         return Err(Error::NotFound(format!(
@@ -229,7 +229,7 @@ pub(crate) async fn confirm(
 /// `label` names a source as the console shows it (see [`super::Console::label`]).
 async fn describe_plan(
     action: &Action,
-    sources: &[OpenSource],
+    sources: &[Queue],
     label: &(dyn Fn(&str) -> String + Sync),
 ) -> Result<(String, u64, Html)> {
     let in_sources = |names: &[&str]| {
@@ -268,7 +268,7 @@ async fn describe_plan(
         }
         Action::Replay(id) => {
             let shown = admin::show(sources, id.clone()).await?;
-            if !matches!(shown.state, crate::State::Completed | crate::State::Dead) {
+            if !matches!(shown.state, icq::State::Completed | icq::State::Dead) {
                 return Err(Error::Refused(format!(
                     "command {id} is {}: only a completed or dead command can be replayed \
                      (a pending one runs on its own; requeue makes it due now)",
@@ -331,7 +331,7 @@ async fn describe_plan(
                 .older_than
                 .map(|d| format!(", finished more than {} ago", humanize(d)))
                 .unwrap_or_default();
-            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+            let names: Vec<&str> = sources.iter().map(|s| s.name()).collect();
             (
                 format!(
                     "Delete {}{}{age} in {}? This cannot be undone.",
@@ -428,9 +428,9 @@ struct Applied {
     show: Option<(String, CommandId)>,
 }
 
-async fn apply(action: &Action, sources: &[OpenSource]) -> Result<Applied> {
+async fn apply(action: &Action, sources: &[Queue]) -> Result<Applied> {
     let single = |target_id: Option<&CommandId>| {
-        target_id.and_then(|id| (sources.len() == 1).then(|| (sources[0].name.clone(), id.clone())))
+        target_id.and_then(|id| (sources.len() == 1).then(|| (sources[0].name().to_owned(), id.clone())))
     };
     Ok(match action {
         Action::Requeue(target) => {

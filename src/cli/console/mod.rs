@@ -13,7 +13,7 @@
 //! Counts ([`snapshot`]) are taken once for every page and tab, one statement per
 //! source, and only while someone watches: an idle console runs no query.
 //!
-//! Every figure comes from the library's operator API ([`crate::admin`]), the same calls
+//! Every figure comes from the library's operator API ([`icq::admin`]), the same calls
 //! the CLI's operator subcommands make. The console opens each source on its own and
 //! keeps going when one is down: the page shows an error banner and the next request
 //! tries again.
@@ -45,9 +45,9 @@ use chrono::Utc;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, SourceConfig};
-use crate::error::{Error, Result};
-use crate::sources::OpenSource;
+use crate::cli::config::{Config, SourceConfig};
+use icq::error::{Error, Result};
+use icq::Queue;
 
 use snapshot::{SAMPLE_EVERY, Snapshot, Watch};
 
@@ -147,12 +147,12 @@ struct Inner {
 /// One configured source, opened on first use and again after a failed open.
 struct Slot {
     config: SourceConfig,
-    open: Mutex<Option<OpenSource>>,
+    open: Mutex<Option<Queue>>,
 }
 
 /// The sources that could be opened, and the errors of those that could not.
 pub(crate) struct Opened {
-    pub sources: Vec<OpenSource>,
+    pub sources: Vec<Queue>,
     pub errors: Vec<String>,
 }
 
@@ -164,7 +164,7 @@ impl Console {
             if let Some(source) = open.as_ref() {
                 return Ok(source.clone());
             }
-            match crate::sources::open_one(&slot.config).await {
+            match crate::cli::sources::open_one(&slot.config).await.map(|source| source.queue) {
                 Ok(source) => {
                     *open = Some(source.clone());
                     Ok(source)
@@ -214,17 +214,17 @@ impl Console {
     async fn sample(&self) {
         let opened = self.opened().await;
         let mut errors = opened.errors;
-        let request = crate::admin::PendingRequest {
+        let request = icq::admin::PendingRequest {
             by_queue: true,
             by_type: true,
-            ..crate::admin::PendingRequest::default()
+            ..icq::admin::PendingRequest::default()
         };
         let counted = futures::future::join_all(opened.sources.iter().map(|source| {
             let request = &request;
             async move {
-                crate::admin::pending_with(std::slice::from_ref(source), request)
+                icq::admin::pending_with(std::slice::from_ref(source), request)
                     .await
-                    .map(|report| (source.name.clone(), report))
+                    .map(|report| (source.name().to_owned(), report))
             }
         }))
         .await;
@@ -316,7 +316,7 @@ impl Console {
     async fn close(&self) {
         for slot in &self.inner.slots {
             if let Some(source) = slot.open.lock().await.take() {
-                crate::admin::close(std::slice::from_ref(&source)).await;
+                icq::admin::close(std::slice::from_ref(&source)).await;
             }
         }
     }
@@ -324,7 +324,7 @@ impl Console {
 
 /// An error for a page: its message with any secret masked.
 pub(crate) fn describe(err: &Error) -> String {
-    crate::redact::redact_text(&err.to_string())
+    icq::redact::redact_text(&err.to_string())
 }
 
 /// Serves the console for the selected sources of `config` until `shutdown` is

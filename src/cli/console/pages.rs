@@ -1,5 +1,5 @@
 //! The read-only pages: overview (and its live fragment), lists by state, one command,
-//! dead letters, sign-in, not found. Each reads through [`crate::admin`] exactly as the
+//! dead letters, sign-in, not found. Each reads through [`icq::admin`] exactly as the
 //! matching CLI subcommand does (`pending`, `list`, `show`, `dead-letters list`).
 
 use std::time::Duration;
@@ -14,10 +14,10 @@ use serde::Deserialize;
 use super::html::{Html, query};
 use super::snapshot::SAMPLE_EVERY;
 use super::{Console, describe, history};
-use crate::admin::{self, ListState, PendingReport};
-use crate::command::CommandId;
-use crate::error::Error;
-use crate::sources::OpenSource;
+use icq::admin::{self, ListState, PendingReport};
+use icq::command::CommandId;
+use icq::error::Error;
+use icq::Queue;
 
 /// Which navigation entry is current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -484,10 +484,10 @@ pub(crate) async fn list(
     let opened = console.opened().await;
     let mut errors = opened.errors.clone();
     let mut status = StatusCode::OK;
-    let source: Vec<OpenSource> = opened
+    let source: Vec<Queue> = opened
         .sources
         .into_iter()
-        .filter(|s| s.name == source_name)
+        .filter(|s| s.name() == source_name)
         .collect();
     if source.is_empty() && errors.is_empty() {
         errors.push(format!("no source named `{source_name}` is configured"));
@@ -733,10 +733,10 @@ pub(crate) async fn command(
     };
     let wanted = wanted.as_deref();
     let opened = console.opened().await;
-    let sources: Vec<OpenSource> = opened
+    let sources: Vec<Queue> = opened
         .sources
         .into_iter()
-        .filter(|s| wanted.is_none_or(|w| w == s.name))
+        .filter(|s| wanted.is_none_or(|w| w == s.name()))
         .collect();
     // The database cuts the payload: a page never reads more than it shows.
     let shown = match admin::show_head(&sources, id, PAYLOAD_SHOWN as u32).await {
@@ -787,16 +787,16 @@ pub(crate) async fn command(
                 .raw("</a> ");
         };
         match shown.state {
-            crate::State::Dead => {
+            icq::State::Dead => {
                 action("requeue", "Requeue…");
                 action("replay", "Replay…");
             }
-            crate::State::Completed => action("replay", "Replay…"),
-            crate::State::Due | crate::State::Scheduled => {
+            icq::State::Completed => action("replay", "Replay…"),
+            icq::State::Due | icq::State::Scheduled => {
                 action("requeue", "Run now…");
                 action("cancel", "Cancel…");
             }
-            crate::State::Running => {}
+            icq::State::Running => {}
         }
         body.raw("</p>");
     }
@@ -876,7 +876,7 @@ pub(crate) async fn command(
         Some(error) => {
             // A completed command keeps the error of an attempt before the one that
             // succeeded: say so, or it reads as the reason it failed.
-            if let (crate::State::Completed, Some(at)) = (shown.state, row.processed_at) {
+            if let (icq::State::Completed, Some(at)) = (shown.state, row.processed_at) {
                 body.raw("<p class=\"note\" id=\"last-error-note\">From an earlier attempt: the command completed at ");
                 time(&mut body, Some(at));
                 body.raw(".</p>");
@@ -1022,10 +1022,10 @@ pub(crate) async fn payload(
     };
     let reading = console.large_read().await;
     let opened = console.opened().await;
-    let sources: Vec<OpenSource> = opened
+    let sources: Vec<Queue> = opened
         .sources
         .into_iter()
-        .filter(|s| wanted.is_none_or(|w| w == s.name))
+        .filter(|s| wanted.is_none_or(|w| w == s.name()))
         .collect();
     let shown = match admin::show(&sources, id).await {
         Ok(shown) => shown,
@@ -1192,7 +1192,7 @@ pub(crate) async fn not_found(State(console): State<Console>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::{PendingCount, StateCount};
+    use icq::admin::{PendingCount, StateCount};
 
     #[test]
     fn the_queue_breakdown_links_each_figure_to_its_filtered_list() {

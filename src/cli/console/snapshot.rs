@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 
-use crate::admin::{PendingCount, PendingReport, StateCount};
+use icq::admin::{PendingCount, PendingReport, StateCount};
 
 /// How often the sampler counts while someone watches (and how often the overview
 /// refreshes itself).

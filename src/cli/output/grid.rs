@@ -16,7 +16,7 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, modifiers, pre
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 use super::Style;
-use crate::redact::escape_for_log;
+use icq::redact::escape_for_log;
 
 /// Columns a table is fitted to when the width is unknown.
 pub const FALLBACK_WIDTH: u16 = 100;

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::{Render, Style, plural};
-use crate::ident::Engine;
-use crate::migrate::{
+use icq::ident::Engine;
+use icq::migrate::{
     Applied, InfoReport, MigrationKind, MigrationPlan, PlanAction, RevertReport, RunReport,
 };
 
@@ -48,7 +48,7 @@ impl Added {
             engine: plan.engine,
             table: plan.table.to_string(),
             action,
-            schema_version: crate::schema::SCHEMA_VERSION,
+            schema_version: icq::schema::SCHEMA_VERSION,
             version: Some(plan.version.clone()),
             kind: Some(plan.kind),
             files,
@@ -62,7 +62,7 @@ impl Added {
             engine: plan.engine,
             table: plan.table.to_string(),
             action: "up_to_date",
-            schema_version: crate::schema::SCHEMA_VERSION,
+            schema_version: icq::schema::SCHEMA_VERSION,
             version: None,
             kind: None,
             files: Vec::new(),

@@ -1534,15 +1534,10 @@ fn multi_row_insert(t: &str, rows: usize) -> Arc<str> {
 /// up again under the write lock, so two icq processes starting at once upgrade it once.
 /// Returns whether it did; a missing table is left to `Queue::ensure_table`, which
 /// creates version 2.
-pub(crate) async fn upgrade_embedded(source: &crate::config::SourceConfig) -> Result<bool> {
+pub(crate) async fn upgrade_embedded(url: &str, table: &TableName) -> Result<bool> {
     use sqlx::Connection as _;
 
-    let url = source.url.expose();
-    if Engine::from_url(url)? != Engine::Sqlite {
-        return Ok(false);
-    }
-    let table = &source.table;
-    let context = |what: &str| format!("source {}: {what}", source.name);
+    let context = |what: &str| what.to_owned();
     let mut conn = sqlx::SqliteConnection::connect(url)
         .await
         .map_err(Error::db(context("opening the embedded database")))?;
@@ -1580,7 +1575,6 @@ pub(crate) async fn upgrade_embedded(source: &crate::config::SourceConfig) -> Re
         "upgrading the table to schema version 2",
     )))?;
     tracing::info!(
-        source = %source.name,
         table = %table,
         "upgraded the embedded table to schema version 2 (queues, priorities, unique keys)"
     );

@@ -285,9 +285,9 @@ fn block_scalar_header(rest: &[u8]) -> bool {
 
 /// Masks the password of every `scheme://user:password@host` in `text` as `***`, and the
 /// value of every secret-looking `name=value` (a URL's `?password=`, `&token=`, ...): see
-/// [`crate::redact::redact_text`].
+/// [`icq::redact::redact_text`].
 pub(crate) fn mask_passwords(text: &str) -> String {
-    crate::redact::redact_text(text)
+    icq::redact::redact_text(text)
 }
 
 /// The message [`Document::position`] fails with once it reaches its node.

@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use crate::config::{Config, HandlerConfig, HandlerKind};
-use crate::error::{Error, Result};
+use crate::cli::config::{Config, HandlerConfig, HandlerKind};
+use icq::error::{Error, Result};
 #[cfg(all(unix, feature = "exec"))]
-use crate::handler::exec::ExecHandler;
+use icq::handler::exec::ExecHandler;
 #[cfg(feature = "http")]
-use crate::handler::http::HttpHandler;
-use crate::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer, TraceLayer};
-use crate::processor::Processor;
-use crate::sources::OpenSource;
+use icq::handler::http::HttpHandler;
+use icq::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer, TraceLayer};
+use icq::Processor;
+use crate::cli::sources::Source;
 
 /// Builds the handler registry the configuration describes. Exec programs are checked
 /// here, so a typo fails at startup with the handler's name, the file, line and key (the
@@ -35,7 +35,7 @@ use crate::sources::OpenSource;
 /// ```
 pub fn registry_from_config(config: &Config) -> Result<Registry> {
     // Positioned in the file, as `icq config check` reports them.
-    crate::config::verify::startup_program_check(config)?;
+    crate::cli::config::verify::startup_program_check(config)?;
     let mut registry = Registry::new();
     for (type_name, handler) in &config.handlers {
         registry.insert(type_name.clone(), build_handler(type_name, handler)?)?;
@@ -135,7 +135,7 @@ fn with_timeout(handler: Arc<dyn Handler>, config: &HandlerConfig) -> Arc<dyn Ha
 /// # Ok(())
 /// # }
 /// ```
-pub fn processor(registry: Registry, sources: &[OpenSource]) -> Processor {
+pub fn processor(registry: Registry, sources: &[Source]) -> Processor {
     let mut processor = Processor::new(registry);
     for source in sources {
         processor.add_source(source.queue.source_handle(source.settings.clone()));
@@ -176,7 +176,7 @@ pub fn processor(registry: Registry, sources: &[OpenSource]) -> Processor {
 /// # }
 /// ```
 pub struct Work {
-    sources: Vec<OpenSource>,
+    sources: Vec<Source>,
     processor: Processor,
 }
 
@@ -213,7 +213,7 @@ pub struct Work {
 #[derive(Debug, Clone)]
 pub struct WorkSummary {
     /// Per source, by name: its counters when it stopped.
-    pub sources: Vec<(String, crate::processor::StatsSnapshot)>,
+    pub sources: Vec<(String, icq::StatsSnapshot)>,
 }
 
 impl WorkSummary {
@@ -227,10 +227,10 @@ impl WorkSummary {
 impl Work {
     /// Loads the configuration `request` names, builds its handlers (exec programs are
     /// checked here) and opens the selected sources. See [`Work`]'s example.
-    pub async fn open(request: &crate::sources::SourceRequest) -> Result<Work> {
-        let config = crate::sources::load_config(request)?;
+    pub async fn open(request: &crate::cli::sources::SourceRequest) -> Result<Work> {
+        let config = crate::cli::sources::load_config(request)?;
         let registry = registry_from_config(&config)?;
-        let sources = crate::sources::open_selected(&config, request.source.as_deref()).await?;
+        let sources = crate::cli::sources::open_selected(&config, request.source.as_deref()).await?;
         if registry.is_empty() {
             tracing::warn!(
                 "no handlers are configured: every command will be dead-lettered as unknown"
@@ -244,9 +244,9 @@ impl Work {
                 .map(|q| format!("{}:{}", q.name, q.concurrency))
                 .collect();
             if queues.is_empty() {
-                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), "processing");
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.engine(), "processing");
             } else {
-                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.backend().engine(), queues = %queues.join(","), "processing");
+                tracing::info!(source = %source.name, table = %source.queue.table(), engine = %source.queue.engine(), queues = %queues.join(","), "processing");
             }
         }
         let processor = processor(registry, &sources);
@@ -255,7 +255,7 @@ impl Work {
 
     /// The opened sources (to watch their counters or pending gauges while running). See
     /// [`Work`]'s example.
-    pub fn sources(&self) -> &[OpenSource] {
+    pub fn sources(&self) -> &[Source] {
         &self.sources
     }
 
@@ -292,7 +292,7 @@ impl Work {
     /// ```
     pub async fn run(
         self,
-        options: crate::processor::RunOptions,
+        options: icq::RunOptions,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<WorkSummary> {
         let outcome = self.processor.run(options, shutdown).await;
@@ -305,11 +305,7 @@ impl Work {
                 tracing::info!(source = %source.name, succeeded = stats.succeeded, failed = stats.failed, dead_lettered = stats.dead_lettered, snoozed = stats.snoozed, cancelled = stats.cancelled, stale = stats.stale, "stopped");
             }
             summary.sources.push((source.name.clone(), stats));
-            crate::queue::close_within(
-                source.queue.backend().as_ref(),
-                crate::queue::CLOSE_DEADLINE,
-            )
-            .await;
+            source.queue.close().await;
         }
         outcome.map(|()| summary)
     }

@@ -1,12 +1,12 @@
 //! Configuration (`icq.yaml`), through the library: the fixture files in
 //! `fixtures/config/`, one per error class with its whole message asserted, and the lookup
-//! order of `icq::config::load` run in a child process with a controlled environment.
+//! order of `crate::cli::config::load` run in a child process with a controlled environment.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use icq::config::{self, Config, ConfigRequest, HandlerKind};
+use crate::cli::config::{self, Config, ConfigRequest, HandlerKind};
 use icq::{Engine, Error, Settings};
 
 const FIXTURES: &str = "tests/cli/fixtures/config";
@@ -312,7 +312,7 @@ impl World {
     fn load_in_child(&self) -> String {
         let home = self.path("home");
         let output = Command::new(std::env::current_exe().unwrap())
-            .args(["config::lookup_child_process", "--exact", "--nocapture"])
+            .args(["cli::config::fixture_tests::lookup_child_process", "--exact", "--nocapture"])
             .current_dir(self.path("cwd"))
             .env_remove("ICQ_CONFIG")
             .env_remove("DATABASE_URL")

@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use icq::Error;
-use icq::config::parse;
+use crate::cli::config::parse;
 use proptest::prelude::*;
 
 fn cases() -> ProptestConfig {
@@ -45,7 +45,7 @@ fn env(name: &str) -> Option<String> {
 /// Parses `text` and checks the contract of the result: a configuration, or an
 /// `Error::Config` (exit 2) for the file, with a non-empty message that never shows the
 /// environment's passwords and, when positioned, a line within the file.
-fn parse_checked(text: &str) -> Result<icq::config::Config, String> {
+fn parse_checked(text: &str) -> Result<crate::cli::config::Config, String> {
     let path = Path::new("icq.yaml");
     match parse(text, path, &env) {
         Ok(config) => {
@@ -239,7 +239,7 @@ proptest! {
 
     #[test]
     fn durations_parse_or_refuse_clearly(text in any::<String>()) {
-        match icq::commands::parse::parse_duration(&text) {
+        match crate::commands::parse::parse_duration(&text) {
             Ok(_) => {}
             Err(err) => {
                 prop_assert_eq!(err.exit_code(), 2);
@@ -258,12 +258,12 @@ proptest! {
         let units = [("s", 1u64), ("m", 60), ("h", 3600), ("d", 86_400), ("w", 604_800)];
         let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u].0)).collect();
         let total: u64 = parts.iter().map(|(n, u)| n * units[*u].1).sum();
-        prop_assert_eq!(icq::commands::parse::parse_duration(&text).unwrap().as_secs(), total);
+        prop_assert_eq!(crate::commands::parse::parse_duration(&text).unwrap().as_secs(), total);
     }
 
     #[test]
     fn instants_parse_or_refuse_clearly(text in any::<String>()) {
-        if let Err(err) = icq::commands::parse::parse_instant(&text) {
+        if let Err(err) = crate::commands::parse::parse_instant(&text) {
             prop_assert_eq!(err.exit_code(), 2);
             prop_assert!(err.to_string().contains("is not an RFC 3339 instant"), "{}", err);
         }
@@ -275,7 +275,7 @@ proptest! {
         // RFC 3339 offsets are whole minutes.
         let zone = chrono::FixedOffset::east_opt(minutes * 60).unwrap();
         let text = at.with_timezone(&zone).to_rfc3339();
-        prop_assert_eq!(icq::commands::parse::parse_instant(&text).unwrap(), at);
+        prop_assert_eq!(crate::commands::parse::parse_instant(&text).unwrap(), at);
     }
 
     #[test]
@@ -313,7 +313,7 @@ proptest! {
 
     #[test]
     fn any_payload_text_is_json_or_a_usage_error(text in "[^@].*") {
-        match icq::commands::parse::read_payload(&text) {
+        match crate::commands::schedule::read_payload(&text, &Default::default()) {
             Ok(value) => prop_assert_eq!(value, serde_json::from_str::<serde_json::Value>(&text).unwrap()),
             Err(err) => {
                 prop_assert!(matches!(err, Error::Invalid { source: Some(_), .. }), "{:?}", err);
@@ -325,7 +325,7 @@ proptest! {
     #[test]
     fn deeply_nested_payloads_are_refused_not_a_stack_overflow(depth in 1usize..20_000) {
         let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let parsed = icq::commands::parse::read_payload(&text);
+        let parsed = crate::commands::schedule::read_payload(&text, &Default::default());
         prop_assert_eq!(parsed.is_ok(), depth <= 127, "depth {}: {:?}", depth, parsed.err());
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::check::check_database_url;
 use super::{Config, ConfigRequest, DEFAULT_SOURCE, DatabaseUrl, SourceConfig, parse};
-use crate::error::{Error, Result};
+use icq::error::{Error, Result};
 
 /// Where [`load`] looks: the real process, or a stand-in in tests.
 pub(crate) struct Environment<'a> {
@@ -389,7 +389,7 @@ mod tests {
         let source = &config.sources[0];
         assert_eq!((source.name.as_str(), source.embedded), ("default", false));
         assert_eq!(source.url.expose(), "mysql://root@h/app");
-        assert_eq!(source.settings, crate::Settings::default());
+        assert_eq!(source.settings, icq::Settings::default());
 
         // The flag wins over the variable.
         let request = ConfigRequest {
@@ -464,7 +464,7 @@ mod tests {
             source.url.expose(),
             format!("sqlite://{}/icq.db?mode=rwc", data.display())
         );
-        assert_eq!(source.engine().unwrap(), crate::Engine::Sqlite);
+        assert_eq!(source.engine().unwrap(), icq::Engine::Sqlite);
         assert!(source.embedded);
 
         world.vars.insert(

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, SeqAccess, Visitor};
 
-use crate::settings::Settings;
+use icq::settings::Settings;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -180,7 +180,7 @@ impl Visitor<'_> for Seconds {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<f64, E> {
-        let shown = crate::redact::echo(v);
+        let shown = icq::redact::echo(v);
         let hint = match humantime::parse_duration(v.trim()) {
             Ok(duration) => format!("write `timeout_seconds: {}`", duration.as_secs_f64()),
             Err(_) => "write e.g. `timeout_seconds: 10` or `timeout_seconds: 2.5`".to_owned(),

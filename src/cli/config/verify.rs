@@ -9,16 +9,19 @@
 //! without a timeout, or with one longer than a source's lease; no handlers at all) is
 //! returned as warnings in the [`CheckReport`].
 
+#[cfg(test)]
 use std::path::Path;
 
 use serde::Serialize;
 
 use super::lookup::{self, Environment};
 use super::yaml::{Document, Seg};
-use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand, parse};
-use crate::error::{Error, Result};
-use crate::handler::program::program_problem;
-use crate::redact::redact_url;
+#[cfg(test)]
+use super::parse;
+use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
+use icq::error::{Error, Result};
+use icq::handler::program_problem;
+use icq::redact::redact_url;
 
 /// What a configuration file that passed the check holds.
 ///
@@ -199,6 +202,7 @@ pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
 /// assert_eq!((err.kind(), err.exit_code()), ("config", 2));
 /// assert!(err.to_string().contains("missing-tool"), "{err}");
 /// ```
+#[cfg(test)]
 pub fn check_text(
     text: &str,
     path: &Path,

@@ -40,14 +40,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use lookup::{embedded_default, load};
-pub use verify::{
-    CheckReport, CheckedHandler, CheckedQueue, CheckedSource, check_file, check_text,
-};
+pub use verify::{CheckReport, check_file};
 
-use crate::error::{Error, Result};
-use crate::ident::{Engine, TableName};
-use crate::redact::redact_url;
-use crate::settings::Settings;
+use icq::error::{Error, Result};
+use icq::ident::{Engine, TableName};
+use icq::redact::redact_url;
+use icq::settings::Settings;
 
 /// The name of the source made from `--database-url`, `$DATABASE_URL` or the embedded
 /// default, when there is no configuration file.
@@ -102,7 +100,7 @@ pub struct Config {
 /// # Examples
 ///
 /// Usually read from `icq.yaml` by [`load`]; build one to open a source yourself with
-/// [`crate::sources::open_one`].
+/// [`crate::cli::sources::open_one`].
 ///
 /// ```
 /// use icq::config::{DatabaseUrl, SourceConfig};
@@ -450,3 +448,5 @@ const EXAMPLE: &str = "sources:\n  - name: orders\n    url: ${ORDERS_DATABASE_UR
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod fixture_tests;

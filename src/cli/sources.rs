@@ -8,12 +8,12 @@
 
 use std::path::PathBuf;
 
-use crate::config::{self, Config, ConfigRequest, SourceConfig};
-use crate::engine::ConnectOptions;
-use crate::error::Result;
-use crate::ident::TableName;
-use crate::queue::Queue;
-use crate::settings::Settings;
+use crate::cli::config::{self, Config, ConfigRequest, SourceConfig};
+use icq::ConnectOptions;
+use icq::error::Result;
+use icq::ident::TableName;
+use icq::queue::Queue;
+use icq::settings::Settings;
 
 /// Which sources the command line asked for.
 ///
@@ -65,19 +65,19 @@ pub struct SourceRequest {
 /// # let pool = sqlx::SqlitePool::connect(&url).await?;
 /// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
 /// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// use icq::sources::OpenSource;
+/// use crate::cli::sources::Source;
 /// use icq::{Queue, Settings, TableName};
 ///
 /// // The admin operations take sources: wrap a queue you connected yourself.
 /// let queue = Queue::connect("shop", &url, &TableName::default(), &Default::default()).await?;
-/// let sources = vec![OpenSource { name: "shop".into(), queue, settings: Settings::default() }];
+/// let sources = vec![Source { name: "shop".into(), queue, settings: Settings::default() }];
 /// let report = icq::admin::pending(&sources, false).await?;
 /// assert_eq!(report.rows[0].counts.due, 0);
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct OpenSource {
+pub struct Source {
     /// The configured name.
     pub name: String,
     /// Its queue (pool and driver).
@@ -86,7 +86,7 @@ pub struct OpenSource {
     pub settings: Settings,
 }
 
-/// Loads the configuration the request points at (see [`crate::config::load`] for the
+/// Loads the configuration the request points at (see [`crate::cli::config::load`] for the
 /// lookup order).
 ///
 /// # Examples
@@ -134,7 +134,7 @@ pub fn load_config(request: &SourceRequest) -> Result<Config> {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn open_selected(config: &Config, source: Option<&str>) -> Result<Vec<OpenSource>> {
+pub async fn open_selected(config: &Config, source: Option<&str>) -> Result<Vec<Source>> {
     let selected = config.select(source)?;
     let opened = futures::future::join_all(selected.into_iter().map(open_one)).await;
     opened.into_iter().collect()
@@ -142,7 +142,7 @@ pub async fn open_selected(config: &Config, source: Option<&str>) -> Result<Vec<
 
 /// Loads the configuration and opens the selected sources. See [`SourceRequest`]'s
 /// example.
-pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
+pub async fn open(request: &SourceRequest) -> Result<Vec<Source>> {
     let config = load_config(request)?;
     open_selected(&config, request.source.as_deref()).await
 }
@@ -172,27 +172,10 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<OpenSource>> {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn open_one(source: &SourceConfig) -> Result<OpenSource> {
-    // The embedded default is a SQLite file: without the `sqlite` feature its URL is
-    // refused by the connect below, naming the feature.
-    #[cfg(feature = "sqlite")]
-    if source.embedded {
-        crate::engine::sqlite::upgrade_embedded(source).await?;
-    }
-    let options = ConnectOptions {
-        // One connection per execution slot is never needed (stamps are batched), but
-        // up to four claims, two stamps, lease renewals and the sweep run side by side.
-        max_connections: (source.settings.concurrency / 2).clamp(4, 32)
-            + crate::engine::MAX_CLAIMS_IN_FLIGHT as u32,
-        pooler: source.settings.pooler,
-        ..ConnectOptions::default()
-    };
-    let backend = crate::engine::connect(source.url.expose(), &source.table, &options)
-        .await
-        .map_err(|err| err.in_source(&source.name))?;
-    let queue = Queue::from_backend(&source.name, backend);
-    queue.ensure_table(source.embedded).await?;
-    Ok(OpenSource {
+pub async fn open_one(source: &SourceConfig) -> Result<Source> {
+    let options = ConnectOptions::for_settings(&source.settings).creating_table(source.embedded);
+    let queue = Queue::connect(&source.name, source.url.expose(), &source.table, &options).await?;
+    Ok(Source {
         name: source.name.clone(),
         queue,
         settings: source.settings.clone(),
@@ -251,7 +234,7 @@ pub fn migration_target(request: &SourceRequest) -> Result<Option<MigrationTarge
         })),
         many => {
             let names: Vec<&str> = many.iter().map(|s| s.name.as_str()).collect();
-            Err(crate::error::Error::Usage(format!(
+            Err(icq::error::Error::Usage(format!(
                 "{} sources are configured ({}); choose one with --source",
                 many.len(),
                 names.join(", ")

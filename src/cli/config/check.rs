@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::raw::{RawHandler, RawHttp, RawQueues, RawSource};
 use super::yaml::{Document, Seg};
 use super::{DatabaseUrl, EXAMPLE, HandlerConfig, HandlerKind, SourceConfig};
-use crate::ident::{Engine, TableName};
-use crate::settings::QueueSettings;
+use icq::ident::{Engine, TableName};
+use icq::settings::QueueSettings;
 
 /// The sources, in order: named uniquely, with a supported URL, table and settings.
 pub(crate) fn sources(
@@ -81,7 +81,7 @@ pub(crate) fn sources(
 fn queues(
     index: usize,
     raw: Option<RawQueues>,
-    settings: &crate::Settings,
+    settings: &icq::Settings,
     doc: &Document<'_>,
 ) -> Result<Vec<QueueSettings>, String> {
     let Some(RawQueues(raw)) = raw else {
@@ -97,14 +97,12 @@ fn queues(
     }
     let mut out = Vec::with_capacity(raw.len());
     for (name, queue) in raw {
-        if let Err(why) = crate::settings::validate_queue_name(&name) {
+        if let Err(why) = icq::settings::validate_queue_name(&name) {
             let path = [at[0], at[1], at[2], Seg::Key(&name)];
             return Err(doc.error_at(&path, &format!("invalid queue name: {why}")));
         }
-        out.push(QueueSettings {
-            concurrency: queue.concurrency.unwrap_or(settings.concurrency),
-            name,
-        });
+        let concurrency = queue.concurrency.unwrap_or(settings.concurrency);
+        out.push(QueueSettings::new(name, concurrency));
     }
     Ok(out)
 }
@@ -148,10 +146,8 @@ pub(crate) fn check_database_url(url: &str) -> Result<Engine, String> {
         // A PostgreSQL URL may list several hosts (libpq's `h1:5432,h2:5433`): each is
         // checked as a URL of its own.
         let hosts = match engine {
-            Engine::Postgres => crate::engine::url::postgres_hosts(url)
-                .map_err(|why| format!("the database URL's host list: {why}"))?
-                .map(|listed| listed.hosts.into_iter().map(|host| host.url).collect())
-                .unwrap_or_else(|| vec![url.to_string()]),
+            Engine::Postgres => icq::server_urls(url)
+                .map_err(|why| format!("the database URL's host list: {why}"))?,
             _ => vec![url.to_string()],
         };
         let n = hosts.len();
@@ -174,7 +170,7 @@ pub(crate) fn check_database_url(url: &str) -> Result<Engine, String> {
     Ok(engine)
 }
 
-/// The first `` `word` `` in a message (the key [`crate::Settings::validate`] names).
+/// The first `` `word` `` in a message (the key [`icq::Settings::validate`] names).
 fn backticked(message: &str) -> Option<&str> {
     let (_, rest) = message.split_once('`')?;
     rest.split_once('`').map(|(word, _)| word)
@@ -203,12 +199,12 @@ fn handler_config(
     if name.trim().is_empty() {
         return Err(doc.error_at(&[Seg::Key("handlers")], "a handler's command type is empty"));
     }
-    if let Some(why) = crate::command::edge_whitespace(name) {
+    if let Some(why) = icq::command::edge_whitespace(name) {
         return Err(doc.error_at(
             &[Seg::Key("handlers"), Seg::Key(name)],
             &format!(
                 "handler `{}` is not a command type: {why}",
-                crate::redact::escape_for_log(name)
+                icq::redact::escape_for_log(name)
             ),
         ));
     }
@@ -280,7 +276,7 @@ fn handler_config(
                     &format!(
                         "`timeout_seconds` is too large ({}): write a number of seconds, \
                          e.g. 10 or 2.5",
-                        crate::redact::number_text(seconds)
+                        icq::redact::number_text(seconds)
                     ),
                 )
             })?)
@@ -291,7 +287,7 @@ fn handler_config(
                 &format!(
                     "`timeout_seconds` must be greater than 0 (got {}): write a number of \
                      seconds, e.g. 10 or 2.5",
-                    crate::redact::number_text(seconds)
+                    icq::redact::number_text(seconds)
                 ),
             ));
         }

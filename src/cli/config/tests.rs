@@ -344,7 +344,7 @@ fn pooler_is_session_or_transaction() {
     .unwrap();
     assert_eq!(
         config.sources[0].settings.pooler,
-        crate::settings::Pooler::Transaction
+        icq::settings::Pooler::Transaction
     );
     let message = error(&format!(
         "{ONE_SOURCE}    settings:\n      pooler: statement\n"
