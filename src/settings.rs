@@ -480,9 +480,7 @@ impl Settings {
     }
 
     /// Reads one queue's `concurrency` (range-checked like the source's).
-    pub fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(
-        d: D,
-    ) -> Result<u32, D::Error> {
+    pub fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         read::concurrency(d)
     }
 

@@ -177,10 +177,7 @@ pub struct DeadLetterReport {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn dead_letters(
-    sources: &[Queue],
-    query: &DeadLetterQuery,
-) -> Result<DeadLetterReport> {
+pub async fn dead_letters(sources: &[Queue], query: &DeadLetterQuery) -> Result<DeadLetterReport> {
     super::check_queue_filter(sources, query.queue.as_deref()).await?;
     let params = DeadLetterListParams {
         type_name: query.type_name.clone(),
@@ -188,10 +185,11 @@ pub async fn dead_letters(
         limit: query.limit,
     };
     let params = &params;
-    let listed = futures::future::try_join_all(sources.iter().map(|s| async move {
-        Ok::<_, Error>((s, s.backend().dead_letter_list(params).await?))
-    }))
-    .await?;
+    let listed =
+        futures::future::try_join_all(sources.iter().map(|s| async move {
+            Ok::<_, Error>((s, s.backend().dead_letter_list(params).await?))
+        }))
+        .await?;
     let mut rows: Vec<DeadLetterRow> = listed
         .into_iter()
         .flat_map(|(source, summaries)| {

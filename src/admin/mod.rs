@@ -166,8 +166,7 @@ pub(super) async fn locate(sources: &[Queue], ids: &[CommandId]) -> Result<Locat
         futures::future::try_join_all(sources.iter().enumerate().map(|(i, s)| async move {
             Ok::<_, Error>((
                 i,
-                s
-                    .backend()
+                s.backend()
                     .command_get_many(&CommandGetManyParams { ids })
                     .await?,
             ))

@@ -170,10 +170,7 @@ pub struct PendingRequest {
 /// is checked first: a bad name is [`Error::Invalid`], a version-1 table [`Error::NeedsSchemaV2`].
 ///
 /// See [`PendingRequest`]'s example.
-pub async fn pending_with(
-    sources: &[Queue],
-    request: &PendingRequest,
-) -> Result<PendingReport> {
+pub async fn pending_with(sources: &[Queue], request: &PendingRequest) -> Result<PendingReport> {
     super::check_queue_filter(sources, request.queue.as_deref()).await?;
     let params = StateCountParams {
         by_type: request.by_type,
@@ -181,11 +178,12 @@ pub async fn pending_with(
         queue: request.queue.clone(),
     };
     let params = &params;
-    let counted =
-        futures::future::try_join_all(sources.iter().map(|s| async move {
-            Ok::<_, Error>((s, s.backend().state_count(params).await?))
-        }))
-        .await?;
+    let counted = futures::future::try_join_all(
+        sources
+            .iter()
+            .map(|s| async move { Ok::<_, Error>((s, s.backend().state_count(params).await?)) }),
+    )
+    .await?;
     let rows = counted
         .into_iter()
         .flat_map(|(source, counts)| {

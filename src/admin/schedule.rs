@@ -127,8 +127,8 @@ pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Resu
 /// # let sources = vec![source];
 /// use icq::admin::one_source;
 ///
-/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
-/// assert_eq!(one_source(&sources)?.name, "shop");
+/// // `sources`: the queues the command line selected.
+/// assert_eq!(one_source(&sources)?.name(), "shop");
 /// let two = [sources[0].clone(), sources[0].clone()];
 /// assert!(one_source(&two).is_err()); // say which one with --source
 /// # Ok(())
@@ -143,10 +143,7 @@ pub fn one_source(sources: &[Queue]) -> Result<&Queue> {
         many => Err(Error::Usage(format!(
             "{} sources are configured ({}); say which one to schedule into with --source NAME",
             many.len(),
-            many.iter()
-                .map(|s| s.name())
-                .collect::<Vec<_>>()
-                .join(", ")
+            many.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
         ))),
     }
 }
@@ -277,7 +274,7 @@ impl ScheduledMany {
 /// use icq::NewCommand;
 /// use icq::admin::{one_source, schedule};
 ///
-/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
+/// // `sources`: the queues the command line selected.
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
 /// let scheduled = schedule(one_source(&sources)?, &command).await?;
 /// assert_eq!(scheduled.id, command.id);

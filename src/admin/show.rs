@@ -65,7 +65,7 @@ pub struct ShownCommand {
 /// # let sources = vec![source];
 /// use icq::{CommandId, Error, NewCommand};
 ///
-/// // `sources`: one source (see [`crate::sources`]), or or a slice of queues.
+/// // `sources`: the queues the command line selected.
 /// let command = NewCommand::new("orders.receipt", serde_json::json!({ "order": 42 }));
 /// let id = queue.schedule(&command).await?.id;
 /// let shown = icq::admin::show(&sources, id).await?;

@@ -31,16 +31,16 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use icq::admin::Progress;
-use icq::command::NewCommand;
 use crate::cli::config::DatabaseUrl;
 use icq::ConnectOptions;
+use icq::admin::Progress;
+use icq::command::NewCommand;
 use icq::error::{Error, Result};
 use icq::handler::{FnHandler, Job, Registry};
 use icq::ident::{Engine, TableName};
-use icq::{Processor, RunOptions};
 use icq::queue::Queue;
 use icq::settings::Settings;
+use icq::{Processor, RunOptions};
 
 /// The command type the drain runs with the `noop` handler.
 pub const NOOP_TYPE: &str = "bench.noop";

@@ -6,17 +6,17 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::cli::config::SourceConfig;
+use crate::cli::sources::Source;
+use crate::cli::sources::SourceRequest;
+use icq::ConnectOptions;
 use icq::admin::{self, DeadLetterQuery, DeadLetterReport, PendingReport};
 use icq::command::{Context, NewCommand};
-use crate::cli::config::SourceConfig;
-use icq::ConnectOptions;
 use icq::error::{Error, Result};
 use icq::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
 use icq::ident::TableName;
 use icq::queue::Queue;
 use icq::settings::Settings;
-use crate::cli::sources::Source;
-use crate::cli::sources::SourceRequest;
 
 /// The type the demo's succeeding handler runs.
 pub const GREET: &str = "demo.greet";

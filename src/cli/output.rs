@@ -23,12 +23,12 @@ use comfy_table::{
 };
 use serde::Serialize;
 
+use crate::cli::bench::BenchReport;
 use icq::admin::FinishedKind;
 use icq::admin::{
     CancelReport, DeadLetterReport, ListReport, PendingReport, Progress, PurgeCount, PurgeReport,
     ReplayReport, RequeueReport, Scheduled, ScheduledMany, ShownCommand,
 };
-use crate::cli::bench::BenchReport;
 use icq::command::State;
 use icq::error::{Error, Result};
 use icq::redact::escape_for_log;

@@ -14,8 +14,8 @@
 
 use std::path::Path;
 
-use icq::Error;
 use crate::cli::config::parse;
+use icq::Error;
 use proptest::prelude::*;
 
 fn cases() -> ProptestConfig {

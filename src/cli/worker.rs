@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use crate::cli::config::{Config, HandlerConfig, HandlerKind};
+use crate::cli::sources::Source;
+use icq::Processor;
 use icq::error::{Error, Result};
 #[cfg(all(unix, feature = "exec"))]
 use icq::handler::exec::ExecHandler;
 #[cfg(feature = "http")]
 use icq::handler::http::HttpHandler;
 use icq::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer, TraceLayer};
-use icq::Processor;
-use crate::cli::sources::Source;
 
 /// Builds the handler registry the configuration describes. Exec programs are checked
 /// here, so a typo fails at startup with the handler's name, the file, line and key (the
@@ -230,7 +230,8 @@ impl Work {
     pub async fn open(request: &crate::cli::sources::SourceRequest) -> Result<Work> {
         let config = crate::cli::sources::load_config(request)?;
         let registry = registry_from_config(&config)?;
-        let sources = crate::cli::sources::open_selected(&config, request.source.as_deref()).await?;
+        let sources =
+            crate::cli::sources::open_selected(&config, request.source.as_deref()).await?;
         if registry.is_empty() {
             tracing::warn!(
                 "no handlers are configured: every command will be dead-lettered as unknown"

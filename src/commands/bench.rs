@@ -5,8 +5,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::bench::BenchOptions;
-use crate::cli::output;
 use crate::cli::config::DatabaseUrl;
+use crate::cli::output;
 use icq::error::Error;
 
 /// Arguments of `icq bench`.

@@ -5,8 +5,8 @@
 use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
-use icq::admin::{self, CancelTarget};
 use crate::cli::output::{self, Confirmation};
+use icq::admin::{self, CancelTarget};
 use icq::command::CommandId;
 
 /// Arguments of `icq cancel`.
@@ -40,11 +40,7 @@ pub async fn run(args: CancelArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-async fn cancel(
-    args: CancelArgs,
-    sources: &[icq::Queue],
-    global: &GlobalArgs,
-) -> icq::Result<()> {
+async fn cancel(args: CancelArgs, sources: &[icq::Queue], global: &GlobalArgs) -> icq::Result<()> {
     let bulk = args.type_name.is_some() || args.queue.is_some();
     let target = if bulk {
         CancelTarget::Matching {

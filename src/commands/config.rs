@@ -3,8 +3,8 @@
 use clap::Subcommand;
 
 use super::GlobalArgs;
-use crate::cli::output::{self, Render, Style};
 use crate::cli::config::{CheckReport, ConfigRequest};
+use crate::cli::output::{self, Render, Style};
 
 /// Configuration subcommands.
 #[derive(Debug, Subcommand)]

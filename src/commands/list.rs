@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::cli::output;
 use icq::admin;
 use icq::admin::ListState;
-use crate::cli::output;
 use icq::command::CommandId;
 
 /// Arguments of `icq list`.

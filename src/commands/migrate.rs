@@ -12,11 +12,11 @@ use clap::{Args, Subcommand};
 
 use super::{GlobalArgs, man};
 use crate::cli::output::{self, Format, migrate::Added};
+use crate::cli::sources::{MigrationTarget, migration_target};
 use icq::error::Error;
 use icq::ident::{Engine, TableName};
 use icq::migrate::{self, AddOptions, MigrateOptions, MigrationKind, PlanAction, Versioning};
 use icq::redact::redact_url;
-use crate::cli::sources::{MigrationTarget, migration_target};
 
 /// Migration subcommands.
 #[derive(Debug, Subcommand)]

@@ -132,7 +132,8 @@ mod tests {
             crate::commands::schedule::read_payload("{\"a\":1}", &Default::default()).unwrap(),
             serde_json::json!({"a": 1})
         );
-        let err = crate::commands::schedule::read_payload("not json", &Default::default()).unwrap_err();
+        let err =
+            crate::commands::schedule::read_payload("not json", &Default::default()).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("--payload is not JSON: expected"),

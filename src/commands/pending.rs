@@ -4,8 +4,8 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use icq::admin;
 use crate::cli::output;
+use icq::admin;
 
 /// Arguments of `icq pending`.
 #[derive(Debug, Clone, Args)]

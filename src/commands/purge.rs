@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::GlobalArgs;
-use icq::admin::{self, PurgeRequest};
 use crate::cli::output::{self, Confirmation};
+use icq::admin::{self, PurgeRequest};
 
 /// Arguments of `icq purge`.
 #[derive(Debug, Clone, Args)]
@@ -49,11 +49,7 @@ pub async fn run(args: PurgeArgs, global: &GlobalArgs) -> anyhow::Result<()> {
     Ok(result?)
 }
 
-async fn purge(
-    args: &PurgeArgs,
-    sources: &[icq::Queue],
-    global: &GlobalArgs,
-) -> icq::Result<()> {
+async fn purge(args: &PurgeArgs, sources: &[icq::Queue], global: &GlobalArgs) -> icq::Result<()> {
     let request = PurgeRequest {
         completed: args.completed,
         dead_letters: args.dead_letters,

@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use super::Format;
 use crate::cli::demo::{self, TourReport};
 use crate::cli::output;
-use icq::{Processor, RunOptions};
 use crate::cli::sources::Source;
+use icq::{Processor, RunOptions};
 
 /// Arguments of `icq quickstart`.
 #[derive(Debug, Args)]

@@ -5,8 +5,8 @@
 use clap::{ArgGroup, Args};
 
 use super::GlobalArgs;
-use icq::admin::{self, RequeueTarget};
 use crate::cli::output::{self, Confirmation};
+use icq::admin::{self, RequeueTarget};
 use icq::command::CommandId;
 
 /// Arguments of `icq requeue`.

@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
-use icq::admin;
 use crate::cli::output;
+use icq::admin;
 use icq::command::{Context, NewCommand, RunAt};
 use icq::error::Error;
 
@@ -231,7 +231,10 @@ impl Input {
 
 /// The `--payload` argument as JSON: the text itself, `@-` for stdin, or `@FILE`, none of
 /// them read past `limit`.
-pub(crate) fn read_payload(argument: &str, limit: &admin::InputLimit) -> icq::Result<serde_json::Value> {
+pub(crate) fn read_payload(
+    argument: &str,
+    limit: &admin::InputLimit,
+) -> icq::Result<serde_json::Value> {
     let (bytes, origin) = match argument.strip_prefix('@') {
         Some("-") => {
             let origin = "the payload on stdin".to_owned();

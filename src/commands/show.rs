@@ -3,8 +3,8 @@
 use clap::Args;
 
 use super::GlobalArgs;
-use icq::admin;
 use crate::cli::output;
+use icq::admin;
 use icq::command::CommandId;
 
 /// Arguments of `icq show`.

@@ -243,7 +243,8 @@ pub async fn with_context<F: Future>(context: Context, future: F) -> F::Output {
 
 /// Why a handler did not succeed.
 ///
-/// Any `anyhow::Error` converts into a retryable one, so `?` works in handlers.
+/// Any `anyhow::Error` converts into a retryable one (with the `anyhow` feature, on in the
+/// default build), so `?` works in handlers.
 ///
 /// # Examples
 ///
@@ -349,6 +350,7 @@ impl fmt::Display for HandlerError {
 
 impl std::error::Error for HandlerError {}
 
+#[cfg(feature = "anyhow")]
 impl From<anyhow::Error> for HandlerError {
     fn from(err: anyhow::Error) -> Self {
         HandlerError::retry(format!("{err:#}"))

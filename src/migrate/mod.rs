@@ -116,7 +116,7 @@ pub const DESCRIPTION: &str = "add_internal_commands";
 /// let dir = tmp.path().join("migrations");
 /// std::fs::create_dir(&dir)?;
 /// // What icq 0.x wrote before schema version 2.
-/// let v1 = crate::schema::render_v1(Engine::Sqlite, &TableName::default()).up;
+/// let v1 = icq::schema::render_v1(Engine::Sqlite, &TableName::default()).up;
 /// let header = "-- icq migration: engine=sqlite table=InternalCommands\n";
 /// std::fs::write(dir.join("0001_add_internal_commands.sql"), format!("{header}{v1}"))?;
 ///
@@ -378,12 +378,12 @@ impl IcqHeader {
 /// use icq::{Engine, TableName};
 ///
 /// let table = TableName::default();
-/// assert_eq!(schema_version_of(&crate::schema::render(Engine::Mysql, &table).up), 2);
-/// assert_eq!(schema_version_of(&crate::schema::render_upgrade(Engine::Postgres, &table).up), 2);
-/// assert_eq!(schema_version_of(&crate::schema::render_v1(Engine::Postgres, &table).up), 1);
+/// assert_eq!(schema_version_of(&icq::schema::render(Engine::Mysql, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render_upgrade(Engine::Postgres, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render_v1(Engine::Postgres, &table).up), 1);
 /// // A table named "Queue" is not a Queue column.
 /// let named_queue = TableName::parse("Queue")?;
-/// assert_eq!(schema_version_of(&crate::schema::render_v1(Engine::Sqlite, &named_queue).up), 1);
+/// assert_eq!(schema_version_of(&icq::schema::render_v1(Engine::Sqlite, &named_queue).up), 1);
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn schema_version_of(sql: &str) -> u32 {

@@ -465,10 +465,8 @@ async fn hard_stop_alone_stops_the_processor(engine: &'static str) {
     let script = format!("echo $$ >> '{}'; exec sleep 60", pidfile.display());
     registry.insert_exec("sig.test", sh(script), None).unwrap();
     let mut processor = Processor::new(registry);
-    processor.add_source(
-        source
-            .source_handle(Settings::default().with_polling_interval_seconds(0.1)),
-    );
+    processor
+        .add_source(source.source_handle(Settings::default().with_polling_interval_seconds(0.1)));
     let hard_stop = CancellationToken::new();
     let options = RunOptions::default()
         .with_shutdown_grace(Duration::from_secs(600))

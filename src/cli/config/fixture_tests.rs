@@ -312,7 +312,11 @@ impl World {
     fn load_in_child(&self) -> String {
         let home = self.path("home");
         let output = Command::new(std::env::current_exe().unwrap())
-            .args(["cli::config::fixture_tests::lookup_child_process", "--exact", "--nocapture"])
+            .args([
+                "cli::config::fixture_tests::lookup_child_process",
+                "--exact",
+                "--nocapture",
+            ])
             .current_dir(self.path("cwd"))
             .env_remove("ICQ_CONFIG")
             .env_remove("DATABASE_URL")

@@ -447,6 +447,6 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
 const EXAMPLE: &str = "sources:\n  - name: orders\n    url: ${ORDERS_DATABASE_URL}";
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod fixture_tests;
+#[cfg(test)]
+mod tests;

@@ -19,12 +19,12 @@ use super::Console;
 use super::guard::{self, Refusal};
 use super::html::{Html, query};
 use super::pages::{self, Nav, render};
+use crate::cli::output::plural;
+use icq::Queue;
 use icq::admin::FinishedKind;
 use icq::admin::{self, CancelTarget, NoProgress, PurgeRequest, RequeueTarget};
-use crate::cli::output::plural;
 use icq::command::CommandId;
 use icq::error::{Error, Result};
-use icq::Queue;
 
 /// The fields of an action, from a query string (confirm) or a form body (perform).
 #[derive(Debug, Default, Clone)]
@@ -430,7 +430,8 @@ struct Applied {
 
 async fn apply(action: &Action, sources: &[Queue]) -> Result<Applied> {
     let single = |target_id: Option<&CommandId>| {
-        target_id.and_then(|id| (sources.len() == 1).then(|| (sources[0].name().to_owned(), id.clone())))
+        target_id
+            .and_then(|id| (sources.len() == 1).then(|| (sources[0].name().to_owned(), id.clone())))
     };
     Ok(match action {
         Action::Requeue(target) => {

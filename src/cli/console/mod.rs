@@ -46,8 +46,8 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::config::{Config, SourceConfig};
-use icq::error::{Error, Result};
 use icq::Queue;
+use icq::error::{Error, Result};
 
 use snapshot::{SAMPLE_EVERY, Snapshot, Watch};
 
@@ -164,7 +164,10 @@ impl Console {
             if let Some(source) = open.as_ref() {
                 return Ok(source.clone());
             }
-            match crate::cli::sources::open_one(&slot.config).await.map(|source| source.queue) {
+            match crate::cli::sources::open_one(&slot.config)
+                .await
+                .map(|source| source.queue)
+            {
                 Ok(source) => {
                     *open = Some(source.clone());
                     Ok(source)

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use super::html::{Html, query};
 use super::snapshot::SAMPLE_EVERY;
 use super::{Console, describe, history};
+use icq::Queue;
 use icq::admin::{self, ListState, PendingReport};
 use icq::command::CommandId;
 use icq::error::Error;
-use icq::Queue;
 
 /// Which navigation entry is current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
