@@ -1626,7 +1626,8 @@ impl crate::Enqueue for PgConnection {
     }
 }
 
-#[cfg(test)]
+/// Needs the PostgreSQL server, like the driver conformance suite: built with it.
+#[cfg(all(test, feature = "driver-suite"))]
 mod tests {
     //! The driver's own claim statements, planned by a real PostgreSQL.
 
