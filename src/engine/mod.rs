@@ -841,9 +841,10 @@ pub(crate) fn refuse_v2_asks<'a>(
 }
 
 /// The driver conformance suite (`tests/driver/`): every driver through this seam, on
-/// every engine. Compiled into the library's unit tests so it needs no public driver:
-/// `cargo test --lib engine::conformance`.
-#[cfg(test)]
+/// every engine. Compiled into the library's unit tests so it needs no public driver, and
+/// only under the `driver-suite` feature, so that `cargo test --lib` needs no server:
+/// `cargo test --lib --features driver-suite engine::conformance`.
+#[cfg(all(test, feature = "driver-suite"))]
 #[path = "../../tests/driver/mod.rs"]
 mod conformance;
 

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod embedding;
 mod semantics;
 mod unique_keys;
@@ -34,6 +35,26 @@ macro_rules! embedding_for_each_engine {
         mod embed_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::embedding::$name("mysql").await } )* }
     };
 }
+
+/// Expands each listed test of [`admin`] into one `#[tokio::test]` per engine.
+macro_rules! admin_for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod admin_postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::admin::$name("postgres").await } )* }
+        mod admin_sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::admin::$name("sqlite").await } )* }
+        mod admin_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::admin::$name("mysql").await } )* }
+    };
+}
+
+admin_for_each_engine!(
+    pending_counts_each_state_by_type_and_queue,
+    list_pages_each_state_in_its_order,
+    show_reads_a_plain_sql_row_whole,
+    dead_letters_list_newest_first_and_filter,
+    cancel_dead_letters_pending_rows,
+    requeue_puts_dead_letters_back,
+    replay_copies_finished_rows_as_new_work,
+    purge_deletes_finished_rows_by_kind_and_age,
+);
 
 embedding_for_each_engine!(
     the_applications_pool_schedules_in_its_transaction_and_drains,

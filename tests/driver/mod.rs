@@ -2,14 +2,17 @@
 //! seam ([`super::QueueOps`]), case by case, on a real PostgreSQL, SQLite and MariaDB.
 //!
 //! It is compiled into the library's unit tests (`src/engine/mod.rs` includes this file
-//! as `engine::conformance`), so it reaches the drivers without their being public:
-//! `cargo test --lib engine::conformance`. Cargo does not build this directory as an
-//! integration test of its own (`autotests = false`, and the `[[test]]` targets in
-//! Cargo.toml name only `tests/{cli,conformance,outage,reliability}/main.rs`).
+//! as `engine::conformance`), so it reaches the drivers without their being public, and
+//! only under the `driver-suite` feature, so that `cargo test --lib` needs no server:
+//! `cargo test --lib --features driver-suite engine::conformance` (the test command,
+//! `cargo nextest run --features driver-suite`, runs it with the rest). Cargo does not
+//! build this directory as an integration test of its own (`autotests = false`, and no
+//! `[[test]]` target in Cargo.toml names it).
 //!
 //! Each case gets a table of its own (a fresh file on SQLite), so the cases run in
 //! parallel. A server that cannot be reached fails the case: it is never skipped.
 
+mod admin;
 mod claim;
 mod decode;
 mod lease;
@@ -368,6 +371,7 @@ driver_cases!(
     workload::a_version_1_table_claims_as_before_and_refuses_version_2_asks,
     workload::foreign_rows_with_unusable_queue_or_priority_settle_alone,
     workload::new_columns_round_trip,
+    admin::a_key_taken_meanwhile_leaves_the_row_dead,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,8 +93,21 @@ async fn slow_commands_spread_over_replicas(engine: &'static str) {
     let replicas: Vec<Replica> = (0..4)
         .map(|n| Replica::start(&[], &config, &[], &[("REPLICA", &n.to_string())], &log))
         .collect();
-    // Every replica is up and polling before the commands arrive.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every replica is up and polling before the commands arrive: each logs `processing`
+    // once its source is open, as its processor starts.
+    let started = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("processing source=main")
+            .count()
+    };
+    let up = wait_until(Duration::from_secs(60), || async { started() >= 4 }).await;
+    assert!(
+        up,
+        "{engine}: {} of 4 replicas started:\n{}",
+        started(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     insert_many(&db, "slow.job", 32).await;
     let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
     let done = wait_until(Duration::from_secs(60), || async {

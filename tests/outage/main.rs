@@ -62,7 +62,15 @@ async fn drain_through(engine: &'static str, outage: impl std::future::Future<Ou
             )
             .await
     });
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The outage hits once the drain is under way, however slowly this machine starts it.
+    let under_way = std::time::Instant::now() + Duration::from_secs(60);
+    while *runs.lock().unwrap() < 50 {
+        assert!(
+            std::time::Instant::now() < under_way,
+            "the drain never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = *runs.lock().unwrap();
     assert!(
         before > 0 && before < COMMANDS,

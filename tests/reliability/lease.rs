@@ -171,9 +171,10 @@ async fn sigterm_kills_the_handlers_process_group_then_another_worker_runs_it(
     let status = first.wait_for_exit(Duration::from_secs(15)).await;
     let exited_after = termed.elapsed();
     let exited_at = unix_nanos();
-    // SIGKILL is delivered at once; give the kernel a moment to tear the processes down.
+    // SIGKILL is delivered at once; the kernel tears the processes down when it schedules
+    // them, which on a loaded machine can take a while.
     let mut survivors = pgrep(&marker);
-    let deadline = Instant::now() + Duration::from_millis(500);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while !survivors.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
         survivors = pgrep(&marker);

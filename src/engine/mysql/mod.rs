@@ -1487,7 +1487,8 @@ impl crate::Enqueue for MySqlConnection {
     }
 }
 
-#[cfg(test)]
+/// Needs the MariaDB server, like the driver conformance suite: built with it.
+#[cfg(all(test, feature = "driver-suite"))]
 mod tests {
     use sqlx::Connection;
 

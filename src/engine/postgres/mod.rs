@@ -1626,9 +1626,10 @@ impl crate::Enqueue for PgConnection {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "driver-suite"))]
 mod tests {
-    //! The driver's own claim statements, planned by a real PostgreSQL.
+    //! The driver's own claim statements, planned by a real PostgreSQL (a server test:
+    //! built with the driver conformance suite).
 
     use sqlx::Connection as _;
 
