@@ -12,8 +12,7 @@ use icq::admin::{
     self, CancelTarget, DeadLetterQuery, ListRequest, ListState, NoProgress, PendingRequest,
     PurgeRequest, RequeueTarget,
 };
-use icq::sources::OpenSource;
-use icq::{CommandId, ConnectOptions, Error, Queue, Settings, State, TableName};
+use icq::{CommandId, ConnectOptions, Error, Queue, State, TableName};
 
 use crate::support::TestDb;
 
@@ -34,7 +33,7 @@ const DONE_NEW: &str = "60000000-0000-4000-8000-000000000007";
 
 /// The sources the operations act on: one, `default`, on `db`'s default table. The one
 /// place a test builds a source.
-async fn sources(db: &TestDb) -> Vec<OpenSource> {
+async fn sources(db: &TestDb) -> Vec<Queue> {
     let queue = Queue::connect(
         "default",
         &db.url,
@@ -43,11 +42,7 @@ async fn sources(db: &TestDb) -> Vec<OpenSource> {
     )
     .await
     .unwrap_or_else(|e| panic!("{}: open the queue: {e}", db.engine));
-    vec![OpenSource {
-        name: "default".into(),
-        queue,
-        settings: Settings::default(),
-    }]
+    vec![queue]
 }
 
 /// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's stored form.
@@ -87,7 +82,7 @@ async fn insert(db: &TestDb, id: &str, ty: &str, payload: &str, columns: &[(&str
 
 /// A fresh table holding one row in each state (see the constants), all written with
 /// plain SQL, and the sources over it.
-async fn seeded(engine: &'static str, tag: &str) -> (TestDb, Vec<OpenSource>) {
+async fn seeded(engine: &'static str, tag: &str) -> (TestDb, Vec<Queue>) {
     let db = TestDb::with_table(engine, tag).await;
     seed(&db).await;
     let sources = sources(&db).await;
@@ -208,7 +203,7 @@ fn ids(texts: &[&str]) -> Vec<CommandId> {
 }
 
 /// Due, scheduled, running, dead and completed counts of the whole table.
-async fn states(sources: &[OpenSource]) -> [u64; 5] {
+async fn states(sources: &[Queue]) -> [u64; 5] {
     let report = admin::pending(sources, false).await.unwrap();
     assert_eq!(report.rows.len(), 1, "one line for the one source");
     let c = &report.rows[0].counts;
