@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 use tokio::time::Instant;
 
 use crate::error::{Error, Healing, Result};

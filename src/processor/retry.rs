@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 
 /// The delay before the next attempt after `attempts` attempts have been consumed.
 pub fn backoff(attempts: u32, base_seconds: f64, cap_seconds: f64, rng: &mut impl Rng) -> Duration {

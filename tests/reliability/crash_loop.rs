@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 
 use crate::common::{
     CountingServer, HEAVY, Hit, Worker, all_ids, completed, lit, table, write_config, yaml_str,

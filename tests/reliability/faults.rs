@@ -11,7 +11,7 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use sqlx::ConnectOptions;
 
 use crate::common::{

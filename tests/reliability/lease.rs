@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 
 use crate::common::{Worker, completed, pgrep, table, wait_until, write_config, yaml_str};
 use crate::support::TestDb;
