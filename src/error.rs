@@ -238,9 +238,9 @@ pub enum Error {
     )]
     EngineMismatch {
         /// The queue's engine.
-        queue: crate::ident::Engine,
+        queue: crate::kind::Engine,
         /// The engine of the connection it was given.
-        connection: crate::ident::Engine,
+        connection: crate::kind::Engine,
     },
 }
 

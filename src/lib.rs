@@ -165,7 +165,10 @@ pub(crate) mod engine;
 pub mod error;
 pub mod handler;
 pub mod ident;
+mod kind;
 pub mod migrate;
+#[cfg(test)]
+mod module_graph;
 #[cfg(feature = "otel")]
 pub mod otel;
 #[cfg(not(feature = "otel"))]

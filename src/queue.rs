@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::command::{CommandId, NewCommand, Scheduled};
+use crate::engine::sealed;
 use crate::engine::{self, Backend, ConnectOptions};
 use crate::engine::{CommandGetParams, CommandInsertManyParams, CommandInsertParams};
 use crate::error::{Error, Result};
@@ -18,51 +19,7 @@ use crate::ident::{Engine, TableName};
 use crate::processor::{SourceHandle, Stats};
 use crate::settings::Settings;
 
-/// What only icq implements: the engines a [`Queue`] runs on and the connections
-/// [`Enqueue`] takes. Not nameable outside the crate, so no other type can implement them.
-pub(crate) mod sealed {
-    use std::future::Future;
-    use std::sync::Arc;
-
-    use crate::engine::Backend;
-    use crate::error::Result;
-    use crate::ident::TableName;
-
-    /// A connection type [`super::Enqueue`] is implemented for (each engine's, in its
-    /// folder under `src/engine/`, built with its feature).
-    #[diagnostic::on_unimplemented(
-        message = "icq cannot schedule through `{Self}`",
-        note = "pass a connection, or an open transaction as `&mut *tx` (a `&mut Transaction` itself is not a connection)",
-        note = "if it is one, enable icq-queue's Cargo feature for its engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
-    )]
-    pub trait Connection {}
-
-    /// A sqlx database whose pool a queue can be made from (implemented in each engine's
-    /// folder, built with its feature).
-    #[diagnostic::on_unimplemented(
-        message = "icq has no driver for `{Self}` in this build",
-        note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
-    )]
-    pub trait Database: sqlx::Database {
-        /// The driver for `table` on the application's `pool`.
-        fn driver(
-            pool: &sqlx::Pool<Self>,
-            table: &TableName,
-        ) -> impl Future<Output = Result<Arc<dyn Backend>>> + Send;
-    }
-}
-
-/// A sqlx database icq runs on: [`sqlx::Postgres`], [`sqlx::Sqlite`] or [`sqlx::MySql`]
-/// (MySQL and MariaDB). [`Queue::from_pool`] and [`crate::schema::apply`] take a pool of
-/// any of them whose Cargo feature (`postgres`, `sqlite`, `mysql`) the build enables.
-/// Sealed: implemented by icq only.
-#[diagnostic::on_unimplemented(
-    message = "icq has no driver for `{Self}` in this build",
-    note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
-)]
-pub trait QueueDatabase: sealed::Database {}
-
-impl<DB: sealed::Database> QueueDatabase for DB {}
+pub use crate::engine::QueueDatabase;
 
 /// A connection (or, through `&mut *tx`, an open transaction) that can take a command.
 ///
@@ -241,6 +198,13 @@ impl Queue {
         table: &TableName,
         options: &ConnectOptions,
     ) -> Result<Queue> {
+        if options.create_table {
+            let engine = Engine::from_url(url).map_err(|err| err.in_source(name))?;
+            let upgrade = crate::schema::render_upgrade(engine, table).up;
+            engine::upgrade_owned_table(url, table, &upgrade)
+                .await
+                .map_err(|err| err.in_source(name))?;
+        }
         let backend = engine::connect(url, table, options)
             .await
             .map_err(|err| err.in_source(name))?;
@@ -391,7 +355,8 @@ impl Queue {
     /// [`crate::schema::render`]), if it exists, with every command in it: for a scratch
     /// table (a benchmark, a demo, a test), never for an application's queue.
     pub async fn drop_table(&self) -> Result<()> {
-        self.backend.table_drop().await
+        let down = crate::schema::render(self.engine(), self.table()).down;
+        self.backend.table_drop(&down).await
     }
 
     /// The driver, for operator queries.

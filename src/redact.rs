@@ -440,6 +440,19 @@ pub fn escape_for_log(text: &str) -> String {
     escape(text, false)
 }
 
+/// `text` cut to at most `max` bytes on a character boundary, saying how much was cut.
+pub fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let note = format!(" … [cut: {} bytes in all]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end])
+}
+
 /// A value the user typed, as an error message echoes it: escaped like
 /// [`escape_for_log`] and cut to its first 40 characters (with `…`), so a 300-digit
 /// number or a pasted document cannot bury the message.

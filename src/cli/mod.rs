@@ -9,6 +9,7 @@ pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod demo;
 pub(crate) mod output;
+pub(crate) mod parse;
 pub(crate) mod sources;
 pub(crate) mod telemetry;
 pub(crate) mod worker;

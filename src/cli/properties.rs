@@ -239,7 +239,7 @@ proptest! {
 
     #[test]
     fn durations_parse_or_refuse_clearly(text in any::<String>()) {
-        match crate::commands::parse::parse_duration(&text) {
+        match crate::cli::parse::parse_duration(&text) {
             Ok(_) => {}
             Err(err) => {
                 prop_assert_eq!(err.exit_code(), 2);
@@ -258,12 +258,12 @@ proptest! {
         let units = [("s", 1u64), ("m", 60), ("h", 3600), ("d", 86_400), ("w", 604_800)];
         let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u].0)).collect();
         let total: u64 = parts.iter().map(|(n, u)| n * units[*u].1).sum();
-        prop_assert_eq!(crate::commands::parse::parse_duration(&text).unwrap().as_secs(), total);
+        prop_assert_eq!(crate::cli::parse::parse_duration(&text).unwrap().as_secs(), total);
     }
 
     #[test]
     fn instants_parse_or_refuse_clearly(text in any::<String>()) {
-        if let Err(err) = crate::commands::parse::parse_instant(&text) {
+        if let Err(err) = crate::cli::parse::parse_instant(&text) {
             prop_assert_eq!(err.exit_code(), 2);
             prop_assert!(err.to_string().contains("is not an RFC 3339 instant"), "{}", err);
         }
@@ -275,7 +275,7 @@ proptest! {
         // RFC 3339 offsets are whole minutes.
         let zone = chrono::FixedOffset::east_opt(minutes * 60).unwrap();
         let text = at.with_timezone(&zone).to_rfc3339();
-        prop_assert_eq!(crate::commands::parse::parse_instant(&text).unwrap(), at);
+        prop_assert_eq!(crate::cli::parse::parse_instant(&text).unwrap(), at);
     }
 
     #[test]

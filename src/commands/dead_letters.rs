@@ -53,7 +53,7 @@ pub struct ListArgs {
 
     /// Show at most this many (across all sources), 1 to 10000.
     #[arg(long, value_name = "N", default_value_t = admin::DEFAULT_DEAD_LETTER_LIMIT,
-          value_parser = super::parse::parse_page_limit)]
+          value_parser = crate::cli::parse::parse_page_limit)]
     pub limit: u32,
 }
 

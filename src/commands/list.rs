@@ -28,7 +28,7 @@ pub struct ListArgs {
 
     /// Show at most this many, 1 to 10000.
     #[arg(long, value_name = "N", default_value_t = 50,
-          value_parser = super::parse::parse_page_limit)]
+          value_parser = crate::cli::parse::parse_page_limit)]
     pub limit: u32,
 
     /// The next page: the commands after this id (the last one of the previous page).
@@ -42,7 +42,7 @@ pub struct ListArgs {
 }
 
 fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
-    super::parse::parse_instant(raw).map_err(|e| e.to_string())
+    crate::cli::parse::parse_instant(raw).map_err(|e| e.to_string())
 }
 
 /// Runs `icq list`.

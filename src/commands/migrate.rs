@@ -93,7 +93,7 @@ pub struct ApplyArgs {
 
     /// run: apply up to and including this version. revert: undo every migration above
     /// it (0 undoes all).
-    #[arg(long, value_name = "VERSION", value_parser = super::parse::parse_target_version)]
+    #[arg(long, value_name = "VERSION", value_parser = crate::cli::parse::parse_target_version)]
     pub target_version: Option<i64>,
 }
 

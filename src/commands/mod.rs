@@ -11,7 +11,6 @@ pub mod exec_watchdog;
 pub mod list;
 pub mod man;
 pub mod migrate;
-pub mod parse;
 pub mod pending;
 pub mod progress;
 pub mod purge;

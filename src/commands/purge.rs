@@ -21,7 +21,7 @@ pub struct PurgeArgs {
     pub dead_letters: bool,
 
     /// Only commands that finished longer ago than this, e.g. 30s, 5m, 12h, 7d.
-    #[arg(long, value_name = "AGE", value_parser = super::parse::parse_duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "AGE", value_parser = crate::cli::parse::parse_duration, allow_hyphen_values = true)]
     pub older_than: Option<Duration>,
 
     /// Only commands of this type.

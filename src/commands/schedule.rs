@@ -40,11 +40,11 @@ pub struct ScheduleArgs {
     pub payload: Option<String>,
 
     /// Due at this instant (RFC 3339, e.g. 2026-01-31T12:00:00Z) instead of now.
-    #[arg(long, value_name = "RFC3339", value_parser = super::parse::parse_instant, conflicts_with = "delay")]
+    #[arg(long, value_name = "RFC3339", value_parser = crate::cli::parse::parse_instant, conflicts_with = "delay")]
     pub at: Option<DateTime<Utc>>,
 
     /// Due after this delay instead of now, e.g. 30s, 5m, 12h, 7d.
-    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = super::parse::parse_duration,
+    #[arg(long = "in", id = "delay", value_name = "DELAY", value_parser = crate::cli::parse::parse_duration,
           allow_hyphen_values = true)]
     pub delay: Option<Duration>,
 
@@ -71,7 +71,7 @@ pub struct ScheduleArgs {
 
     /// Its priority among due commands, -32768 to 32767: lower runs first (default 0).
     #[arg(long, value_name = "P", allow_hyphen_values = true,
-          value_parser = super::parse::parse_priority)]
+          value_parser = crate::cli::parse::parse_priority)]
     pub priority: Option<i16>,
 
     /// At most one pending command per key: while one with this key is pending, nothing

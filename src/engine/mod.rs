@@ -222,18 +222,7 @@ impl SetState {
 /// it; a handler's 200 KB failure message is cut here instead.
 pub const MAX_LAST_ERROR_BYTES: usize = 16 * 1024;
 
-/// `text` cut to at most `max` bytes on a character boundary, saying how much was cut.
-pub(crate) fn bounded(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let note = format!(" … [cut: {} bytes in all]", text.len());
-    let mut end = max.saturating_sub(note.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{note}", &text[..end])
-}
+pub(crate) use crate::redact::bounded;
 
 /// Pairs decoded claimed rows with the claim's lease token. A row whose id could not be
 /// read (`Err`) cannot be stamped: it is logged and left to its lease.
@@ -334,9 +323,9 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// the pool). See `engine::warm`.
     fn keep_work_connections(&self, keep: bool);
 
-    /// Drops the table and everything its migration created with it (the down script of
-    /// [`crate::schema::render`]), if it exists: `icq bench` removes its scratch table.
-    async fn table_drop(&self) -> Result<()>;
+    /// Drops the table and everything its migration created with it by running `down`
+    /// (the down script the schema renders), if it exists.
+    async fn table_drop(&self, down: &str) -> Result<()>;
 }
 
 /// The queue operations of one source's table.
@@ -458,7 +447,7 @@ impl SchemaVersionCache {
     {
         use std::sync::atomic::Ordering;
         let known = self.known.load(Ordering::Acquire);
-        if known >= crate::schema::SCHEMA_VERSION {
+        if known >= crate::ident::SCHEMA_VERSION {
             return Ok(known);
         }
         if known != 0 {
@@ -500,7 +489,7 @@ impl SchemaVersionCache {
                 self.known.store(version, Ordering::Release);
                 Ok(version)
             }
-            None => Ok(crate::schema::SCHEMA_VERSION),
+            None => Ok(crate::ident::SCHEMA_VERSION),
         }
     }
 
@@ -642,6 +631,53 @@ pub trait Backend: Lifecycle + QueueOps + AdminOps + BenchOps {}
 
 impl<T: Lifecycle + QueueOps + AdminOps + BenchOps> Backend for T {}
 
+/// The engine half of the embedding API's sealed traits: [`crate::QueueDatabase`] and
+/// [`crate::Enqueue`] extend these, and each engine's folder implements them for its
+/// sqlx types (built with its feature), so no one else can.
+pub(crate) mod sealed {
+    use std::future::Future;
+    use std::sync::Arc;
+
+    use super::Backend;
+    use crate::error::Result;
+    use crate::ident::TableName;
+
+    /// A connection type `Enqueue` is implemented for (each engine's, in its
+    /// folder under `src/engine/`, built with its feature).
+    #[diagnostic::on_unimplemented(
+        message = "icq cannot schedule through `{Self}`",
+        note = "pass a connection, or an open transaction as `&mut *tx` (a `&mut Transaction` itself is not a connection)",
+        note = "if it is one, enable icq-queue's Cargo feature for its engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+    )]
+    pub trait Connection {}
+
+    /// A sqlx database whose pool a queue can be made from (implemented in each engine's
+    /// folder, built with its feature).
+    #[diagnostic::on_unimplemented(
+        message = "icq has no driver for `{Self}` in this build",
+        note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+    )]
+    pub trait Database: sqlx::Database {
+        /// The driver for `table` on the application's `pool`.
+        fn driver(
+            pool: &sqlx::Pool<Self>,
+            table: &TableName,
+        ) -> impl Future<Output = Result<Arc<dyn Backend>>> + Send;
+    }
+}
+
+/// A sqlx database icq runs on: [`sqlx::Postgres`], [`sqlx::Sqlite`] or [`sqlx::MySql`]
+/// (MySQL and MariaDB). [`crate::Queue::from_pool`] and [`crate::schema::apply`] take a pool of
+/// any of them whose Cargo feature (`postgres`, `sqlite`, `mysql`) the build enables.
+/// Sealed: implemented by icq only.
+#[diagnostic::on_unimplemented(
+    message = "icq has no driver for `{Self}` in this build",
+    note = "enable icq-queue's Cargo feature for the engine: `postgres`, `sqlite` or `mysql` (MySQL and MariaDB)"
+)]
+pub trait QueueDatabase: sealed::Database {}
+
+impl<DB: sealed::Database> QueueDatabase for DB {}
+
 /// Connection options for a source's pool ([`crate::Queue::connect`]).
 ///
 /// # Examples
@@ -755,6 +791,25 @@ pub async fn connect(
     probe::watch_connect(url, connect_driver(url, table, options)).await
 }
 
+/// Upgrades the table at `url` from schema version 1 by running `upgrade` (the schema's
+/// upgrade script), where icq owns the database and finds a version-1 table: the
+/// embedded SQLite default. Other engines' tables are upgraded by their migrations, so
+/// this does nothing for them. Returns whether it upgraded.
+pub(crate) async fn upgrade_owned_table(
+    url: &str,
+    table: &TableName,
+    upgrade: &str,
+) -> Result<bool> {
+    match Engine::from_url(url)? {
+        #[cfg(feature = "sqlite")]
+        Engine::Sqlite => sqlite::upgrade_embedded(&url::for_driver(url), table, upgrade).await,
+        _ => {
+            let _ = (table, upgrade);
+            Ok(false)
+        }
+    }
+}
+
 /// The driver for `url`'s engine, connected (unwatched: see [`connect`]).
 async fn connect_driver(
     url: &str,
@@ -769,14 +824,9 @@ async fn connect_driver(
             postgres::PgDriver::connect(url, table, options).await?,
         )),
         #[cfg(feature = "sqlite")]
-        Engine::Sqlite => {
-            if options.create_table {
-                sqlite::upgrade_embedded(url, table).await?;
-            }
-            Ok(Arc::new(
-                sqlite::SqliteDriver::connect(url, table, options).await?,
-            ))
-        }
+        Engine::Sqlite => Ok(Arc::new(
+            sqlite::SqliteDriver::connect(url, table, options).await?,
+        )),
         #[cfg(feature = "mysql")]
         Engine::Mysql => Ok(Arc::new(
             mysql::MySqlDriver::connect(url, table, options).await?,

@@ -213,7 +213,7 @@ pub fn snooze_delay(stdout: &str) -> Result<Duration, String> {
         }
         return Err(format!(
             "`{}`: write `snooze <seconds>`",
-            crate::engine::bounded(line, 100)
+            crate::redact::bounded(line, 100)
         ));
     };
     checked_snooze_seconds(seconds)

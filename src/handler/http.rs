@@ -318,7 +318,7 @@ pub fn retry_after_delay(
     if looks_numeric {
         return super::checked_snooze_seconds(value);
     }
-    let shown = crate::engine::bounded(value, 60);
+    let shown = crate::redact::bounded(value, 60);
     // The three HTTP-date forms; then RFC 2822 (what `GMT` forms are a case of), for
     // senders writing a numeric zone such as `+0000`.
     let when = match httpdate::parse_http_date(value) {

@@ -686,7 +686,7 @@ impl Registry {
     allow(dead_code)
 )]
 pub(crate) fn checked_snooze_seconds(seconds: &str) -> Result<std::time::Duration, String> {
-    let shown = crate::engine::bounded(seconds, 40);
+    let shown = crate::redact::bounded(seconds, 40);
     let value: f64 = seconds
         .parse()
         .ok()

@@ -160,7 +160,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
             id = %row.id,
             r#type = %row.type_name.escape_debug(),
             attempts,
-            reason = %crate::engine::bounded(&error, 1024).escape_debug(),
+            reason = %crate::redact::bounded(&error, 1024).escape_debug(),
             "command dead-lettered"
         );
         StateChange::Dead { error }

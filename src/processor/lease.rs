@@ -365,7 +365,7 @@ async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost
     match reading.await {
         Ok(Some(row)) if row.dead_lettered_at.is_some() => {
             let reason = row.last_error.as_deref().unwrap_or("");
-            tracing::info!(source, id = %lost.id, reason = %crate::engine::bounded(reason, 200).escape_debug(), "cancelled by operator: stopping its handler");
+            tracing::info!(source, id = %lost.id, reason = %crate::redact::bounded(reason, 200).escape_debug(), "cancelled by operator: stopping its handler");
         }
         Ok(Some(row)) if row.processed_at.is_some() => {}
         Ok(None) => {

@@ -19,9 +19,9 @@
 //! Flyway.
 
 use crate::engine::Backend;
+use crate::engine::QueueDatabase;
 use crate::error::Result;
 use crate::ident::{Engine, TableName};
-use crate::queue::QueueDatabase;
 
 /// What [`apply`] did to the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ pub struct Ddl {
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn notify_channel(table: &TableName) -> String {
-    format!("icq_{}", table.name())
+    table.notify_channel()
 }
 
 /// The NOTIFY channel an operator's `icq cancel` signals for `table` on PostgreSQL when
@@ -169,12 +169,12 @@ pub fn notify_channel(table: &TableName) -> String {
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn cancel_channel(table: &TableName) -> String {
-    format!("icq_cancel_{}", table.name())
+    table.cancel_channel()
 }
 
 /// The schema version [`render`] creates: 2 (queues, priorities, unique keys, trace
 /// context). Version 1 is the original table.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = crate::ident::SCHEMA_VERSION;
 
 /// Renders the version-1 DDL (the table before queues, priorities and unique keys) for
 /// `engine` and `table`: what older migrations created. Tests and upgrade checks use it;

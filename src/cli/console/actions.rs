@@ -134,7 +134,7 @@ impl Action {
                 let older_than = fields
                     .older_than
                     .as_deref()
-                    .map(crate::commands::parse::parse_duration)
+                    .map(crate::cli::parse::parse_duration)
                     .transpose()?;
                 Ok(Action::Purge(PurgeRequest {
                     completed: fields.completed,

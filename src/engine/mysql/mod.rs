@@ -1459,22 +1459,22 @@ impl Lifecycle for MySqlDriver {
         }
     }
 
-    async fn table_drop(&self) -> Result<()> {
-        let ddl = crate::schema::render(Engine::Mysql, &self.table).down;
-        super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
+    async fn table_drop(&self, down: &str) -> Result<()> {
+        self.version.forget();
+        super::run_script(&self.pool, down.to_owned(), self.ctx("dropping the table")).await
     }
 }
 
 // What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
 // [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
 
-impl crate::queue::sealed::Database for sqlx::MySql {
+impl super::sealed::Database for sqlx::MySql {
     async fn driver(pool: &MySqlPool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
         Ok(Arc::new(MySqlDriver::from_pool(pool.clone(), table).await?))
     }
 }
 
-impl crate::queue::sealed::Connection for MySqlConnection {}
+impl super::sealed::Connection for MySqlConnection {}
 
 #[async_trait]
 impl crate::Enqueue for MySqlConnection {
@@ -1506,7 +1506,10 @@ mod tests {
         let driver = MySqlDriver::connect(&server(), &table, &ConnectOptions::default())
             .await
             .expect("MariaDB test server");
-        driver.table_drop().await.unwrap();
+        driver
+            .table_drop(&crate::schema::render(Engine::Mysql, &table).down)
+            .await
+            .unwrap();
         driver
             .schema_apply(&crate::schema::render(Engine::Mysql, &table).up)
             .await
@@ -1681,7 +1684,10 @@ mod tests {
             .command_insert(&CommandInsertParams { command: &small })
             .await
             .unwrap();
-        driver.table_drop().await.unwrap();
+        driver
+            .table_drop(&crate::schema::render(Engine::Mysql, &table).down)
+            .await
+            .unwrap();
         driver.close().await;
     }
 
@@ -1843,6 +1849,9 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(left, 0, "a completed row leaves the queue poll index's key");
-        driver.table_drop().await.unwrap();
+        driver
+            .table_drop(&crate::schema::render(Engine::Mysql, &table).down)
+            .await
+            .unwrap();
     }
 }

@@ -138,7 +138,7 @@ impl PgDriver {
         on_pool!(self, self.pool, BEGIN, |e| sqlx::query(
             "SELECT pg_notify($1, '')"
         )
-        .bind(crate::schema::notify_channel(&self.table))
+        .bind(self.table.notify_channel())
         .execute(e))
         .await
         .map_err(Error::db(
@@ -349,7 +349,7 @@ impl AdminOps for PgDriver {
         if rows.iter().any(|(_, running)| *running) {
             // Delivered at commit: the processor running one checks its leases at once.
             sqlx::query("SELECT pg_notify($1, '')")
-                .bind(crate::schema::cancel_channel(&self.table))
+                .bind(self.table.cancel_channel())
                 .execute(&mut *tx)
                 .await
                 .map_err(Error::db(ctx()))?;

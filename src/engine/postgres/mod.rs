@@ -1520,8 +1520,8 @@ impl Lifecycle for PgDriver {
             );
             return Ok(false);
         }
-        let channel = crate::schema::notify_channel(&self.table);
-        let cancel_channel = crate::schema::cancel_channel(&self.table);
+        let channel = self.table.notify_channel();
+        let cancel_channel = self.table.cancel_channel();
         // A pool of one that follows the failover: when its connection is lost, the
         // listener reconnects through it (to the server in use then; never to one in
         // recovery) and LISTENs again.
@@ -1597,23 +1597,22 @@ impl Lifecycle for PgDriver {
         }
     }
 
-    async fn table_drop(&self) -> Result<()> {
-        // The down script drops the notify trigger and function with the table.
-        let ddl = crate::schema::render(Engine::Postgres, &self.table).down;
-        super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
+    async fn table_drop(&self, down: &str) -> Result<()> {
+        self.version.forget();
+        super::run_script(&self.pool, down.to_owned(), self.ctx("dropping the table")).await
     }
 }
 
 // What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
 // [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
 
-impl crate::queue::sealed::Database for sqlx::Postgres {
+impl super::sealed::Database for sqlx::Postgres {
     async fn driver(pool: &PgPool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
         Ok(Arc::new(PgDriver::from_pool(pool.clone(), table).await?))
     }
 }
 
-impl crate::queue::sealed::Connection for PgConnection {}
+impl super::sealed::Connection for PgConnection {}
 
 #[async_trait]
 impl crate::Enqueue for PgConnection {

@@ -1513,9 +1513,9 @@ impl Lifecycle for SqliteDriver {
         }
     }
 
-    async fn table_drop(&self) -> Result<()> {
-        let ddl = crate::schema::render(Engine::Sqlite, &self.table).down;
-        super::run_script(&self.pool, ddl, self.ctx("dropping the table")).await
+    async fn table_drop(&self, down: &str) -> Result<()> {
+        self.version.forget();
+        super::run_script(&self.pool, down.to_owned(), self.ctx("dropping the table")).await
     }
 }
 
@@ -1534,7 +1534,7 @@ fn multi_row_insert(t: &str, rows: usize) -> Arc<str> {
 /// up again under the write lock, so two icq processes starting at once upgrade it once.
 /// Returns whether it did; a missing table is left to `Queue::ensure_table`, which
 /// creates version 2.
-pub(crate) async fn upgrade_embedded(url: &str, table: &TableName) -> Result<bool> {
+pub(crate) async fn upgrade_embedded(url: &str, table: &TableName, upgrade: &str) -> Result<bool> {
     use sqlx::Connection as _;
 
     let context = |what: &str| what.to_owned();
@@ -1564,8 +1564,7 @@ pub(crate) async fn upgrade_embedded(url: &str, table: &TableName) -> Result<boo
     if !needs_upgrade(&mut tx).await? {
         return Ok(false);
     }
-    let ddl = crate::schema::render_upgrade(Engine::Sqlite, table);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(upgrade.to_owned()))
         .execute(&mut *tx)
         .await
         .map_err(Error::db(context(
@@ -1584,7 +1583,7 @@ pub(crate) async fn upgrade_embedded(url: &str, table: &TableName) -> Result<boo
 // What the embedding API takes of this engine: its pools ([`crate::Queue::from_pool`],
 // [`crate::schema::apply`]) and its connections ([`crate::Enqueue`]).
 
-impl crate::queue::sealed::Database for sqlx::Sqlite {
+impl super::sealed::Database for sqlx::Sqlite {
     async fn driver(pool: &SqlitePool, table: &TableName) -> Result<Arc<dyn super::Backend>> {
         Ok(Arc::new(
             SqliteDriver::from_pool(pool.clone(), table).await?,
@@ -1592,7 +1591,7 @@ impl crate::queue::sealed::Database for sqlx::Sqlite {
     }
 }
 
-impl crate::queue::sealed::Connection for SqliteConnection {}
+impl super::sealed::Connection for SqliteConnection {}
 
 #[async_trait]
 impl crate::Enqueue for SqliteConnection {
