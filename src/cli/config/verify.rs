@@ -18,7 +18,7 @@ use super::lookup::{self, Environment};
 use super::yaml::{Document, Seg};
 use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
 #[cfg(test)]
-use crate::cli::parse;
+use super::parse;
 use icq::error::{Error, Result};
 use icq::handler::program_problem;
 use icq::redact::redact_url;
