@@ -23,6 +23,7 @@
 mod cancel;
 mod dead_letters;
 mod list;
+mod methods;
 mod pending;
 mod purge;
 mod replay;
