@@ -5,11 +5,11 @@
 //! - Scheduling inside a span records that span's W3C `traceparent` in `TraceParent`
 //!   ([`current_traceparent`]), unless the command names one itself.
 //! - Each execution runs inside a CONSUMER span named `process <queue>` with the
-//!   OpenTelemetry messaging attributes ([`execution_span`]), linked to the scheduler's
+//!   OpenTelemetry messaging attributes (`execution_span`), linked to the scheduler's
 //!   span through `TraceParent`. Exec handlers see it as `TRACEPARENT`, http handlers as a
 //!   `traceparent` header, so their own spans join the trace.
 //! - Every execution counts into `messaging.client.consumed.messages` and
-//!   `messaging.process.duration` ([`record_execution`]) on the global meter provider.
+//!   `messaging.process.duration` (`record_execution`) on the global meter provider.
 //!
 //! It costs nothing unless someone listens: the spans are `tracing` spans of target
 //! [`SPAN_TARGET`], created only when the subscriber enables that target (the `icq` binary
