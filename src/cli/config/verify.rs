@@ -15,10 +15,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::lookup::{self, Environment};
-use super::yaml::{Document, Seg};
-use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
 #[cfg(test)]
 use super::parse;
+use super::yaml::{Document, Seg};
+use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
 use icq::error::{Error, Result};
 use icq::handler::program_problem;
 use icq::redact::redact_url;
