@@ -16,33 +16,6 @@ use icq::queue::Queue;
 use icq::settings::Settings;
 
 /// Which sources the command line asked for.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # let db = dir.path().join("shop.db");
-/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// # let yaml = format!("sources:\n  - name: shop\n    url: sqlite://{}\n", db.display());
-/// # std::fs::write(&file, yaml)?;
-/// use icq::sources::{SourceRequest, open};
-///
-/// // `icq --config FILE --source shop ...`
-/// let request = SourceRequest {
-///     config_path: Some(file),
-///     database_url: None,
-///     source: Some("shop".into()),
-/// };
-/// let sources = open(&request).await?;
-/// assert_eq!(sources[0].name, "shop");
-/// # Ok(())
-/// # }
-/// ```
 #[derive(Debug, Clone, Default)]
 pub struct SourceRequest {
     /// `--config`.
@@ -54,28 +27,6 @@ pub struct SourceRequest {
 }
 
 /// A connected source.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let pool = sqlx::SqlitePool::connect(&url).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// use crate::cli::sources::Source;
-/// use icq::{Queue, Settings, TableName};
-///
-/// // The admin operations take sources: wrap a queue you connected yourself.
-/// let queue = Queue::connect("shop", &url, &TableName::default(), &Default::default()).await?;
-/// let sources = vec![Source { name: "shop".into(), queue, settings: Settings::default() }];
-/// let report = icq::admin::pending(&sources, false).await?;
-/// assert_eq!(report.rows[0].counts.due, 0);
-/// # Ok(())
-/// # }
-/// ```
 #[derive(Clone)]
 pub struct Source {
     /// The configured name.
@@ -88,19 +39,6 @@ pub struct Source {
 
 /// Loads the configuration the request points at (see [`crate::cli::config::load`] for the
 /// lookup order).
-///
-/// # Examples
-///
-/// ```
-/// use icq::sources::{SourceRequest, load_config};
-///
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # std::fs::write(&file, "sources:\n  - { name: shop, url: 'sqlite:shop.db' }\n")?;
-/// let config = load_config(&SourceRequest { config_path: Some(file), ..Default::default() })?;
-/// assert_eq!(config.sources[0].name, "shop");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 pub fn load_config(request: &SourceRequest) -> Result<Config> {
     config::load(&ConfigRequest {
         config_path: request.config_path.clone(),
@@ -111,37 +49,13 @@ pub fn load_config(request: &SourceRequest) -> Result<Config> {
 
 /// Opens every selected source of `config` (all for `None`, or the one named),
 /// concurrently.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # let db = dir.path().join("shop.db");
-/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// # let yaml = format!("sources:\n  - name: shop\n    url: sqlite://{}\n", db.display());
-/// # std::fs::write(&file, yaml)?;
-/// use icq::sources::{SourceRequest, load_config, open_selected};
-///
-/// let config = load_config(&SourceRequest { config_path: Some(file), ..Default::default() })?;
-/// let sources = open_selected(&config, None).await?;
-/// assert_eq!(sources.len(), 1);
-/// assert!(open_selected(&config, Some("billing")).await.is_err()); // no such source
-/// # Ok(())
-/// # }
-/// ```
 pub async fn open_selected(config: &Config, source: Option<&str>) -> Result<Vec<Source>> {
     let selected = config.select(source)?;
     let opened = futures::future::join_all(selected.into_iter().map(open_one)).await;
     opened.into_iter().collect()
 }
 
-/// Loads the configuration and opens the selected sources. See [`SourceRequest`]'s
-/// example.
+/// Loads the configuration and opens the selected sources.
 pub async fn open(request: &SourceRequest) -> Result<Vec<Source>> {
     let config = load_config(request)?;
     open_selected(&config, request.source.as_deref()).await
@@ -149,29 +63,6 @@ pub async fn open(request: &SourceRequest) -> Result<Vec<Source>> {
 
 /// Connects one source and checks (or, for the embedded default, creates or upgrades) its
 /// table.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("scratch.db").display());
-/// use icq::config::{DatabaseUrl, SourceConfig};
-/// use icq::sources::open_one;
-///
-/// let config = SourceConfig {
-///     name: "scratch".into(),
-///     url: DatabaseUrl::new(url),
-///     table: Default::default(),
-///     settings: Default::default(),
-///     embedded: true, // create the table if it is missing
-/// };
-/// let source = open_one(&config).await?;
-/// assert_eq!((source.name.as_str(), source.queue.name()), ("scratch", "scratch"));
-/// # Ok(())
-/// # }
-/// ```
 pub async fn open_one(source: &SourceConfig) -> Result<Source> {
     let options = ConnectOptions::for_settings(&source.settings).creating_table(source.embedded);
     let queue = Queue::connect(&source.name, source.url.expose(), &source.table, &options).await?;
@@ -182,9 +73,8 @@ pub async fn open_one(source: &SourceConfig) -> Result<Source> {
     })
 }
 
-/// The database `icq migrate` works on, as the command line or configuration names it.
-///
-/// See [`migration_target`]'s example.
+/// The database `icq migrate` works on, as the command line or configuration names it
+/// (see [`migration_target`]).
 #[derive(Debug, Clone)]
 pub struct MigrationTarget {
     /// Its URL, secrets included (redact before printing).
@@ -197,26 +87,6 @@ pub struct MigrationTarget {
 /// `--source`, the only source of the configuration file, or `$DATABASE_URL`. The embedded
 /// default does not count (migrations for it are never implied), and several configured
 /// sources without `--source` are a usage error naming them.
-///
-/// # Examples
-///
-/// ```
-/// use icq::sources::{SourceRequest, migration_target};
-///
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// let text = "sources:\n  - { name: shop, url: 'sqlite:shop.db', table: ShopCommands }\n";
-/// std::fs::write(&file, text)?;
-/// let request = SourceRequest { config_path: Some(file), ..Default::default() };
-/// let target = migration_target(&request)?.expect("the file's only source");
-/// assert_eq!(target.url, "sqlite:shop.db");
-/// assert_eq!(target.table.map(|t| t.to_string()).as_deref(), Some("ShopCommands"));
-///
-/// let url = Some("postgres://app@db/shop".to_string());
-/// let given = SourceRequest { database_url: url, ..Default::default() };
-/// assert_eq!(migration_target(&given)?.unwrap().table, None);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 pub fn migration_target(request: &SourceRequest) -> Result<Option<MigrationTarget>> {
     if let (Some(url), None) = (&request.database_url, &request.source) {
         return Ok(Some(MigrationTarget {
@@ -240,5 +110,41 @@ pub fn migration_target(request: &SourceRequest) -> Result<Option<MigrationTarge
                 names.join(", ")
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_target_is_the_files_only_source_with_its_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("icq.yaml");
+        let text = "sources:\n  - { name: shop, url: 'sqlite:shop.db', table: ShopCommands }\n";
+        std::fs::write(&file, text).unwrap();
+        let request = SourceRequest {
+            config_path: Some(file),
+            ..SourceRequest::default()
+        };
+        let target = migration_target(&request)
+            .unwrap()
+            .expect("the file's only source");
+        assert_eq!(target.url, "sqlite:shop.db");
+        assert_eq!(
+            target.table.map(|t| t.to_string()).as_deref(),
+            Some("ShopCommands")
+        );
+    }
+
+    #[test]
+    fn a_database_url_without_a_source_is_the_target_without_a_table() {
+        let request = SourceRequest {
+            database_url: Some("postgres://app@db/shop".to_string()),
+            ..SourceRequest::default()
+        };
+        let target = migration_target(&request).unwrap().unwrap();
+        assert_eq!(target.url, "postgres://app@db/shop");
+        assert_eq!(target.table, None);
     }
 }

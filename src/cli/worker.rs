@@ -19,20 +19,6 @@ use icq::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer,
 /// A handler without a timeout, or with one longer than a source's lease, is warned
 /// about: its worker keeps renewing the lease, so a hung handler would hold its command
 /// until the worker stops.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
-///             ping: { noop: true }\n  \
-///             report.render: { exec: [sh, -c, 'true'], timeout_seconds: 5 }\n";
-/// let config = icq::config::parse(text, Path::new("icq.yaml"), &|_| None)?;
-/// let registry = icq::worker::registry_from_config(&config)?;
-/// assert_eq!(registry.types(), ["ping", "report.render"]);
-/// # Ok::<(), icq::Error>(())
-/// ```
 pub fn registry_from_config(config: &Config) -> Result<Registry> {
     // Positioned in the file, as `icq config check` reports them.
     crate::cli::config::verify::startup_program_check(config)?;
@@ -115,26 +101,6 @@ fn with_timeout(handler: Arc<dyn Handler>, config: &HandlerConfig) -> Arc<dyn Ha
 
 /// A processor over `sources` with `registry`'s handlers, each source with its own
 /// settings.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
-/// # let config = icq::config::SourceConfig { name: "shop".into(), url: icq::config::DatabaseUrl::new(url), table: Default::default(), settings: Default::default(), embedded: true };
-/// # let source = icq::sources::open_one(&config).await?;
-/// # let queue = source.queue.clone();
-/// use std::sync::Arc;
-///
-/// let mut registry = icq::Registry::new();
-/// registry.insert("ping", Arc::new(icq::handler::Noop))?;
-/// let processor = icq::worker::processor(registry, std::slice::from_ref(&source));
-/// assert_eq!(processor.sources().len(), 1);
-/// # Ok(())
-/// # }
-/// ```
 pub fn processor(registry: Registry, sources: &[Source]) -> Processor {
     let mut processor = Processor::new(registry);
     for source in sources {
@@ -146,70 +112,12 @@ pub fn processor(registry: Registry, sources: &[Source]) -> Processor {
 /// A configured `icq work` run: the configuration's handlers and every selected source,
 /// opened, under one [`Processor`]. [`Work::open`] then [`Work::run`] is the whole of
 /// `icq work`; the CLI only adds logging, signals, metrics and a progress bar.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # let db = dir.path().join("shop.db");
-/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// # let yaml = format!("sources:\n  - name: shop\n    url: sqlite://{}\nhandlers:\n  ping:\n    noop: true\n", db.display());
-/// # std::fs::write(&file, yaml)?;
-/// use icq::sources::SourceRequest;
-/// use icq::worker::Work;
-/// use icq::{NewCommand, RunOptions};
-///
-/// let work = Work::open(&SourceRequest { config_path: Some(file), ..Default::default() }).await?;
-/// let queue = &work.sources()[0].queue;
-/// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
-/// queue.schedule(&NewCommand::new("pong", serde_json::json!({}))).await?; // no handler
-/// let options = RunOptions::default().with_until_idle(true);
-/// let summary = work.run(options, Default::default()).await?;
-/// assert_eq!(summary.sources[0].1.succeeded, 1);
-/// assert_eq!(summary.dead_lettered(), 1);
-/// # Ok(())
-/// # }
-/// ```
 pub struct Work {
     sources: Vec<Source>,
     processor: Processor,
 }
 
 /// How a [`Work::run`] ended: what each source's processor did.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # let db = dir.path().join("shop.db");
-/// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-/// # let yaml = format!("sources:\n  - name: shop\n    url: sqlite://{}\nhandlers:\n  ping:\n    noop: true\n", db.display());
-/// # std::fs::write(&file, yaml)?;
-/// use icq::sources::SourceRequest;
-/// use icq::worker::Work;
-/// use icq::{NewCommand, RunOptions};
-///
-/// let work = Work::open(&SourceRequest { config_path: Some(file), ..Default::default() }).await?;
-/// let queue = &work.sources()[0].queue;
-/// queue.schedule(&NewCommand::new("ping", serde_json::json!({}))).await?;
-/// queue.schedule(&NewCommand::new("pong", serde_json::json!({}))).await?; // no handler
-/// let options = RunOptions::default().with_until_idle(true);
-/// let summary = work.run(options, Default::default()).await?;
-/// let (name, stats) = &summary.sources[0];
-/// assert_eq!((name.as_str(), stats.claimed, stats.succeeded), ("shop", 2, 1));
-/// # Ok(())
-/// # }
-/// ```
 #[derive(Debug, Clone)]
 pub struct WorkSummary {
     /// Per source, by name: its counters when it stopped.
@@ -218,7 +126,7 @@ pub struct WorkSummary {
 
 impl WorkSummary {
     /// Commands dead-lettered during the run, across sources (`icq work --fail-on-dead`
-    /// fails when it is not zero). See [`Work`]'s example.
+    /// fails when it is not zero).
     pub fn dead_lettered(&self) -> u64 {
         self.sources.iter().map(|(_, s)| s.dead_lettered).sum()
     }
@@ -226,7 +134,7 @@ impl WorkSummary {
 
 impl Work {
     /// Loads the configuration `request` names, builds its handlers (exec programs are
-    /// checked here) and opens the selected sources. See [`Work`]'s example.
+    /// checked here) and opens the selected sources.
     pub async fn open(request: &crate::cli::sources::SourceRequest) -> Result<Work> {
         let config = crate::cli::sources::load_config(request)?;
         let registry = registry_from_config(&config)?;
@@ -254,43 +162,13 @@ impl Work {
         Ok(Work { sources, processor })
     }
 
-    /// The opened sources (to watch their counters or pending gauges while running). See
-    /// [`Work`]'s example.
+    /// The opened sources (to watch their counters or pending gauges while running).
     pub fn sources(&self) -> &[Source] {
         &self.sources
     }
 
     /// Runs until `shutdown` is cancelled (or idle, with `options.until_idle`), then
     /// logs each source's counters and closes its connections.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// # let file = dir.path().join("icq.yaml");
-    /// # let db = dir.path().join("shop.db");
-    /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", db.display())).await?;
-    /// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
-    /// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
-    /// # let yaml = format!("sources:\n  - name: shop\n    url: sqlite://{}\nhandlers:\n  ping:\n    noop: true\n", db.display());
-    /// # std::fs::write(&file, yaml)?;
-    /// use icq::sources::SourceRequest;
-    /// use icq::worker::Work;
-    /// use tokio_util::sync::CancellationToken;
-    ///
-    /// let request = SourceRequest { config_path: Some(file), ..Default::default() };
-    /// let work = Work::open(&request).await?;
-    /// let shutdown = CancellationToken::new();
-    /// let running = tokio::spawn(work.run(Default::default(), shutdown.clone()));
-    /// // ... until the service is told to stop (SIGTERM, say):
-    /// shutdown.cancel();
-    /// let summary = running.await??;
-    /// assert_eq!(summary.dead_lettered(), 0);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn run(
         self,
         options: icq::RunOptions,
@@ -309,5 +187,22 @@ impl Work {
             source.queue.close().await;
         }
         outcome.map(|()| summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn the_registry_has_a_handler_per_configured_type() {
+        let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
+                    ping: { noop: true }\n  \
+                    report.render: { exec: [sh, -c, 'true'], timeout_seconds: 5 }\n";
+        let config = crate::cli::config::parse(text, Path::new("icq.yaml"), &|_| None).unwrap();
+        let registry = registry_from_config(&config).unwrap();
+        assert_eq!(registry.types(), ["ping", "report.render"]);
     }
 }

@@ -257,17 +257,6 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
 /// The message of an error that reached the binary: each error of the chain, joined by
 /// `: `, leaving out a cause whose text the message already holds (icq's errors include
 /// their source's text and return it from `source()` too).
-///
-/// # Examples
-///
-/// ```
-/// let parse = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
-/// let invalid = icq::Error::invalid_because(format!("--payload is not JSON: {parse}"), parse);
-/// let err = anyhow::Error::new(invalid).context("scheduling");
-/// let message = icq::commands::error_message(&err);
-/// assert_eq!(message.matches("EOF while parsing").count(), 1, "{message}");
-/// assert!(message.starts_with("scheduling: --payload is not JSON: "), "{message}");
-/// ```
 pub fn error_message(err: &anyhow::Error) -> String {
     let mut message = String::new();
     for cause in err.chain() {

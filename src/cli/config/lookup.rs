@@ -65,20 +65,6 @@ impl Environment<'_> {
 /// `request.source`, or the only one; a file with several sources and no `--source` is a
 /// usage error. `$DATABASE_URL` never overrides a file: it is ambient (sqlx-cli and many
 /// frameworks read it too), and a file that wants it writes `url: ${DATABASE_URL}`.
-///
-/// # Examples
-///
-/// ```
-/// use icq::config::{ConfigRequest, load};
-///
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// std::fs::write(&file, "sources:\n  - { name: orders, url: 'sqlite:orders.db' }\n")?;
-/// let config = load(&ConfigRequest { config_path: Some(file.clone()), ..Default::default() })?;
-/// assert_eq!(config.path, Some(file));
-/// assert_eq!(config.sources[0].name, "orders");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 pub fn load(request: &ConfigRequest) -> Result<Config> {
     load_in(request, &Environment::process())
 }
@@ -87,22 +73,6 @@ pub fn load(request: &ConfigRequest) -> Result<Config> {
 /// `default` with `embedded: true` so the runtime creates and migrates its table on first
 /// use. The data dir is `$ICQ_DATA_DIR` if set, else the user data dir
 /// (`~/.local/share/icq` on Linux).
-///
-/// # Examples
-///
-/// Not run here: it creates `icq.db` in the user's data directory.
-///
-/// ```no_run
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let source = icq::config::embedded_default()?;
-/// assert!(source.embedded);
-/// assert_eq!(source.engine()?, icq::Engine::Sqlite);
-/// let queue = icq::sources::open_one(&source).await?.queue; // creates its table on first use
-/// # let _ = queue;
-/// # Ok(())
-/// # }
-/// ```
 pub fn embedded_default() -> Result<SourceConfig> {
     embedded_in(&Environment::process())
 }

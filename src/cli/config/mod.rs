@@ -16,16 +16,6 @@
 //!   [`Error::Config`] (exit code 2).
 //! - A database password never appears in an error or in `Debug`/`Display` output:
 //!   [`DatabaseUrl`] masks it, and error messages are scrubbed of any `user:password@`.
-//!
-//! ```no_run
-//! # fn main() -> icq::Result<()> {
-//! let config = icq::config::load(&icq::config::ConfigRequest::default())?;
-//! for source in config.select(None)? {
-//!     println!("{} -> {} ({})", source.name, source.url, source.table);
-//! }
-//! # Ok(())
-//! # }
-//! ```
 
 mod check;
 mod expand;
@@ -49,41 +39,9 @@ use icq::settings::Settings;
 
 /// The name of the source made from `--database-url`, `$DATABASE_URL` or the embedded
 /// default, when there is no configuration file.
-///
-/// # Examples
-///
-/// ```no_run
-/// use icq::config::{ConfigRequest, DEFAULT_SOURCE, load};
-///
-/// // With no icq.yaml to be found (none in ./, in $ICQ_CONFIG or in the user config dir):
-/// let url = Some("postgres://app@db/shop".to_string());
-/// let config = load(&ConfigRequest { database_url: url, ..ConfigRequest::default() })?;
-/// assert_eq!(config.sources[0].name, DEFAULT_SOURCE);
-/// # Ok::<(), icq::Error>(())
-/// ```
 pub const DEFAULT_SOURCE: &str = "default";
 
 /// A loaded configuration: where it came from, its sources and its handlers.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-/// use icq::config::parse;
-///
-/// let text = "
-/// sources: [{ name: orders, url: 'postgres://app@db/shop', settings: { concurrency: 4 } }]
-/// handlers:
-///   orders.send_receipt:
-///     { exec: [./bin/send-receipt], timeout_seconds: 30, requires_roles: [orders.write] }
-/// ";
-/// let env = |_: &str| None::<String>; // no variables
-/// let config = parse(text, Path::new("icq.yaml"), &env)?;
-/// assert_eq!(config.path.as_deref(), Some(Path::new("icq.yaml")));
-/// assert_eq!(config.sources[0].settings.concurrency, 4);
-/// assert_eq!(config.handlers["orders.send_receipt"].requires_roles, ["orders.write"]);
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The file it was read from; `None` when it was made from a URL or is the embedded
@@ -97,26 +55,8 @@ pub struct Config {
 
 /// One database (and table) that icq processes.
 ///
-/// # Examples
-///
 /// Usually read from `icq.yaml` by [`load`]; build one to open a source yourself with
 /// [`crate::cli::sources::open_one`].
-///
-/// ```
-/// use icq::config::{DatabaseUrl, SourceConfig};
-/// use icq::{Engine, Settings, TableName};
-///
-/// let source = SourceConfig {
-///     name: "orders".into(),
-///     url: DatabaseUrl::new("postgres://app:s3cret@db/shop".into()),
-///     table: TableName::default(),
-///     settings: Settings::default(),
-///     embedded: false, // the table comes from a migration
-/// };
-/// assert_eq!(source.engine()?, Engine::Postgres);
-/// assert_eq!(source.url.to_string(), "postgres://app:***@db/shop");
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceConfig {
     /// The unique name used by `--source` and in output.
@@ -144,8 +84,7 @@ impl SourceConfig {
         }
     }
 
-    /// The engine this source speaks (checked when the configuration was loaded). See
-    /// [`SourceConfig`]'s example.
+    /// The engine this source speaks (checked when the configuration was loaded).
     pub fn engine(&self) -> Result<Engine> {
         self.url.engine()
     }
@@ -153,37 +92,21 @@ impl SourceConfig {
 
 /// A database URL whose `Debug` and `Display` never show the password (they use
 /// `redact_url`); [`DatabaseUrl::expose`] gives the real string, for connecting only.
-///
-/// # Examples
-///
-/// ```
-/// use icq::Engine;
-/// use icq::config::DatabaseUrl;
-///
-/// let url = DatabaseUrl::new("mysql://app:s3cret@db:3306/shop".into());
-/// assert_eq!(url.to_string(), "mysql://app:***@db:3306/shop");
-/// assert!(!format!("{url:?}").contains("s3cret"));
-/// assert_eq!(url.expose(), "mysql://app:s3cret@db:3306/shop"); // for the driver only
-/// assert_eq!(url.engine()?, Engine::Mysql);
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl(String);
 
 impl DatabaseUrl {
     /// Wraps a URL; nothing is checked here (see [`parse`] and [`load`] for the checks).
-    /// See [`DatabaseUrl`]'s example.
     pub fn new(url: String) -> Self {
         DatabaseUrl(url)
     }
 
-    /// The URL with its password, to hand to the database driver. Never print it. See
-    /// [`DatabaseUrl`]'s example.
+    /// The URL with its password, to hand to the database driver. Never print it.
     pub fn expose(&self) -> &str {
         &self.0
     }
 
-    /// The engine named by the URL's scheme. See [`DatabaseUrl`]'s example.
+    /// The engine named by the URL's scheme.
     pub fn engine(&self) -> Result<Engine> {
         Engine::from_url(&self.0)
     }
@@ -204,27 +127,6 @@ impl fmt::Display for DatabaseUrl {
 }
 
 /// How commands of one type are run.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-/// use std::time::Duration;
-/// use icq::config::{HandlerKind, parse};
-///
-/// let text = "
-/// sources: [{ name: orders, url: 'postgres://app@db/shop', settings: { concurrency: 4 } }]
-/// handlers:
-///   orders.send_receipt:
-///     { exec: [./bin/send-receipt], timeout_seconds: 30, requires_roles: [orders.write] }
-/// ";
-/// let env = |_: &str| None::<String>; // no variables
-/// let config = parse(text, Path::new("icq.yaml"), &env)?;
-/// let receipt = &config.handlers["orders.send_receipt"];
-/// assert_eq!(receipt.timeout, Some(Duration::from_secs(30)));
-/// assert!(matches!(&receipt.kind, HandlerKind::Exec { argv } if argv[0] == "./bin/send-receipt"));
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct HandlerConfig {
     /// What runs the command.
@@ -237,29 +139,6 @@ pub struct HandlerConfig {
 }
 
 /// The kinds of configured handler.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-/// use icq::config::{HandlerKind, parse};
-///
-/// let text = "
-/// sources: [{ name: main, url: 'sqlite:app.db' }]
-/// handlers:
-///   hooks.deliver:
-///     http: { url: 'https://hooks.example.com/x', headers: { Authorization: 'Bearer ${TOKEN}' } }
-///   smoke.test: { noop: true }
-/// ";
-/// let env = |name: &str| (name == "TOKEN").then(|| "t0k3n".to_string());
-/// let config = parse(text, Path::new("icq.yaml"), &env)?;
-/// let http = &config.handlers["hooks.deliver"].kind;
-/// let HandlerKind::Http { headers, .. } = http else { panic!("not http") };
-/// assert_eq!(headers["Authorization"], "Bearer t0k3n");
-/// assert!(!format!("{http:?}").contains("t0k3n")); // `Debug` masks header values
-/// assert_eq!(config.handlers["smoke.test"].kind, HandlerKind::Noop);
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Clone, PartialEq)]
 pub enum HandlerKind {
     /// Run a program with the payload on stdin; never through a shell.
@@ -303,25 +182,6 @@ impl fmt::Debug for HandlerKind {
 /// itself, because the two rank differently. The flag overrides the URL of one source of
 /// a configuration file; the ambient `$DATABASE_URL` is used only when there is no file
 /// (a file that wants it says `url: ${DATABASE_URL}`).
-///
-/// # Examples
-///
-/// ```
-/// use icq::config::{ConfigRequest, load};
-///
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// # std::fs::write(&file, "sources:\n  - { name: orders, url: 'postgres://app@db/shop' }\n")?;
-/// // `icq --config FILE --database-url URL`: the file, with its one source's URL replaced.
-/// let request = ConfigRequest {
-///     config_path: Some(file),
-///     database_url: Some("postgres://app@replica/shop".into()),
-///     source: None,
-/// };
-/// let config = load(&request)?;
-/// assert_eq!(config.sources[0].url.expose(), "postgres://app@replica/shop");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ConfigRequest {
     /// `--config PATH`: this file, which must exist.
@@ -349,21 +209,6 @@ impl fmt::Debug for ConfigRequest {
 impl Config {
     /// The sources to work on: all of them for `None`, or the one named. An unknown name
     /// is a usage error listing the configured names.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::path::Path;
-    ///
-    /// let text = "sources:\n  - { name: orders, url: 'sqlite:orders.db' }\n  \
-    ///             - { name: billing, url: 'sqlite:billing.db' }\n";
-    /// let config = icq::config::parse(text, Path::new("icq.yaml"), &|_| None)?;
-    /// assert_eq!(config.select(None)?.len(), 2);
-    /// assert_eq!(config.select(Some("billing"))?[0].name, "billing");
-    /// let err = config.select(Some("bill")).unwrap_err();
-    /// assert!(err.to_string().ends_with("icq.yaml configures: orders, billing"), "{err}");
-    /// # Ok::<(), icq::Error>(())
-    /// ```
     pub fn select(&self, source: Option<&str>) -> Result<Vec<&SourceConfig>> {
         let Some(name) = source else {
             return Ok(self.sources.iter().collect());
@@ -397,27 +242,6 @@ impl Config {
 /// [`Config::path`]; `env` reads variables for `${VAR}` expansion.
 ///
 /// Nothing else is read: this is what [`load`] calls once it has found a file.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-/// use icq::Error;
-/// use icq::config::parse;
-///
-/// let env = |name: &str| (name == "ORDERS_URL").then(|| "postgres://app@db/shop".to_string());
-/// let text = "sources:\n  - name: orders\n    url: ${ORDERS_URL}\n";
-/// let config = parse(text, Path::new("icq.yaml"), &env)?;
-/// assert_eq!(config.sources[0].url.expose(), "postgres://app@db/shop");
-///
-/// let typo = "sources:\n  - name: orders\n    url: sqlite:o.db\n    settings: { batchsize: 5 }\n";
-/// let Err(Error::Config { message, .. }) = parse(typo, Path::new("icq.yaml"), &env) else {
-///     panic!("accepted a typo");
-/// };
-/// assert!(message.starts_with("4:"), "{message}"); // line 4, then the key and the problem
-/// assert!(message.contains("unknown field `batchsize`"), "{message}");
-/// # Ok::<(), icq::Error>(())
-/// ```
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
     let fail = |message: String| Error::Config {
         path: path.to_path_buf(),

@@ -15,36 +15,15 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::lookup::{self, Environment};
-use super::yaml::{Document, Seg};
-use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
 #[cfg(test)]
 use super::parse;
+use super::yaml::{Document, Seg};
+use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
 use icq::error::{Error, Result};
 use icq::handler::program_problem;
 use icq::redact::redact_url;
 
 /// What a configuration file that passed the check holds.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "
-/// sources:
-///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
-/// handlers:
-///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
-///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
-/// ";
-/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
-/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
-/// assert_eq!(report.path, "icq.yaml");
-/// assert_eq!((report.sources.len(), report.handlers.len()), (1, 2));
-/// assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
-/// assert!(report.warnings[0].contains("`hooks.deliver` has no timeout_seconds"));
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckReport {
     /// The file that was checked, as it was named.
@@ -58,26 +37,6 @@ pub struct CheckReport {
 }
 
 /// One source of a checked file.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "
-/// sources:
-///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
-/// handlers:
-///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
-///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
-/// ";
-/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
-/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
-/// let source = &report.sources[0];
-/// assert_eq!((source.name.as_str(), source.engine.as_str()), ("orders", "postgres"));
-/// assert_eq!(source.table, "InternalCommands");
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckedSource {
     /// The source's name.
@@ -94,25 +53,6 @@ pub struct CheckedSource {
 }
 
 /// One queue of a checked source's `queues:`.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "
-/// sources:
-///   - name: orders
-///     url: 'postgres://app@db/shop'
-///     queues: { default: { concurrency: 8 }, webhooks: { concurrency: 2 } }
-/// handlers:
-///   ping: { noop: true }
-/// ";
-/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &|_| None)?;
-/// let queues: Vec<_> = report.sources[0].queues.iter().map(|q| (q.name.as_str(), q.concurrency)).collect();
-/// assert_eq!(queues, [("default", 8), ("webhooks", 2)]);
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckedQueue {
     /// The queue's name.
@@ -122,27 +62,6 @@ pub struct CheckedQueue {
 }
 
 /// One handler of a checked file.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "
-/// sources:
-///   - { name: orders, url: 'postgres://app:s3cret@db/shop' }
-/// handlers:
-///   orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }
-///   hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }
-/// ";
-/// let env = |name: &str| std::env::var(name).ok(); // `PATH` finds `sh`
-/// let report = icq::config::check_text(text, Path::new("icq.yaml"), &env)?;
-/// let kinds: Vec<_> = report.handlers.iter().map(|h| (h.type_name.as_str(), h.kind)).collect();
-/// assert_eq!(kinds, [("hooks.deliver", "http"), ("orders.send_receipt", "exec")]);
-/// assert_eq!(report.handlers[1].target.as_deref(), Some("sh"));
-/// assert_eq!(report.handlers[1].timeout_seconds, Some(30.0));
-/// # Ok::<(), icq::Error>(())
-/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckedHandler {
     /// The command type it handles.
@@ -162,46 +81,14 @@ pub struct CheckedHandler {
 /// A missing file is a usage error; a file that does not parse fails with the loader's
 /// [`Error::Config`]; exec programs that cannot be started fail together with one
 /// [`Error::ConfigCheck`].
-///
-/// # Examples
-///
-/// ```
-/// use icq::Error;
-/// use icq::config::{ConfigRequest, check_file};
-///
-/// # let dir = tempfile::tempdir()?;
-/// # let file = dir.path().join("icq.yaml");
-/// let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
-///             a.run: { exec: [./no/such/program] }\n";
-/// std::fs::write(&file, text)?;
-/// let request = ConfigRequest { config_path: Some(file), ..Default::default() };
-/// let Err(Error::ConfigCheck { problems, .. }) = check_file(&request) else {
-///     panic!("a missing program passed the check");
-/// };
-/// assert!(problems[0].starts_with("3:19: "), "{problems:?}"); // positioned at the program
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
     let env = Environment::process();
     let (config, text) = lookup::load_file_in(request, &env)?;
     verify(&config, &text, env.var)
 }
 
-/// Parses `text` (see [`parse`]) and checks it like [`check_file`]; `env` reads variables
-/// for `${VAR}` expansion and `PATH` for bare program names.
-///
-/// # Examples
-///
-/// ```
-/// use std::path::Path;
-///
-/// let text = "sources: [{ name: main, url: 'sqlite:app.db' }]\nhandlers:\n  \
-///             a.run: { exec: [missing-tool] }\n";
-/// let env = |name: &str| (name == "PATH").then(|| "/usr/bin:/bin".to_string());
-/// let err = icq::config::check_text(text, Path::new("icq.yaml"), &env).unwrap_err();
-/// assert_eq!((err.kind(), err.exit_code()), ("config", 2));
-/// assert!(err.to_string().contains("missing-tool"), "{err}");
-/// ```
+/// Parses `text` (see [`parse`](super::parse)) and checks it like [`check_file`]; `env`
+/// reads variables for `${VAR}` expansion and `PATH` for bare program names.
 #[cfg(test)]
 pub fn check_text(
     text: &str,
@@ -212,8 +99,8 @@ pub fn check_text(
     verify(&config, text, env)
 }
 
-/// Checks a configuration [`parse`] produced from `text`: the problems parsing cannot see
-/// fail it, the risks become warnings.
+/// Checks a configuration [`parse`](super::parse) produced from `text`: the problems
+/// parsing cannot see fail it, the risks become warnings.
 fn verify(
     config: &Config,
     text: &str,
@@ -441,5 +328,43 @@ mod tests {
         assert!(report.warnings[1].contains("longer than source `main`'s"));
         let none = check(SOURCE).unwrap();
         assert!(none.warnings[0].starts_with("no handlers"));
+    }
+
+    #[test]
+    fn queues_are_listed_in_file_order_with_their_concurrency() {
+        let report = check(
+            "sources:\n  - name: orders\n    url: 'postgres://app@db/shop'\n    \
+             queues: { default: { concurrency: 8 }, webhooks: { concurrency: 2 } }\n\
+             handlers:\n  ping: { noop: true }\n",
+        )
+        .unwrap();
+        let queues: Vec<_> = report.sources[0]
+            .queues
+            .iter()
+            .map(|q| (q.name.as_str(), q.concurrency))
+            .collect();
+        assert_eq!(queues, [("default", 8), ("webhooks", 2)]);
+    }
+
+    #[test]
+    fn handlers_are_listed_by_type_with_their_program_and_timeout() {
+        let report = check(
+            "sources: [{ name: orders, url: 'postgres://app:s3cret@db/shop' }]\nhandlers:\n  \
+             orders.send_receipt: { exec: [sh, -c, 'cat > /dev/null'], timeout_seconds: 30 }\n  \
+             hooks.deliver: { http: { url: 'https://hooks.example.com/x' } }\n",
+        )
+        .unwrap();
+        let kinds: Vec<_> = report
+            .handlers
+            .iter()
+            .map(|h| (h.type_name.as_str(), h.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [("hooks.deliver", "http"), ("orders.send_receipt", "exec")]
+        );
+        assert_eq!(report.handlers[1].target.as_deref(), Some("sh"));
+        assert_eq!(report.handlers[1].timeout_seconds, Some(30.0));
+        assert_eq!(report.handlers[0].timeout_seconds, None);
     }
 }
