@@ -255,9 +255,15 @@ async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts, replicas: usize)
         Some(endpoint) => format!("http: {{ url: \"{endpoint}\" }}"),
         None => "noop: true".to_owned(),
     };
+    let settings = match (&opts.icq_settings, bin.label) {
+        (Some(settings), "icq") => format!("    settings: {settings}\n"),
+        _ => String::new(),
+    };
     std::fs::write(
         &config,
-        format!("sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    {handler}\n"),
+        format!(
+            "sources:\n  - name: bench\n    url: {url}\n{settings}handlers:\n  bench.noop:\n    {handler}\n"
+        ),
     )?;
     let start = Instant::now();
     let mut children = Vec::new();

@@ -71,6 +71,10 @@ pub struct Opts {
     /// The endpoint of `--handler-ms` once it is served.
     #[arg(skip)]
     pub handler_url: Option<String>,
+    /// A `settings:` mapping (YAML flow style, e.g. `{ prefetch: 0 }`) for the build under
+    /// test (--icq-bin) only; the baseline build runs at its defaults.
+    #[arg(long)]
+    pub icq_settings: Option<String>,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,
