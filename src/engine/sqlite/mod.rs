@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
-use super::warm::Warm;
+use sqlx::pool::PoolConnection;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -63,10 +63,6 @@ pub struct SqliteDriver {
     shared_pool: bool,
     /// When a claim last looked for pending rows whose `Id` is not text.
     unusable_ids: super::UnusableGate,
-    /// The processor's connections kept between its statements (claims, stamps, lease
-    /// renewals) while it runs; never on the application's pool, which it may close while
-    /// the driver lives.
-    warm: super::warm::WarmConnections<sqlx::Sqlite>,
     /// The processor's writes (claims, stamps, lease renewals) take turns here before
     /// they take the database's one write lock: contenders in one process otherwise wait
     /// in the busy handler's naps (1–5 ms each, see [`busy`]) instead of starting the
@@ -682,7 +678,7 @@ fn stamps_json(changes: &[SetState]) -> String {
 /// back whatever the string left open, instead of going back to the pool inside a
 /// transaction.
 struct OwnTransaction<'c> {
-    conn: &'c mut Warm<Sqlite>,
+    conn: &'c mut PoolConnection<Sqlite>,
     ended: bool,
 }
 
@@ -758,14 +754,14 @@ impl SqliteDriver {
     async fn write_turn(
         &self,
         what: &str,
-    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Warm<Sqlite>)> {
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, PoolConnection<Sqlite>)> {
         let turn = self.writing.lock().await;
         let mut conn = self
-            .warm
-            .take(&self.pool)
+            .pool
+            .acquire()
             .await
             .map_err(Error::db(self.ctx(what)))?;
-        if !self.shared_pool && conn.set_up_for_work() {
+        if !self.shared_pool {
             sqlx::query(WORK_SYNCHRONOUS)
                 .execute(&mut *conn)
                 .await
@@ -856,7 +852,6 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
-            warm: super::warm::WarmConnections::new(shared_pool),
             writing: Default::default(),
             row_key: Default::default(),
             shared_pool,
@@ -981,7 +976,7 @@ impl SqliteDriver {
     /// connection inside the transaction, and it is closed ([`OwnTransaction`]).
     async fn claim_on(
         &self,
-        conn: &mut Warm<Sqlite>,
+        conn: &mut PoolConnection<Sqlite>,
         params: &ClaimParams,
         stamps: Option<&[SetState]>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
@@ -1270,7 +1265,6 @@ impl QueueOps for SqliteDriver {
         self.row_key().await?;
         let (_turn, mut conn) = self.write_turn("claiming due commands").await?;
         let (_, claimed) = self.claim_on(&mut conn, params, None).await?;
-        self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
 
@@ -1288,7 +1282,6 @@ impl QueueOps for SqliteDriver {
         let what = "stamping outcomes and claiming due commands";
         let (_turn, mut conn) = self.write_turn(what).await?;
         let stamped_and_claimed = self.claim_on(&mut conn, params, Some(changes)).await?;
-        self.warm.keep(conn, &self.pool);
         Ok(stamped_and_claimed)
     }
 
@@ -1314,7 +1307,6 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let (_turn, mut conn) = self.write_turn("stamping outcomes").await?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
-        self.warm.keep(conn, &self.pool);
         Ok(stamped)
     }
 
@@ -1328,7 +1320,6 @@ impl QueueOps for SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
-        self.warm.keep(conn, &self.pool);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1502,12 +1493,7 @@ impl Lifecycle for SqliteDriver {
         Ok(false)
     }
 
-    fn keep_work_connections(&self, keep: bool) {
-        self.warm.set_keeping(keep);
-    }
-
     async fn close(&self) {
-        self.warm.clear();
         if !self.shared_pool {
             self.pool.close().await;
         }
@@ -1640,12 +1626,9 @@ mod tests {
         assert_eq!(synchronous(&mut conn).await, 2, "a new connection");
         drop(conn);
 
-        driver.keep_work_connections(true);
         let (turn, mut conn) = driver.write_turn("testing").await.unwrap();
         assert_eq!(synchronous(&mut conn).await, 1, "the processor's write");
-        // A pool of one keeps nothing: the connection goes back to the pool.
-        driver.warm.keep(conn, &driver.pool);
-        drop(turn);
+        drop((conn, turn));
 
         let mut conn = driver.pool.acquire().await.unwrap();
         assert_eq!(
