@@ -707,7 +707,9 @@ const RELEASE_PING: Duration = Duration::from_secs(1);
 /// connection itself, but without a bound: one whose call was abandoned at its deadline
 /// (a stalled proxy or NAT, a half-open socket) would wait there forever, holding its pool
 /// slot, or go back to the pool half-read.
-async fn release_check<C: sqlx::Connection>(conn: &mut C) -> std::result::Result<bool, sqlx::Error> {
+async fn release_check<C: sqlx::Connection>(
+    conn: &mut C,
+) -> std::result::Result<bool, sqlx::Error> {
     match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
         Ok(Ok(())) => Ok(true),
         Ok(Err(err)) => Err(err),

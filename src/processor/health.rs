@@ -62,16 +62,16 @@ pub(crate) async fn deadline<T>(
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
         Err(_) => Err(Error::Database {
-                context: format!(
-                    "{what}: no answer from the database within {} ms; the connection was \
+            context: format!(
+                "{what}: no answer from the database within {} ms; the connection was \
                      abandoned and the next try uses a new one",
-                    limit.as_millis()
-                ),
-                cause: sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the database did not answer in time",
-                )),
-            }),
+                limit.as_millis()
+            ),
+            cause: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the database did not answer in time",
+            )),
+        }),
     }
 }
 

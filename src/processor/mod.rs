@@ -438,9 +438,7 @@ impl SourceWorker {
         let lanes = lanes(settings, src.backend.claims_in_flight());
         let capacity: usize = lanes
             .iter()
-            .map(|lane| {
-                producer::buffer_capacity(lane.concurrency as u32, settings.prefetch)
-            })
+            .map(|lane| producer::buffer_capacity(lane.concurrency as u32, settings.prefetch))
             .sum();
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),

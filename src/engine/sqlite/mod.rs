@@ -25,7 +25,6 @@ use tokio::sync::Notify;
 use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
-use sqlx::pool::PoolConnection;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -38,6 +37,7 @@ use crate::command::{
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
+use sqlx::pool::PoolConnection;
 
 /// SQL for "now" in icq's stored format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
