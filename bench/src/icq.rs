@@ -255,10 +255,11 @@ async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts, replicas: usize)
         Some(endpoint) => format!("http: {{ url: \"{endpoint}\" }}"),
         None => "noop: true".to_owned(),
     };
-    let settings = match (&opts.icq_settings, bin.label) {
-        (Some(settings), "icq") => format!("    settings: {settings}\n"),
-        _ => String::new(),
+    let settings = match bin.label {
+        "icq" => opts.icq_settings.as_ref(),
+        _ => opts.icq_baseline_settings.as_ref(),
     };
+    let settings = settings.map_or_else(String::new, |s| format!("    settings: {s}\n"));
     std::fs::write(
         &config,
         format!(

@@ -78,6 +78,9 @@ pub struct Opts {
     /// test (--icq-bin) only; the baseline build runs at its defaults.
     #[arg(long)]
     pub icq_settings: Option<String>,
+    /// The same for the baseline build (--icq-baseline-bin).
+    #[arg(long)]
+    pub icq_baseline_settings: Option<String>,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,
