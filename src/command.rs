@@ -140,13 +140,25 @@ impl LeaseToken {
         LeaseToken(Uuid::new_v4())
     }
 
-    /// A fresh token whose first eight bytes are `owner`'s, so a query can tell one
-    /// processor's leases from another's without a list of tokens. The other eight bytes
-    /// are random.
+    /// A fresh token whose first eight bytes are `owner`'s: every token one processor
+    /// writes lies in [`LeaseToken::owner_range`], so a query can tell its leases from
+    /// another processor's without a list of tokens. The other eight bytes are random.
     pub(crate) fn owned_by(owner: Uuid) -> LeaseToken {
         let mut bytes = *owner.as_bytes();
         bytes[8..].copy_from_slice(&Uuid::new_v4().as_bytes()[8..]);
         LeaseToken(Uuid::from_bytes(bytes))
+    }
+
+    /// The lowest and highest token [`LeaseToken::owned_by`] can make for `owner`.
+    pub(crate) fn owner_range(owner: Uuid) -> (LeaseToken, LeaseToken) {
+        let mut low = *owner.as_bytes();
+        let mut high = low;
+        low[8..].fill(0);
+        high[8..].fill(0xff);
+        (
+            LeaseToken(Uuid::from_bytes(low)),
+            LeaseToken(Uuid::from_bytes(high)),
+        )
     }
 }
 

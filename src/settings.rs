@@ -18,7 +18,6 @@
 //! | `processing_delay_seconds` | 0 ..= 31 536 000 | whole |
 //! | `polling_interval_seconds` | 0.01 ..= 3 600 | |
 //! | `concurrency` | 1 ..= 10 000 | whole |
-//! | `prefetch` | 0 ..= 10 000 | whole |
 //! | `max_snoozes` | 0 ..= 1 000 000 | whole |
 //!
 //! A source's `queues:` (beside `settings:` in `icq.yaml`) land in
@@ -84,12 +83,6 @@ pub struct Settings {
     /// Rows executed at once.
     #[serde(deserialize_with = "read::concurrency")]
     pub concurrency: u32,
-    /// Rows claimed ahead of the execution slots, so a slot that frees up starts its next
-    /// row without waiting for a claim. A worker holds at most `concurrency + prefetch`
-    /// rows; a killed worker charges an attempt to those it had not started. `0` claims
-    /// only for free slots (slow commands spread over replicas most evenly).
-    #[serde(deserialize_with = "read::prefetch")]
-    pub prefetch: u32,
     /// Claim only rows whose type this worker has a handler for; rows of other types stay
     /// pending for a worker that has one. Off (the default): a row of an unknown type is
     /// claimed and dead-lettered on its first attempt, which catches typos and forgotten
@@ -244,7 +237,6 @@ impl Default for Settings {
             processing_delay_seconds: 0,
             polling_interval_seconds: 2.0,
             concurrency: 8,
-            prefetch: PREFETCH_DEFAULT,
             claim_only_handled_types: false,
             pooler: Pooler::Session,
             max_snoozes: 1000,
@@ -307,12 +299,6 @@ impl Settings {
     /// These settings with [`Settings::polling_interval_seconds`] set.
     pub fn with_polling_interval_seconds(mut self, polling_interval_seconds: f64) -> Settings {
         self.polling_interval_seconds = polling_interval_seconds;
-        self
-    }
-
-    /// These settings with [`Settings::prefetch`] set.
-    pub fn with_prefetch(mut self, prefetch: u32) -> Settings {
-        self.prefetch = prefetch;
         self
     }
 
@@ -384,9 +370,6 @@ const CLEANUP_INTERVAL_HOURS: Limit = limit("cleanup_interval_hours", 0.001, 8_7
 const PROCESSING_DELAY_SECONDS: Limit = limit("processing_delay_seconds", 0.0, YEAR_SECONDS, true);
 const POLLING_INTERVAL_SECONDS: Limit = limit("polling_interval_seconds", 0.01, 3_600.0, false);
 const CONCURRENCY: Limit = limit("concurrency", 1.0, 10_000.0, true);
-const PREFETCH: Limit = limit("prefetch", 0.0, 10_000.0, true);
-/// The default `prefetch`.
-const PREFETCH_DEFAULT: u32 = 8;
 const MAX_SNOOZES: Limit = limit("max_snoozes", 0.0, 1_000_000.0, true);
 
 /// A number for a message: plain, or in exponent form when plain would be unreadable.
@@ -457,7 +440,6 @@ impl Settings {
             (RETENTION_DAYS, self.retention_days),
             (PROCESSING_DELAY_SECONDS, self.processing_delay_seconds),
             (CONCURRENCY, u64::from(self.concurrency)),
-            (PREFETCH, u64::from(self.prefetch)),
             (MAX_SNOOZES, u64::from(self.max_snoozes)),
         ];
         for (limit, value) in integers {
@@ -646,7 +628,6 @@ mod read {
         processing_delay_seconds: u64 = PROCESSING_DELAY_SECONDS;
         polling_interval_seconds: f64 = POLLING_INTERVAL_SECONDS;
         concurrency: u32 = CONCURRENCY;
-        prefetch: u32 = PREFETCH;
         max_snoozes: u32 = MAX_SNOOZES;
     }
 }

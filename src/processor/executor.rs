@@ -106,8 +106,12 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
                 return;
             }
         };
+        let taken_at = Instant::now();
         shared.active.fetch_add(1, Ordering::AcqRel);
         shared.buffered.fetch_sub(1, Ordering::AcqRel);
+        shared
+            .buffered_bytes
+            .fetch_sub(item.claimed.payload_bytes, Ordering::AcqRel);
         let change = execute(&shared, item).await;
         if shared.leases.is_lost(&change.lease) {
             // Cancelled by an operator (or taken by another claim): the token guard would
@@ -122,6 +126,9 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
             shared.leases.finished(&change.lease);
             shared.outbox.push(change).await;
         }
+        let busy = u64::try_from(taken_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        shared.busy_micros.fetch_add(busy, Ordering::Relaxed);
+        shared.finished.fetch_add(1, Ordering::Relaxed);
         shared.active.fetch_sub(1, Ordering::AcqRel);
         shared.space.notify_one();
     }

@@ -1,7 +1,7 @@
 //! The processor: for each source, a set of named roles on River's split.
 //!
-//! - [`producer`] claims for the free slots plus the `prefetch` setting, into a local
-//!   buffer;
+//! - [`producer`] claims what the free slots will start, plus a look-ahead sized by how
+//!   fast the slots take rows, into a local buffer;
 //! - [`executor`] slots (up to `concurrency`, started as rows arrive and ended after a
 //!   second without one) run buffered rows through their handlers;
 //! - [`completer`] stamps every outcome in batches with one set-state statement;
@@ -16,7 +16,7 @@
 //!
 //! Queues: a source whose settings list `queues` gets one *lane* per queue — a
 //! producer and its own execution slots (the queue's `concurrency`), claiming only that
-//! queue with its own prefetch — while the completer, the
+//! queue with its own look-ahead, byte budget and fleet pacing — while the completer, the
 //! lease renewer and check, and the sweeper stay one per source. A slow queue therefore
 //! holds only its own slots. A source that lists none has one lane claiming every queue
 //! with `concurrency` slots, exactly as before queues existed. A lane whose claim found
@@ -396,11 +396,18 @@ pub(crate) struct Shared {
     buffer_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Buffered>>,
     /// Rows in the buffer (the channel is unbounded; the producer bounds it by this).
     buffered: AtomicUsize,
+    /// Payload bytes of the rows in the buffer (the producer's byte budget).
+    buffered_bytes: AtomicUsize,
     /// This processor's part of every lease token it writes
     /// ([`crate::command::LeaseToken::owned_by`]).
     owner: uuid::Uuid,
     /// Rows a slot is executing right now.
     active: AtomicUsize,
+    /// Rows the slots have finished since the start, for the producer's pace.
+    finished: std::sync::atomic::AtomicU64,
+    /// Microseconds the slots spent on the rows they finished (taken to finished), so the
+    /// producer's pace sees that rows finishing together took their slots that long.
+    busy_micros: std::sync::atomic::AtomicU64,
     /// Signalled when a slot finishes a row, so the producer can claim into the room.
     space: Notify,
     outbox: Arc<completer::Outbox>,
@@ -438,7 +445,13 @@ impl SourceWorker {
         let lanes = lanes(settings, src.backend.claims_in_flight());
         let capacity: usize = lanes
             .iter()
-            .map(|lane| producer::buffer_capacity(lane.concurrency as u32, settings.prefetch))
+            .map(|lane| {
+                producer::buffer_capacity(
+                    settings.batch_size,
+                    lane.concurrency as u32,
+                    lane.claims_in_flight,
+                )
+            })
             .sum();
         let outbox = Arc::new(completer::Outbox::new(
             (completer::MAX_BATCH * 2).max(capacity * 2),
@@ -502,8 +515,11 @@ impl SourceWorker {
                 buffer_tx,
                 buffer_rx: tokio::sync::Mutex::new(buffer_rx),
                 buffered: AtomicUsize::new(0),
+                buffered_bytes: AtomicUsize::new(0),
                 owner,
                 active: AtomicUsize::new(0),
+                finished: Default::default(),
+                busy_micros: Default::default(),
                 space: Notify::new(),
                 outbox: outbox.clone(),
                 trouble: trouble.clone(),

@@ -130,9 +130,9 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         db.q("LockToken"),
     );
     let leased = format!("SELECT COUNT(*) FROM {t} WHERE {l} IS NOT NULL");
-    // The worker claims its one free slot plus its prefetch: the other two are buffered
-    // or not claimed yet; either way SIGTERM must leave them pending with no attempt
-    // charged.
+    // The worker claims its one free slot plus a look-ahead paced by finished commands
+    // (0 before any finished): the other two are buffered or not claimed yet; either
+    // way SIGTERM must leave them pending with no attempt charged.
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
     let status = worker.wait().unwrap();
     assert!(status.success(), "exit 0 after SIGTERM, got {status:?}");

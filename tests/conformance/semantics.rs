@@ -844,9 +844,10 @@ pub async fn shutdown_releases_buffered_rows_at_once(engine: &'static str) {
         db.q("LockToken"),
         db.q("Attempts"),
     );
-    // A worker claims its free slots plus its prefetch, so the other three may be
-    // buffered or not claimed at all. Either way, shutdown must leave them pending,
-    // unleased and with no attempt charged while the first still runs.
+    // A worker claims its free slots plus a look-ahead paced by the commands it finishes
+    // with its one slot blocked from the start the look-ahead is 0, so the
+    // other three may be buffered or not claimed at all. Either way, shutdown must leave
+    // them pending, unleased and with no attempt charged while the first still runs.
     let running = runs.lock().unwrap()[0].clone();
     stop.cancel();
 

@@ -1,6 +1,6 @@
-//! Claim what you will start: a worker holds its running commands plus `prefetch`, so a
-//! killed replica charges an attempt to little more than what it ran, and slow commands
-//! spread over every replica instead of queueing behind one.
+//! Claim what you will start: a worker holds its running commands plus a small
+//! look-ahead, so a killed replica charges an attempt to little more than what it ran, and
+//! slow commands spread over every replica instead of queueing behind one.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -8,9 +8,14 @@ use std::time::Duration;
 use crate::support::TestDb;
 use crate::{Replica, insert_many, lines, recording_handler, wait_until, write_config};
 
-/// A SIGKILL during a drain of 1 s handlers at concurrency 8 charges an attempt only to
-/// what the worker held: at the kill its 8 slots' next rows may be starting, plus the
-/// default prefetch (8). The bound is four slots' worth.
+/// A SIGKILL 3 s into a drain of 1 s handlers at concurrency 8 charged an
+/// attempt to 184 of 1,000 rows that never started (the worker held 200 rows ahead). At
+/// the kill its 8 slots' next rows may be starting, plus the look-ahead: what the slots
+/// finish during four claims, which grows with the claim's round trip on a loaded machine
+/// (measured on a quiet one: 11 rows in all; 27 in a fresh-clone CI run with the suite's
+/// eight tests at once on two cores). A CI run once saw 39: the eight rows that finished
+/// together read as 800 rows a second; the pace now spreads them over the slot time they
+/// took (0–4 rows with three busy loops beside the test). The bound is four slots' worth.
 async fn sigkill_charges_attempts_only_to_what_ran(engine: &'static str) {
     let db = TestDb::with_table(engine, "sigkill_charge").await;
     let dir = tempfile::tempdir().unwrap();
@@ -72,8 +77,8 @@ async fn sigkill_charges_attempts_only_to_what_ran_sqlite() {
     sigkill_charges_attempts_only_to_what_ran("sqlite").await;
 }
 
-/// 4 replicas × 8 slots with no prefetch, 32 commands of 4 s: each replica takes only
-/// what its slots start, 8 each, all at once (none waits behind a busy replica).
+/// 4 replicas × 8 slots, 32 commands of 5 s: one replica claimed all 32 and ran
+/// them 8 at a time. Each replica must take only what its slots start: 8 each, all at once.
 async fn slow_commands_spread_over_replicas(engine: &'static str) {
     let db = TestDb::with_table(engine, "spread").await;
     let dir = tempfile::tempdir().unwrap();
@@ -81,7 +86,7 @@ async fn slow_commands_spread_over_replicas(engine: &'static str) {
     let config = write_config(
         dir.path(),
         &db.url,
-        "      concurrency: 8\n      prefetch: 0\n      polling_interval_seconds: 0.2",
+        "      concurrency: 8\n      polling_interval_seconds: 0.2",
         &recording_handler("slow.job", &runs, "sleep 4"),
     );
     let log = dir.path().join("log");

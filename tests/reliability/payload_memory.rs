@@ -1,13 +1,13 @@
 //! Payload memory: large payloads through `icq work --until-idle` (the binary,
 //! under GNU time) keep the worker's peak RSS within the bound the README states:
 //!
-//! `peak RSS ≤ base + concurrency × 3P + prefetch × P + c × P`
+//! `peak RSS ≤ base + concurrency × 3P + BUFFERED_PAYLOAD_BYTES (16 MB) + c × P`
 //!
 //! where `P` is the largest payload: each running row holds its payload at most twice
 //! (the decoded value and, for an exec handler, the serialized text on its way to the
 //! program's stdin; the value is dropped before the program starts) and glibc's malloc
 //! may keep one more freed payload-sized buffer per slot for reuse (its dynamic mmap
-//! threshold); the buffer of claimed-but-unstarted rows holds at most `prefetch`; and a
+//! threshold); the buffer of claimed-but-unstarted rows holds at most the budget; and a
 //! claim makes `c` transient copies of its row (4 on PostgreSQL, 6 on SQLite, whose
 //! UPDATEs rewrite the whole record). The cases are the
 //! issue's: one 50 MB payload, ten 20 MB payloads (SQLite and PostgreSQL), and a 20 MB
@@ -25,14 +25,14 @@ const MB: u64 = 1024 * 1024;
 /// What the binary holds with no payload at all (runtime, pools, logging): generous.
 const BASE: u64 = 64 * MB;
 
-/// The README's bound for `running` busy slots, `buffered` prefetched rows and payloads
-/// of at most `largest` bytes: three payloads per slot (two live copies, one kept by the
-/// allocator), one per buffered row, and the copies one claim makes of its row on the way
-/// in (the engine's result row, the driver's copy, the decoded value; on SQLite also the
-/// record the claim's and the stamp's UPDATE rewrite).
-fn bound(engine: &str, running: u64, buffered: u64, largest: u64) -> u64 {
+/// The README's bound for `concurrency` slots and payloads of at most `largest` bytes:
+/// three payloads per slot (two live copies, one kept by the allocator), the buffer's
+/// budget, and the copies one claim makes of its row on the way in (the engine's result
+/// row, the driver's copy, the decoded value; on SQLite also the record the claim's and
+/// the stamp's UPDATE rewrite).
+fn bound(engine: &str, concurrency: u64, largest: u64) -> u64 {
     let claim_copies = if engine == "sqlite" { 6 } else { 4 };
-    BASE + running * 3 * largest + buffered * largest + claim_copies * largest
+    BASE + concurrency * 3 * largest + 16 * MB + claim_copies * largest
 }
 
 /// Inserts `count` rows of type `big` whose payload is a JSON string of `bytes` bytes.
@@ -93,8 +93,6 @@ async fn drain(engine: &'static str, tag: &str, count: usize, bytes: u64, progra
     let db = TestDb::with_table(engine, tag).await;
     insert_big(&db, count, bytes).await;
     let concurrency = 8;
-    // The default `prefetch`.
-    let prefetch = 8;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
@@ -110,9 +108,7 @@ async fn drain(engine: &'static str, tag: &str, count: usize, bytes: u64, progra
         count as i64,
         "{engine}/{tag}: every row completed\n{log}"
     );
-    let running = concurrency.min(count as u64);
-    let buffered = prefetch.min(count as u64 - running);
-    let limit = bound(engine, running, buffered, bytes);
+    let limit = bound(engine, concurrency.min(count as u64), bytes);
     eprintln!(
         "{engine}/{tag}: {count} × {} MB payloads, peak RSS {} MB (bound {} MB)",
         bytes / MB,
