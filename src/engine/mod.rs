@@ -327,6 +327,11 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// Closes the connection pool.
     async fn close(&self);
 
+    /// Whether the driver may keep the processor's connections between its statements
+    /// (`true` while a processor runs on it; `false` hands every kept connection back to
+    /// the pool). Only SQLite keeps any (`engine::sqlite::warm`).
+    fn keep_work_connections(&self, _keep: bool) {}
+
     /// Drops the table and everything its migration created with it (the down script of
     /// [`crate::schema::render`]), if it exists: `icq bench` removes its scratch table.
     async fn table_drop(&self) -> Result<()>;

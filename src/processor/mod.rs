@@ -432,6 +432,7 @@ impl SourceWorker {
     async fn run(self) -> Result<()> {
         let src = &self.source;
         let settings = &src.settings;
+        let _keeping = KeepingConnections::start(src.backend.clone());
         // Subscribing opens a connection of its own; claiming need not wait for it.
         let cancelled = Arc::new(Notify::new());
         let listening = tokio::spawn({
@@ -714,6 +715,24 @@ pub(crate) const HARD_STOP_WRITES: Duration = Duration::from_secs(3);
 /// ended (at the end of a shutdown or a drain); on a reachable database they take
 /// milliseconds.
 pub(crate) const FINAL_WRITES: Duration = Duration::from_secs(10);
+
+/// The driver keeps this processor's connections between its statements while the
+/// processor runs, and hands them back to the pool when it ends (however it ends): the
+/// pool is the application's again.
+struct KeepingConnections(Arc<dyn Backend>);
+
+impl KeepingConnections {
+    fn start(backend: Arc<dyn Backend>) -> KeepingConnections {
+        backend.keep_work_connections(true);
+        KeepingConnections(backend)
+    }
+}
+
+impl Drop for KeepingConnections {
+    fn drop(&mut self) {
+        self.0.keep_work_connections(false);
+    }
+}
 
 /// The lanes of a source: one per listed queue, each with its own concurrency, or one for
 /// every queue with the source's `concurrency`. Each lane gets a share of the engine's

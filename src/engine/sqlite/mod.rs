@@ -8,6 +8,7 @@
 //! commands run again), and none of them creates a command ([`SqliteDriver::connect`]).
 
 mod admin;
+mod warm;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -37,7 +38,7 @@ use crate::command::{
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
-use sqlx::pool::PoolConnection;
+use warm::Warm;
 
 /// SQL for "now" in icq's stored format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -61,6 +62,10 @@ pub struct SqliteDriver {
     shared_pool: bool,
     /// When a claim last looked for pending rows whose `Id` is not text.
     unusable_ids: super::UnusableGate,
+    /// The processor's connections kept between its statements (claims, stamps, lease
+    /// renewals) while it runs; never on the application's pool, which it may close while
+    /// the driver lives.
+    warm: warm::WarmConnections<sqlx::Sqlite>,
     /// The processor's writes (claims, stamps, lease renewals) take turns here before
     /// they take the database's one write lock: contenders in one process otherwise wait
     /// in SQLite's busy handler, whose sleeps grow to 100 ms, instead of starting the
@@ -675,7 +680,7 @@ fn stamps_json(changes: &[SetState]) -> String {
 /// back whatever the string left open, instead of going back to the pool inside a
 /// transaction.
 struct OwnTransaction<'c> {
-    conn: &'c mut PoolConnection<Sqlite>,
+    conn: &'c mut Warm<Sqlite>,
     ended: bool,
 }
 
@@ -751,14 +756,14 @@ impl SqliteDriver {
     async fn write_turn(
         &self,
         what: &str,
-    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, PoolConnection<Sqlite>)> {
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Warm<Sqlite>)> {
         let turn = self.writing.lock().await;
         let mut conn = self
-            .pool
-            .acquire()
+            .warm
+            .take(&self.pool)
             .await
             .map_err(Error::db(self.ctx(what)))?;
-        if !self.shared_pool {
+        if !self.shared_pool && conn.set_up_for_work() {
             sqlx::query(WORK_SYNCHRONOUS)
                 .execute(&mut *conn)
                 .await
@@ -848,6 +853,7 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
+            warm: warm::WarmConnections::new(shared_pool),
             writing: Default::default(),
             row_key: Default::default(),
             shared_pool,
@@ -972,7 +978,7 @@ impl SqliteDriver {
     /// connection inside the transaction, and it is closed ([`OwnTransaction`]).
     async fn claim_on(
         &self,
-        conn: &mut PoolConnection<Sqlite>,
+        conn: &mut Warm<Sqlite>,
         params: &ClaimParams,
         stamps: Option<&[SetState]>,
     ) -> Result<(u64, Vec<ClaimedRow>)> {
@@ -1261,6 +1267,7 @@ impl QueueOps for SqliteDriver {
         self.row_key().await?;
         let (_turn, mut conn) = self.write_turn("claiming due commands").await?;
         let (_, claimed) = self.claim_on(&mut conn, params, None).await?;
+        self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
 
@@ -1278,6 +1285,7 @@ impl QueueOps for SqliteDriver {
         let what = "stamping outcomes and claiming due commands";
         let (_turn, mut conn) = self.write_turn(what).await?;
         let stamped_and_claimed = self.claim_on(&mut conn, params, Some(changes)).await?;
+        self.warm.keep(conn, &self.pool);
         Ok(stamped_and_claimed)
     }
 
@@ -1303,6 +1311,7 @@ impl QueueOps for SqliteDriver {
         self.schema_version().await?;
         let (_turn, mut conn) = self.write_turn("stamping outcomes").await?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
+        self.warm.keep(conn, &self.pool);
         Ok(stamped)
     }
 
@@ -1316,6 +1325,7 @@ impl QueueOps for SqliteDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(self.ctx("extending leases")))?;
+        self.warm.keep(conn, &self.pool);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1489,7 +1499,12 @@ impl Lifecycle for SqliteDriver {
         Ok(false)
     }
 
+    fn keep_work_connections(&self, keep: bool) {
+        self.warm.set_keeping(keep);
+    }
+
     async fn close(&self) {
+        self.warm.clear();
         if !self.shared_pool {
             self.pool.close().await;
         }
@@ -1622,9 +1637,12 @@ mod tests {
         assert_eq!(synchronous(&mut conn).await, 2, "a new connection");
         drop(conn);
 
+        driver.keep_work_connections(true);
         let (turn, mut conn) = driver.write_turn("testing").await.unwrap();
         assert_eq!(synchronous(&mut conn).await, 1, "the processor's write");
-        drop((conn, turn));
+        // A pool of one keeps nothing: the connection goes back to the pool.
+        driver.warm.keep(conn, &driver.pool);
+        drop(turn);
 
         let mut conn = driver.pool.acquire().await.unwrap();
         assert_eq!(
