@@ -255,9 +255,16 @@ async fn work(bin: &IcqBin, url: &str, dir: &Path, opts: &Opts, replicas: usize)
         Some(endpoint) => format!("http: {{ url: \"{endpoint}\" }}"),
         None => "noop: true".to_owned(),
     };
+    let settings = match bin.label {
+        "icq" => opts.icq_settings.as_ref(),
+        _ => opts.icq_baseline_settings.as_ref(),
+    };
+    let settings = settings.map_or_else(String::new, |s| format!("    settings: {s}\n"));
     std::fs::write(
         &config,
-        format!("sources:\n  - name: bench\n    url: {url}\nhandlers:\n  bench.noop:\n    {handler}\n"),
+        format!(
+            "sources:\n  - name: bench\n    url: {url}\n{settings}handlers:\n  bench.noop:\n    {handler}\n"
+        ),
     )?;
     let start = Instant::now();
     let mut children = Vec::new();

@@ -71,6 +71,16 @@ pub struct Opts {
     /// The endpoint of `--handler-ms` once it is served.
     #[arg(skip)]
     pub handler_url: Option<String>,
+    /// With --icq-replicas above 1: run only the replicas' row, not one `icq work` first.
+    #[arg(long)]
+    pub replicas_only: bool,
+    /// A `settings:` mapping (YAML flow style, e.g. `{ prefetch: 0 }`) for the build under
+    /// test (--icq-bin) only; the baseline build runs at its defaults.
+    #[arg(long)]
+    pub icq_settings: Option<String>,
+    /// The same for the baseline build (--icq-baseline-bin).
+    #[arg(long)]
+    pub icq_baseline_settings: Option<String>,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,
@@ -201,7 +211,8 @@ async fn main() -> Result<()> {
             rows.push(row(name, "postgres", &version, opts.jobs, &drain));
         }
         for engine in &engines {
-            for bin in &bins {
+            let single = !(opts.replicas_only && opts.icq_replicas > 1);
+            for bin in bins.iter().filter(|_| single) {
                 eprintln!("-- {} ({})", bin.label, engine.name());
                 let drain = icq::run(bin, *engine, &opts, 1)
                     .await

@@ -18,8 +18,6 @@ pub(crate) mod probe;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(crate) mod url;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) mod warm;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -318,10 +316,10 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// Closes the connection pool.
     async fn close(&self);
 
-    /// Whether the driver keeps the processor's connections between its statements
+    /// Whether the driver may keep the processor's connections between its statements
     /// (`true` while a processor runs on it; `false` hands every kept connection back to
-    /// the pool). See `engine::warm`.
-    fn keep_work_connections(&self, keep: bool);
+    /// the pool). Only SQLite keeps any (`engine::sqlite::warm`).
+    fn keep_work_connections(&self, _keep: bool) {}
 
     /// Drops the table and everything its migration created with it by running `down`
     /// (the down script the schema renders), if it exists.
@@ -747,10 +745,7 @@ impl ConnectOptions {
 
     /// The pool options every driver starts from: these limits, no ping before each
     /// acquire (a broken connection fails its statement and is replaced; pinging first
-    /// would double the round trips of the hot path), and the release check that closes a
-    /// connection whose call the processor abandoned at its deadline instead of leaving it
-    /// half-read in the pool or stuck on a dead socket
-    /// (`crate::processor::health::release_check`).
+    /// would double the round trips of the hot path), and [`release_check`] on release.
     pub(crate) fn pool<DB: sqlx::Database>(&self) -> sqlx::pool::PoolOptions<DB> {
         sqlx::pool::PoolOptions::<DB>::new()
             .max_connections(self.max_connections)
@@ -760,10 +755,30 @@ impl ConnectOptions {
                 // A large row (a payload of megabytes) grows the connection's buffers to
                 // its size: give that memory back instead of keeping it per connection.
                 sqlx::Connection::shrink_buffers(conn);
-                Box::pin(crate::processor::health::release_check::<DB::Connection>(
-                    conn,
-                ))
+                Box::pin(release_check::<DB::Connection>(conn))
             })
+    }
+}
+
+/// How long a connection coming back to its pool gets to answer a ping.
+const RELEASE_PING: Duration = Duration::from_secs(1);
+
+/// The pools' `after_release` hook: `Ok(true)` keeps the connection. A released
+/// connection must answer a ping within [`RELEASE_PING`] or is closed at once (`Err`: sqlx
+/// drops it without the goodbye a dead socket would never take). sqlx pings every released
+/// connection itself, but without a bound: one whose call was abandoned at its deadline
+/// (a stalled proxy or NAT, a half-open socket) would wait there forever, holding its pool
+/// slot, or go back to the pool half-read.
+async fn release_check<C: sqlx::Connection>(
+    conn: &mut C,
+) -> std::result::Result<bool, sqlx::Error> {
+    match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "a released connection did not answer a ping: closed",
+        ))),
     }
 }
 

@@ -5,11 +5,8 @@
 //!   [`call_deadline`]: about a tenth of the lease, 1 to 30 s. A connection that stopped
 //!   answering (a half-open socket behind a stalled proxy or NAT, where neither TCP keepalive
 //!   nor a server-side statement timeout helps) is abandoned within that time and the next
-//!   call runs over a new one. sqlx pings a connection whose query future was dropped before
-//!   it goes back to the pool, and that ping waits on the dead socket forever while holding a
-//!   pool slot; [`release_check`], the pools' `after_release` hook, gives such a connection a
-//!   bounded ping and closes it when the ping does not answer, so it is never handed out
-//!   again half-read and never holds its slot.
+//!   call runs over a new one (the engine's pools close a released connection that does not
+//!   answer a ping promptly, so an abandoned one is never handed out again half-read).
 //! - [`Health`] decides, per role, how long to wait before the next try from the error's
 //!   [`Healing`]: errors that heal are retried with a jittered backoff capped at
 //!   [`RETRY_CAP`], so processing resumes within a few seconds of a server's return;
@@ -19,8 +16,6 @@
 //!   may grant the privilege) and keeps its other sources running.
 
 use std::future::Future;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::{Rng, RngExt};
@@ -50,12 +45,6 @@ const UNHEALABLE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often a worker logs an error that heals while it persists.
 const RETRY_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// How long a pool connection released after a call was abandoned gets to answer a ping.
-const RELEASE_PING: Duration = Duration::from_secs(1);
-
-/// For how long after a call was abandoned released connections are pinged with a bound.
-const RELEASE_WINDOW: Duration = Duration::from_secs(60);
-
 /// The deadline of one database call of the processor for a source whose lease is
 /// `lease`: a tenth of it, at least 1 s and at most 30 s.
 pub(crate) fn call_deadline(lease: Duration) -> Duration {
@@ -63,7 +52,8 @@ pub(crate) fn call_deadline(lease: Duration) -> Duration {
 }
 
 /// Awaits `call`, a database call described by `what`; after `limit` it is abandoned (its
-/// connection is closed on release, see [`release_check`]) and fails as a lost connection.
+/// connection goes back to the pool, which closes it if it does not answer) and fails as a
+/// lost connection.
 pub(crate) async fn deadline<T>(
     limit: Duration,
     what: &str,
@@ -71,71 +61,17 @@ pub(crate) async fn deadline<T>(
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
-        Err(_) => {
-            mark_abandoned();
-            Err(Error::Database {
-                context: format!(
-                    "{what}: no answer from the database within {} ms; the connection was \
+        Err(_) => Err(Error::Database {
+            context: format!(
+                "{what}: no answer from the database within {} ms; the connection was \
                      abandoned and the next try uses a new one",
-                    limit.as_millis()
-                ),
-                cause: sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the database did not answer in time",
-                )),
-            })
-        }
-    }
-}
-
-/// The process's reference instant for [`ABANDONED_AT`].
-fn epoch() -> std::time::Instant {
-    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-    *EPOCH.get_or_init(std::time::Instant::now)
-}
-
-/// Milliseconds after [`epoch`] (plus one, so 0 means never) of the last abandoned call.
-static ABANDONED_AT: AtomicU64 = AtomicU64::new(0);
-
-fn mark_abandoned() {
-    let now = epoch().elapsed().as_millis() as u64 + 1;
-    ABANDONED_AT.store(now, Ordering::Release);
-}
-
-/// True when a call was abandoned by [`deadline`] after `at`: a connection that left its
-/// pool before then may sit on the same stalled path, and goes back through
-/// [`release_check`] instead of being used again (`engine::warm`).
-pub(crate) fn abandoned_since(at: std::time::Instant) -> bool {
-    let abandoned = ABANDONED_AT.load(Ordering::Acquire);
-    let at = at.saturating_duration_since(epoch()).as_millis() as u64 + 1;
-    abandoned != 0 && abandoned >= at
-}
-
-/// True within [`RELEASE_WINDOW`] of a call abandoned by [`deadline`].
-fn recently_abandoned() -> bool {
-    let at = ABANDONED_AT.load(Ordering::Acquire);
-    at != 0 && epoch().elapsed().as_millis() as u64 + 1 - at < RELEASE_WINDOW.as_millis() as u64
-}
-
-/// The pools' `after_release` hook: `Ok(true)` keeps the connection. Shortly after a call
-/// was abandoned, a released connection must answer a ping within [`RELEASE_PING`] or is
-/// closed at once (`Err`: sqlx drops it without the goodbye a dead socket would never
-/// take), so a connection left half-read by a dropped query, or stuck on a stalled
-/// socket, is neither handed out again nor left holding a pool slot. Otherwise (the usual
-/// case) it costs nothing: sqlx's own ping on release follows.
-pub(crate) async fn release_check<C: sqlx::Connection>(
-    conn: &mut C,
-) -> std::result::Result<bool, sqlx::Error> {
-    if !recently_abandoned() {
-        return Ok(true);
-    }
-    match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
-        Ok(Ok(())) => Ok(true),
-        Ok(Err(err)) => Err(err),
-        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "a released connection did not answer a ping: closed",
-        ))),
+                limit.as_millis()
+            ),
+            cause: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the database did not answer in time",
+            )),
+        }),
     }
 }
 
@@ -435,16 +371,6 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
-    #[test]
-    fn a_connection_out_of_its_pool_before_an_abandoned_call_is_not_used_again() {
-        let left_pool = std::time::Instant::now();
-        std::thread::sleep(Duration::from_millis(3));
-        mark_abandoned();
-        assert!(abandoned_since(left_pool));
-        std::thread::sleep(Duration::from_millis(3));
-        assert!(!abandoned_since(std::time::Instant::now()));
-    }
-
     fn permission_denied() -> Error {
         Error::Database {
             context: "claiming due commands".into(),
@@ -625,6 +551,5 @@ mod tests {
                 .contains("no answer from the database within 20 ms"),
             "{err}"
         );
-        assert!(recently_abandoned());
     }
 }

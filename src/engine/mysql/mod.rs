@@ -84,10 +84,6 @@ pub struct MySqlDriver {
     poll_hint: tokio::sync::OnceCell<Arc<str>>,
     /// Where the next claim of every queue and type starts ([`cursor`]).
     cursor: cursor::ClaimCursor,
-    /// The processor's connections kept between its statements (claims, stamps, lease
-    /// renewals) while it runs; never on the application's pool, which it may close while
-    /// the driver lives.
-    warm: super::warm::WarmConnections<sqlx::MySql>,
 }
 
 struct Sql {
@@ -817,7 +813,6 @@ impl MySqlDriver {
             version: Default::default(),
             cursor: cursor::ClaimCursor::default(),
             unusable: Default::default(),
-            warm: super::warm::WarmConnections::new(shared_pool),
             shared_pool,
             poll_hint: tokio::sync::OnceCell::new(),
         })
@@ -1148,11 +1143,10 @@ impl QueueOps for MySqlDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         let ctx = || self.ctx("claiming due commands");
         self.schema_version().await?;
-        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        self.warm.keep(conn, &self.pool);
         Ok(claimed)
     }
 
@@ -1165,12 +1159,11 @@ impl QueueOps for MySqlDriver {
         // of one would otherwise wait on itself.
         self.schema_version().await?;
         let ctx = || self.ctx("stamping outcomes and claiming due commands");
-        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let claimed = self.claim_on(&mut tx, params, changes).await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        self.warm.keep(conn, &self.pool);
         Ok((stamped, claimed))
     }
 
@@ -1195,12 +1188,11 @@ impl QueueOps for MySqlDriver {
         let changes = params.changes;
         self.schema_version().await?;
         let mut conn = self
-            .warm
-            .take(&self.pool)
+            .pool
+            .acquire()
             .await
             .map_err(Error::db(self.ctx("stamping outcomes")))?;
         let stamped = self.set_state_on(&mut conn, changes).await?;
-        self.warm.keep(conn, &self.pool);
         Ok(stamped)
     }
 
@@ -1208,7 +1200,7 @@ impl QueueOps for MySqlDriver {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let ctx = || self.ctx("extending leases");
         let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
-        let mut conn = self.warm.take(&self.pool).await.map_err(Error::db(ctx()))?;
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
         sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(&json)
             .bind(micros(lease))
@@ -1221,7 +1213,6 @@ impl QueueOps for MySqlDriver {
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
-        self.warm.keep(conn, &self.pool);
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -1448,12 +1439,7 @@ impl Lifecycle for MySqlDriver {
         Ok(false)
     }
 
-    fn keep_work_connections(&self, keep: bool) {
-        self.warm.set_keeping(keep);
-    }
-
     async fn close(&self) {
-        self.warm.clear();
         if !self.shared_pool {
             self.pool.close().await;
         }

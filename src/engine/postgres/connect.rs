@@ -334,16 +334,6 @@ impl Failover {
         options
     }
 
-    /// Whether the watcher switched servers after `at` (a connection taken from a pool
-    /// before then may be one to the old server).
-    pub(crate) fn switched_since(&self, at: Instant) -> bool {
-        self.switched
-            .lock()
-            .ok()
-            .and_then(|switched| *switched)
-            .is_some_and(|switched| switched > at)
-    }
-
     /// Registers a pool to follow the server when the watcher switches.
     pub(crate) fn adopt(&self, pool: &PgPool) {
         if let Ok(mut pools) = self.pools.lock() {

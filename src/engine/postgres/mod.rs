@@ -28,27 +28,10 @@ macro_rules! on_pool {
     };
 }
 
-/// [`on_pool!`] on the driver's work pool: outside transaction pooling the statement runs
-/// on a kept connection ([`super::warm`]), and the connection is kept again if it succeeded.
+/// [`on_pool!`] on the driver's work pool.
 macro_rules! on_work {
     ($driver:expr, |$e:ident| $run:expr) => {
-        async {
-            if $driver.pooler == crate::settings::Pooler::Session {
-                let failover = &$driver.failover;
-                let usable = |left_pool| !failover.switched_since(left_pool);
-                let mut conn = $driver.warm.take_checked(&$driver.work, usable).await?;
-                let out = {
-                    let $e = &mut *conn;
-                    $run.await
-                };
-                if out.is_ok() {
-                    $driver.warm.keep_checked(conn, &$driver.work, usable);
-                }
-                out
-            } else {
-                on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run).await
-            }
-        }
+        on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run)
     };
 }
 
@@ -117,9 +100,6 @@ pub struct PgDriver {
     /// The pool is the application's ([`PgDriver::from_pool`]): closing the driver leaves
     /// it open.
     shared_pool: bool,
-    /// Work connections kept between statements while a processor runs (never on the
-    /// application's pool: it may close it while the driver lives).
-    warm: super::warm::WarmConnections<sqlx::Postgres>,
     /// The database stores text in an encoding other than UTF-8 (`LATIN1`, ...): error
     /// texts are written with every non-ASCII character escaped, since one the encoding
     /// lacks (a handler's `€`) would fail the whole stamp, forever.
@@ -956,7 +936,6 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: false,
-            warm: super::warm::WarmConnections::new(false),
             ascii_errors: Default::default(),
         };
         if let Err(err) = driver.check_connection(url, table).await {
@@ -1005,7 +984,6 @@ impl PgDriver {
             version: Default::default(),
             listener: std::sync::Mutex::new(None),
             shared_pool: true,
-            warm: super::warm::WarmConnections::new(true),
             ascii_errors: Default::default(),
         };
         // The pooler is known: only the schema is left to check.
@@ -1579,10 +1557,6 @@ impl Lifecycle for PgDriver {
         Ok(true)
     }
 
-    fn keep_work_connections(&self, keep: bool) {
-        self.warm.set_keeping(keep);
-    }
-
     async fn close(&self) {
         if let Ok(mut slot) = self.listener.lock()
             && let Some(task) = slot.take()
@@ -1590,7 +1564,6 @@ impl Lifecycle for PgDriver {
             task.abort();
         }
         self.failover.stop();
-        self.warm.clear();
         if !self.shared_pool {
             self.work.close().await;
             self.pool.close().await;

@@ -8,8 +8,7 @@
 //! commands run again), and none of them creates a command ([`SqliteDriver::connect`]).
 
 mod admin;
-mod busy;
-mod wake;
+mod warm;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -27,7 +26,6 @@ use tokio::sync::Notify;
 use chrono::{DateTime, Utc};
 
 use super::decode::{Decoder, text_columns, text_id, text_token};
-use super::warm::Warm;
 use super::{
     Activity, BenchFillCompletedParams, BenchOps, ClaimParams, ClaimedRow, CommandGetParams,
     CommandInsertManyParams, CommandInsertParams, CommandSetStateAndClaimParams,
@@ -40,6 +38,7 @@ use crate::command::{
 use crate::error::{Error, Result};
 use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
+use warm::Warm;
 
 /// SQL for "now" in icq's stored format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -66,12 +65,11 @@ pub struct SqliteDriver {
     /// The processor's connections kept between its statements (claims, stamps, lease
     /// renewals) while it runs; never on the application's pool, which it may close while
     /// the driver lives.
-    warm: super::warm::WarmConnections<sqlx::Sqlite>,
+    warm: warm::WarmConnections<sqlx::Sqlite>,
     /// The processor's writes (claims, stamps, lease renewals) take turns here before
     /// they take the database's one write lock: contenders in one process otherwise wait
-    /// in the busy handler's naps (1–5 ms each, see [`busy`]) instead of starting the
-    /// moment the last write ends. A one-replica no-op drain of 50,000: 1.35 s against
-    /// 1.46 s (medians of three, side by side).
+    /// in SQLite's busy handler, whose sleeps grow to 100 ms, instead of starting the
+    /// moment the last write ends.
     writing: tokio::sync::Mutex<()>,
     /// How claims name the rows they pick, once looked up ([`SqliteDriver::row_key`]).
     row_key: std::sync::Mutex<Option<&'static str>>,
@@ -737,7 +735,7 @@ const DURABLE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 const WORK_SYNCHRONOUS: &str = "PRAGMA synchronous = NORMAL";
 
 /// How long icq's own connections wait for SQLite's write lock before a statement fails
-/// with "database is locked" (see [`busy`] for how they wait).
+/// with "database is locked".
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteDriver {
@@ -792,7 +790,6 @@ impl SqliteDriver {
         let pool = options
             .pool::<sqlx::Sqlite>()
             .max_connections(options.max_connections.clamp(1, 8))
-            .after_connect(|conn, _meta| Box::pin(busy::install(conn)))
             // A failure closes the connection and the pool opens another (`FULL` too).
             .before_acquire(|conn, _meta| {
                 Box::pin(async move {
@@ -856,7 +853,7 @@ impl SqliteDriver {
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
-            warm: super::warm::WarmConnections::new(shared_pool),
+            warm: warm::WarmConnections::new(shared_pool),
             writing: Default::default(),
             row_key: Default::default(),
             shared_pool,

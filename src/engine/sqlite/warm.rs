@@ -1,24 +1,18 @@
-//! Work connections kept between statements, so the claim loop's statements do not each
-//! pay sqlx's test on release.
-//!
-//! sqlx tests every pooled connection as it comes back (a round trip to the server:
-//! PostgreSQL's `Sync`, MariaDB's `COM_PING`) before another caller may take it; a claim
-//! sent while the last one's connection is still being tested opens a connection of its
-//! own. A no-op drain of 50,000 commands on PostgreSQL therefore made a thousand extra
-//! round trips and kept eight server connections per replica, each with its own login,
-//! `SET`, prepared statements and plans.
+//! The processor's SQLite connections kept between its statements (claims, stamps, lease
+//! renewals), so they do not each pay the pool's hand-over: on every acquire the pool sets
+//! `synchronous = FULL` and the processor's write sets it back to `NORMAL`, and on every
+//! release the connection is pinged twice, each a hop to SQLite's worker thread and back.
+//! Only SQLite keeps them: without it a no-op drain ran at two thirds of the rate, while
+//! PostgreSQL and MariaDB were the same within the rounds' spread.
 //!
 //! Guarantees: only a connection whose last statement succeeded is kept (anything else —
 //! an error, a future dropped mid-statement — goes back through sqlx's own release, which
 //! tests or closes it); a connection goes back to the pool [`KEEP_FOR`] after it left it,
-//! however busy (so the pool's lifetime and checks still apply), and is used again only
-//! while the caller's check of the instant it left the pool passes (PostgreSQL: no
-//! failover switch since, so a connection to a demoted server is never kept) and no call
-//! was abandoned at its deadline since (a stalled network); the pool's
-//! other callers are not starved (see [`WarmConnections::keep_checked`]); and connections are
-//! kept only between [`WarmConnections::open`] (a processor starts) and
-//! [`WarmConnections::clear`] (it stopped, or the pool is about to close, which waits for
-//! every connection): outside a processor's run the pool is the application's alone.
+//! however busy (so the pool's lifetime and checks still apply); the pool's other callers
+//! are not starved (see [`WarmConnections::keep`]); and connections are kept only between
+//! [`WarmConnections::open`] (a processor starts) and [`WarmConnections::clear`] (it
+//! stopped, or the pool is about to close, which waits for every connection): outside a
+//! processor's run the pool is the application's alone.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -39,37 +33,29 @@ pub(crate) struct Warm<DB: Database> {
     left_pool: Instant,
     /// The driver has set the connection up for work since it left the pool (see
     /// [`Warm::set_up_for_work`]).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     set_up: bool,
 }
 
 impl<DB: Database> Warm<DB> {
-    /// Within [`KEEP_FOR`] of leaving the pool, `usable` by the caller's check, and no
-    /// call of the processor was abandoned since (a stalled network: the connection goes
-    /// back through the pool's release check, which closes it if it does not answer).
-    fn reusable(&self, usable: impl Fn(Instant) -> bool) -> bool {
+    /// Within [`KEEP_FOR`] of leaving the pool.
+    fn reusable(&self) -> bool {
         self.left_pool.elapsed() < KEEP_FOR
-            && usable(self.left_pool)
-            && !crate::processor::health::abandoned_since(self.left_pool)
     }
 
     /// Whether this is the first call since the connection left the pool: a driver that
     /// changes a connection's settings for work (SQLite's `synchronous`) does it once per
     /// stay out of the pool, not before every statement; the pool sets them back.
-    #[cfg(feature = "sqlite")]
     pub(crate) fn set_up_for_work(&mut self) -> bool {
         !std::mem::replace(&mut self.set_up, true)
     }
 
     /// Closes the connection when it is dropped instead of handing it back to the pool
     /// (it may be left inside a transaction).
-    #[cfg(feature = "sqlite")]
     pub(crate) fn close_on_drop(&mut self) {
         self.conn.close_on_drop();
     }
 
-    /// A connection from `pool`, timed from before the acquire (a failover switch while it
-    /// waits makes it unusable).
+    /// A connection from `pool`, timed from before the acquire.
     async fn acquire(pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
         let left_pool = Instant::now();
         let conn = pool.acquire().await?;
@@ -129,30 +115,12 @@ impl<DB: Database> WarmConnections<DB> {
     }
 
     /// The most recently kept connection, else one from `pool`.
-    #[cfg(any(feature = "mysql", feature = "sqlite"))]
     pub(crate) async fn take(&self, pool: &Pool<DB>) -> Result<Warm<DB>, sqlx::Error> {
-        self.take_checked(pool, |_| true).await
-    }
-
-    /// [`WarmConnections::keep_checked`] for a pool whose connections stay usable (no
-    /// failover).
-    #[cfg(any(feature = "mysql", feature = "sqlite"))]
-    pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>) {
-        self.keep_checked(warm, pool, |_| true);
-    }
-
-    /// [`WarmConnections::take`], where `usable` says whether a connection that left the
-    /// pool at that instant may still be used.
-    pub(crate) async fn take_checked(
-        &self,
-        pool: &Pool<DB>,
-        usable: impl Fn(Instant) -> bool,
-    ) -> Result<Warm<DB>, sqlx::Error> {
         loop {
             let Some(warm) = self.lock().kept.pop() else {
                 break;
             };
-            if warm.reusable(&usable) {
+            if warm.reusable() {
                 return Ok(warm);
             }
             // Dropped outside the lock: sqlx's release tests it and the pool decides.
@@ -162,24 +130,19 @@ impl<DB: Database> WarmConnections<DB> {
     }
 
     /// Keeps `warm` (its statement succeeded) for the next statement, unless it is due
-    /// back in the pool ([`KEEP_FOR`], `usable`), the stash is cleared, or keeping it could
+    /// back in the pool ([`KEEP_FOR`]), the stash is cleared, or keeping it could
     /// starve the pool's other callers: at most [`MOST`] and two fewer than the pool's
     /// `max_connections` are kept, and none while the pool is at its size limit with no
     /// idle connection (someone may be waiting for one).
-    pub(crate) fn keep_checked(
-        &self,
-        warm: Warm<DB>,
-        pool: &Pool<DB>,
-        usable: impl Fn(Instant) -> bool,
-    ) {
+    pub(crate) fn keep(&self, warm: Warm<DB>, pool: &Pool<DB>) {
         let max = pool.options().get_max_connections() as usize;
         let room = MOST.min(max.saturating_sub(2));
         let pool_full = pool.size() as usize >= max && pool.num_idle() == 0;
-        let fresh = warm.reusable(&usable);
+        let fresh = warm.reusable();
         let mut handed_back = Vec::new();
         {
             let mut stash = self.lock();
-            handed_back.extend(stash.kept.extract_if(.., |kept| !kept.reusable(&usable)));
+            handed_back.extend(stash.kept.extract_if(.., |kept| !kept.reusable()));
             if fresh && !stash.closed && stash.kept.len() < room && !pool_full {
                 stash.kept.push(warm);
             } else {
@@ -216,7 +179,7 @@ impl<DB: Database> WarmConnections<DB> {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use sqlx::sqlite::{Sqlite, SqlitePool, SqlitePoolOptions};
@@ -263,10 +226,6 @@ mod tests {
         warm.keep(conn, &pool);
         let mut again = warm.take(&pool).await.unwrap();
         assert_eq!(marked(&mut again).await, Some(2), "the same connection");
-        // One whose check fails is handed back, not reused.
-        warm.keep(again, &pool);
-        let mut other = warm.take_checked(&pool, |_| false).await.unwrap();
-        assert_ne!(marked(&mut other).await, Some(2));
     }
 
     #[tokio::test]
