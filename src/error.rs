@@ -105,9 +105,10 @@ pub enum Error {
     NotFound(String),
 
     /// The commands table is missing from a source's database, or the schema its
-    /// schema-qualified name points into does not exist: the message says which. icq's
-    /// migrations create the table (the schema is created by hand).
-    #[error("{}", table_missing_message(source_name, table, missing_schema.as_deref()))]
+    /// schema-qualified name points into does not exist: the message says which, and how
+    /// the engine creates a missing schema. icq's migrations (or
+    /// [`schema::apply`](crate::schema::apply)) create the table; a schema is created by hand.
+    #[error("{}", table_missing_message(source_name, table, engine, missing_schema.as_deref()))]
     TableMissing {
         /// The configured source (empty until [`Error::in_source`] names it, when
         /// the driver found the schema missing while connecting).
@@ -529,13 +530,32 @@ impl From<sqlx::migrate::MigrateError> for Error {
     }
 }
 
-/// The message of [`Error::TableMissing`]: what is missing.
-fn table_missing_message(source: &str, table: &str, missing_schema: Option<&str>) -> String {
+/// The message of [`Error::TableMissing`]: what is missing (and for a schema, how to
+/// create it).
+fn table_missing_message(
+    source: &str,
+    table: &str,
+    engine: &str,
+    missing_schema: Option<&str>,
+) -> String {
     match missing_schema {
         None => format!("source `{source}`: table {table} does not exist"),
         Some(schema) => format!(
             "source `{source}`: the schema `{schema}` of table {table} does not exist in the \
-             database"
+             database; hint: fix the schema in the table's name, or create the schema ({}) and \
+             then the table",
+            create_schema_hint(engine, schema)
+        ),
+    }
+}
+
+/// How `engine` creates a schema named `schema`.
+fn create_schema_hint(engine: &str, schema: &str) -> String {
+    match engine {
+        "postgres" => format!("`CREATE SCHEMA \"{schema}\"`"),
+        "mysql" => format!("on MySQL/MariaDB a schema is a database: `CREATE DATABASE {schema}`"),
+        _ => format!(
+            "on SQLite a schema is an attached database file: `ATTACH DATABASE 'file.db' AS {schema}` on every connection, which icq does not do, so use an unqualified table"
         ),
     }
 }

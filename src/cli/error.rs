@@ -164,8 +164,8 @@ pub fn message(err: &icq::Error) -> String {
             source_name,
             table,
             engine,
-            missing_schema,
-        } => table_missing_message(source_name, table, engine, missing_schema.as_deref()),
+            ..
+        } => table_missing_message(err, source_name, table, engine),
         E::CannotHeal {
             source_name,
             cause,
@@ -190,38 +190,20 @@ pub fn message(err: &icq::Error) -> String {
     }
 }
 
-/// The message of [`icq::Error::TableMissing`]: what is missing, then the commands that
-/// create it for this very table and source (a missing schema is created first, by hand).
-fn table_missing_message(
-    source: &str,
-    table: &str,
-    engine: &str,
-    missing_schema: Option<&str>,
-) -> String {
+/// The library's message of a [`icq::Error::TableMissing`] (`err`), then the `icq`
+/// commands that create the table for this very table and source.
+fn table_missing_message(err: &icq::Error, source: &str, table: &str, engine: &str) -> String {
     let create = format!(
         "`icq migrate add --engine {engine} --table {table}`, then apply it with \
          `icq migrate run --source {source}` against the same database (with the same \
          --database-url, if you gave one)"
     );
-    match missing_schema {
-        None => format!("source `{source}`: table {table} does not exist; create it with {create}"),
-        Some(schema) => format!(
-            "source `{source}`: the schema `{schema}` of table {table} does not exist in the \
-             database; hint: fix the schema in `table:`, or create \
-             the schema ({}) and then the table with {create}",
-            create_schema_hint(engine, schema)
-        ),
-    }
-}
-
-/// How `engine` creates a schema named `schema`.
-fn create_schema_hint(engine: &str, schema: &str) -> String {
-    match engine {
-        "postgres" => format!("`CREATE SCHEMA \"{schema}\"`"),
-        "mysql" => format!("on MySQL/MariaDB a schema is a database: `CREATE DATABASE {schema}`"),
-        _ => format!(
-            "on SQLite a schema is an attached database file: `ATTACH DATABASE 'file.db' AS {schema}` on every connection, which icq does not do, so use an unqualified table"
-        ),
+    match err {
+        icq::Error::TableMissing {
+            missing_schema: Some(_),
+            ..
+        } => format!("{err} with {create}"),
+        _ => format!("{err}; create it with {create}"),
     }
 }
 
@@ -324,6 +306,17 @@ mod tests {
         assert!(
             text.contains("icq migrate add --engine postgres --table Nope")
                 && text.contains("icq migrate run --source orders"),
+            "{text}"
+        );
+        let schema = icq::Error::TableMissing {
+            source_name: "orders".into(),
+            table: "jobs.Nope".into(),
+            engine: "postgres",
+            missing_schema: Some("jobs".into()),
+        };
+        let text = CliError::from(schema).to_string();
+        assert!(
+            text.contains(r#"create the schema (`CREATE SCHEMA "jobs"`) and then the table with `icq migrate add --engine postgres --table jobs.Nope`"#),
             "{text}"
         );
     }

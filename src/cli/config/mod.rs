@@ -59,7 +59,7 @@ use icq::settings::Settings;
 /// let url = Some("postgres://app@db/shop".to_string());
 /// let config = load(&ConfigRequest { database_url: url, ..ConfigRequest::default() })?;
 /// assert_eq!(config.sources[0].name, DEFAULT_SOURCE);
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 pub const DEFAULT_SOURCE: &str = "default";
 
@@ -82,7 +82,7 @@ pub const DEFAULT_SOURCE: &str = "default";
 /// assert_eq!(config.path.as_deref(), Some(Path::new("icq.yaml")));
 /// assert_eq!(config.sources[0].settings.concurrency, 4);
 /// assert_eq!(config.handlers["orders.send_receipt"].requires_roles, ["orders.write"]);
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -115,7 +115,7 @@ pub struct Config {
 /// };
 /// assert_eq!(source.engine()?, Engine::Postgres);
 /// assert_eq!(source.url.to_string(), "postgres://app:***@db/shop");
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceConfig {
@@ -165,7 +165,7 @@ impl SourceConfig {
 /// assert!(!format!("{url:?}").contains("s3cret"));
 /// assert_eq!(url.expose(), "mysql://app:s3cret@db:3306/shop"); // for the driver only
 /// assert_eq!(url.engine()?, Engine::Mysql);
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl(String);
@@ -223,7 +223,7 @@ impl fmt::Display for DatabaseUrl {
 /// let receipt = &config.handlers["orders.send_receipt"];
 /// assert_eq!(receipt.timeout, Some(Duration::from_secs(30)));
 /// assert!(matches!(&receipt.kind, HandlerKind::Exec { argv } if argv[0] == "./bin/send-receipt"));
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct HandlerConfig {
@@ -258,7 +258,7 @@ pub struct HandlerConfig {
 /// assert_eq!(headers["Authorization"], "Bearer t0k3n");
 /// assert!(!format!("{http:?}").contains("t0k3n")); // `Debug` masks header values
 /// assert_eq!(config.handlers["smoke.test"].kind, HandlerKind::Noop);
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 #[derive(Clone, PartialEq)]
 pub enum HandlerKind {
@@ -362,7 +362,7 @@ impl Config {
     /// assert_eq!(config.select(Some("billing"))?[0].name, "billing");
     /// let err = config.select(Some("bill")).unwrap_err();
     /// assert!(err.to_string().ends_with("icq.yaml configures: orders, billing"), "{err}");
-    /// # Ok::<(), icq::Error>(())
+    /// # Ok::<(), CliError>(())
     /// ```
     pub fn select(&self, source: Option<&str>) -> Result<Vec<&SourceConfig>> {
         let Some(name) = source else {
@@ -402,7 +402,7 @@ impl Config {
 ///
 /// ```
 /// use std::path::Path;
-/// use icq::Error;
+/// use crate::cli::error::CliError;
 /// use icq::config::parse;
 ///
 /// let env = |name: &str| (name == "ORDERS_URL").then(|| "postgres://app@db/shop".to_string());
@@ -416,7 +416,7 @@ impl Config {
 /// };
 /// assert!(message.starts_with("4:"), "{message}"); // line 4, then the key and the problem
 /// assert!(message.contains("unknown field `batchsize`"), "{message}");
-/// # Ok::<(), icq::Error>(())
+/// # Ok::<(), CliError>(())
 /// ```
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
     let fail = |message: String| CliError::Config {

@@ -167,7 +167,7 @@ pub struct CheckedHandler {
 /// # Examples
 ///
 /// ```
-/// use icq::Error;
+/// use crate::cli::error::CliError;
 /// use icq::config::{ConfigRequest, check_file};
 ///
 /// # let dir = tempfile::tempdir()?;
