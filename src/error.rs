@@ -1,9 +1,9 @@
-//! The library's error type and the process exit code each kind of error maps to.
+//! The library's error type, and the classification of database errors a service can
+//! match ([`DatabaseErrorKind`]) and act on ([`Healing`]).
 //!
-//! Every message is written for the person at the terminal: it says what went wrong and,
-//! where there is one, what to do next. Database URLs never appear with their password.
-
-use std::path::PathBuf;
+//! Every message says what went wrong and, where there is one, what to do next, in terms
+//! of the library (the `icq` binary adds its own command-line hints). Database URLs never
+//! appear with their password.
 
 /// Result alias used throughout the library.
 ///
@@ -25,8 +25,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Every message is meant to be shown as is: it holds the underlying error's text too. A
 /// variant that wraps another error also returns it from
 /// [`source`](std::error::Error::source), for programs that walk the chain (the `icq`
-/// binary prints each text once). [`Error::kind`] and [`Error::exit_code`] classify it for
-/// programs. New variants may be added: match with a wildcard arm.
+/// binary prints each text once). Match on the variant; for a database error,
+/// [`Error::database_kind`] says what the server reported (a unique violation, permission
+/// denied, a missing table, ...) and [`Error::healing`] whether retrying can help. New
+/// variants may be added: match with a wildcard arm.
 ///
 /// # Examples
 ///
@@ -37,19 +39,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///     Err(Error::Invalid { message, .. }) => assert!(message.starts_with("invalid table name")),
 ///     other => panic!("unexpected: {other:?}"),
 /// }
-/// let err = TableName::parse("a b").unwrap_err();
-/// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The command line (or the call) is incomplete or contradicts itself: a missing or
-    /// conflicting flag, several sources where one is needed (exit code 2).
-    #[error("{0}")]
-    Usage(String),
-
-    /// A value is malformed or out of range: a command id, a queue or table name, a
-    /// duration, a URL, a JSON payload (exit code 2, kind `usage`).
+    /// A value is malformed, out of range or missing: a command id, a queue or table name,
+    /// a duration, a URL, a JSON payload, an operation given nothing to act on.
     #[error("{message}")]
     Invalid {
         /// What is wrong with the value and what a valid one looks like (it includes the
@@ -62,16 +57,20 @@ pub enum Error {
 
     /// The request is understood but refused as things stand: a command in the wrong state
     /// for the operation, a change without the confirmation it needs, a console that would
-    /// serve actions without a token. Nothing was changed (exit code 2, kind `usage`).
+    /// serve actions without a token, a processor without handlers. Nothing was changed.
     #[error("{0}")]
     Refused(String),
 
-    /// A queue, a priority or a unique key was asked of a table at schema version 1; the
-    /// message names the upgrade. Nothing was changed (exit code 2, kind `usage`).
+    /// The request needs one queue but was given several (or none) to choose from: say
+    /// which one. Nothing was changed.
+    #[error("{0}")]
+    Ambiguous(String),
+
+    /// A queue, a priority or a unique key was asked of a table at schema version 1: the
+    /// table needs icq's schema upgrade migration first. Nothing was changed.
     #[error(
-        "table {table} is schema version 1; queues, priorities and unique keys need version 2: \
-         add the upgrade with `icq migrate add` (it writes <version>_icq_schema_v2.sql) and \
-         apply it with `icq migrate run` (asked for: {asked_for}); nothing was changed"
+        "table {table} is schema version 1; queues, priorities and unique keys need version 2, \
+         which icq's schema upgrade migration adds (asked for: {asked_for}); nothing was changed"
     )]
     NeedsSchemaV2 {
         /// The (display form of the) table.
@@ -82,18 +81,17 @@ pub enum Error {
 
     /// What was asked is not something icq supports: SQL Server outside migrations, a
     /// PostgreSQL pooler in transaction mode, a database URL of an engine whose Cargo
-    /// feature this build lacks ([`Error::engine_not_built`]) (exit code 2, kind `usage`).
+    /// feature this build lacks ([`Error::engine_not_built`]).
     #[error("{0}")]
     Unsupported(String),
 
     /// Someone else changed the rows while this request was applying, so it was rolled back
-    /// (or stopped) as the message says; running it again usually succeeds (exit code 1,
-    /// kind `conflict`).
+    /// (or stopped) as the message says; running it again usually succeeds.
     #[error("{0}")]
     Conflict(String),
 
     /// Something inside icq failed at run time: a source worker crashed, a client could
-    /// not be built, a process-wide recorder was taken (exit code 1, kind `runtime`).
+    /// not be built, a process-wide recorder was taken.
     #[error("{context}: {source}")]
     Runtime {
         /// What icq was doing.
@@ -102,22 +100,14 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// A configuration file could not be read or parsed (exit code 2).
-    #[error("{}", located(path, message))]
-    Config {
-        /// The file that holds the problem.
-        path: PathBuf,
-        /// What is wrong, including line and key where known.
-        message: String,
-    },
-
-    /// A command id, source or other named thing does not exist (exit code 3).
+    /// A command id, source or other named thing does not exist.
     #[error("{0}")]
     NotFound(String),
 
     /// The commands table is missing from a source's database, or the schema its
-    /// schema-qualified name points into does not exist. The message says which, and how
-    /// to fix it with the source's own `--table` and `--source`.
+    /// schema-qualified name points into does not exist: the message says which, and how
+    /// the engine creates a missing schema. icq's migrations (or
+    /// [`schema::apply`](crate::schema::apply)) create the table; a schema is created by hand.
     #[error("{}", table_missing_message(source_name, table, engine, missing_schema.as_deref()))]
     TableMissing {
         /// The configured source (empty until [`Error::in_source`] names it, when
@@ -125,7 +115,7 @@ pub enum Error {
         source_name: String,
         /// The (display form of the) table name.
         table: String,
-        /// The engine name, for the suggested command.
+        /// The engine's name (`postgres`, `mysql`, `sqlite`).
         engine: &'static str,
         /// The schema of a schema-qualified table, when it is the schema that is missing.
         missing_schema: Option<String>,
@@ -181,36 +171,11 @@ pub enum Error {
         hint: String,
     },
 
-    /// A configuration file parsed but some of what it names cannot work (an exec
-    /// program that is missing or not executable, ...): every problem, one per line
-    /// (exit code 2).
-    #[error("{}", located_list(path, problems))]
-    ConfigCheck {
-        /// The file that was checked.
-        path: PathBuf,
-        /// One message per problem, each `line:col: key: what` where known.
-        problems: Vec<String>,
-    },
-
-    /// `icq work --until-idle --fail-on-dead`: the run dead-lettered commands (exit code 1).
-    #[error(
-        "{count} {} dead-lettered during this run; see them with `icq dead-letters list`",
-        if *count == 1 { "command was" } else { "commands were" }
-    )]
-    DeadLettered {
-        /// How many commands this run's processor dead-lettered.
-        count: u64,
-    },
-
-    /// `icq bench` could not finish a measurement (its worker failed, a command did not
-    /// complete, or the run was interrupted).
-    #[error("{0}")]
-    Bench(String),
-
-    /// `icq work --until-idle` gave up on a database error that retrying cannot fix
-    /// (permission denied, a missing table or column, a read-only database, a failed
-    /// login: see [`Error::healing`]) after a short bounded retry (exit code 1, kind
-    /// `database`). The message holds the server's own and what to do about it.
+    /// A processor run with [`RunOptions::until_idle`](crate::RunOptions) gave up on a
+    /// database error that retrying cannot fix (permission denied, a missing table or
+    /// column, a read-only database, a failed login: see [`Error::healing`] and
+    /// [`Error::database_kind`]) after a short bounded retry. The message holds the
+    /// server's own and what to do about it.
     #[error(
         "source `{source_name}`: {cause}; retrying cannot fix this (still failing after {tries} tries over {seconds:.1} s); hint: {hint}"
     )]
@@ -229,7 +194,7 @@ pub enum Error {
 
     /// [`Queue::schedule_in`](crate::Queue::schedule_in) was given a connection of another
     /// engine than the queue's (a PostgreSQL queue and a `SqliteConnection`): nothing was
-    /// scheduled (exit code 2).
+    /// scheduled.
     #[error(
         "the queue's table is on {}, but the connection passed to `schedule_in` is a {} \
          connection; nothing was scheduled: pass a connection or transaction of the queue's \
@@ -378,44 +343,184 @@ fn sqlx_healing(cause: &sqlx::Error) -> Healing {
     }
 }
 
-/// What to do about an error that does not heal: the hint of [`Error::CannotHeal`].
+/// What a database reported, classified by its code (PostgreSQL's SQLSTATE, the
+/// MariaDB/MySQL error number, SQLite's result code) so that a service can match it:
+/// see [`Error::database_kind`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> icq::Result<()> {
+/// use icq::Error;
+/// use icq::error::DatabaseErrorKind;
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.map_err(Error::db("opening"))?;
+/// let missing = sqlx::query("SELECT * FROM missing").execute(&pool).await;
+/// let err = missing.map_err(Error::db("reading")).unwrap_err();
+/// assert_eq!(err.database_kind(), Some(DatabaseErrorKind::UndefinedTable));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseErrorKind {
+    /// A unique constraint or primary key was violated (PostgreSQL 23505, MariaDB/MySQL
+    /// 1062, SQLite `SQLITE_CONSTRAINT_UNIQUE` / `_PRIMARYKEY`).
+    UniqueViolation,
+    /// The database user lacks a privilege (PostgreSQL 42501, MariaDB/MySQL 1044, 1142,
+    /// 1143, 1227, SQLite `SQLITE_PERM` / `SQLITE_AUTH`).
+    PermissionDenied,
+    /// A table, or the schema it is in, does not exist (PostgreSQL 42P01 and 3F000,
+    /// MariaDB/MySQL 1146, SQLite's `no such table`; also [`Error::TableMissing`]).
+    UndefinedTable,
+    /// A column does not exist (PostgreSQL 42703, MariaDB/MySQL 1054, SQLite's `no such
+    /// column`, or a row without a column icq reads).
+    UndefinedColumn,
+    /// The database accepts no writes: a PostgreSQL server in recovery (25006), a
+    /// MariaDB/MySQL server with `read_only` (1290, 1792, 1836), a read-only SQLite file
+    /// (`SQLITE_READONLY`).
+    ReadOnly,
+    /// The server refused the login (PostgreSQL class 28, MariaDB/MySQL 1045).
+    LoginFailed,
+    /// The connection could not be made or was lost: refused, reset, timed out waiting
+    /// for the pool, TLS, the server shutting down (PostgreSQL class 08, 57P01-57P03,
+    /// MariaDB/MySQL 1053, 2002, 2003, 2006, 2013; also [`Error::Connect`]).
+    Connection,
+    /// Concurrent work got in the way: a serialization failure, a deadlock, a lock not
+    /// granted in time, a busy or locked SQLite database (PostgreSQL 40001, 40P01, 55P03,
+    /// MariaDB/MySQL 1205, 1213, `SQLITE_BUSY` / `SQLITE_LOCKED`). Running again usually
+    /// succeeds.
+    Contention,
+    /// Anything else the database reported.
+    Other,
+}
+
+/// What an error with this PostgreSQL SQLSTATE is.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn postgres_kind(code: &str) -> DatabaseErrorKind {
+    use DatabaseErrorKind as K;
+    match code {
+        "23505" => K::UniqueViolation,
+        "42501" => K::PermissionDenied,
+        "42P01" | "3F000" => K::UndefinedTable,
+        "42703" => K::UndefinedColumn,
+        "25006" => K::ReadOnly,
+        "40001" | "40P01" | "55P03" => K::Contention,
+        "57P01" | "57P02" | "57P03" => K::Connection,
+        _ if code.starts_with("28") => K::LoginFailed,
+        _ if code.starts_with("08") => K::Connection,
+        _ => K::Other,
+    }
+}
+
+/// What an error with this MariaDB/MySQL error number is.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+fn mysql_kind(number: u16) -> DatabaseErrorKind {
+    use DatabaseErrorKind as K;
+    match number {
+        1062 => K::UniqueViolation,
+        1044 | 1142 | 1143 | 1227 => K::PermissionDenied,
+        1146 => K::UndefinedTable,
+        1054 => K::UndefinedColumn,
+        1290 | 1792 | 1836 => K::ReadOnly,
+        1045 => K::LoginFailed,
+        1053 | 2002 | 2003 | 2006 | 2013 => K::Connection,
+        1205 | 1213 => K::Contention,
+        _ => K::Other,
+    }
+}
+
+/// What an error with this SQLite (extended) result code and message is. SQLite reports a
+/// missing table or column as the generic `SQLITE_ERROR`: only its message tells them apart.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+fn sqlite_kind(code: i64, message: &str) -> DatabaseErrorKind {
+    use DatabaseErrorKind as K;
+    match code {
+        // SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE.
+        1555 | 2067 => K::UniqueViolation,
+        _ => match code & 0xff {
+            // SQLITE_ERROR
+            1 if message.starts_with("no such table") => K::UndefinedTable,
+            1 if message.starts_with("no such column") => K::UndefinedColumn,
+            // SQLITE_PERM, SQLITE_AUTH
+            3 | 23 => K::PermissionDenied,
+            // SQLITE_BUSY, SQLITE_LOCKED
+            5 | 6 => K::Contention,
+            // SQLITE_READONLY
+            8 => K::ReadOnly,
+            _ => K::Other,
+        },
+    }
+}
+
+/// What a driver error is.
+fn sqlx_kind(cause: &sqlx::Error) -> DatabaseErrorKind {
+    match cause {
+        // Only the engines this build has can have raised one (see the `*_kind` above).
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                return postgres_kind(pg.code());
+            }
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return mysql_kind(my.number());
+            }
+            #[cfg(feature = "sqlite")]
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                let code = db.code().and_then(|c| c.parse().ok()).unwrap_or(1);
+                return sqlite_kind(code, db.message());
+            }
+            if db.is_unique_violation() {
+                DatabaseErrorKind::UniqueViolation
+            } else {
+                DatabaseErrorKind::Other
+            }
+        }
+        sqlx::Error::ColumnNotFound(_) => DatabaseErrorKind::UndefinedColumn,
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => DatabaseErrorKind::Connection,
+        _ => DatabaseErrorKind::Other,
+    }
+}
+
+/// What to do about an error that does not heal: the hint of [`Error::CannotHeal`], chosen
+/// by the error's [`DatabaseErrorKind`].
 pub(crate) fn unhealable_hint(err: &Error) -> String {
-    let text = err.to_string().to_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    if has(&[
-        "permission denied",
-        "command denied",
-        "access denied for user",
-        "not authorized",
-    ]) && !has(&["password"])
-    {
-        "the database user of this source lacks a privilege on the commands table: grant it \
-         SELECT, INSERT, UPDATE and DELETE on the table (PostgreSQL: `GRANT SELECT, INSERT, \
-         UPDATE, DELETE ON <table> TO <role>`; MariaDB/MySQL: `GRANT SELECT, INSERT, UPDATE, \
-         DELETE ON <db>.<table> TO <user>`)"
-            .into()
-    } else if has(&["password", "authentication", "access denied"]) {
-        "the server refused the login: check the user and password in the source's url (and \
-         the server's pg_hba.conf or the user's allowed hosts)"
-            .into()
-    } else if has(&[
-        "does not exist",
-        "doesn't exist",
-        "no such table",
-        "no such column",
-        "unknown column",
-    ]) {
-        "the commands table (or a column icq needs) is missing: create or upgrade it with \
-         `icq migrate run` against this source's database, or fix `table:`"
-            .into()
-    } else if has(&["read-only", "read only", "readonly", "read_only"]) {
-        "the database accepts no writes (a read-only file or mount, a server with \
-         `read_only` set, or a replica): point the source at a writable database"
-            .into()
-    } else {
-        "the server rejects icq's statements and retrying does not change that: fix the cause \
-         in the message, then run again"
-            .into()
+    unhealable_hint_for(err.database_kind()).into()
+}
+
+/// The hint of [`unhealable_hint`] for an error of this kind.
+fn unhealable_hint_for(kind: Option<DatabaseErrorKind>) -> &'static str {
+    use DatabaseErrorKind as K;
+    match kind {
+        Some(K::PermissionDenied) => {
+            "the database user of this source lacks a privilege on the commands table: grant it \
+             SELECT, INSERT, UPDATE and DELETE on the table (PostgreSQL: `GRANT SELECT, INSERT, \
+             UPDATE, DELETE ON <table> TO <role>`; MariaDB/MySQL: `GRANT SELECT, INSERT, UPDATE, \
+             DELETE ON <db>.<table> TO <user>`)"
+        }
+        Some(K::LoginFailed) => {
+            "the server refused the login: check the user and password in the source's url (and \
+             the server's pg_hba.conf or the user's allowed hosts)"
+        }
+        Some(K::UndefinedTable | K::UndefinedColumn) => {
+            "the commands table (or a column icq needs) is missing: create or upgrade it by \
+             applying icq's migrations to this source's database, or fix the table's name"
+        }
+        Some(K::ReadOnly) => {
+            "the database accepts no writes (a read-only file or mount, a server with \
+             `read_only` set, or a replica): point the source at a writable database"
+        }
+        _ => {
+            "the server rejects icq's statements and retrying does not change that: fix the cause \
+             in the message, then run again"
+        }
     }
 }
 
@@ -425,25 +530,20 @@ impl From<sqlx::migrate::MigrateError> for Error {
     }
 }
 
-/// The message of [`Error::TableMissing`]: what is missing, then the commands that create
-/// it for this very table and source (a missing schema is created first, by hand).
+/// The message of [`Error::TableMissing`]: what is missing (and for a schema, how to
+/// create it).
 fn table_missing_message(
     source: &str,
     table: &str,
     engine: &str,
     missing_schema: Option<&str>,
 ) -> String {
-    let create = format!(
-        "`icq migrate add --engine {engine} --table {table}`, then apply it with \
-         `icq migrate run --source {source}` against the same database (with the same \
-         --database-url, if you gave one)"
-    );
     match missing_schema {
-        None => format!("source `{source}`: table {table} does not exist; create it with {create}"),
+        None => format!("source `{source}`: table {table} does not exist"),
         Some(schema) => format!(
             "source `{source}`: the schema `{schema}` of table {table} does not exist in the \
-             database; hint: fix the schema in `table:`, or create \
-             the schema ({}) and then the table with {create}",
+             database; hint: fix the schema in the table's name, or create the schema ({}) and \
+             then the table",
             create_schema_hint(engine, schema)
         ),
     }
@@ -470,9 +570,8 @@ impl Error {
     /// use icq::{Error, TableName};
     ///
     /// let err = Error::needs_schema_v2(&TableName::default(), "a unique key");
-    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+    /// assert!(matches!(err, Error::NeedsSchemaV2 { .. }));
     /// assert!(err.to_string().starts_with("table InternalCommands is schema version 1"), "{err}");
-    /// assert!(err.to_string().contains("icq migrate add"), "{err}");
     /// ```
     pub fn needs_schema_v2(table: &impl std::fmt::Display, what: &str) -> Error {
         Error::NeedsSchemaV2 {
@@ -489,14 +588,13 @@ impl Error {
     ///
     /// ```
     /// let err = icq::Error::engine_not_built(icq::Engine::Mysql);
-    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+    /// assert!(matches!(err, icq::Error::Unsupported(_)));
     /// assert!(err.to_string().contains(r#"features = ["mysql"]"#), "{err}");
     /// ```
     pub fn engine_not_built(engine: crate::Engine) -> Error {
         let Some(feature) = engine.feature() else {
             return Error::Unsupported(format!(
-                "{} has no driver in icq: it is supported for migrations only \
-                 (`icq migrate add --engine {engine}`)",
+                "{} has no driver in icq: it is supported for migrations only",
                 engine.prose()
             ));
         };
@@ -513,7 +611,7 @@ impl Error {
     ///
     /// ```
     /// let err = icq::Error::invalid("`-5s` must not be negative");
-    /// assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
+    /// assert!(matches!(err, icq::Error::Invalid { .. }));
     /// assert!(std::error::Error::source(&err).is_none());
     /// ```
     pub fn invalid(message: impl Into<String>) -> Error {
@@ -545,7 +643,7 @@ impl Error {
     pub fn prefixed(self, prefix: &str) -> Error {
         let with = |text: String| format!("{prefix}: {text}");
         match self {
-            Error::Usage(text) => Error::Usage(with(text)),
+            Error::Ambiguous(text) => Error::Ambiguous(with(text)),
             Error::Invalid { message, source } => Error::Invalid {
                 message: with(message),
                 source,
@@ -562,14 +660,13 @@ impl Error {
     }
 
     /// Wraps a run-time failure inside icq with what it was doing: for `map_err`
-    /// ([`Error::Runtime`], exit code 1).
+    /// ([`Error::Runtime`]).
     ///
     /// # Examples
     ///
     /// ```
     /// let err = icq::Error::runtime("cannot build the HTTP client")(std::io::Error::other("no TLS"));
     /// assert_eq!(err.to_string(), "cannot build the HTTP client: no TLS");
-    /// assert_eq!((err.kind(), err.exit_code()), ("runtime", 1));
     /// ```
     pub fn runtime<E: Into<BoxError>>(context: impl Into<String>) -> impl FnOnce(E) -> Error {
         let context = context.into();
@@ -578,26 +675,6 @@ impl Error {
             source: source.into(),
         }
     }
-}
-
-/// `file:line:col: …` when the message starts with a position, `file: …` otherwise.
-fn located(path: &std::path::Path, message: &str) -> String {
-    if message.starts_with(|c: char| c.is_ascii_digit()) {
-        format!("{}:{message}", path.display())
-    } else {
-        format!("{}: {message}", path.display())
-    }
-}
-
-/// Every problem of a configuration check, each on its own line prefixed by the file.
-fn located_list(path: &std::path::Path, problems: &[String]) -> String {
-    let lines: Vec<String> = problems.iter().map(|p| located(path, p)).collect();
-    format!(
-        "{} problem{} found:\n{}",
-        problems.len(),
-        if problems.len() == 1 { "" } else { "s" },
-        lines.join("\n")
-    )
 }
 
 /// A driver error as text, without the PostgreSQL driver's trailing ` at line N`.
@@ -632,73 +709,28 @@ pub fn without_line_suffix(text: &str) -> &str {
 }
 
 impl Error {
-    /// The exit code the `icq` binary uses for this error: 2 for what the caller can fix in
-    /// the request ([`Error::Usage`], [`Error::Invalid`], [`Error::Refused`],
-    /// [`Error::NeedsSchemaV2`], [`Error::Unsupported`], configuration), 3 not found, 1 for
-    /// run-time failures.
+    /// What the database reported, classified by its code, for a [`Error::Database`] (or
+    /// the cause of a [`Error::CannotHeal`]); [`DatabaseErrorKind::Connection`] for a
+    /// [`Error::Connect`], [`DatabaseErrorKind::UndefinedTable`] for a
+    /// [`Error::TableMissing`]; `None` for errors that are not the database's.
     ///
     /// # Examples
     ///
     /// ```
     /// use icq::Error;
+    /// use icq::error::DatabaseErrorKind;
     ///
-    /// assert_eq!(Error::Usage("bad flag".into()).exit_code(), 2);
-    /// assert_eq!(Error::Conflict("changed meanwhile".into()).exit_code(), 1);
-    /// assert_eq!(Error::NotFound("no command with id x".into()).exit_code(), 3);
-    /// assert_eq!(Error::DeadLettered { count: 1 }.exit_code(), 1);
+    /// let lost = Error::db("claiming commands")(sqlx::Error::PoolTimedOut);
+    /// assert_eq!(lost.database_kind(), Some(DatabaseErrorKind::Connection));
+    /// assert_eq!(Error::invalid("bad id").database_kind(), None);
     /// ```
-    pub fn exit_code(&self) -> i32 {
+    pub fn database_kind(&self) -> Option<DatabaseErrorKind> {
         match self {
-            Error::Usage(_)
-            | Error::Invalid { .. }
-            | Error::Refused(_)
-            | Error::NeedsSchemaV2 { .. }
-            | Error::Unsupported(_)
-            | Error::Config { .. }
-            | Error::ConfigCheck { .. }
-            | Error::EngineMismatch { .. } => 2,
-            Error::NotFound(_) => 3,
-            _ => 1,
-        }
-    }
-
-    /// A stable, machine-readable name for what kind of error this is: the `kind` of the
-    /// `--format json` error document (`usage` (every exit-2 request error but
-    /// configuration), `config`, `not_found`, `connection`, `database` (also
-    /// [`Error::CannotHeal`]), `table_missing`, `migration`, `io`, `malformed_row`,
-    /// `dead_lettered`, `bench`, `conflict`, `runtime`).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use icq::Error;
-    ///
-    /// assert_eq!(Error::NotFound("no command with id x".into()).kind(), "not_found");
-    /// let lost = Error::db("claiming commands from source orders")(sqlx::Error::PoolTimedOut);
-    /// assert_eq!(lost.kind(), "connection");
-    /// ```
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Error::Usage(_)
-            | Error::Invalid { .. }
-            | Error::Refused(_)
-            | Error::NeedsSchemaV2 { .. }
-            | Error::Unsupported(_)
-            | Error::EngineMismatch { .. } => "usage",
-            Error::Conflict(_) => "conflict",
-            Error::Runtime { .. } => "runtime",
-            Error::Config { .. } | Error::ConfigCheck { .. } => "config",
-            Error::NotFound(_) => "not_found",
-            Error::Connect { .. } => "connection",
-            Error::Database { .. } if self.is_connection_error() => "connection",
-            Error::Database { .. } => "database",
-            Error::TableMissing { .. } => "table_missing",
-            Error::Migrate(_) => "migration",
-            Error::Io { .. } => "io",
-            Error::MalformedRow { .. } => "malformed_row",
-            Error::DeadLettered { .. } => "dead_lettered",
-            Error::Bench(_) => "bench",
-            Error::CannotHeal { .. } => "database",
+            Error::Database { cause, .. } => Some(sqlx_kind(cause)),
+            Error::CannotHeal { cause, .. } => cause.database_kind(),
+            Error::Connect { .. } => Some(DatabaseErrorKind::Connection),
+            Error::TableMissing { .. } => Some(DatabaseErrorKind::UndefinedTable),
+            _ => None,
         }
     }
 
@@ -732,14 +764,12 @@ impl Error {
             Error::Connect { .. } => Healing::Retry,
             Error::CannotHeal { .. }
             | Error::TableMissing { .. }
-            | Error::Usage(_)
             | Error::Invalid { .. }
             | Error::Refused(_)
+            | Error::Ambiguous(_)
             | Error::NeedsSchemaV2 { .. }
             | Error::Unsupported(_)
-            | Error::EngineMismatch { .. }
-            | Error::Config { .. }
-            | Error::ConfigCheck { .. } => Healing::Never,
+            | Error::EngineMismatch { .. } => Healing::Never,
             _ => Healing::Retry,
         }
     }
@@ -760,8 +790,8 @@ impl Error {
     /// };
     /// let named = refused.in_source("orders");
     /// assert!(named.to_string().starts_with("source `orders`: cannot connect"), "{named}");
-    /// let usage = Error::Usage("bad".into()).in_source("orders");
-    /// assert_eq!(usage.to_string(), "bad"); // left as it was
+    /// let invalid = Error::invalid("bad").in_source("orders");
+    /// assert_eq!(invalid.to_string(), "bad"); // left as it was
     /// ```
     pub fn in_source(self, source: &str) -> Error {
         match self {
@@ -803,7 +833,7 @@ impl Error {
     /// let bad = sqlx::query("SELECT * FROM missing").execute(&pool).await;
     /// let err = bad.map_err(Error::db("reading the report")).unwrap_err();
     /// assert!(err.to_string().starts_with("reading the report: "), "{err}");
-    /// assert_eq!(err.kind(), "database");
+    /// assert!(matches!(err, Error::Database { .. }));
     /// # Ok(())
     /// # }
     /// ```
@@ -823,7 +853,7 @@ impl Error {
     /// let read = std::fs::read_to_string(path).map_err(Error::io(format!("reading {path}")));
     /// let err = read.unwrap_err();
     /// assert!(err.to_string().starts_with("reading /no/such/icq.yaml: "), "{err}");
-    /// assert_eq!(err.kind(), "io");
+    /// assert!(matches!(err, Error::Io { .. }));
     /// ```
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
@@ -878,7 +908,6 @@ mod tests {
             assert_eq!(engine.feature(), Some(feature));
             let err = Error::engine_not_built(engine);
             assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
-            assert_eq!((err.kind(), err.exit_code()), ("usage", 2));
             let text = err.to_string();
             assert!(text.contains(&format!("no {prose} driver")), "{text}");
             assert!(
@@ -919,58 +948,58 @@ mod tests {
     }
 
     #[test]
-    fn kinds_and_exit_codes_agree() {
-        let cases = [
-            (Error::Usage("x".into()), "usage", 2),
-            (Error::NotFound("x".into()), "not_found", 3),
-            (Error::invalid("x"), "usage", 2),
-            (Error::Refused("x".into()), "usage", 2),
-            (Error::needs_schema_v2(&"T", "x"), "usage", 2),
-            (Error::Unsupported("x".into()), "usage", 2),
-            (Error::Conflict("x".into()), "conflict", 1),
-            (
-                Error::runtime("a source worker crashed")(std::io::Error::other("panic")),
-                "runtime",
-                1,
-            ),
-            (
-                Error::ConfigCheck {
-                    path: "icq.yaml".into(),
-                    problems: vec!["1:1: x".into()],
-                },
-                "config",
-                2,
-            ),
-            (Error::DeadLettered { count: 2 }, "dead_lettered", 1),
-            (
-                Error::Connect {
-                    context: "c".into(),
-                    reason: "r".into(),
-                    hint: String::new(),
-                },
-                "connection",
-                1,
-            ),
-            (
-                Error::Database {
-                    context: "c".into(),
-                    cause: sqlx::Error::PoolTimedOut,
-                },
-                "connection",
-                1,
-            ),
-            (
-                Error::Database {
-                    context: "c".into(),
-                    cause: sqlx::Error::RowNotFound,
-                },
-                "database",
-                1,
-            ),
-        ];
-        for (err, kind, code) in cases {
-            assert_eq!((err.kind(), err.exit_code()), (kind, code), "{err}");
+    fn database_codes_are_classified() {
+        use DatabaseErrorKind as K;
+        for (code, kind) in [
+            ("23505", K::UniqueViolation),
+            ("42501", K::PermissionDenied),
+            ("42P01", K::UndefinedTable),
+            ("3F000", K::UndefinedTable),
+            ("42703", K::UndefinedColumn),
+            ("25006", K::ReadOnly),
+            ("28P01", K::LoginFailed),
+            ("28000", K::LoginFailed),
+            ("08006", K::Connection),
+            ("57P01", K::Connection),
+            ("40001", K::Contention),
+            ("40P01", K::Contention),
+            ("22P02", K::Other),
+        ] {
+            assert_eq!(postgres_kind(code), kind, "{code}");
         }
+        for (number, kind) in [
+            (1062, K::UniqueViolation),
+            (1044, K::PermissionDenied),
+            (1142, K::PermissionDenied),
+            (1146, K::UndefinedTable),
+            (1054, K::UndefinedColumn),
+            (1290, K::ReadOnly),
+            (1045, K::LoginFailed),
+            (2013, K::Connection),
+            (1213, K::Contention),
+            (1064, K::Other),
+        ] {
+            assert_eq!(mysql_kind(number), kind, "{number}");
+        }
+        for (code, message, kind) in [
+            (2067, "UNIQUE constraint failed: t.k", K::UniqueViolation),
+            (1555, "UNIQUE constraint failed: t.id", K::UniqueViolation),
+            (1, "no such table: InternalCommands", K::UndefinedTable),
+            (1, "no such column: LockToken", K::UndefinedColumn),
+            (1, "near \"x\": syntax error", K::Other),
+            (8, "attempt to write a readonly database", K::ReadOnly),
+            (1032, "attempt to write a readonly database", K::ReadOnly),
+            (5, "database is locked", K::Contention),
+            (23, "not authorized", K::PermissionDenied),
+        ] {
+            assert_eq!(sqlite_kind(code, message), kind, "{code} {message}");
+        }
+        assert_eq!(
+            sqlx_kind(&sqlx::Error::ColumnNotFound("LockToken".into())),
+            K::UndefinedColumn
+        );
+        assert_eq!(sqlx_kind(&sqlx::Error::PoolTimedOut), K::Connection);
+        assert_eq!(sqlx_kind(&sqlx::Error::RowNotFound), K::Other);
     }
 
     #[test]
@@ -1035,13 +1064,32 @@ mod tests {
     }
 
     #[test]
-    fn cannot_heal_is_a_database_error_with_a_hint() {
+    fn the_hint_follows_the_classification() {
+        use DatabaseErrorKind as K;
+        let grant = unhealable_hint_for(Some(K::PermissionDenied));
+        assert!(grant.contains("GRANT"), "{grant}");
+        assert!(unhealable_hint_for(Some(K::LoginFailed)).contains("password"));
+        for missing in [K::UndefinedTable, K::UndefinedColumn] {
+            assert!(unhealable_hint_for(Some(missing)).contains("is missing"));
+        }
+        assert!(unhealable_hint_for(Some(K::ReadOnly)).contains("writable"));
+        assert!(unhealable_hint_for(None).contains("fix the cause"));
+        let table = Error::TableMissing {
+            source_name: "s".into(),
+            table: "t".into(),
+            engine: "postgres",
+            missing_schema: None,
+        };
+        assert!(unhealable_hint(&table).contains("is missing"));
+    }
+
+    #[test]
+    fn cannot_heal_names_the_source_the_cause_and_the_tries() {
         let cause = Error::Database {
             context: "claiming due commands (InternalCommands)".into(),
-            cause: sqlx::Error::Protocol("permission denied for table InternalCommands".into()),
+            cause: sqlx::Error::ColumnNotFound("LockToken".into()),
         };
         let hint = unhealable_hint(&cause);
-        assert!(hint.contains("GRANT"), "{hint}");
         let err = Error::CannotHeal {
             source_name: "orders".into(),
             cause: Box::new(cause),
@@ -1049,27 +1097,18 @@ mod tests {
             seconds: 3.2,
             hint,
         };
-        assert_eq!((err.kind(), err.exit_code()), ("database", 1));
+        assert_eq!(
+            err.database_kind(),
+            Some(DatabaseErrorKind::UndefinedColumn)
+        );
+        assert_eq!(err.healing(), Healing::Never);
         let text = err.to_string();
         assert!(
             text.starts_with("source `orders`: claiming due commands"),
             "{text}"
         );
-        assert!(text.contains("permission denied for table"), "{text}");
+        assert!(text.contains("LockToken"), "{text}");
         assert!(text.contains("4 tries over 3.2 s"), "{text}");
-    }
-
-    #[test]
-    fn dead_letter_counts_read_naturally() {
-        assert!(
-            Error::DeadLettered { count: 1 }
-                .to_string()
-                .starts_with("1 command was dead-lettered")
-        );
-        assert!(
-            Error::DeadLettered { count: 3 }
-                .to_string()
-                .starts_with("3 commands were dead-lettered")
-        );
+        assert!(text.contains("hint: the commands table"), "{text}");
     }
 }

@@ -250,8 +250,8 @@ pub async fn plan_cancel(sources: &[Queue], target: &CancelTarget) -> Result<Can
         CancelTarget::Ids(ids) => plan_ids(sources, &distinct(ids)).await,
         CancelTarget::Matching { type_name, queue } => {
             if type_name.is_none() && queue.is_none() {
-                return Err(Error::Usage(
-                    "say what to cancel: ids, --type TYPE and/or --queue QUEUE".into(),
+                return Err(Error::invalid(
+                    "say what to cancel: ids, --type TYPE and/or --queue QUEUE",
                 ));
             }
             super::check_queue_filter(sources, queue.as_deref()).await?;
@@ -290,8 +290,8 @@ pub async fn plan_cancel(sources: &[Queue], target: &CancelTarget) -> Result<Can
 
 async fn plan_ids(sources: &[Queue], ids: &[CommandId]) -> Result<CancelPlan> {
     if ids.is_empty() {
-        return Err(Error::Usage(
-            "name the commands to cancel (ids), or pass --type TYPE or --queue QUEUE".into(),
+        return Err(Error::invalid(
+            "name the commands to cancel (ids), or pass --type TYPE or --queue QUEUE",
         ));
     }
     let per_source = locate_checked(sources, ids, "cancelled", |row, state| match state {

@@ -179,7 +179,7 @@ async fn read(sources: &[Queue], request: &ListRequest, count: bool) -> Result<L
     let source = match sources {
         [one] => one,
         _ => one_source(sources).map_err(|_| {
-            crate::Error::Usage(format!(
+            crate::Error::Ambiguous(format!(
                 "{} sources are configured ({}); list one at a time with --source NAME",
                 sources.len(),
                 sources

@@ -347,8 +347,8 @@ pub async fn plan_purge(sources: &[Queue], request: &PurgeRequest) -> Result<Pur
         kinds.push(FinishedKind::DeadLetters);
     }
     if kinds.is_empty() {
-        return Err(Error::Usage(
-            "say what to purge: --completed, --dead-letters, or both".into(),
+        return Err(Error::invalid(
+            "say what to purge: --completed, --dead-letters, or both",
         ));
     }
     let age = match request.older_than {

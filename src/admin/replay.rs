@@ -136,7 +136,7 @@ pub struct ReplayReport {
 pub async fn replay(sources: &[Queue], ids: &[CommandId]) -> Result<ReplayReport> {
     let ids = distinct(ids);
     if ids.is_empty() {
-        return Err(Error::Usage("name the commands to replay (ids)".into()));
+        return Err(Error::invalid("name the commands to replay (ids)"));
     }
     let per_source = locate_checked(sources, &ids, "replayed", |row, state| match state {
         State::Completed | State::Dead => Ok(()),

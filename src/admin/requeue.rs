@@ -297,8 +297,8 @@ pub async fn plan_requeue(sources: &[Queue], target: &RequeueTarget) -> Result<R
 
 async fn plan_requeue_ids(sources: &[Queue], ids: &[CommandId]) -> Result<RequeuePlan> {
     if ids.is_empty() {
-        return Err(Error::Usage(
-            "name the commands to requeue (ids), or pass --all-dead".into(),
+        return Err(Error::invalid(
+            "name the commands to requeue (ids), or pass --all-dead",
         ));
     }
     let per_source = locate_checked(sources, ids, "requeued", |row, state| match state {

@@ -64,7 +64,7 @@ pub const DEFAULT_MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
 /// let limit = InputLimit { bytes: 8, raise_with: "--max-input-bytes" };
 /// assert_eq!(read_limited(&b"{\"a\":1}"[..], &limit, "--payload")?, b"{\"a\":1}");
 /// let err = read_limited(std::io::repeat(0), &limit, "the payload file /dev/zero").unwrap_err();
-/// assert_eq!(err.exit_code(), 2);
+/// assert!(matches!(err, icq::Error::Invalid { .. }));
 /// assert!(err.to_string().contains("larger than 8 bytes"), "{err}");
 /// assert!(err.to_string().contains("--max-input-bytes"), "{err}");
 /// assert_eq!(InputLimit::default().bytes, DEFAULT_MAX_INPUT_BYTES);
@@ -137,10 +137,10 @@ pub fn read_limited(reader: impl Read, limit: &InputLimit, origin: &str) -> Resu
 pub fn one_source(sources: &[Queue]) -> Result<&Queue> {
     match sources {
         [one] => Ok(one),
-        [] => Err(Error::Usage(
+        [] => Err(Error::Ambiguous(
             "no source is configured to schedule into".into(),
         )),
-        many => Err(Error::Usage(format!(
+        many => Err(Error::Ambiguous(format!(
             "{} sources are configured ({}); say which one to schedule into with --source NAME",
             many.len(),
             many.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
@@ -590,7 +590,7 @@ mod tests {
         ] {
             let err = parse_jobs(line, "f").unwrap_err();
             assert!(err.to_string().starts_with(expected), "{err}");
-            assert_eq!(err.exit_code(), 2);
+            assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
             assert!(std::error::Error::source(&err).is_some(), "{err:?}");
         }
     }
@@ -646,7 +646,7 @@ mod tests {
             ),
         ] {
             let err = parse_jobs(&format!("{text}\n{line}\n"), "f").unwrap_err();
-            assert_eq!(err.exit_code(), 2);
+            assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
             assert!(
                 err.to_string()
                     .starts_with(&format!("f:2: field `{field}`")),
@@ -665,7 +665,7 @@ mod tests {
         // otherwise), naming the line and how to raise the limit.
         let endless = std::io::BufReader::new(std::io::repeat(b' '));
         let err = read_jobs(endless, "stdin", &limit).unwrap_err();
-        assert_eq!(err.exit_code(), 2);
+        assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
             "stdin:1: the line is larger than 1024 bytes, the input limit; nothing was read \

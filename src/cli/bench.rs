@@ -32,10 +32,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::config::DatabaseUrl;
+use crate::cli::error::{CliError, Result};
 use icq::ConnectOptions;
 use icq::admin::Progress;
 use icq::command::NewCommand;
-use icq::error::{Error, Result};
+use icq::error::Error;
 use icq::handler::{FnHandler, Job, Registry};
 use icq::ident::{Engine, TableName};
 use icq::queue::Queue;
@@ -130,17 +131,18 @@ pub async fn run(
     interrupt: CancellationToken,
 ) -> Result<BenchReport> {
     if options.jobs == 0 {
-        return Err(Error::invalid("--jobs must be at least 1"));
+        return Err(Error::invalid("--jobs must be at least 1").into());
     }
     if options.jobs > MAX_JOBS {
         return Err(Error::invalid(format!(
             "--jobs {} is more than one run enqueues ({MAX_JOBS}): the batch is built in \
              memory; run several benchmarks or pass a smaller --jobs",
             options.jobs
-        )));
+        ))
+        .into());
     }
     if options.concurrency == Some(0) {
-        return Err(Error::invalid("--concurrency must be at least 1"));
+        return Err(Error::invalid("--concurrency must be at least 1").into());
     }
     let engine = options.url.engine()?;
     if engine == Engine::Sqlite {
@@ -197,7 +199,7 @@ async fn sqlite_file_exists(url: &DatabaseUrl) -> Result<()> {
         return Ok(());
     }
     let separator = if text.contains('?') { '&' } else { '?' };
-    Err(Error::Usage(format!(
+    Err(CliError::Usage(format!(
         "the SQLite database file {} does not exist; add {separator}mode=rwc to the URL to \
          create it ({}{separator}mode=rwc)",
         icq::redact::redact_url(text),
@@ -215,13 +217,13 @@ async fn create_scratch_table(
     match Queue::connect("bench", url, table, &ConnectOptions::default()).await {
         Ok(existing) => {
             existing.close().await;
-            return Err(Error::Bench(format!(
+            return Err(CliError::Bench(format!(
                 "the scratch table {table} already exists; run icq bench again (it picks a \
                  new name)"
             )));
         }
         Err(Error::TableMissing { .. }) => {}
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     }
     let create = ConnectOptions::default().creating_table(true);
     *queue = Some(Queue::connect("bench", url, table, &create).await?);
@@ -233,8 +235,8 @@ async fn create_scratch_table(
 /// only dead connections.
 async fn drop_table(queue: Option<&Queue>, url: &DatabaseUrl, table: &TableName) -> Result<()> {
     let mut outcome = match queue {
-        Some(queue) => queue.drop_table().await,
-        None => Err(Error::Bench("not connected".into())),
+        Some(queue) => queue.drop_table().await.map_err(CliError::from),
+        None => Err(CliError::Bench("not connected".into())),
     };
     for attempt in 1..DROP_ATTEMPTS {
         if outcome.is_ok() {
@@ -252,21 +254,21 @@ async fn drop_table(queue: Option<&Queue>, url: &DatabaseUrl, table: &TableName)
             Ok(fresh) => {
                 let dropped = fresh.drop_table().await;
                 fresh.close().await;
-                dropped
+                dropped.map_err(CliError::from)
             }
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
         };
     }
     outcome
 }
 
 /// A fresh scratch table name: `icq_bench_` and 8 random hex digits.
-fn scratch_table() -> Result<TableName> {
+fn scratch_table() -> icq::Result<TableName> {
     TableName::parse(&format!("icq_bench_{:08x}", rand::random::<u32>()))
 }
 
-fn interrupted(wrote: bool) -> Error {
-    Error::Bench(if wrote {
+fn interrupted(wrote: bool) -> CliError {
+    CliError::Bench(if wrote {
         "interrupted; the scratch tables were dropped".into()
     } else {
         "interrupted before anything was written".into()
@@ -275,9 +277,9 @@ fn interrupted(wrote: bool) -> Error {
 
 /// The error when the scratch table could not be dropped: it names the table so it can
 /// be dropped by hand, after the earlier failure, if any.
-fn drop_failed(table: &TableName, err: Error, earlier: Option<Error>) -> Error {
+fn drop_failed(table: &TableName, err: CliError, earlier: Option<CliError>) -> CliError {
     let earlier = earlier.map_or_else(String::new, |e| format!("{e}; then "));
-    Error::Bench(format!(
+    CliError::Bench(format!(
         "{earlier}dropping the scratch table {table} failed, so it is still there (drop it \
          by hand): {err}"
     ))
@@ -385,7 +387,7 @@ impl Bench<'_> {
         let elapsed = started.elapsed();
         let output = output.map_err(Error::io("waiting for the drain worker"))?;
         if !output.status.success() {
-            return Err(Error::Bench(format!(
+            return Err(CliError::Bench(format!(
                 "the drain worker (`icq work --until-idle`) failed ({}){}",
                 output.status,
                 tail(&output.stderr)
@@ -395,7 +397,7 @@ impl Bench<'_> {
         let counts = self.counts().await?;
         let pending = counts.due + counts.scheduled + counts.running;
         if counts.completed != total || pending > 0 || counts.dead > 0 {
-            return Err(Error::Bench(format!(
+            return Err(CliError::Bench(format!(
                 "the drain worker exited, but {} of {total} commands completed ({} \
                  dead-lettered, {pending} still pending){}",
                 counts.completed,
@@ -442,7 +444,7 @@ impl Bench<'_> {
         stop.cancel();
         let ran = running
             .await
-            .map_err(|err| Error::Bench(format!("the latency processor crashed: {err}")))?;
+            .map_err(|err| CliError::Bench(format!("the latency processor crashed: {err}")))?;
         let mut latencies = sampled?;
         ran?;
         latencies.sort_by(f64::total_cmp);
@@ -522,7 +524,7 @@ async fn wait_started(
     while seen < count {
         let next = tokio::time::timeout(patience, started.recv()).await;
         let Ok(Some((i, at))) = next else {
-            return Err(Error::Bench(format!(
+            return Err(CliError::Bench(format!(
                 "{what}: only {seen} of {count} started within {}s; is the processor \
                  running?",
                 patience.as_secs()

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::cli::config::SourceConfig;
+use crate::cli::error::{CliError, Result};
 use crate::cli::sources::Source;
 use crate::cli::sources::SourceRequest;
 use icq::ConnectOptions;
 use icq::admin::{self, DeadLetterQuery, DeadLetterReport, PendingReport};
 use icq::command::{Context, NewCommand};
-use icq::error::{Error, Result};
 use icq::handler::{FnHandler, HandlerError, Job, Layer, Registry, TraceLayer};
 use icq::ident::TableName;
 use icq::queue::Queue;
@@ -105,7 +105,7 @@ pub fn target(request: &SourceRequest) -> Result<SourceConfig> {
         match selected.as_slice() {
             [one] => (*one).clone(),
             _ => {
-                return Err(Error::Usage(
+                return Err(CliError::Usage(
                     "the quick start runs on one source: pick it with --source NAME".into(),
                 ));
             }

@@ -8,6 +8,7 @@ pub(crate) mod bench;
 pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod demo;
+pub(crate) mod error;
 pub(crate) mod output;
 pub(crate) mod parse;
 pub(crate) mod sources;

@@ -116,14 +116,14 @@ mod tests {
                 err.to_string().contains("like 30s, 5m, 12h, 7d"),
                 "{bad}: {err}"
             );
-            assert_eq!(err.exit_code(), 2);
+            assert_eq!(crate::cli::error::exit_code(&err), 2);
         }
         let negative = parse_duration("-1d").unwrap_err();
         assert!(
             negative.to_string().contains("must not be negative"),
             "{negative}"
         );
-        assert_eq!(negative.exit_code(), 2);
+        assert_eq!(crate::cli::error::exit_code(&negative), 2);
     }
 
     #[test]
@@ -139,6 +139,6 @@ mod tests {
                 .starts_with("--payload is not JSON: expected"),
             "{err}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert_eq!(crate::cli::error::exit_code(&err), 2);
     }
 }

@@ -15,6 +15,7 @@
 use std::path::Path;
 
 use crate::cli::config::parse;
+use crate::cli::error::CliError;
 use icq::Error;
 use proptest::prelude::*;
 
@@ -43,7 +44,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// Parses `text` and checks the contract of the result: a configuration, or an
-/// `Error::Config` (exit 2) for the file, with a non-empty message that never shows the
+/// `CliError::Config` (exit 2) for the file, with a non-empty message that never shows the
 /// environment's passwords and, when positioned, a line within the file.
 fn parse_checked(text: &str) -> Result<crate::cli::config::Config, String> {
     let path = Path::new("icq.yaml");
@@ -52,7 +53,7 @@ fn parse_checked(text: &str) -> Result<crate::cli::config::Config, String> {
             assert!(!config.sources.is_empty());
             Ok(config)
         }
-        Err(Error::Config { path: p, message }) => {
+        Err(CliError::Config { path: p, message }) => {
             assert_eq!(p, path);
             assert!(!message.trim().is_empty());
             assert!(
@@ -242,7 +243,7 @@ proptest! {
         match crate::cli::parse::parse_duration(&text) {
             Ok(_) => {}
             Err(err) => {
-                prop_assert_eq!(err.exit_code(), 2);
+                prop_assert_eq!(crate::cli::error::exit_code(&err), 2);
                 let message = err.to_string();
                 prop_assert!(
                     message.contains("is not a duration") || message.contains("must not be negative"),
@@ -264,7 +265,7 @@ proptest! {
     #[test]
     fn instants_parse_or_refuse_clearly(text in any::<String>()) {
         if let Err(err) = crate::cli::parse::parse_instant(&text) {
-            prop_assert_eq!(err.exit_code(), 2);
+            prop_assert_eq!(crate::cli::error::exit_code(&err), 2);
             prop_assert!(err.to_string().contains("is not an RFC 3339 instant"), "{}", err);
         }
     }

@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 
 use crate::cli::config::{self, Config, ConfigRequest, SourceConfig};
+use crate::cli::error::{CliError, Result};
 use icq::ConnectOptions;
-use icq::error::Result;
 use icq::ident::TableName;
 use icq::queue::Queue;
 use icq::settings::Settings;
@@ -104,7 +104,7 @@ pub fn migration_target(request: &SourceRequest) -> Result<Option<MigrationTarge
         })),
         many => {
             let names: Vec<&str> = many.iter().map(|s| s.name.as_str()).collect();
-            Err(icq::error::Error::Usage(format!(
+            Err(CliError::Usage(format!(
                 "{} sources are configured ({}); choose one with --source",
                 many.len(),
                 names.join(", ")

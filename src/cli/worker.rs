@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use crate::cli::config::{Config, HandlerConfig, HandlerKind};
+use crate::cli::error::Result;
 use crate::cli::sources::Source;
 use icq::Processor;
-use icq::error::{Error, Result};
+use icq::error::Error;
 #[cfg(all(unix, feature = "exec"))]
 use icq::handler::exec::ExecHandler;
 #[cfg(feature = "http")]
@@ -15,7 +16,7 @@ use icq::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer,
 
 /// Builds the handler registry the configuration describes. Exec programs are checked
 /// here, so a typo fails at startup with the handler's name, the file, line and key (the
-/// [`Error::ConfigCheck`] of `icq config check`) rather than on every command.
+/// [`CliError::ConfigCheck`] of `icq config check`) rather than on every command.
 /// A handler without a timeout, or with one longer than a source's lease, is warned
 /// about: its worker keeps renewing the lease, so a hung handler would hold its command
 /// until the worker stops.
@@ -186,7 +187,7 @@ impl Work {
             summary.sources.push((source.name.clone(), stats));
             source.queue.close().await;
         }
-        outcome.map(|()| summary)
+        Ok(outcome.map(|()| summary)?)
     }
 }
 

@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::bench::BenchOptions;
 use crate::cli::config::DatabaseUrl;
+use crate::cli::error::CliError;
 use crate::cli::output;
 use icq::error::Error;
 
@@ -32,7 +33,7 @@ pub struct BenchArgs {
 /// Runs the benchmark and prints its report.
 pub async fn run(args: BenchArgs, global: &super::GlobalArgs) -> anyhow::Result<()> {
     if global.config.is_some() || global.source.is_some() {
-        return Err(Error::Usage(
+        return Err(CliError::Usage(
             "icq bench works on the database --database-url names (or the embedded default), \
              not on a configured source: pass --database-url URL instead of --config/--source"
                 .into(),

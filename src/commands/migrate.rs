@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use super::{GlobalArgs, man};
+use crate::cli::error::CliError;
 use crate::cli::output::{self, Format, migrate::Added};
 use crate::cli::sources::{MigrationTarget, migration_target};
 use icq::error::Error;
@@ -156,7 +157,7 @@ fn options(args: &ApplyArgs) -> MigrateOptions {
 fn database(global: &GlobalArgs) -> anyhow::Result<String> {
     match migration_target(&global.source_request())? {
         Some(MigrationTarget { url, .. }) => Ok(url),
-        None => Err(Error::Usage(
+        None => Err(CliError::Usage(
             "no database to migrate: pass --database-url URL, set $DATABASE_URL, or \
              configure a source (--source NAME when there are several)"
                 .into(),
@@ -177,7 +178,7 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
         (Some(engine), _) => engine,
         (None, Some(target)) => Engine::from_url(&target.url)?,
         (None, None) => {
-            return Err(Error::Usage(
+            return Err(CliError::Usage(
                 "which engine? pass --engine <postgres|sqlite|mysql|sqlserver>, or \
                  --database-url / $DATABASE_URL to take it from the URL"
                     .into(),

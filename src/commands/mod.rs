@@ -23,6 +23,7 @@ pub mod work;
 
 use std::path::PathBuf;
 
+use crate::cli::error::CliError;
 use clap::{Args, Parser, Subcommand};
 
 /// A durable job queue that lives inside your application's own database.
@@ -246,21 +247,43 @@ fn parse_non_empty(raw: &str) -> Result<String, String> {
     }
 }
 
-/// The exit code for an error that reached the binary: the library error's own code when
-/// there is one in the chain, 1 otherwise.
+/// The CLI's error or the library's, whichever comes first in the chain.
+enum Found<'a> {
+    Cli(&'a CliError),
+    Library(&'a icq::Error),
+}
+
+/// The first error of the chain the CLI classifies (its own, or the library's).
+fn classified(err: &anyhow::Error) -> Option<Found<'_>> {
+    err.chain().find_map(|cause| {
+        cause
+            .downcast_ref::<CliError>()
+            .map(Found::Cli)
+            .or_else(|| cause.downcast_ref::<icq::Error>().map(Found::Library))
+    })
+}
+
+/// The exit code for an error that reached the binary: the code of the CLI's or the
+/// library's error when there is one in the chain, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
-    err.chain()
-        .find_map(|cause| cause.downcast_ref::<icq::Error>())
-        .map_or(1, icq::Error::exit_code)
+    match classified(err) {
+        Some(Found::Cli(cli)) => cli.exit_code(),
+        Some(Found::Library(library)) => crate::cli::error::exit_code(library),
+        None => 1,
+    }
 }
 
 /// The message of an error that reached the binary: each error of the chain, joined by
 /// `: `, leaving out a cause whose text the message already holds (icq's errors include
-/// their source's text and return it from `source()` too).
+/// their source's text and return it from `source()` too). A library error is shown with
+/// the CLI's hints ([`crate::cli::error::message`]).
 pub fn error_message(err: &anyhow::Error) -> String {
     let mut message = String::new();
     for cause in err.chain() {
-        let text = cause.to_string();
+        let text = match cause.downcast_ref::<icq::Error>() {
+            Some(library) => crate::cli::error::message(library),
+            None => cause.to_string(),
+        };
         if message.contains(&text) {
             continue;
         }
@@ -273,14 +296,12 @@ pub fn error_message(err: &anyhow::Error) -> String {
 }
 
 /// The `kind` of the JSON error document for an error that reached the binary: the
-/// library error's [`icq::Error::kind`] when there is one in the chain, `io` for a bare
+/// CLI's or the library's error's kind when there is one in the chain, `io` for a bare
 /// I/O error, `runtime` otherwise.
 pub fn error_kind(err: &anyhow::Error) -> &'static str {
-    let library = err
-        .chain()
-        .find_map(|cause| cause.downcast_ref::<icq::Error>());
-    match library {
-        Some(library) => library.kind(),
+    match classified(err) {
+        Some(Found::Cli(cli)) => cli.kind(),
+        Some(Found::Library(library)) => crate::cli::error::kind(library),
         None if err.chain().any(|cause| cause.is::<std::io::Error>()) => "io",
         None => "runtime",
     }

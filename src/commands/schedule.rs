@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::GlobalArgs;
+use crate::cli::error::CliError;
 use crate::cli::output;
 use icq::admin;
 use icq::command::{Context, NewCommand, RunAt};
@@ -182,7 +183,7 @@ enum Input {
 }
 
 impl Input {
-    fn read(args: ScheduleArgs) -> icq::Result<Input> {
+    fn read(args: ScheduleArgs) -> Result<Input, CliError> {
         let limit = admin::InputLimit {
             bytes: args.max_input_bytes,
             raise_with: RAISE_WITH,
@@ -199,7 +200,7 @@ impl Input {
             return Ok(Input::Many(commands));
         }
         let (Some(type_name), Some(payload)) = (args.type_name, args.payload) else {
-            return Err(Error::Usage(
+            return Err(CliError::Usage(
                 "pass --type and --payload, or --from-file".into(),
             ));
         };

@@ -234,7 +234,7 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     }
     let dead_lettered = summary.dead_lettered();
     if args.fail_on_dead && dead_lettered > 0 {
-        return Err(icq::Error::DeadLettered {
+        return Err(crate::cli::error::CliError::DeadLettered {
             count: dead_lettered,
         }
         .into());

@@ -847,7 +847,7 @@ async fn connect_driver(
             mysql::MySqlDriver::connect(url, table, options).await?,
         )),
         Engine::SqlServer => Err(crate::Error::Unsupported(
-            "SQL Server is supported for migrations only (`icq migrate add --engine sqlserver`); \
+            "SQL Server is supported for migrations only; \
              the processor and operator commands need PostgreSQL, SQLite or MySQL/MariaDB"
                 .into(),
         )),

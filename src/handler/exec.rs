@@ -94,7 +94,7 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 /// let script = r#"grep -q '"order":42' && test "$ICQ_ATTEMPT" = 1"#;
 /// let argv = vec!["sh".into(), "-c".into(), script.into()];
 /// let handler = ExecHandler::new(argv, Some(Duration::from_secs(5)))?;
-/// handler.check_program().map_err(icq::Error::Usage)?;
+/// handler.check_program().map_err(icq::Error::invalid)?;
 /// # let job = |payload: serde_json::Value| icq::Job::new("reports.render", payload).with_source("shop");
 /// // `job(payload)` builds the `Job` a processor would pass (attempt 1).
 /// handler.handle(job(serde_json::json!({ "order": 42 }))).await?;

@@ -588,7 +588,7 @@ impl Registry {
     ) -> crate::Result<&mut Self> {
         let type_name = type_name.into();
         if self.handlers.contains_key(&type_name) {
-            return Err(crate::Error::Usage(format!(
+            return Err(crate::Error::invalid(format!(
                 "a handler for command type `{type_name}` is registered twice"
             )));
         }

@@ -391,7 +391,7 @@ async fn migrator_for(url: &str, dir: &Path) -> Result<Migrator> {
         return Err(sql_server_unsupported());
     }
     if !dir.is_dir() {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "migrations directory {} does not exist; write the migration first with \
              `icq migrate add --engine {engine}`, or pass --dir",
             dir.display()
@@ -403,7 +403,7 @@ async fn migrator_for(url: &str, dir: &Path) -> Result<Migrator> {
         .into_iter()
         .find(|m| m.icq.as_ref().is_some_and(|h| h.engine != engine))
     {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "{} was written for {}, but {} is a {engine} database; pass --dir with the \
              {engine} migrations",
             foreign.path.display(),
@@ -422,7 +422,7 @@ fn refuse_duplicate_versions(files: &[super::ExistingMigration], dir: &Path) -> 
     for file in files {
         let key = (file.version, file.migration_type.is_down_migration());
         if let Some(first) = seen.insert(key, &file.path) {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "{} and {} both have version {}; each version must be one migration \
                  (rename one of them to a new version), so nothing was done in {}",
                 first.display(),
@@ -514,9 +514,8 @@ async fn with_connection(
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal);
             } else if !exists && !asks_to_create {
-                return Err(Error::Usage(
-                    "the SQLite database file does not exist yet; `icq migrate run` creates it"
-                        .into(),
+                return Err(Error::invalid(
+                    "the SQLite database file does not exist yet; `icq migrate run` creates it",
                 ));
             }
             perform::<sqlx::SqliteConnection>(options, operation, connecting, &database).await
@@ -652,7 +651,7 @@ async fn run_on<C: Migrate>(
     if let (Some(target), Some(latest)) = (options.target_version, latest)
         && target < latest
     {
-        return Err(Error::Usage(format!(
+        return Err(Error::invalid(format!(
             "--target-version {target} is older than the latest applied migration {latest}; \
              use `icq migrate revert --target-version {target}` to go back"
         )));
@@ -697,7 +696,7 @@ async fn revert_on<C: Migrate>(
     let to_undo: Vec<i64> = match (options.target_version, latest) {
         (_, None) => Vec::new(),
         (Some(target), Some(latest)) if target > latest => {
-            return Err(Error::Usage(format!(
+            return Err(Error::invalid(format!(
                 "--target-version {target} is newer than the latest applied migration \
                  {latest}; nothing to revert"
             )));

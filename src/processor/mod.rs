@@ -307,7 +307,7 @@ impl Processor {
     /// ```
     pub async fn run(&self, options: RunOptions, shutdown: CancellationToken) -> Result<()> {
         if self.registry.is_empty() {
-            return Err(Error::Usage(
+            return Err(Error::Refused(
                 "no handlers are configured: a processor without handlers would dead-letter \
                  every command it claims. Add a `handlers:` section to icq.yaml (or register \
                  typed handlers) before running the processor"

@@ -110,7 +110,11 @@ async fn queue_connect_to_a_refused_port_fails_fast_with_the_cause() {
         );
         assert!(message.contains("source `lib`"), "{message}");
         assert!(!message.contains("s3cret"), "{message}");
-        assert_eq!(err.kind(), "connection");
+        assert_eq!(
+            err.database_kind(),
+            Some(icq::error::DatabaseErrorKind::Connection),
+            "{err:?}"
+        );
     }
 }
 

@@ -7,7 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::cli::config::{self, Config, ConfigRequest, HandlerKind};
-use icq::{Engine, Error, Settings};
+use crate::cli::error::CliError;
+use icq::{Engine, Settings};
 
 const FIXTURES: &str = "tests/cli/fixtures/config";
 
@@ -22,7 +23,7 @@ fn env(name: &str) -> Option<String> {
 
 /// The fixture's path as shown in messages (relative to the crate, which is the test's
 /// working directory) and its parse result.
-fn parse_fixture(name: &str) -> (PathBuf, icq::Result<Config>) {
+fn parse_fixture(name: &str) -> (PathBuf, crate::cli::error::Result<Config>) {
     let path = Path::new(FIXTURES).join(name);
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(&path))
         .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
@@ -39,7 +40,7 @@ fn fixture_error(name: &str) -> String {
         Err(err) => err,
     };
     assert!(
-        matches!(&err, Error::Config { path: p, .. } if *p == path),
+        matches!(&err, CliError::Config { path: p, .. } if *p == path),
         "{err:?}"
     );
     assert_eq!(err.exit_code(), 2);
@@ -236,7 +237,7 @@ fn select_unknown_source_lists_the_names() {
     assert_eq!(config.select(None).unwrap().len(), 2);
     assert_eq!(config.select(Some("local")).unwrap()[0].name, "local");
     let err = config.select(Some("billing")).unwrap_err();
-    assert!(matches!(err, Error::Usage(_)), "{err:?}");
+    assert!(matches!(err, CliError::Usage(_)), "{err:?}");
     assert_eq!(err.exit_code(), 2);
     assert!(
         err.to_string().ends_with("configures: orders, local"),

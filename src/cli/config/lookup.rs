@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use super::check::check_database_url;
 use super::{Config, ConfigRequest, DEFAULT_SOURCE, DatabaseUrl, SourceConfig, parse};
-use icq::error::{Error, Result};
+use crate::cli::error::{CliError, Result};
+use icq::error::Error;
 
 /// Where [`load`] looks: the real process, or a stand-in in tests.
 pub(crate) struct Environment<'a> {
@@ -121,7 +122,7 @@ pub(crate) fn load_file_in(
                 .as_ref()
                 .map(|dir| dir.join("icq.yaml").display().to_string()),
         );
-        return Err(Error::Usage(format!(
+        return Err(CliError::Usage(format!(
             "no configuration file found (looked for --config, $ICQ_CONFIG, {}); name one with \
              --config PATH",
             looked.join(", ")
@@ -145,7 +146,7 @@ fn find_file(request: &ConfigRequest, env: &Environment<'_>) -> Result<Option<(P
     let user = env.user_config_dir.as_ref().map(|dir| dir.join("icq.yaml"));
     for candidate in std::iter::once(env.local_config.clone()).chain(user) {
         if candidate.exists() {
-            let text = std::fs::read_to_string(&candidate).map_err(|err| Error::Config {
+            let text = std::fs::read_to_string(&candidate).map_err(|err| CliError::Config {
                 path: candidate.clone(),
                 message: format!("cannot read the configuration file: {err}"),
             })?;
@@ -159,7 +160,7 @@ fn find_file(request: &ConfigRequest, env: &Environment<'_>) -> Result<Option<(P
 fn read_named(path: &Path, origin: &str) -> Result<(PathBuf, String)> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok((path.to_path_buf(), text)),
-        Err(err) => Err(Error::Config {
+        Err(err) => Err(CliError::Config {
             path: path.to_path_buf(),
             message: if err.kind() == ErrorKind::NotFound {
                 format!("no such configuration file (named by {origin}); check the path")
@@ -182,7 +183,7 @@ fn override_url(config: &mut Config, url: &str, source: Option<&str>) -> Result<
         }
         None if config.sources.len() == 1 => Some(0),
         None => {
-            return Err(Error::Usage(format!(
+            return Err(CliError::Usage(format!(
                 "--database-url replaces the URL of one source, but {} configures {} ({}); \
                  choose one with --source NAME",
                 config.origin(),
@@ -201,7 +202,7 @@ pub(crate) fn embedded_in(env: &Environment<'_>) -> Result<SourceConfig> {
     let dir = match env.non_empty("ICQ_DATA_DIR") {
         Some(dir) => PathBuf::from(dir),
         None => env.user_data_dir.clone().ok_or_else(|| {
-            Error::Usage(
+            CliError::Usage(
                 "no configuration file and no database URL, and no user data directory for \
                  the embedded database (is $HOME set?); set $ICQ_DATA_DIR, pass \
                  --database-url, or write an icq.yaml"
@@ -232,7 +233,8 @@ fn sqlite_url(file: &Path) -> Result<String> {
         return Err(Error::invalid(format!(
             "the data directory path {} is not valid UTF-8; set $ICQ_DATA_DIR to another one",
             file.display()
-        )));
+        ))
+        .into());
     };
     let mut url = String::from("sqlite://");
     for byte in path.bytes() {
@@ -335,7 +337,7 @@ mod tests {
             ..ConfigRequest::default()
         };
         let err = world.load(&request).unwrap_err();
-        assert!(matches!(&err, Error::Config { path, .. } if *path == missing));
+        assert!(matches!(&err, CliError::Config { path, .. } if *path == missing));
         assert!(
             err.to_string()
                 .contains("no such configuration file (named by --config)")
@@ -417,7 +419,7 @@ mod tests {
             ..request
         };
         let err = world.load(&unknown).unwrap_err();
-        assert!(matches!(err, Error::Usage(_)), "{err:?}");
+        assert!(matches!(err, CliError::Usage(_)), "{err:?}");
     }
 
     #[test]

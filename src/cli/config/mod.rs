@@ -13,7 +13,7 @@
 //!   an unknown key anywhere is an error.
 //! - Every error names the file, the line and column, and the key path
 //!   (`icq.yaml:7:7: sources[0].settings: unknown field `batchsize`, ...`), and is an
-//!   [`Error::Config`] (exit code 2).
+//!   [`CliError::Config`] (exit code 2).
 //! - A database password never appears in an error or in `Debug`/`Display` output:
 //!   [`DatabaseUrl`] masks it, and error messages are scrubbed of any `user:password@`.
 
@@ -32,7 +32,7 @@ use std::time::Duration;
 pub use lookup::{embedded_default, load};
 pub use verify::{CheckReport, check_file};
 
-use icq::error::{Error, Result};
+use crate::cli::error::{CliError, Result};
 use icq::ident::{Engine, TableName};
 use icq::redact::redact_url;
 use icq::settings::Settings;
@@ -85,7 +85,7 @@ impl SourceConfig {
     }
 
     /// The engine this source speaks (checked when the configuration was loaded).
-    pub fn engine(&self) -> Result<Engine> {
+    pub fn engine(&self) -> icq::Result<Engine> {
         self.url.engine()
     }
 }
@@ -107,7 +107,7 @@ impl DatabaseUrl {
     }
 
     /// The engine named by the URL's scheme.
-    pub fn engine(&self) -> Result<Engine> {
+    pub fn engine(&self) -> icq::Result<Engine> {
         Engine::from_url(&self.0)
     }
 }
@@ -215,7 +215,7 @@ impl Config {
         };
         match self.sources.iter().find(|s| s.name == name) {
             Some(found) => Ok(vec![found]),
-            None => Err(Error::Usage(format!(
+            None => Err(CliError::Usage(format!(
                 "unknown source `{name}`; {} configures: {}",
                 self.origin(),
                 self.source_names()
@@ -243,7 +243,7 @@ impl Config {
 ///
 /// Nothing else is read: this is what [`load`] calls once it has found a file.
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
-    let fail = |message: String| Error::Config {
+    let fail = |message: String| CliError::Config {
         path: path.to_path_buf(),
         message,
     };

@@ -15,11 +15,11 @@ fn parse_text(text: &str) -> Result<Config> {
     parse(text, Path::new("icq.yaml"), &env)
 }
 
-/// The message of the `Error::Config` that parsing `text` fails with.
+/// The message of the `CliError::Config` that parsing `text` fails with.
 fn error(text: &str) -> String {
     match parse_text(text) {
         Ok(config) => panic!("parsed: {config:?}"),
-        Err(Error::Config { path, message }) => {
+        Err(CliError::Config { path, message }) => {
             assert_eq!(path, Path::new("icq.yaml"));
             message
         }
@@ -499,7 +499,7 @@ fn select_all_or_one_by_name() {
     assert_eq!(names(config.select(None).unwrap()), ["orders", "b"]);
     assert_eq!(names(config.select(Some("b")).unwrap()), ["b"]);
     let err = config.select(Some("c")).unwrap_err();
-    assert!(matches!(err, Error::Usage(_)));
+    assert!(matches!(err, CliError::Usage(_)));
     assert_eq!(
         err.to_string(),
         "unknown source `c`; icq.yaml configures: orders, b"

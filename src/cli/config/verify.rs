@@ -5,7 +5,7 @@
 //! URL or the embedded default), parses it with the same loader, so its errors are the
 //! loader's (file, line, column, key), then checks what parsing cannot: that every `exec`
 //! program exists, is a file and is executable. All such problems are reported together,
-//! as one [`Error::ConfigCheck`] (exit code 2). What would work but is risky (a handler
+//! as one [`CliError::ConfigCheck`] (exit code 2). What would work but is risky (a handler
 //! without a timeout, or with one longer than a source's lease; no handlers at all) is
 //! returned as warnings in the [`CheckReport`].
 
@@ -19,7 +19,8 @@ use super::lookup::{self, Environment};
 use super::parse;
 use super::yaml::{Document, Seg};
 use super::{Config, ConfigRequest, HandlerConfig, HandlerKind, expand};
-use icq::error::{Error, Result};
+use crate::cli::error::{CliError, Result};
+use icq::error::Error;
 use icq::handler::program_problem;
 use icq::redact::redact_url;
 
@@ -79,8 +80,8 @@ pub struct CheckedHandler {
 /// `./icq.yaml`, then the user config dir), without connecting to any database.
 ///
 /// A missing file is a usage error; a file that does not parse fails with the loader's
-/// [`Error::Config`]; exec programs that cannot be started fail together with one
-/// [`Error::ConfigCheck`].
+/// [`CliError::Config`]; exec programs that cannot be started fail together with one
+/// [`CliError::ConfigCheck`].
 pub fn check_file(request: &ConfigRequest) -> Result<CheckReport> {
     let env = Environment::process();
     let (config, text) = lookup::load_file_in(request, &env)?;
@@ -112,7 +113,7 @@ fn verify(
         .unwrap_or_else(|| std::path::PathBuf::from("icq.yaml"));
     let problems = program_problems(config, text, env);
     if !problems.is_empty() {
-        return Err(Error::ConfigCheck { path, problems });
+        return Err(CliError::ConfigCheck { path, problems });
     }
     let mut sources = Vec::with_capacity(config.sources.len());
     for source in &config.sources {
@@ -143,7 +144,7 @@ fn verify(
     })
 }
 
-/// Fails with the [`Error::ConfigCheck`] `icq config check` would give when an exec
+/// Fails with the [`CliError::ConfigCheck`] `icq config check` would give when an exec
 /// program of `config` cannot be started: every such program, each positioned (file,
 /// line, column, key) at its `exec` entry, so `icq work` refuses to start with the same
 /// words as the check. The file is read again only for the positions, and only when
@@ -168,11 +169,11 @@ pub(crate) fn startup_program_check(config: &Config) -> Result<()> {
         .unwrap_or_default();
     let problems = program_problems(config, &text, &env);
     match &config.path {
-        Some(path) => Err(Error::ConfigCheck {
+        Some(path) => Err(CliError::ConfigCheck {
             path: path.clone(),
             problems,
         }),
-        None => Err(Error::invalid(problems.join("\n"))),
+        None => Err(Error::invalid(problems.join("\n")).into()),
     }
 }
 
@@ -305,7 +306,7 @@ mod tests {
              b.run:\n    exec: [no-such-program-anywhere]\n"
         ))
         .unwrap_err();
-        let Error::ConfigCheck { problems, .. } = &err else {
+        let CliError::ConfigCheck { problems, .. } = &err else {
             panic!("{err}");
         };
         assert_eq!(problems.len(), 2, "{problems:?}");

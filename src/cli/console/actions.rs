@@ -19,12 +19,13 @@ use super::Console;
 use super::guard::{self, Refusal};
 use super::html::{Html, query};
 use super::pages::{self, Nav, render};
+use crate::cli::error::{CliError, Result};
 use crate::cli::output::plural;
 use icq::Queue;
 use icq::admin::FinishedKind;
 use icq::admin::{self, CancelTarget, NoProgress, PurgeRequest, RequeueTarget};
 use icq::command::CommandId;
-use icq::error::{Error, Result};
+use icq::error::Error;
 
 /// The fields of an action, from a query string (confirm) or a form body (perform).
 #[derive(Debug, Default, Clone)]
@@ -105,8 +106,9 @@ impl Action {
             fields
                 .id
                 .as_deref()
-                .ok_or_else(|| Error::Usage("which command? an `id` is missing".into()))?
+                .ok_or_else(|| CliError::Usage("which command? an `id` is missing".into()))?
                 .parse()
+                .map_err(CliError::from)
         };
         match name {
             "requeue" if fields.all_dead => Ok(Action::Requeue(RequeueTarget::AllDead {
@@ -117,7 +119,7 @@ impl Action {
             "replay" => Ok(Action::Replay(id()?)),
             "cancel" => match (&fields.id, &fields.type_name, &fields.queue) {
                 (Some(_), _, _) => Ok(Action::Cancel(CancelTarget::Ids(vec![id()?]))),
-                (None, None, None) => Err(Error::Usage(
+                (None, None, None) => Err(CliError::Usage(
                     "cancel what? give an `id`, a `type` and/or a `queue`".into(),
                 )),
                 (None, type_name, queue) => Ok(Action::Cancel(CancelTarget::Matching {
@@ -127,7 +129,7 @@ impl Action {
             },
             "purge" => {
                 if !fields.completed && !fields.dead_letters {
-                    return Err(Error::Usage(
+                    return Err(CliError::Usage(
                         "purge what? `completed` and/or `dead_letters`".into(),
                     ));
                 }
@@ -146,7 +148,8 @@ impl Action {
             }
             other => Err(Error::NotFound(format!(
                 "no action `{other}`: requeue, replay, cancel or purge"
-            ))),
+            ))
+            .into()),
         }
     }
 }
@@ -157,9 +160,7 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<Queue>> {
     let opened = console.opened().await;
     let wanted = fields.source.as_deref();
     if let Some(error) = opened.errors.first() {
-        return Err(Error::Refused(format!(
-            "{error}; nothing was planned or changed"
-        )));
+        return Err(Error::Refused(format!("{error}; nothing was planned or changed")).into());
     }
     let sources: Vec<Queue> = opened
         .sources
@@ -167,10 +168,7 @@ async fn sources_for(console: &Console, fields: &Fields) -> Result<Vec<Queue>> {
         .filter(|s| wanted.is_none_or(|w| w == s.name()))
         .collect();
     if sources.is_empty() {
-        return Err(Error::NotFound(format!(
-            "no source named `{}`",
-            wanted.unwrap_or("")
-        )));
+        return Err(Error::NotFound(format!("no source named `{}`", wanted.unwrap_or(""))).into());
     }
     Ok(sources)
 }
@@ -205,7 +203,7 @@ pub(crate) async fn confirm(
     .await;
     let (question, total, details) = match planned {
         Ok(plan) => plan,
-        Err(err) => return pages::error_page(&console, "Confirm", &err),
+        Err(err) => return pages::error_page(&console, "Confirm", err),
     };
     let mut body = Html::new();
     body.raw("<h1>Confirm</h1><p class=\"question\" id=\"question\">")
@@ -273,7 +271,8 @@ async fn describe_plan(
                     "command {id} is {}: only a completed or dead command can be replayed \
                      (a pending one runs on its own; requeue makes it due now)",
                     shown.state.as_str()
-                )));
+                ))
+                .into());
             }
             (
                 format!(
@@ -418,7 +417,7 @@ pub(crate) async fn perform(
             );
             render(&console, StatusCode::OK, "Done", Nav::None, &[], &body)
         }
-        Err(err) => pages::error_page(&console, "Not done", &err),
+        Err(err) => pages::error_page(&console, "Not done", err),
     }
 }
 

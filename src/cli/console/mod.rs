@@ -46,8 +46,9 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::config::{Config, SourceConfig};
+use crate::cli::error::{CliError, Result};
 use icq::Queue;
-use icq::error::{Error, Result};
+use icq::error::Error;
 
 use snapshot::{SAMPLE_EVERY, Snapshot, Watch};
 
@@ -96,7 +97,7 @@ impl ConsoleOptions {
         if let Some(token) = token
             && token.len() < MIN_TOKEN_BYTES
         {
-            return Err(Error::Usage(format!(
+            return Err(CliError::Usage(format!(
                 "ICQ_CONSOLE_TOKEN is {} bytes long; the console needs at least {MIN_TOKEN_BYTES} \
                  (a short token is guessed in seconds): make one with `openssl rand -hex 16` \
                  and put it in ICQ_CONSOLE_TOKEN",
@@ -108,10 +109,11 @@ impl ConsoleOptions {
                 "refusing to serve the console on {} (not a loopback address) without a token: \
                  set ICQ_CONSOLE_TOKEN to a long random secret, or bind 127.0.0.1",
                 self.addr
-            )));
+            ))
+            .into());
         }
         if self.allow_actions && token.is_none() {
-            return Err(Error::Usage(
+            return Err(CliError::Usage(
                 "--allow-actions needs a token: set ICQ_CONSOLE_TOKEN to a long random secret \
                  (the console asks for it before every requeue, replay, cancel or purge)"
                     .into(),
@@ -239,7 +241,7 @@ impl Console {
                     sources.push(name);
                     rows.extend(report.rows);
                 }
-                Err(err) => errors.push(describe(&err)),
+                Err(err) => errors.push(describe(&err.into())),
             }
         }
         let snapshot = Snapshot {
@@ -326,7 +328,7 @@ impl Console {
 }
 
 /// An error for a page: its message with any secret masked.
-pub(crate) fn describe(err: &Error) -> String {
+pub(crate) fn describe(err: &CliError) -> String {
     icq::redact::redact_text(&err.to_string())
 }
 

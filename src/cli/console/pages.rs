@@ -14,6 +14,7 @@ use serde::Deserialize;
 use super::html::{Html, query};
 use super::snapshot::SAMPLE_EVERY;
 use super::{Console, describe, history};
+use crate::cli::error::CliError;
 use icq::Queue;
 use icq::admin::{self, ListState, PendingReport};
 use icq::command::CommandId;
@@ -85,9 +86,10 @@ pub(crate) fn banner(errors: &[String]) -> Html {
 }
 
 /// A page that only says something went wrong, with the status that fits the error.
-pub(crate) fn error_page(console: &Console, title: &str, err: &Error) -> Response {
-    let status = match err {
-        Error::NotFound(_) => StatusCode::NOT_FOUND,
+pub(crate) fn error_page(console: &Console, title: &str, err: impl Into<CliError>) -> Response {
+    let err = err.into();
+    let status = match &err {
+        CliError::Library(Error::NotFound(_)) => StatusCode::NOT_FOUND,
         _ if err.exit_code() == 2 => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
@@ -96,7 +98,7 @@ pub(crate) fn error_page(console: &Console, title: &str, err: &Error) -> Respons
         status,
         title,
         Nav::None,
-        &[describe(err)],
+        &[describe(&err)],
         &Html::new(),
     )
 }
@@ -115,7 +117,7 @@ fn parsed<T>(
         Box::new(error_page(
             console,
             title,
-            &Error::Usage(format!("this page's address is not understood: {detail}")),
+            CliError::Usage(format!("this page's address is not understood: {detail}")),
         ))
     })
 }
@@ -130,7 +132,7 @@ fn unknown_source(console: &Console, title: &str, wanted: &str) -> Option<Respon
     Some(error_page(
         console,
         title,
-        &Error::NotFound(format!(
+        Error::NotFound(format!(
             "no source named `{wanted}`: the configured sources are {}",
             names
                 .iter()
@@ -447,7 +449,7 @@ pub(crate) async fn list(
         return error_page(
             &console,
             "Commands",
-            &Error::invalid(format!(
+            Error::invalid(format!(
                 "unknown state `{state_name}`: one of due, scheduled, running, dead, completed, pending"
             )),
         );
@@ -459,7 +461,7 @@ pub(crate) async fn list(
         return error_page(
             &console,
             "Commands",
-            &Error::invalid(format!(
+            Error::invalid(format!(
                 "limit {limit} is out of range: a page holds 1 to {MAX_PAGE} commands (default {PAGE})"
             )),
         );
@@ -467,7 +469,7 @@ pub(crate) async fn list(
     let after = match non_empty(q.after.as_ref()).map(str::parse::<CommandId>) {
         None => None,
         Some(Ok(id)) => Some(id),
-        Some(Err(err)) => return error_page(&console, "Commands", &err),
+        Some(Err(err)) => return error_page(&console, "Commands", err),
     };
 
     let mut body = Html::new();
@@ -577,6 +579,7 @@ pub(crate) async fn list(
                 body.raw("</nav>");
             }
             Err(err) => {
+                let err = CliError::from(err);
                 if err.exit_code() == 2 {
                     status = StatusCode::BAD_REQUEST;
                 }
@@ -711,7 +714,7 @@ fn command_target(
     let id = non_empty(q.id.as_ref())
         .unwrap_or("")
         .parse::<CommandId>()
-        .map_err(|err| Box::new(error_page(console, title, &err)))?;
+        .map_err(|err| Box::new(error_page(console, title, err)))?;
     let wanted = non_empty(q.source.as_ref()).map(str::to_owned);
     if let Some(page) = wanted
         .as_deref()
@@ -744,11 +747,14 @@ pub(crate) async fn command(
         Err(err) => {
             let some_down = !opened.errors.is_empty();
             let mut errors = opened.errors;
+            let err = CliError::from(err);
             errors.push(describe(&err));
             let status = match err {
                 // Not found in the sources that are up: it may be in one that is down.
-                Error::NotFound(_) if some_down => StatusCode::SERVICE_UNAVAILABLE,
-                Error::NotFound(_) => StatusCode::NOT_FOUND,
+                CliError::Library(Error::NotFound(_)) if some_down => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                CliError::Library(Error::NotFound(_)) => StatusCode::NOT_FOUND,
                 _ if err.exit_code() == 2 => StatusCode::BAD_REQUEST,
                 _ => StatusCode::SERVICE_UNAVAILABLE,
             };
@@ -1029,7 +1035,7 @@ pub(crate) async fn payload(
         .collect();
     let shown = match admin::show(&sources, id).await {
         Ok(shown) => shown,
-        Err(err) => return error_page(&console, "Payload", &err),
+        Err(err) => return error_page(&console, "Payload", err),
     };
     let name = shown.row.id.to_string();
     let bytes = axum::body::Bytes::from(encoded(&shown.row.payload));
@@ -1151,6 +1157,7 @@ pub(crate) async fn dead_letters(
             }
         }
         Err(err) => {
+            let err = CliError::from(err);
             if err.exit_code() == 2 {
                 status = StatusCode::BAD_REQUEST;
             }
