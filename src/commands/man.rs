@@ -278,7 +278,7 @@ Exit codes:
 pub const BENCH: &str = "\
 Examples:
   icq bench --database-url postgres://postgres@127.0.0.1:5432/test
-  icq bench --database-url 'sqlite:bench.db?mode=rwc' --jobs 5000 --retained 100000 --format json
+  icq bench --database-url 'sqlite:bench.db?mode=rwc' --jobs 5000 --format json
 
 Exit codes:
   0  measured; the report is printed
