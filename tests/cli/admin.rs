@@ -41,84 +41,45 @@ const LONG_ERROR: &str = "HTTP 503 from http://127.0.0.1:8080/hooks after 10.0s:
 // ---------------------------------------------------------------------------------------
 // fixture
 
-/// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's column type.
-fn ts(db: &TestDb, at: &str) -> String {
-    match db.engine {
-        "postgres" => format!("'{at}Z'::timestamptz"),
-        "mysql" => format!("'{}'", at.replace('T', " ")),
-        _ => format!("'{at}.000Z'"),
-    }
-}
-
-/// The engine's "now" in the column type.
-fn now(db: &TestDb) -> &'static str {
-    match db.engine {
-        "postgres" => "now()",
-        "mysql" => "UTC_TIMESTAMP(6)",
-        _ => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-    }
-}
-
-/// Inserts one row; `columns` are extra (column, SQL literal) pairs.
-async fn insert(db: &TestDb, id: &str, ty: &str, payload: &str, columns: &[(&str, String)]) {
-    let mut names = vec![db.q("Id"), db.q("Type"), db.q("Payload")];
-    let mut values = vec![format!("'{id}'"), format!("'{ty}'"), format!("'{payload}'")];
-    for (column, value) in columns {
-        names.push(db.q(column));
-        values.push(value.clone());
-    }
-    db.execute(&format!(
-        "INSERT INTO {} ({}) VALUES ({})",
-        db.q("InternalCommands"),
-        names.join(", "),
-        values.join(", ")
-    ))
-    .await;
-}
-
 /// One command in each state (see the constants).
 async fn seed(db: &TestDb) {
-    let created = || ("CreatedAt", ts(db, "2025-12-31T00:00:00"));
-    insert(
-        db,
+    let created = || ("CreatedAt", db.ts("2025-12-31T00:00:00"));
+    db.insert_row(
         DUE,
         "orders.send_receipt",
         r#"{"order_id": 1}"#,
-        &[created(), ("RunAt", ts(db, "2026-01-01T00:00:00"))],
+        &[created(), ("RunAt", db.ts("2026-01-01T00:00:00"))],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         SCHEDULED,
         "orders.send_receipt",
         r#"{"order_id": 2}"#,
-        &[created(), ("RunAt", ts(db, "2999-01-01T00:00:00"))],
+        &[created(), ("RunAt", db.ts("2999-01-01T00:00:00"))],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         RUNNING,
         "orders.send_receipt",
         r#"{"order_id": 3}"#,
         &[
             created(),
-            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("RunAt", db.ts("2026-01-01T00:00:00")),
             ("Attempts", "1".into()),
             ("LockToken", "'20000000-0000-4000-8000-000000000001'".into()),
-            ("LockedUntil", ts(db, "2999-01-01T00:00:00")),
+            ("LockedUntil", db.ts("2999-01-01T00:00:00")),
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DEAD_OLD,
         "webhooks.deliver",
         r#"{"event": "order.paid", "order_id": 4}"#,
         &[
             created(),
-            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("RunAt", db.ts("2026-01-01T00:00:00")),
             ("Attempts", "5".into()),
-            ("DeadLetteredAt", ts(db, "2026-01-02T00:00:00")),
+            ("DeadLetteredAt", db.ts("2026-01-02T00:00:00")),
             ("LastError", format!("'{LONG_ERROR}'")),
             ("UserId", "'user-7'".into()),
             ("Roles", r#"'["orders.write", "support"]'"#.into()),
@@ -127,16 +88,15 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DEAD_NEW,
         "orders.send_receipt",
         r#"{"order_id": 5}"#,
         &[
             created(),
-            ("RunAt", ts(db, "2026-01-01T00:00:00")),
+            ("RunAt", db.ts("2026-01-01T00:00:00")),
             ("Attempts", "1".into()),
-            ("DeadLetteredAt", ts(db, "2026-01-03T00:00:00")),
+            ("DeadLetteredAt", db.ts("2026-01-03T00:00:00")),
             (
                 "LastError",
                 "'no handler for command type orders.send_receipt'".into(),
@@ -144,27 +104,25 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DONE_OLD,
         "orders.send_receipt",
         r#"{"order_id": 6}"#,
         &[
             created(),
             ("Attempts", "1".into()),
-            ("ProcessedAt", ts(db, "2026-01-01T00:00:00")),
+            ("ProcessedAt", db.ts("2026-01-01T00:00:00")),
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DONE_NEW,
         "orders.send_receipt",
         r#"{"order_id": 7}"#,
         &[
             created(),
             ("Attempts", "1".into()),
-            ("ProcessedAt", now(db).into()),
+            ("ProcessedAt", db.now_sql().into()),
         ],
     )
     .await;
@@ -519,13 +477,12 @@ async fn schedule_output() {
 async fn several_sources_are_named_in_the_output() {
     let alpha = seeded("sqlite", "multi_alpha").await;
     let beta = TestDb::with_table("sqlite", "multi_beta").await;
-    insert(
-        &beta,
+    beta.insert_row(
         "30000000-0000-4000-8000-000000000001",
         "billing.charge",
         "{}",
         &[
-            ("DeadLetteredAt", ts(&beta, "2026-01-04T00:00:00")),
+            ("DeadLetteredAt", beta.ts("2026-01-04T00:00:00")),
             ("LastError", "'card declined'".into()),
         ],
     )
@@ -723,7 +680,7 @@ async fn requeue_effects(engine: &'static str) {
             &db,
             &format!(
                 "{requeued} AND {{RunAt}} > {}",
-                ts(&db, "2026-06-01T00:00:00")
+                db.ts("2026-06-01T00:00:00")
             )
         )
         .await,
@@ -731,7 +688,11 @@ async fn requeue_effects(engine: &'static str) {
         "due now"
     );
     assert_eq!(
-        count(&db, &format!("{requeued} AND {{RunAt}} <= {}", now(&db))).await,
+        count(
+            &db,
+            &format!("{requeued} AND {{RunAt}} <= {}", db.now_sql())
+        )
+        .await,
         1,
         "due now"
     );
@@ -852,14 +813,13 @@ async fn purge_by_type_effects(engine: &'static str) {
         (2, "webhooks.deliver "),
         (3, "Webhooks.deliver"),
     ] {
-        insert(
-            &db,
+        db.insert_row(
             &done(n),
             ty,
             "{}",
             &[
                 ("Attempts", "1".into()),
-                ("ProcessedAt", ts(&db, "2026-01-01T00:00:00")),
+                ("ProcessedAt", db.ts("2026-01-01T00:00:00")),
             ],
         )
         .await;
@@ -912,8 +872,7 @@ async fn purge_by_type_effects(engine: &'static str) {
 async fn payload_heads_are_cut_by_the_database(engine: &'static str) {
     let db = seeded(engine, "payload_head").await;
     let big = "10000000-0000-4000-8000-000000000201";
-    insert(
-        &db,
+    db.insert_row(
         big,
         "reports.render",
         &json!({ "text": "é".repeat(100_000) }).to_string(),
@@ -994,7 +953,7 @@ async fn replay_effects(engine: &'static str) {
     assert_eq!(
         count(
             &db,
-            &format!("{{Id}} = '{copy}' AND {{RunAt}} <= {}", now(&db))
+            &format!("{{Id}} = '{copy}' AND {{RunAt}} <= {}", db.now_sql())
         )
         .await,
         1,
@@ -1068,7 +1027,7 @@ async fn schedule_effects(engine: &'static str) {
     assert_eq!(
         count(
             &db,
-            &format!("{{Id}} = '{id}' AND {{RunAt}} > {}", now(&db))
+            &format!("{{Id}} = '{id}' AND {{RunAt}} > {}", db.now_sql())
         )
         .await,
         1,
@@ -2126,7 +2085,7 @@ async fn cancel_running(engine: &'static str) {
         "UPDATE {t} SET {} = '20000000-0000-4000-8000-000000000009', {} = {} WHERE {} = '{DUE}'",
         db.q("LockToken"),
         db.q("LockedUntil"),
-        ts(&db, "2999-01-01T00:00:00"),
+        db.ts("2999-01-01T00:00:00"),
         db.q("Id")
     ))
     .await;
@@ -2183,7 +2142,7 @@ async fn cancel_running(engine: &'static str) {
     db.execute(&format!(
         "UPDATE {t} SET {} = {} WHERE {} = '{RUNNING}'",
         db.q("LockedUntil"),
-        ts(&db, "2999-01-01T00:00:00"),
+        db.ts("2999-01-01T00:00:00"),
         db.q("Id")
     ))
     .await;
@@ -2193,16 +2152,16 @@ async fn cancel_running(engine: &'static str) {
 
 /// Inserts a dead letter (or a pending row with `dead_at` = None) holding `key`.
 async fn keyed(db: &TestDb, id: &str, key: Option<&str>, dead_at: Option<&str>) {
-    let mut columns = vec![("RunAt", ts(db, "2026-01-01T00:00:00"))];
+    let mut columns = vec![("RunAt", db.ts("2026-01-01T00:00:00"))];
     if let Some(key) = key {
         columns.push(("UniqueKey", format!("'{key}'")));
     }
     if let Some(at) = dead_at {
-        columns.push(("DeadLetteredAt", ts(db, at)));
+        columns.push(("DeadLetteredAt", db.ts(at)));
         columns.push(("LastError", "'boom'".into()));
         columns.push(("Attempts", "3".into()));
     }
-    insert(db, id, "keyed.t", r#"{"k": 1}"#, &columns).await;
+    db.insert_row(id, "keyed.t", r#"{"k": 1}"#, &columns).await;
 }
 
 const D1: &str = "40000000-0000-4000-8000-000000000001";

@@ -45,41 +45,6 @@ async fn sources(db: &TestDb) -> Vec<Queue> {
     vec![queue]
 }
 
-/// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's stored form.
-fn ts(db: &TestDb, at: &str) -> String {
-    match db.engine {
-        "postgres" => format!("'{at}Z'::timestamptz"),
-        "mysql" => format!("'{}'", at.replace('T', " ")),
-        _ => format!("'{at}.000Z'"),
-    }
-}
-
-/// The engine's "now" in the stored form.
-fn now(db: &TestDb) -> &'static str {
-    match db.engine {
-        "postgres" => "now()",
-        "mysql" => "UTC_TIMESTAMP(6)",
-        _ => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-    }
-}
-
-/// Inserts one row with plain SQL; `columns` are extra (column, SQL literal) pairs.
-async fn insert(db: &TestDb, id: &str, ty: &str, payload: &str, columns: &[(&str, String)]) {
-    let mut names = vec![db.q("Id"), db.q("Type"), db.q("Payload")];
-    let mut values = vec![format!("'{id}'"), format!("'{ty}'"), format!("'{payload}'")];
-    for (column, value) in columns {
-        names.push(db.q(column));
-        values.push(value.clone());
-    }
-    db.execute(&format!(
-        "INSERT INTO {} ({}) VALUES ({})",
-        db.q("InternalCommands"),
-        names.join(", "),
-        values.join(", ")
-    ))
-    .await;
-}
-
 /// A fresh table holding one row in each state (see the constants), all written with
 /// plain SQL, and the sources over it.
 async fn seeded(engine: &'static str, tag: &str) -> (TestDb, Vec<Queue>) {
@@ -92,25 +57,22 @@ async fn seeded(engine: &'static str, tag: &str) -> (TestDb, Vec<Queue>) {
 /// One row in each state (see the constants).
 async fn seed(db: &TestDb) {
     let mail = || ("Queue", "'mail'".to_owned());
-    let at = |column, when| (column, ts(db, when));
-    insert(
-        db,
+    let at = |column, when| (column, db.ts(when));
+    db.insert_row(
         DUE,
         "mail.send",
         r#"{"n": 1}"#,
         &[mail(), at("RunAt", "2026-01-01T00:00:00")],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         SCHEDULED,
         "mail.send",
         r#"{"n": 2}"#,
         &[mail(), at("RunAt", "2999-01-01T00:00:00")],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         RUNNING,
         "report.build",
         r#"{"n": 3}"#,
@@ -122,8 +84,7 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DEAD_OLD,
         "mail.send",
         r#"{"n": 4, "to": "ann@example.com"}"#,
@@ -136,8 +97,7 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DEAD_NEW,
         "report.build",
         r#"{"n": 5}"#,
@@ -148,8 +108,7 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DONE_OLD,
         "mail.send",
         r#"{"n": 6}"#,
@@ -159,12 +118,14 @@ async fn seed(db: &TestDb) {
         ],
     )
     .await;
-    insert(
-        db,
+    db.insert_row(
         DONE_NEW,
         "mail.send",
         r#"{"n": 7}"#,
-        &[("Attempts", "1".into()), ("ProcessedAt", now(db).into())],
+        &[
+            ("Attempts", "1".into()),
+            ("ProcessedAt", db.now_sql().into()),
+        ],
     )
     .await;
 }
@@ -253,8 +214,7 @@ pub async fn pending_counts_each_state_by_type_and_queue(engine: &'static str) {
         "{engine}: the mail queue alone"
     );
 
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000a1",
         "mail.send",
         "{}",
@@ -321,12 +281,11 @@ pub async fn list_pages_each_state_in_its_order(engine: &'static str) {
     );
 
     // A row another program makes due is listed where its RunAt puts it.
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000b1",
         "mail.send",
         "{}",
-        &[("RunAt", ts(&db, "2025-06-01T00:00:00"))],
+        &[("RunAt", db.ts("2025-06-01T00:00:00"))],
     )
     .await;
     let due = listed(ListState::Due, 10, None).await;
@@ -424,7 +383,7 @@ pub async fn dead_letters_list_newest_first_and_filter(engine: &'static str) {
         "UPDATE {} SET {} = {} WHERE {} = '{DUE}'",
         db.q("InternalCommands"),
         db.q("DeadLetteredAt"),
-        now(&db),
+        db.now_sql(),
         db.q("Id")
     ))
     .await;
@@ -458,8 +417,7 @@ pub async fn cancel_dead_letters_pending_rows(engine: &'static str) {
     assert_eq!(count(&db, &cancelled).await, 2, "{engine}");
 
     // A row another program schedules is cancelled with its type; the scheduled row too.
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000c1",
         "mail.send",
         "{}",
@@ -485,8 +443,7 @@ pub async fn cancel_dead_letters_pending_rows(engine: &'static str) {
     assert_eq!(states(&sources).await, [0, 0, 0, 6, 2], "{engine}");
 
     // A finished row is refused, and nothing in the request changes.
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000c2",
         "mail.send",
         "{}",
@@ -523,26 +480,24 @@ pub async fn requeue_puts_dead_letters_back(engine: &'static str) {
     let back = format!(
         "{{Id}} = '{DEAD_OLD}' AND {{DeadLetteredAt}} IS NULL AND {{ProcessedAt}} IS NULL \
          AND {{Attempts}} = 0 AND {{LockToken}} IS NULL AND {{RunAt}} <= {}",
-        now(&db)
+        db.now_sql()
     );
     assert_eq!(count(&db, &back).await, 1, "{engine}");
     assert_eq!(states(&sources).await, [2, 1, 1, 1, 2], "{engine}");
 
     // Two more dead letters, one written by another program: all of `report.build` go.
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000d1",
         "report.build",
         "{}",
-        &[("DeadLetteredAt", ts(&db, "2026-02-01T00:00:00"))],
+        &[("DeadLetteredAt", db.ts("2026-02-01T00:00:00"))],
     )
     .await;
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000d2",
         "mail.send",
         "{}",
-        &[("DeadLetteredAt", ts(&db, "2026-02-01T00:00:00"))],
+        &[("DeadLetteredAt", db.ts("2026-02-01T00:00:00"))],
     )
     .await;
     let all = RequeueTarget::AllDead {
@@ -677,12 +632,11 @@ pub async fn purge_deletes_finished_rows_by_kind_and_age(engine: &'static str) {
     );
 
     // Dead letters of one type, one of them written by another program just now.
-    insert(
-        &db,
+    db.insert_row(
         "60000000-0000-4000-8000-0000000000e1",
         "report.build",
         "{}",
-        &[("DeadLetteredAt", now(&db).into())],
+        &[("DeadLetteredAt", db.now_sql().into())],
     )
     .await;
     let dead_reports = PurgeRequest {

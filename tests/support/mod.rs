@@ -154,6 +154,42 @@ async fn postgres_slot(admin: &str) -> (String, std::fs::File) {
 }
 
 impl TestDb {
+    /// A timestamp literal for `at` (`YYYY-MM-DDTHH:MM:SS`, UTC) in the engine's column type.
+    pub fn ts(&self, at: &str) -> String {
+        match self.engine {
+            "postgres" => format!("'{at}Z'::timestamptz"),
+            "mysql" => format!("'{}'", at.replace('T', " ")),
+            _ => format!("'{at}.000Z'"),
+        }
+    }
+
+    /// The engine's "now" in the column type.
+    pub fn now_sql(&self) -> &'static str {
+        match self.engine {
+            "postgres" => "now()",
+            "mysql" => "UTC_TIMESTAMP(6)",
+            _ => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        }
+    }
+
+    /// Inserts one row into the default table with plain SQL, as another program would;
+    /// `columns` are extra (column, SQL literal) pairs.
+    pub async fn insert_row(&self, id: &str, ty: &str, payload: &str, columns: &[(&str, String)]) {
+        let mut names = vec![self.q("Id"), self.q("Type"), self.q("Payload")];
+        let mut values = vec![format!("'{id}'"), format!("'{ty}'"), format!("'{payload}'")];
+        for (column, value) in columns {
+            names.push(self.q(column));
+            values.push(value.clone());
+        }
+        self.execute(&format!(
+            "INSERT INTO {} ({}) VALUES ({})",
+            self.q("InternalCommands"),
+            names.join(", "),
+            values.join(", ")
+        ))
+        .await;
+    }
+
     /// A fresh database on `engine` (`postgres`, `sqlite` or `mysql`); `tag` names the test.
     pub async fn new(engine: &'static str, tag: &str) -> TestDb {
         let name = unique_name(tag);
