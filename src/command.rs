@@ -39,17 +39,25 @@ use crate::error::{Error, Result};
 pub struct CommandId(Arc<str>);
 
 impl CommandId {
-    /// A fresh random (v4) id, lowercase and hyphenated.
+    /// A fresh time-ordered (v7) id, lowercase and hyphenated.
+    ///
+    /// Ids made in one process sort (as UUIDs and as text) in the order they were made,
+    /// even within one millisecond: rows scheduled in one transaction share `CreatedAt`,
+    /// and an order key runs them by `Id` then, so their order is the order the program
+    /// made them in.
     ///
     /// # Examples
     ///
     /// ```
     /// let id = icq::CommandId::new();
     /// assert_eq!(id.as_str(), id.as_str().to_lowercase());
-    /// assert_ne!(id, icq::CommandId::new());
+    /// let next = icq::CommandId::new();
+    /// assert!(next.as_str() > id.as_str());
+    /// assert_eq!(id.as_uuid().map(|u| u.get_version_num()), Some(7));
     /// ```
     pub fn new() -> CommandId {
-        CommandId::from(Uuid::new_v4())
+        // `now_v7` shares one context in the process: each id sorts after the last.
+        CommandId::from(Uuid::now_v7())
     }
 
     /// The id as stored. See [`CommandId`]'s example.
@@ -348,6 +356,13 @@ pub struct NewCommand {
     pub unique_key: Option<String>,
     /// `TraceParent` (schema version 2): the W3C `traceparent` of the scheduler's span.
     pub trace_parent: Option<String>,
+    /// `OrderKey` (schema version 4): among pending rows of one key only the oldest
+    /// scheduled (by `CreatedAt`, then `Id`) runs; a failing one holds the rest until it
+    /// completes or is dead-lettered.
+    pub order_key: Option<String>,
+    /// `ConcurrencyKey` (schema version 4): a per-queue `key_concurrency` limits how many
+    /// rows of one key run at once across the fleet.
+    pub concurrency_key: Option<String>,
 }
 
 /// The queue a command goes to when none is named.
@@ -376,6 +391,8 @@ impl NewCommand {
             priority: 0,
             unique_key: None,
             trace_parent: None,
+            order_key: None,
+            concurrency_key: None,
         }
     }
 
@@ -486,6 +503,60 @@ impl NewCommand {
         self
     }
 
+    /// Sets the order key (schema version 4): commands with the same order key run one at
+    /// a time, in the order they were scheduled (`CreatedAt`, then `Id`, which icq makes
+    /// time-ordered). A pending row of the key holds every younger one while it waits,
+    /// runs, or waits for a retry; only completing or being dead-lettered releases the
+    /// next. A version-3 or older table refuses it, naming the upgrade.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let command = NewCommand::new("accounts.apply", serde_json::json!({}))
+    ///     .with_order_key("account:42");
+    /// assert_eq!(command.order_key.as_deref(), Some("account:42"));
+    /// assert!(command.validate().is_ok());
+    /// let long = NewCommand::new("t", serde_json::json!({})).with_order_key("k".repeat(201));
+    /// assert!(long.validate().is_err());
+    /// ```
+    pub fn with_order_key(mut self, key: impl Into<String>) -> NewCommand {
+        self.order_key = Some(key.into());
+        self
+    }
+
+    /// Sets the concurrency key (schema version 4): with the queue's `key_concurrency: K`,
+    /// at most K commands of one key run at a time across the fleet. A version-3 or
+    /// older table refuses it, naming the upgrade.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::NewCommand;
+    ///
+    /// let command = NewCommand::new("sync.tenant", serde_json::json!({}))
+    ///     .with_concurrency_key("tenant:acme");
+    /// assert_eq!(command.concurrency_key.as_deref(), Some("tenant:acme"));
+    /// assert!(command.validate().is_ok());
+    /// ```
+    pub fn with_concurrency_key(mut self, key: impl Into<String>) -> NewCommand {
+        self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// What of schema version 4 this command asks for (an order key, a concurrency key),
+    /// named for the error an older table gives; `None` when it needs no version-4 column.
+    pub(crate) fn needs_v4(&self) -> Option<&'static str> {
+        if self.order_key.is_some() {
+            Some("an order key")
+        } else if self.concurrency_key.is_some() {
+            Some("a concurrency key")
+        } else {
+            None
+        }
+    }
+
     /// Sets the W3C `traceparent` stored with the row (schema version 2; dropped on a
     /// version-1 table, which has no column for it).
     ///
@@ -522,7 +593,9 @@ impl NewCommand {
     /// Whether the insert must name the version-2 columns (a trace context counts, its own
     /// or the span it is scheduled in).
     pub(crate) fn uses_v2_columns(&self) -> bool {
-        self.needs_v2().is_some() || self.trace_parent_to_store().is_some()
+        self.needs_v2().is_some()
+            || self.needs_v4().is_some()
+            || self.trace_parent_to_store().is_some()
     }
 
     /// Checks what every engine would otherwise reject less clearly: an empty or overlong
@@ -571,6 +644,12 @@ impl NewCommand {
         validate_queue_name(&self.queue)?;
         if let Some(key) = &self.unique_key {
             validate_unique_key(key)?;
+        }
+        if let Some(key) = &self.order_key {
+            validate_key("an order key", key)?;
+        }
+        if let Some(key) = &self.concurrency_key {
+            validate_key("a concurrency key", key)?;
         }
         if let Some(parent) = &self.trace_parent
             && (parent.len() > 255 || parent.contains('\0'))
@@ -698,6 +777,39 @@ pub fn validate_unique_key(key: &str) -> Result<()> {
         return Err(Error::invalid("a unique key must not hold NUL"));
     }
     Ok(())
+}
+
+/// The longest order or concurrency key, in bytes (MariaDB's `VARCHAR(200)`).
+pub const MAX_KEY_BYTES: usize = 200;
+
+/// Checks an order or concurrency key (`what` names it in the error): 1 to
+/// [`MAX_KEY_BYTES`] bytes, no NUL.
+///
+/// # Examples
+///
+/// ```
+/// use icq::command::validate_key;
+///
+/// assert!(validate_key("an order key", "account:42").is_ok());
+/// let err = validate_key("an order key", &"k".repeat(201)).unwrap_err();
+/// assert!(err.to_string().contains("1 to 200 bytes"), "{err}");
+/// assert!(validate_key("a concurrency key", "").is_err());
+/// assert!(validate_key("a concurrency key", "a\0b").is_err());
+/// ```
+pub fn validate_key(what: &str, key: &str) -> Result<()> {
+    let problem = if key.is_empty() {
+        "it is empty".to_owned()
+    } else if key.len() > MAX_KEY_BYTES {
+        format!("it is {} bytes long", key.len())
+    } else if key.contains('\0') {
+        "it holds NUL".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid(format!(
+        "`{}` is not {what}: {problem}; a key is 1 to {MAX_KEY_BYTES} bytes of text without NUL",
+        crate::redact::echo(&key.chars().take(40).collect::<String>())
+    )))
 }
 
 /// What scheduling one command did: the id of its row, and whether that row already
@@ -886,6 +998,16 @@ pub struct CommandRow {
     pub trace_parent: Option<String>,
     /// `Snoozes`: how many times a handler asked to run later (0 on a version-1 table).
     pub snoozes: i32,
+    /// `ConcurrencyKey` (schema version 4): commands sharing one run at most their queue's
+    /// `key_concurrency` at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// `OrderKey` (schema version 4): commands sharing one run one at a time, oldest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_key: Option<String>,
+    /// `Errors` (schema version 4) as stored: the last failed attempts, a JSON array.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<String>,
     /// Columns that could not be decoded, each with the reason (empty for a healthy row).
     /// A claimed row with defects is dead-lettered without running; listings show it with
     /// the column's value replaced by a neutral placeholder.
@@ -917,6 +1039,9 @@ impl CommandRow {
             unique_key: None,
             trace_parent: None,
             snoozes: 0,
+            concurrency_key: None,
+            order_key: None,
+            errors: None,
             defects: Vec::new(),
         }
     }
@@ -1111,6 +1236,35 @@ pub fn parse_timestamp(text: &str) -> Option<DateTime<Utc>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ids made one after another, on several threads at once, sort in the order each
+    /// thread made them, as UUIDs and as the text `Id` holds (`now_v7`'s shared context
+    /// orders ids within one millisecond).
+    #[test]
+    fn new_ids_sort_in_the_order_they_were_made() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| (0..50_000).map(|_| CommandId::new()).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut all = Vec::new();
+        for thread in threads {
+            let ids = thread.join().unwrap();
+            for pair in ids.windows(2) {
+                assert!(
+                    pair[0].as_str() < pair[1].as_str(),
+                    "{} !< {}",
+                    pair[0],
+                    pair[1]
+                );
+                assert!(pair[0].as_uuid() < pair[1].as_uuid());
+            }
+            all.extend(ids);
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 200_000, "no id made twice");
+    }
 
     #[test]
     fn roles_round_trip_and_tolerate_foreign_text() {

@@ -79,6 +79,23 @@ pub enum Error {
         asked_for: String,
     },
 
+    /// Something of schema version 4 (an order or concurrency key, a queue pause, a limit,
+    /// a recurring schedule) was asked of an older table: the table needs icq's schema
+    /// upgrade migration first. Nothing was changed.
+    #[error(
+        "table {table} is schema version {version}; {asked_for} needs version 4, which icq's \
+         schema upgrade migration adds (`icq migrate add` writes <version>_icq_schema_v4.sql); \
+         nothing was changed"
+    )]
+    NeedsSchemaV4 {
+        /// The (display form of the) table.
+        table: String,
+        /// Its schema version.
+        version: u32,
+        /// What needed version 4, e.g. `pausing a queue`.
+        asked_for: String,
+    },
+
     /// What was asked is not something icq supports: SQL Server outside migrations, a
     /// PostgreSQL pooler in transaction mode, a database URL of an engine whose Cargo
     /// feature this build lacks ([`Error::engine_not_built`]).
@@ -275,11 +292,16 @@ fn mysql_healing(number: u16) -> Healing {
         // network read/write errors, max_user_connections, lock wait timeout, deadlock,
         // resource limits, query interrupted, re-prepare needed, connection killed,
         // statement timeouts (MariaDB max_statement_time, MySQL max_execution_time), idle
-        // disconnect, and the client library's lost-connection numbers.
+        // disconnect, and the client library's lost-connection numbers. On a Galera
+        // cluster also a certification failure at commit (1180, `Got error 6 during
+        // COMMIT`) and a node that is not in the primary component or not synced yet
+        // (1047, `WSREP has not yet prepared node for application use`).
         1040
         | 1041
+        | 1047
         | 1053
         | 1152..=1161
+        | 1180
         | 1203
         | 1205
         | 1213
@@ -298,6 +320,17 @@ fn mysql_healing(number: u16) -> Healing {
         // column (1146, 1054), unknown database (1049), read_only (1290, 1792, 1836), ...
         _ => Healing::Never,
     }
+}
+
+/// Whether a MariaDB/MySQL error is a deadlock or a Galera certification failure (see
+/// [`Error::lost_race`]).
+fn mysql_lost_race(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1180 | 1213);
+    }
+    let _ = db;
+    false
 }
 
 /// How an error with this SQLite (extended) result code heals.
@@ -389,8 +422,8 @@ pub enum DatabaseErrorKind {
     Connection,
     /// Concurrent work got in the way: a serialization failure, a deadlock, a lock not
     /// granted in time, a busy or locked SQLite database (PostgreSQL 40001, 40P01, 55P03,
-    /// MariaDB/MySQL 1205, 1213, `SQLITE_BUSY` / `SQLITE_LOCKED`). Running again usually
-    /// succeeds.
+    /// MariaDB/MySQL 1205, 1213, a Galera certification failure 1180, `SQLITE_BUSY` /
+    /// `SQLITE_LOCKED`). Running again usually succeeds.
     Contention,
     /// Anything else the database reported.
     Other,
@@ -425,8 +458,8 @@ fn mysql_kind(number: u16) -> DatabaseErrorKind {
         1054 => K::UndefinedColumn,
         1290 | 1792 | 1836 => K::ReadOnly,
         1045 => K::LoginFailed,
-        1053 | 2002 | 2003 | 2006 | 2013 => K::Connection,
-        1205 | 1213 => K::Contention,
+        1047 | 1053 | 2002 | 2003 | 2006 | 2013 => K::Connection,
+        1180 | 1205 | 1213 => K::Contention,
         _ => K::Other,
     }
 }
@@ -576,6 +609,26 @@ impl Error {
     pub fn needs_schema_v2(table: &impl std::fmt::Display, what: &str) -> Error {
         Error::NeedsSchemaV2 {
             table: table.to_string(),
+            asked_for: what.to_owned(),
+        }
+    }
+
+    /// [`Error::NeedsSchemaV4`] for asking a `table` at schema `version` (below 4) for
+    /// `what` (an order key, a paused queue, a limit, a schedule), naming the upgrade.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Error, TableName};
+    ///
+    /// let err = Error::needs_schema_v4(&TableName::default(), 3, "pausing a queue");
+    /// assert!(matches!(err, Error::NeedsSchemaV4 { version: 3, .. }));
+    /// assert!(err.to_string().starts_with("table InternalCommands is schema version 3"), "{err}");
+    /// ```
+    pub fn needs_schema_v4(table: &impl std::fmt::Display, version: u32, what: &str) -> Error {
+        Error::NeedsSchemaV4 {
+            table: table.to_string(),
+            version,
             asked_for: what.to_owned(),
         }
     }
@@ -734,6 +787,22 @@ impl Error {
         }
     }
 
+    /// True when the call lost a race to another transaction and running it again is the
+    /// whole remedy: a MariaDB/MySQL deadlock (1213) or a Galera certification failure,
+    /// which a cluster reports as a deadlock or, at commit, as 1180 (`Got error 6 during
+    /// COMMIT`). The transaction was rolled back, so nothing it did took effect: a claim
+    /// it made is the other transaction's to settle. The processor retries these quietly
+    /// and counts them (`icq_internal_commands_lost_races_total`).
+    pub(crate) fn lost_race(&self) -> bool {
+        match self {
+            Error::Database {
+                cause: sqlx::Error::Database(db),
+                ..
+            } => mysql_lost_race(db.as_ref()),
+            _ => false,
+        }
+    }
+
     /// How this error heals: retried with backoff ([`Healing::Retry`]), after a reconnect
     /// to the writable host ([`Healing::Reconnect`]: PostgreSQL's read-only SQLSTATE 25006),
     /// or not at all ([`Healing::Never`]: permission denied, a missing table or column, a
@@ -768,6 +837,7 @@ impl Error {
             | Error::Refused(_)
             | Error::Ambiguous(_)
             | Error::NeedsSchemaV2 { .. }
+            | Error::NeedsSchemaV4 { .. }
             | Error::Unsupported(_)
             | Error::EngineMismatch { .. } => Healing::Never,
             _ => Healing::Retry,
@@ -977,6 +1047,8 @@ mod tests {
             (1045, K::LoginFailed),
             (2013, K::Connection),
             (1213, K::Contention),
+            (1180, K::Contention),
+            (1047, K::Connection),
             (1064, K::Other),
         ] {
             assert_eq!(mysql_kind(number), kind, "{number}");
@@ -1019,7 +1091,9 @@ mod tests {
 
     #[test]
     fn mysql_numbers_heal_when_transient() {
-        for number in [1040, 1053, 1205, 1213, 1226, 1927, 1969, 2006, 2013] {
+        for number in [
+            1040, 1047, 1053, 1180, 1205, 1213, 1226, 1927, 1969, 2006, 2013,
+        ] {
             assert_eq!(mysql_healing(number), Healing::Retry, "{number}");
         }
         for number in [1044, 1045, 1142, 1143, 1146, 1054, 1049, 1290, 1792] {

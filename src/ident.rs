@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 pub const DEFAULT_TABLE: &str = "InternalCommands";
 
 /// The newest version of the table's layout (see [`crate::schema::SCHEMA_VERSION`]).
-pub(crate) const SCHEMA_VERSION: u32 = 2;
+pub(crate) const SCHEMA_VERSION: u32 = 4;
 
 pub use crate::kind::Engine;
 
@@ -107,6 +107,63 @@ impl TableName {
     /// [`crate::schema::cancel_channel`]).
     pub(crate) fn cancel_channel(&self) -> String {
         format!("icq_cancel_{}", self.name())
+    }
+
+    /// The history table of a commands table (schema version 3): `<name>History` in the
+    /// same schema, where completed commands move. Table names are at most 50 characters,
+    /// so the history's name (57 at most) and its index's (`IX_<name>_History`, 61) stay
+    /// within every engine's identifier limit (PostgreSQL's 63 bytes is the smallest).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::{Engine, TableName};
+    ///
+    /// let orders = TableName::parse("app.Orders")?;
+    /// assert_eq!(orders.history().to_string(), "app.OrdersHistory");
+    /// assert_eq!(TableName::default().history().quoted(Engine::Postgres), r#""InternalCommandsHistory""#);
+    /// # Ok::<(), icq::Error>(())
+    /// ```
+    pub fn history(&self) -> TableName {
+        self.with_suffix(HISTORY_SUFFIX)
+    }
+
+    /// The queue-state table of a commands table (schema version 4): `<name>Queues` in the
+    /// same schema, one row per queue paused or rate-limited fleet-wide.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::TableName;
+    ///
+    /// assert_eq!(TableName::parse("app.Orders")?.queues().to_string(), "app.OrdersQueues");
+    /// # Ok::<(), icq::Error>(())
+    /// ```
+    pub fn queues(&self) -> TableName {
+        self.with_suffix("Queues")
+    }
+
+    /// The schedule bookkeeping table of a commands table (schema version 4):
+    /// `<name>Schedules` in the same schema, one row per recurring schedule with the latest
+    /// occurrence scheduled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::TableName;
+    ///
+    /// assert_eq!(TableName::parse("Orders")?.schedules().to_string(), "OrdersSchedules");
+    /// # Ok::<(), icq::Error>(())
+    /// ```
+    pub fn schedules(&self) -> TableName {
+        self.with_suffix("Schedules")
+    }
+
+    fn with_suffix(&self, suffix: &str) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: format!("{}{suffix}", self.name),
+        }
     }
 
     /// Parses `name` or `schema.name`; each part must be a plain identifier (a letter or
@@ -240,12 +297,22 @@ impl FromStr for TableName {
     }
 }
 
+/// What [`TableName::history`] appends to the table's name.
+const HISTORY_SUFFIX: &str = "History";
+
+/// The longest table name part: with [`HISTORY_SUFFIX`] or `Schedules` and the longest
+/// index name (`IX_…_OrderKey`) around it, still within PostgreSQL's 63-byte identifiers.
+const MAX_IDENT: usize = 50;
+
 fn validate_ident(part: &str, whole: &str) -> Result<()> {
     let mut chars = part.chars();
     let starts_well = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') || part.len() > 50 {
+    if !starts_well
+        || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || part.len() > MAX_IDENT
+    {
         return Err(Error::invalid(format!(
             "invalid table name `{whole}`: each part must start with a letter or `_`, contain \
              only letters, digits and `_`, and be at most 50 characters"
@@ -294,6 +361,16 @@ mod tests {
             t.derived(Engine::Postgres, "IX_", "_Poll"),
             r#""IX_InternalCommands_Poll""#
         );
+    }
+
+    #[test]
+    fn the_longest_name_s_history_and_its_index_fit_postgres_identifiers() {
+        let longest = TableName::parse(&format!("s.{}", "a".repeat(MAX_IDENT))).unwrap();
+        let history = longest.history();
+        assert_eq!(history.schema(), Some("s"));
+        assert!(history.name().len() <= 63, "{history}");
+        assert!(format!("IX_{}_History", longest.name()).len() <= 63);
+        assert!(TableName::parse(&format!("{}History", "a".repeat(MAX_IDENT - 6))).is_err());
     }
 
     #[test]

@@ -160,6 +160,7 @@
 )]
 
 pub mod admin;
+pub mod attempts;
 pub mod command;
 pub(crate) mod engine;
 pub mod error;
@@ -177,6 +178,7 @@ pub mod otel;
 pub mod otel;
 mod processor;
 pub mod queue;
+pub mod recurring;
 pub mod redact;
 pub mod schema;
 pub mod settings;
@@ -186,13 +188,14 @@ pub mod settings;
 pub use sqlx;
 
 pub use command::{CommandId, CommandRow, CommandType, Context, NewCommand, RunAt, State};
+pub use engine::control::QueueState;
 pub use engine::url::server_urls;
 pub use engine::{Activity, ConnectOptions};
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, Job, Registry, current_context};
 pub use ident::{Engine, TableName};
 pub use processor::{Processor, RunOptions, SourceHandle, Stats, StatsSnapshot};
-pub use queue::{Enqueue, Queue, QueueDatabase, schedule_in};
+pub use queue::{Enqueue, Queue, QueueDatabase, schedule_in, schedule_many_in};
 pub use settings::Settings;
 /// The shutdown token [`Processor::run`] takes (tokio-util's).
 pub use tokio_util::sync::CancellationToken;

@@ -1,6 +1,7 @@
 //! Scheduling: a [`Queue`] is one source's handle for scheduling commands standalone
-//! (saved at once, waking the local processor), and [`schedule_in`] enrolls a command in
-//! the caller's own sqlx transaction, so it commits or rolls back with the business change.
+//! (saved at once, waking the local processor), and [`schedule_in`] (one command) and
+//! [`schedule_many_in`] (a batch, in bulk) enroll commands in the caller's own sqlx
+//! transaction, so they commit or roll back with the business change.
 //!
 //! A queue is made from the application's own sqlx pool ([`Queue::from_pool`]) or from a
 //! URL, with pools of its own ([`Queue::connect`]).
@@ -81,6 +82,18 @@ pub trait Enqueue: sealed::Connection + Send {
     /// pending row exists, inserts nothing and returns that row's id
     /// ([`Scheduled::existing`]). See [`Enqueue`]'s example.
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled>;
+
+    /// Inserts `commands` into `table` through this connection in bulk (`COPY` and
+    /// multi-row inserts on PostgreSQL, multi-row inserts in chunks on SQLite and
+    /// MySQL/MariaDB), inside a savepoint of its own: all of them or, on an error, none.
+    /// One [`Scheduled`] per command, in order; unique keys as [`Enqueue::enqueue`] keeps
+    /// them (a command whose key a pending row holds, stored before or earlier in the
+    /// batch, returns that row's id). See [`schedule_many_in`].
+    async fn enqueue_many(
+        &mut self,
+        table: &TableName,
+        commands: &[NewCommand],
+    ) -> Result<Vec<Scheduled>>;
 }
 
 /// Schedules `command` inside the caller's transaction (pass `&mut *tx`). Nothing else is
@@ -119,6 +132,80 @@ pub async fn schedule_in<C: Enqueue + ?Sized>(
     command: &NewCommand,
 ) -> Result<Scheduled> {
     conn.enqueue(table, command).await
+}
+
+/// Schedules `commands` inside the caller's transaction (pass `&mut *tx`) in bulk: on
+/// PostgreSQL by `COPY` (with one multi-row insert per chunk for the commands with a
+/// unique key), on SQLite and MySQL/MariaDB by multi-row inserts in chunks. As fast as
+/// [`Queue::schedule_many`], and like [`schedule_in`] nothing is committed: the caller's
+/// commit persists them all, a rollback none; on PostgreSQL the commit wakes idle
+/// processors.
+///
+/// Returns one [`Scheduled`] per command, in input order. A command with a unique key
+/// that a pending row holds — stored before, or earlier in the same batch — inserts
+/// nothing and returns that row's id with `existing: true`. Every command is checked
+/// before anything is written: an invalid one fails the call with an error naming its
+/// index ([`Error::Invalid`]); a failing statement leaves none of the batch (the call
+/// runs in a savepoint of its own) and the caller's transaction usable. No commands, no
+/// statement.
+///
+/// [`Queue::schedule_many_in`] does the same with the queue's table, and
+/// [`Queue::commit`] then also wakes the processor in this process.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+/// # let pool = sqlx::SqlitePool::connect(&url).await?;
+/// # let ddl = icq::schema::render(icq::Engine::Sqlite, &icq::TableName::default());
+/// # sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up)).execute(&pool).await?;
+/// use icq::{NewCommand, TableName};
+/// use serde_json::json;
+///
+/// let table = TableName::default();
+/// let mut commands: Vec<NewCommand> = (1..=500)
+///     .map(|line| NewCommand::new("orders.ship_line", json!({ "order": 42, "line": line })))
+///     .collect();
+/// // Two commands with one unique key: one row, both get its id.
+/// let receipt = || NewCommand::new("orders.receipt", json!({ "order": 42 })).unique_key("receipt:42");
+/// commands.push(receipt());
+/// commands.push(receipt());
+///
+/// let mut tx = pool.begin().await?;
+/// let scheduled = icq::schedule_many_in(&mut *tx, &table, &commands).await?;
+/// tx.commit().await?;
+/// assert_eq!(scheduled.len(), 502);
+/// assert_eq!(scheduled[0].id, commands[0].id);
+/// assert!(!scheduled[500].existing && scheduled[501].existing);
+/// assert_eq!(scheduled[501].id, scheduled[500].id);
+/// let (rows,): (i64,) = sqlx::query_as(r#"SELECT COUNT(*) FROM "InternalCommands""#)
+///     .fetch_one(&pool)
+///     .await?;
+/// assert_eq!(rows, 501);
+///
+/// // An invalid command fails the batch, naming it; nothing of the batch is written.
+/// let bad = vec![
+///     NewCommand::new("orders.receipt", json!({})),
+///     NewCommand::new("orders.receipt", json!({})).queue("no\nnewlines"),
+/// ];
+/// let mut tx = pool.begin().await?;
+/// let err = icq::schedule_many_in(&mut *tx, &table, &bad).await.unwrap_err();
+/// assert!(err.to_string().starts_with("command 1 of the batch"), "{err}");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn schedule_many_in<C: Enqueue + ?Sized>(
+    conn: &mut C,
+    table: &TableName,
+    commands: &[NewCommand],
+) -> Result<Vec<Scheduled>> {
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
+    conn.enqueue_many(table, commands).await
 }
 
 /// One source: a connection pool on its commands table, and the signal that wakes the
@@ -200,7 +287,7 @@ impl Queue {
     ) -> Result<Queue> {
         if options.create_table {
             let engine = Engine::from_url(url).map_err(|err| err.in_source(name))?;
-            let upgrade = crate::schema::render_upgrade(engine, table).up;
+            let upgrade = |from| crate::schema::render_upgrade_from(engine, table, from).up;
             engine::upgrade_owned_table(url, table, &upgrade)
                 .await
                 .map_err(|err| err.in_source(name))?;
@@ -233,10 +320,13 @@ impl Queue {
     ///   should then turn sqlx's statement cache off (`statement_cache_capacity(0)`).
     ///   Behind PgBouncer in either mode they also need `extra_float_digits(None)` (unless
     ///   PgBouncer's `ignore_startup_parameters` lists it): PgBouncer refuses sqlx's
-    ///   default startup parameter, and icq's own connections leave it out. The
-    ///   processor's claims and stamps commit as durably as the application's writes (its
-    ///   own pools use `synchronous_commit = off`), and a URL listing several hosts
-    ///   (failover) is [`Queue::connect`]'s alone.
+    ///   default startup parameter, and icq's own connections leave it out. A
+    ///   URL listing several hosts (failover) is [`Queue::connect`]'s alone.
+    /// - **Durability, PostgreSQL.** The same as [`Queue::connect`]'s: everything icq
+    ///   writes commits with the server's `synchronous_commit`. The processor's claims,
+    ///   stamps, lease renewals and sweeps run each in a transaction of its own with `SET
+    ///   LOCAL plan_cache_mode = force_generic_plan` (the claim is planned once, not per
+    ///   execution), so the application's statements on `pool` keep its settings.
     /// - **SQLite.** `pool` is used as configured: icq's own connect sets WAL
     ///   (`journal_mode(Wal)`), `synchronous(Full)` (`Normal` only for the processor's own
     ///   writes) and a 30 s `busy_timeout`. A shared pool wants WAL and the busy timeout
@@ -308,7 +398,8 @@ impl Queue {
     /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
     /// queue.ensure_table(false).await?; // it is there
     ///
-    /// sqlx::raw_sql(r#"DROP TABLE "InternalCommands""#).execute(&pool).await?;
+    /// let down = icq::schema::render(icq::Engine::Sqlite, queue.table()).down;
+    /// sqlx::raw_sql(sqlx::AssertSqlSafe(down)).execute(&pool).await?; // dropped
     /// let gone = queue.ensure_table(false).await;
     /// assert!(matches!(gone, Err(icq::Error::TableMissing { .. })));
     /// queue.ensure_table(true).await?; // created again
@@ -349,6 +440,43 @@ impl Queue {
     /// exactly.
     pub async fn activity(&self) -> Result<crate::Activity> {
         self.backend.activity().await
+    }
+
+    /// Pauses `queue` for every replica: claims skip its commands (at once on
+    /// PostgreSQL, within each processor's polling interval elsewhere); scheduling into
+    /// it goes on and running commands finish. `true` when it was running. Needs a table
+    /// at schema version 4 ([`crate::Error::NeedsSchemaV4`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// let queue = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// assert!(queue.pause("webhooks").await?);
+    /// assert!(queue.queue_states().await?.iter().any(|q| q.queue == "webhooks" && q.paused));
+    /// assert!(queue.resume("webhooks").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn pause(&self, queue: &str) -> Result<bool> {
+        crate::settings::validate_queue_name(queue).map_err(crate::Error::invalid)?;
+        self.backend.queue_set_paused(queue, true).await
+    }
+
+    /// Resumes a queue [`Queue::pause`]d: `true` when it was paused.
+    pub async fn resume(&self, queue: &str) -> Result<bool> {
+        crate::settings::validate_queue_name(queue).map_err(crate::Error::invalid)?;
+        self.backend.queue_set_paused(queue, false).await
+    }
+
+    /// The stored state of every queue that has one (paused or once paused), by name;
+    /// empty on a table older than schema version 4. See [`Queue::pause`]'s example.
+    pub async fn queue_states(&self) -> Result<Vec<crate::engine::control::QueueState>> {
+        self.backend.queue_states().await
     }
 
     /// Drops the table and everything its migration created with it (the down script of
@@ -491,6 +619,53 @@ impl Queue {
         conn.enqueue(self.table(), command).await
     }
 
+    /// Schedules `commands` in this queue's table inside the caller's transaction (pass
+    /// `&mut *tx`), in bulk: [`schedule_many_in`] with the queue's table. Commit with
+    /// [`Queue::commit`] to also wake the local processor.
+    ///
+    /// `conn` must be of the queue's own engine: a connection of another
+    /// ([`Enqueue::engine`]) fails with [`Error::EngineMismatch`] and writes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// # let options = icq::ConnectOptions::default().creating_table(true);
+    /// # let source = icq::Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// # let queue = source.clone();
+    /// # let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("shop.db").display())).await?;
+    /// use icq::NewCommand;
+    ///
+    /// let lines: Vec<NewCommand> = (1..=3)
+    ///     .map(|line| NewCommand::new("orders.ship_line", serde_json::json!({ "line": line })))
+    ///     .collect();
+    /// let mut tx = pool.begin().await?;
+    /// let scheduled = queue.schedule_many_in(&mut *tx, &lines).await?;
+    /// tx.rollback().await?; // none of them
+    /// assert!(queue.get(&scheduled[0].id).await?.is_none());
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// let scheduled = queue.schedule_many_in(&mut *tx, &lines).await?;
+    /// queue.commit(tx).await?; // all of them, and the local processor wakes
+    /// assert!(queue.get(&scheduled[2].id).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn schedule_many_in<C: Enqueue + ?Sized>(
+        &self,
+        conn: &mut C,
+        commands: &[NewCommand],
+    ) -> Result<Vec<Scheduled>> {
+        let (queue, connection) = (self.engine(), conn.engine());
+        if queue != connection {
+            return Err(Error::EngineMismatch { queue, connection });
+        }
+        schedule_many_in(conn, self.table(), commands).await
+    }
+
     /// Commits a transaction that scheduled commands with [`Queue::schedule_in`], then
     /// wakes the local processor so they start without waiting for a poll.
     /// See [`Queue::schedule_in`]'s example.
@@ -625,6 +800,7 @@ impl Queue {
             settings,
             wake: self.wake.clone(),
             stats: self.stats.clone(),
+            pauses: Default::default(),
         }
     }
 }

@@ -622,6 +622,37 @@ mod tests {
     }
 
     #[test]
+    fn mysql_multi_host_urls_are_masked_in_every_form() {
+        for url in [
+            "mysql://app:s3cret@g1:3306,g2:3307,g3:3308/db?ssl-mode=disabled&password=p2",
+            "mariadb://app:s3cret@g1,g2/db?password=p2",
+            "mysql://app:s3cret@[::1]:3306,[::2]:3307/db?password=p2",
+        ] {
+            let shown = redact_url(url);
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("p2"),
+                "{url}: {shown}"
+            );
+            assert!(shown.contains(":***@"), "{shown}");
+            let text = format!("error connecting: s3cret / p2 rejected; url {url}");
+            let masked = redact_in(&text, url);
+            assert!(
+                !masked.contains("s3cret") && !masked.contains("p2"),
+                "{masked}"
+            );
+            assert!(
+                !redact_text(url).contains("s3cret") && !redact_text(url).contains("=p2"),
+                "{}",
+                redact_text(url)
+            );
+        }
+        assert_eq!(
+            redact_url("mysql://app:s3cret@g1:3306,g2:3307/db"),
+            "mysql://app:***@g1:3306,g2:3307/db"
+        );
+    }
+
+    #[test]
     fn unparseable_urls_are_masked_too() {
         let shown = redact_url("postgres://u:p@ss@[bad/db?password=X");
         assert!(!shown.contains("p@ss") && !shown.contains("=X"), "{shown}");

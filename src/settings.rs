@@ -22,7 +22,9 @@
 //!
 //! A source's `queues:` (beside `settings:` in `icq.yaml`) land in
 //! [`Settings::queues`]: queue names follow [`validate_queue_name`], each queue's
-//! `concurrency` the range of `concurrency` above, and no queue is listed twice.
+//! `concurrency` the range of `concurrency` above, and no queue is listed twice. A queue's
+//! fleet-wide limits: `global_concurrency` and `key_concurrency` 1 ..= 1 000 000 (whole),
+//! `rate` 1 ..= 1 000 000 per `s`, `min` or `h` ([`Rate`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -59,7 +61,13 @@ pub struct Settings {
     /// Attempts before a command is dead-lettered.
     #[serde(deserialize_with = "read::max_attempts")]
     pub max_attempts: u32,
-    /// How long a claim holds a row before another processor may take it.
+    /// How long a claim holds a row before another processor may take it (default 20 s).
+    /// A live worker renews its leases every third of this, however long its handlers
+    /// run, so the lease bounds only how long a crashed worker's rows (running, or
+    /// claimed ahead and buffered) wait before another worker claims them; a graceful
+    /// stop releases its unstarted rows at once. A longer lease rides out longer database
+    /// outages without stopping running handlers (a lease about to lapse stops its
+    /// execution, so no two run at once), at the cost of a slower rescue.
     #[serde(deserialize_with = "read::lease_seconds")]
     pub lease_seconds: u64,
     /// First retry delay; doubled on every further attempt.
@@ -108,6 +116,11 @@ pub struct Settings {
     /// and a slow queue never holds another queue's slots. Needs a version-2 table.
     #[serde(skip)]
     pub queues: Vec<QueueSettings>,
+    /// The recurring commands a processor of this source schedules (a source's
+    /// `schedules:` in `icq.yaml`, not a key of `settings:`). Every replica may list the
+    /// same ones: each occurrence is scheduled once. Needs a version-4 table.
+    #[serde(skip)]
+    pub schedules: Vec<crate::recurring::Schedule>,
 }
 
 /// One queue a worker serves and how many of its commands run at once.
@@ -130,8 +143,17 @@ pub struct Settings {
 pub struct QueueSettings {
     /// The queue's name (the `Queue` column).
     pub name: String,
-    /// Its commands executed at once (1 ..= 10 000).
+    /// Its commands executed at once by this worker (1 ..= 10 000).
     pub concurrency: u32,
+    /// At most this many of the queue's commands run at once across every worker
+    /// (`global_concurrency:`, 1 ..= 1 000 000). See [`QueueSettings::with_global_concurrency`].
+    pub global_concurrency: Option<u32>,
+    /// At most this many of the queue's commands with the same `ConcurrencyKey` run at
+    /// once across every worker (`key_concurrency:`, 1 ..= 1 000 000); rows without a key
+    /// are not limited by it.
+    pub key_concurrency: Option<u32>,
+    /// How fast the queue's commands may start across every worker (`rate: 50/s`).
+    pub rate: Option<Rate>,
 }
 
 impl QueueSettings {
@@ -140,7 +162,196 @@ impl QueueSettings {
         QueueSettings {
             name: name.into(),
             concurrency,
+            global_concurrency: None,
+            key_concurrency: None,
+            rate: None,
         }
+    }
+
+    /// This queue with at most `n` of its commands running at once across the fleet: a
+    /// live lease of any worker counts (running, or claimed and about to run); a crashed
+    /// worker's leases stop counting when they lapse. Enforced by the claim in the
+    /// database (a lock on the queue's row of the `<table>Queues` table), so any number
+    /// of workers racing never exceed it. Needs a version-4 table, and every worker that
+    /// serves the queue must list it with the same limits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use icq::Settings;
+    /// use icq::settings::{QueueSettings, Rate};
+    ///
+    /// let webhooks = QueueSettings::new("webhooks", 4)
+    ///     .with_global_concurrency(6)
+    ///     .with_key_concurrency(1)
+    ///     .with_rate("50/s".parse::<Rate>()?);
+    /// assert!(Settings::default().with_queues(vec![webhooks]).validate().is_ok());
+    ///
+    /// let zero = QueueSettings::new("webhooks", 4).with_global_concurrency(0);
+    /// let err = Settings::default().with_queues(vec![zero]).validate().unwrap_err();
+    /// assert!(err.contains("`global_concurrency` must be a whole number from 1"), "{err}");
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn with_global_concurrency(mut self, n: u32) -> QueueSettings {
+        self.global_concurrency = Some(n);
+        self
+    }
+
+    /// This queue with at most `k` commands of one `ConcurrencyKey` running at once across
+    /// the fleet. See [`QueueSettings::with_global_concurrency`].
+    pub fn with_key_concurrency(mut self, k: u32) -> QueueSettings {
+        self.key_concurrency = Some(k);
+        self
+    }
+
+    /// This queue with its starts across the fleet held to `rate` (a token bucket in the
+    /// database, see [`Rate`]). See [`QueueSettings::with_global_concurrency`].
+    pub fn with_rate(mut self, rate: Rate) -> QueueSettings {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// Whether any fleet-wide limit is set: such a queue is claimed through the limited
+    /// claim.
+    pub fn is_limited(&self) -> bool {
+        self.global_concurrency.is_some() || self.key_concurrency.is_some() || self.rate.is_some()
+    }
+}
+
+/// The unit of a [`Rate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateUnit {
+    /// Per second (`/s`).
+    Second,
+    /// Per minute (`/min`).
+    Minute,
+    /// Per hour (`/h`).
+    Hour,
+}
+
+impl RateUnit {
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u32 {
+        match self {
+            RateUnit::Second => 1,
+            RateUnit::Minute => 60,
+            RateUnit::Hour => 3600,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            RateUnit::Second => "s",
+            RateUnit::Minute => "min",
+            RateUnit::Hour => "h",
+        }
+    }
+}
+
+/// A queue's fleet-wide start rate, `N/s`, `N/min` or `N/h` (`rate:` of a queue).
+///
+/// Enforced as a token bucket kept in the queue's row of the `<table>Queues` table and
+/// refilled by the database's clock: tokens accrue at `N` per unit, a claim takes one per
+/// command it starts and the bucket holds at most [`Rate::burst`] tokens — one second's
+/// worth, and at least one. So over any window of `w` seconds at most
+/// `burst + N/unit × w` commands start (a full bucket, then the refill), and a steady
+/// backlog starts at the rate itself. A new bucket starts full.
+///
+/// # Examples
+///
+/// ```
+/// use icq::settings::{Rate, RateUnit};
+///
+/// let rate: Rate = "50/s".parse()?;
+/// assert_eq!((rate.count, rate.unit), (50, RateUnit::Second));
+/// assert_eq!((rate.per_second(), rate.burst()), (50.0, 50.0));
+/// let slow: Rate = "90/min".parse()?;
+/// assert_eq!((slow.per_second(), slow.burst()), (1.5, 1.5));
+/// assert_eq!("10/h".parse::<Rate>()?.burst(), 1.0);
+/// assert_eq!(slow.to_string(), "90/min");
+/// assert!("50 per second".parse::<Rate>().is_err());
+/// assert!("0/s".parse::<Rate>().is_err());
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Rate {
+    /// Starts per unit (1 ..= 1 000 000).
+    pub count: u32,
+    /// The unit.
+    pub unit: RateUnit,
+}
+
+/// The most starts a rate allows per unit.
+const RATE_COUNT_MAX: u32 = 1_000_000;
+
+impl Rate {
+    /// `count` starts per `unit`.
+    pub fn new(count: u32, unit: RateUnit) -> Rate {
+        Rate { count, unit }
+    }
+
+    /// Starts per second.
+    pub fn per_second(&self) -> f64 {
+        f64::from(self.count) / f64::from(self.unit.seconds())
+    }
+
+    /// The bucket's capacity: one second's worth of tokens, at least one.
+    pub fn burst(&self) -> f64 {
+        self.per_second().max(1.0)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if (1..=RATE_COUNT_MAX).contains(&self.count) {
+            Ok(())
+        } else {
+            Err(format!(
+                "`rate` must start at least 1 and at most {RATE_COUNT_MAX} commands per unit \
+                 (got {self})"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.count, self.unit.suffix())
+    }
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Rate, String> {
+        let syntax = || {
+            format!(
+                "`rate` must be a whole number of starts per second, minute or hour, such as \
+                 `50/s`, `100/min` or `1000/h` (got `{text}`)"
+            )
+        };
+        let (count, unit) = text.trim().split_once('/').ok_or_else(syntax)?;
+        let unit = match unit.trim() {
+            "s" | "sec" | "second" => RateUnit::Second,
+            "min" | "m" | "minute" => RateUnit::Minute,
+            "h" | "hour" => RateUnit::Hour,
+            _ => return Err(syntax()),
+        };
+        let count = count.trim();
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(syntax());
+        }
+        let count = count.parse::<u64>().unwrap_or(u64::MAX);
+        let rate = Rate {
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            unit,
+        };
+        if count > u64::from(RATE_COUNT_MAX) {
+            return Err(format!(
+                "`rate` must start at most {RATE_COUNT_MAX} commands per unit (got `{text}`)"
+            ));
+        }
+        rate.check().map(|()| rate)
     }
 }
 
@@ -229,7 +440,7 @@ impl Default for Settings {
         Settings {
             batch_size: 50,
             max_attempts: 5,
-            lease_seconds: 300,
+            lease_seconds: 20,
             retry_backoff_base_seconds: 10.0,
             max_retry_backoff_seconds: 600.0,
             retention_days: 7,
@@ -241,6 +452,7 @@ impl Default for Settings {
             pooler: Pooler::Session,
             max_snoozes: 1000,
             queues: Vec::new(),
+            schedules: Vec::new(),
         }
     }
 }
@@ -331,6 +543,13 @@ impl Settings {
         self.queues = queues;
         self
     }
+
+    /// These settings with [`Settings::schedules`] set. See
+    /// [`Schedule`](crate::recurring::Schedule)'s example.
+    pub fn with_schedules(mut self, schedules: Vec<crate::recurring::Schedule>) -> Settings {
+        self.schedules = schedules;
+        self
+    }
 }
 
 /// The allowed range of one numeric setting.
@@ -371,6 +590,8 @@ const PROCESSING_DELAY_SECONDS: Limit = limit("processing_delay_seconds", 0.0, Y
 const POLLING_INTERVAL_SECONDS: Limit = limit("polling_interval_seconds", 0.01, 3_600.0, false);
 const CONCURRENCY: Limit = limit("concurrency", 1.0, 10_000.0, true);
 const MAX_SNOOZES: Limit = limit("max_snoozes", 0.0, 1_000_000.0, true);
+/// `global_concurrency` and `key_concurrency` of a queue (the key is put in the message).
+const QUEUE_LIMIT: Limit = limit("limit", 1.0, 1_000_000.0, true);
 
 /// A number for a message: plain, or in exponent form when plain would be unreadable.
 fn shown(value: f64) -> String {
@@ -469,6 +690,26 @@ impl Settings {
             CONCURRENCY
                 .check(value as f64, &value.to_string())
                 .map_err(|why| format!("`queues`: queue `{}`: {why}", queue.name))?;
+            for (key, value) in [
+                ("global_concurrency", queue.global_concurrency),
+                ("key_concurrency", queue.key_concurrency),
+            ] {
+                if let Some(value) = value {
+                    QUEUE_LIMIT
+                        .check(f64::from(value), &value.to_string())
+                        .map_err(|why| {
+                            format!(
+                                "`queues`: queue `{}`: {}",
+                                queue.name,
+                                why.replacen("`limit`", &format!("`{key}`"), 1)
+                            )
+                        })?;
+                }
+            }
+            if let Some(rate) = &queue.rate {
+                rate.check()
+                    .map_err(|why| format!("`queues`: queue `{}`: {why}", queue.name))?;
+            }
             if self.queues[..index].iter().any(|q| q.name == queue.name) {
                 return Err(format!(
                     "queue `{}` is listed twice in `queues`; list each queue once",
@@ -476,12 +717,24 @@ impl Settings {
                 ));
             }
         }
+        crate::recurring::validate_all(&self.schedules)
+            .map_err(|why| format!("`schedules`: {why}"))?;
         Ok(())
     }
 
     /// Reads one queue's `concurrency` (range-checked like the source's).
     pub fn read_queue_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         read::concurrency(d)
+    }
+
+    /// Reads one queue's `global_concurrency` or `key_concurrency` (named by `key`):
+    /// a whole number from 1 to 1 000 000.
+    pub fn read_queue_limit<'de, D: de::Deserializer<'de>>(
+        d: D,
+        key: &'static str,
+    ) -> Result<u32, D::Error> {
+        let limit = Limit { key, ..QUEUE_LIMIT };
+        d.deserialize_any(Number(limit)).map(|value| value as u32)
     }
 
     /// The lease as a duration.
@@ -773,5 +1026,17 @@ mod tests {
             ..Settings::default()
         };
         assert_eq!(tiny.polling_interval(), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn queue_limits_are_range_checked_by_name() {
+        let with = |queue: QueueSettings| Settings::default().with_queues(vec![queue]).validate();
+        assert_eq!(
+            with(QueueSettings::new("q", 1).with_key_concurrency(0)).unwrap_err(),
+            "`queues`: queue `q`: `key_concurrency` must be a whole number from 1 to 1000000 (got 0)"
+        );
+        assert!(with(QueueSettings::new("q", 1).with_global_concurrency(1_000_001)).is_err());
+        assert!(with(QueueSettings::new("q", 1).with_rate(Rate::new(0, RateUnit::Hour))).is_err());
+        assert!(with(QueueSettings::new("q", 1).with_global_concurrency(1)).is_ok());
     }
 }

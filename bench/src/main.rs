@@ -3,7 +3,8 @@
 //!
 //! Peers: icq (the binary, `icq work --until-idle`, on PostgreSQL / SQLite / MariaDB),
 //! optionally an older icq build, graphile_worker 0.14, apalis-postgres 1.0, and a
-//! plain-sqlx claim loop. See README.md beside this file.
+//! plain-sqlx claim loop. `--sustained` instead runs icq alone under a steady stream of
+//! commands for minutes (see `sustained`). See README.md beside this file.
 
 mod apalis;
 mod db;
@@ -11,6 +12,7 @@ mod graphile;
 mod icq;
 mod plain;
 mod slow;
+mod sustained;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -61,11 +63,12 @@ pub struct Opts {
     pub timeout_secs: u64,
     /// Also drain with this many `icq work` replicas on one table (0 or 1: don't); the
     /// row is labelled `icq x<N>` and counts rows claimed more than once.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, alias = "replicas")]
     pub icq_replicas: usize,
     /// Run icq with a handler that takes this many milliseconds (an http handler posting
     /// to an endpoint the bench serves, which answers after the delay) instead of no-op;
-    /// icq only (`--peers icq`). 0: the no-op handler.
+    /// icq only (`--peers icq`). 0: the no-op handler. With --sustained: how long the
+    /// endpoint every command posts to takes to answer (0: at once).
     #[arg(long, default_value_t = 0)]
     pub handler_ms: u64,
     /// The endpoint of `--handler-ms` once it is served.
@@ -86,6 +89,51 @@ pub struct Opts {
     pub keep_databases: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+
+    /// Instead of the drain: a steady stream of commands into `--icq-replicas` (alias
+    /// `--replicas`) long-running `icq work` processes, one engine of --engines at a time,
+    /// sampling throughput, backlog, table size and pickup latency (see README.md).
+    #[arg(long, help_heading = "Sustained load")]
+    pub sustained: bool,
+    /// Commands scheduled per second.
+    #[arg(long, default_value_t = 1000, help_heading = "Sustained load")]
+    pub rate: u32,
+    /// How long the producer schedules (e.g. 600s, 10m).
+    #[arg(long, default_value = "600s", value_parser = parse_duration, help_heading = "Sustained load")]
+    pub duration: Duration,
+    /// How often to sample.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, help_heading = "Sustained load")]
+    pub sample_every: Duration,
+    /// When to open a transaction that holds back cleanup (PostgreSQL: the xmin horizon;
+    /// MariaDB: purge; SQLite: WAL checkpoints).
+    #[arg(long, value_parser = parse_duration, help_heading = "Sustained load")]
+    pub hold_xmin_at: Option<Duration>,
+    /// How long that transaction stays open.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = "Sustained load")]
+    pub hold_xmin_for: Duration,
+    /// When to SIGKILL one replica (one that holds claimed rows it has not finished).
+    #[arg(long, value_parser = parse_duration, help_heading = "Sustained load")]
+    pub kill_replica_at: Option<Duration>,
+}
+
+/// `600s`, `10m`, `1h`, `250ms`, or plain seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (e.g. 600s, 10m, 250ms)"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 impl Opts {
@@ -160,6 +208,16 @@ where
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut opts = Opts::parse();
+    if opts.sustained {
+        let engines = opts
+            .engines
+            .iter()
+            .map(|e| Engine::parse(e))
+            .collect::<Result<Vec<_>>>()?;
+        let default = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/icq");
+        let bin = IcqBin::probe("icq", opts.icq_bin.as_deref().unwrap_or(&default)).await?;
+        return sustained::run_all(&opts, &bin, &engines).await;
+    }
     if opts.handler_ms > 0 {
         anyhow::ensure!(
             opts.peers == [Peer::Icq],

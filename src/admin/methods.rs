@@ -14,10 +14,55 @@ use crate::error::Result;
 use crate::queue::Queue;
 
 impl Queue {
-    /// How many commands are in each state (`icq pending`); `request` breaks the counts
-    /// down by type and queue, or filters one queue.
+    /// How many commands are in each state — due, scheduled, running, dead, completed —
+    /// as `icq pending` counts them: one aggregate query. `request` breaks the counts down
+    /// by queue and/or type ([`PendingRequest::per_queue`], [`PendingRequest::per_type`])
+    /// or counts one queue ([`PendingRequest::in_queue`]); [`PendingRequest::default`]
+    /// counts the whole table. A service reads its backlog from the report's lines, or
+    /// with [`PendingReport::counts`].
     ///
     /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}?mode=rwc", dir.path().join("shop.db").display());
+    /// use std::time::Duration;
+    /// use icq::admin::PendingRequest;
+    /// use icq::{ConnectOptions, NewCommand, Queue};
+    /// use serde_json::json;
+    ///
+    /// let options = ConnectOptions::default().creating_table(true);
+    /// let queue = Queue::connect("shop", &url, &Default::default(), &options).await?;
+    /// queue.schedule(&NewCommand::new("mail.send", json!({})).queue("emails")).await?;
+    /// queue.schedule(&NewCommand::new("mail.send", json!({})).queue("emails")).await?;
+    /// let later = NewCommand::new("mail.digest", json!({})).queue("emails").delay(Duration::from_secs(600));
+    /// queue.schedule(&later).await?;
+    /// queue.schedule(&NewCommand::new("report.build", json!({}))).await?;
+    ///
+    /// // The whole table: one line.
+    /// let all = queue.pending(&PendingRequest::default()).await?;
+    /// let totals = all.counts("shop", None, None).unwrap();
+    /// assert_eq!((totals.due, totals.scheduled, totals.running), (3, 1, 0));
+    ///
+    /// // Per queue and type: one line each.
+    /// let split = queue.pending(&PendingRequest::default().per_queue().per_type()).await?;
+    /// let sends = split.counts("shop", Some("emails"), Some("mail.send")).unwrap();
+    /// assert_eq!((sends.due, sends.scheduled), (2, 0));
+    /// let digests = split.counts("shop", Some("emails"), Some("mail.digest")).unwrap();
+    /// assert_eq!((digests.due, digests.scheduled), (0, 1));
+    /// assert_eq!(split.counts("shop", Some("default"), Some("report.build")).unwrap().due, 1);
+    ///
+    /// // One queue, per type.
+    /// let emails = queue.pending(&PendingRequest::default().in_queue("emails").per_type()).await?;
+    /// assert_eq!(emails.rows.len(), 2);
+    /// assert_eq!(emails.rows.iter().map(|r| r.counts.due + r.counts.scheduled).sum::<u64>(), 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The other operator methods, on the same queue:
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

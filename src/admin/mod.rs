@@ -22,13 +22,16 @@
 
 mod cancel;
 mod dead_letters;
+pub mod doctor;
 mod list;
 mod methods;
 mod pending;
 mod purge;
+mod queues;
 mod replay;
 mod requeue;
 mod schedule;
+mod schedules;
 mod show;
 
 pub use crate::engine::admin::{CANCELLED, FinishedKind, ListState, StateCount};
@@ -41,6 +44,9 @@ pub use dead_letters::{
 pub use list::{ListReport, ListRequest, ListedCommand, MAX_PAGE_LIMIT, list, list_page};
 pub use pending::{PendingCount, PendingReport, PendingRequest, pending, pending_with};
 pub use purge::{PURGE_BATCH, PurgeCount, PurgePlan, PurgeReport, PurgeRequest, plan_purge, purge};
+pub use queues::{
+    QueueChange, QueueChangeReport, QueueListReport, QueueListing, queue_list, set_paused,
+};
 pub use replay::{ReplayReport, Replayed, replay};
 pub use requeue::{
     REQUEUE_BATCH, RequeuePlan, RequeueReport, RequeueTarget, Skipped, plan_requeue, requeue,
@@ -49,7 +55,8 @@ pub use schedule::{
     DEFAULT_MAX_INPUT_BYTES, InputLimit, SCHEDULE_CHUNK, Scheduled, ScheduledMany, one_source,
     parse_jobs, read_jobs, read_limited, schedule, schedule_many,
 };
-pub use show::{ShownCommand, ShownHead, show, show_head};
+pub use schedules::{ScheduleRow, schedules};
+pub use show::{AttemptsView, ShownCommand, ShownHead, show, show_head};
 
 use std::collections::HashSet;
 

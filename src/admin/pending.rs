@@ -41,6 +41,10 @@ pub struct PendingCount {
     /// counting by type.
     #[serde(flatten)]
     pub counts: StateCount,
+    /// The queue is paused fleet-wide (`icq queue pause`): its due commands wait for a
+    /// resume. Only in counts by queue; in JSON only when `true`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// The result of [`pending`]: serialized as an array of [`PendingCount`].
@@ -166,6 +170,49 @@ pub struct PendingRequest {
     pub queue: Option<String>,
 }
 
+impl PendingRequest {
+    /// Counts per command type (`icq pending --by-type`). See [`crate::Queue::pending`].
+    pub fn per_type(mut self) -> PendingRequest {
+        self.by_type = true;
+        self
+    }
+
+    /// Counts per queue (`icq pending --by-queue`). See [`crate::Queue::pending`].
+    pub fn per_queue(mut self) -> PendingRequest {
+        self.by_queue = true;
+        self
+    }
+
+    /// Counts only the commands of `queue` (`icq pending --queue`). See
+    /// [`crate::Queue::pending`].
+    pub fn in_queue(mut self, queue: impl Into<String>) -> PendingRequest {
+        self.queue = Some(queue.into());
+        self
+    }
+}
+
+impl PendingReport {
+    /// The counts of the line for `queue` and `type_name` (each `None` when the report is
+    /// not broken down by it) in source `source`, or `None` when no row matched: a
+    /// service reading its backlog without walking the lines. See
+    /// [`crate::Queue::pending`].
+    pub fn counts(
+        &self,
+        source: &str,
+        queue: Option<&str>,
+        type_name: Option<&str>,
+    ) -> Option<&StateCount> {
+        self.rows
+            .iter()
+            .find(|r| {
+                r.source == source
+                    && r.counts.queue.as_deref() == queue
+                    && r.counts.type_name.as_deref() == type_name
+            })
+            .map(|r| &r.counts)
+    }
+}
+
 /// Counts as [`pending`] does, per queue and/or type, of one queue or all. A queue filter
 /// is checked first: a bad name is [`Error::Invalid`], a version-1 table [`Error::NeedsSchemaV2`].
 ///
@@ -178,17 +225,27 @@ pub async fn pending_with(sources: &[Queue], request: &PendingRequest) -> Result
         queue: request.queue.clone(),
     };
     let params = &params;
-    let counted = futures::future::try_join_all(
-        sources
-            .iter()
-            .map(|s| async move { Ok::<_, Error>((s, s.backend().state_count(params).await?)) }),
-    )
+    let by_queue = request.by_queue;
+    let counted = futures::future::try_join_all(sources.iter().map(|s| async move {
+        let paused: Vec<String> = if by_queue {
+            let states = s.backend().queue_states().await?;
+            states
+                .into_iter()
+                .filter(|q| q.paused)
+                .map(|q| q.queue)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok::<_, Error>((s, s.backend().state_count(params).await?, paused))
+    }))
     .await?;
     let rows = counted
         .into_iter()
-        .flat_map(|(source, counts)| {
-            counts.into_iter().map(|counts| PendingCount {
+        .flat_map(|(source, counts, paused)| {
+            counts.into_iter().map(move |counts| PendingCount {
                 source: source.name().to_owned(),
+                paused: counts.queue.as_ref().is_some_and(|q| paused.contains(q)),
                 counts,
             })
         })

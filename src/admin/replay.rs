@@ -199,6 +199,10 @@ pub async fn replay(sources: &[Queue], ids: &[CommandId]) -> Result<ReplayReport
                 command.queue = row.queue.clone();
                 command.priority = row.priority;
                 command.unique_key = row.unique_key.clone();
+                // A replay keeps its keys: it runs after the pending rows of its order
+                // key, and counts against its concurrency key's limit.
+                command.order_key = row.order_key.clone();
+                command.concurrency_key = row.concurrency_key.clone();
                 commands.push(command);
                 Plan::Copy(commands.len() - 1)
             })

@@ -377,6 +377,10 @@ struct JobLine {
     priority: Option<i64>,
     #[serde(default)]
     unique_key: Option<String>,
+    #[serde(default)]
+    order_key: Option<String>,
+    #[serde(default)]
+    concurrency_key: Option<String>,
 }
 
 /// A JSON Lines `priority`: a type error says what a priority is (`1.5` and `"high"`
@@ -408,7 +412,7 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(
 /// Parses a JSON Lines document of commands: one object per line,
 /// `{"type": …, "payload": …, "run_at"?: RFC 3339, "user_id"?, "roles"?: [...],
 /// "tenant_id"?, "correlation_id"?, "queue"?, "priority"?: -32768…32767,
-/// "unique_key"?}`; blank lines are skipped. The first bad line is an
+/// "unique_key"?, "order_key"?, "concurrency_key"?}`; blank lines are skipped. The first bad line is an
 /// [`Error::Invalid`] naming `origin`, the line number and the field. A text already in memory has no
 /// line limit; to read a file or stdin, stream it through [`read_jobs`].
 ///
@@ -545,6 +549,15 @@ fn parse_job_line(line: &[u8], origin: &str, number: usize) -> Result<NewCommand
         crate::command::validate_unique_key(&key).map_err(|e| field("unique_key", e))?;
         command = command.unique_key(key);
     }
+    if let Some(key) = job.order_key {
+        crate::command::validate_key("an order key", &key).map_err(|e| field("order_key", e))?;
+        command = command.with_order_key(key);
+    }
+    if let Some(key) = job.concurrency_key {
+        crate::command::validate_key("a concurrency key", &key)
+            .map_err(|e| field("concurrency_key", e))?;
+        command = command.with_concurrency_key(key);
+    }
     let command = command
         .run_at(job.run_at.map_or(RunAt::Now, RunAt::At))
         .context(Context {
@@ -630,6 +643,10 @@ mod tests {
             ("mail", -3)
         );
         assert_eq!(commands[0].unique_key.as_deref(), Some("k"));
+        let text = "{\"type\":\"a\",\"payload\":1,\"order_key\":\"o\",\"concurrency_key\":\"c\"}";
+        let commands = parse_jobs(text, "f").unwrap();
+        assert_eq!(commands[0].order_key.as_deref(), Some("o"));
+        assert_eq!(commands[0].concurrency_key.as_deref(), Some("c"));
         for (line, field) in [
             ("{\"type\":\"a\",\"payload\":1,\"queue\":\"\"}", "queue"),
             (
@@ -643,6 +660,10 @@ mod tests {
             (
                 "{\"type\":\"a\",\"payload\":1,\"unique_key\":\"\"}",
                 "unique_key",
+            ),
+            (
+                "{\"type\":\"a\",\"payload\":1,\"order_key\":\"\"}",
+                "order_key",
             ),
         ] {
             let err = parse_jobs(&format!("{text}\n{line}\n"), "f").unwrap_err();

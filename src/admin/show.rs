@@ -2,8 +2,9 @@
 
 use serde::Serialize;
 
+use crate::attempts::AttemptError;
 use crate::command::{CommandId, CommandRow, State};
-use crate::engine::admin::CommandHeadParams;
+use crate::engine::admin::{CommandHeadParams, OrderKeyHolderParams};
 use crate::error::Result;
 use crate::queue::Queue;
 
@@ -48,6 +49,55 @@ pub struct ShownCommand {
     pub row: CommandRow,
     /// The row's state at the database's `now`.
     pub state: State,
+    /// Its history: the failed attempts, which attempt succeeded, what it waits behind.
+    #[serde(flatten)]
+    pub attempts: AttemptsView,
+}
+
+/// What a command's view says about its attempts and its order key (JSON: the fields
+/// `attempt_errors`, `succeeded_on_attempt` and `held_by` beside the columns).
+///
+/// # Examples
+///
+/// ```
+/// use icq::admin::AttemptsView;
+///
+/// let view = AttemptsView::default();
+/// let json = serde_json::to_value(&view)?;
+/// assert_eq!(json["attempt_errors"], serde_json::json!([]));
+/// assert!(json["held_by"].is_null());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AttemptsView {
+    /// Every failed attempt kept in `Errors` (the last 20), oldest first.
+    pub attempt_errors: Vec<AttemptError>,
+    /// On a completed command, the attempt that succeeded (its `Attempts` count).
+    pub succeeded_on_attempt: Option<i32>,
+    /// On a pending command with an order key, the oldest pending command of the key
+    /// scheduled before it: it runs only once that one completes or is dead-lettered.
+    pub held_by: Option<CommandId>,
+}
+
+impl AttemptsView {
+    /// The view of `row` (in `state`) from `source`: one look-up more for a pending row
+    /// with an order key.
+    async fn of(source: &Queue, row: &CommandRow, state: State) -> Result<AttemptsView> {
+        let held_by = match state {
+            State::Due | State::Scheduled if row.order_key.is_some() => {
+                source
+                    .backend()
+                    .order_key_holder(&OrderKeyHolderParams { id: row.id.clone() })
+                    .await?
+            }
+            _ => None,
+        };
+        Ok(AttemptsView {
+            attempt_errors: crate::attempts::parse(row.errors.as_deref()),
+            succeeded_on_attempt: (state == State::Completed).then_some(row.attempts),
+            held_by,
+        })
+    }
 }
 
 /// Reads one command in full from whichever selected source holds it.
@@ -86,9 +136,11 @@ pub async fn show(sources: &[Queue], id: CommandId) -> Result<ShownCommand> {
     };
     let source = &sources[index];
     let now = source.backend().clock_now().await?;
+    let state = row.state(now);
     Ok(ShownCommand {
         source: source.name().to_owned(),
-        state: row.state(now),
+        attempts: AttemptsView::of(source, &row, state).await?,
+        state,
         row,
     })
 }
@@ -106,6 +158,8 @@ pub struct ShownHead {
     pub payload_head: String,
     /// The length of the payload's whole JSON text, in bytes.
     pub payload_bytes: u64,
+    /// Its failed attempts, which attempt succeeded, what it waits behind.
+    pub attempts: AttemptsView,
 }
 
 impl ShownHead {
@@ -161,9 +215,11 @@ pub async fn show_head(sources: &[Queue], id: CommandId, max_chars: u32) -> Resu
         ));
     };
     let now = source.backend().clock_now().await?;
+    let state = head.row.state(now);
     Ok(ShownHead {
         source: source.name().to_owned(),
-        state: head.row.state(now),
+        attempts: AttemptsView::of(source, &head.row, state).await?,
+        state,
         row: head.row,
         payload_head: head.payload_head,
         payload_bytes: head.payload_bytes,

@@ -41,6 +41,12 @@ pub enum CliError {
         count: u64,
     },
 
+    /// `icq doctor` found something that needs action (exit code 1).
+    NeedsAction {
+        /// How many findings need action.
+        count: usize,
+    },
+
     /// `icq bench` could not finish a measurement (its worker failed, a command did not
     /// complete, or the run was interrupted) (exit code 1).
     Bench(String),
@@ -62,6 +68,15 @@ impl std::fmt::Display for CliError {
                     "command was"
                 } else {
                     "commands were"
+                }
+            ),
+            CliError::NeedsAction { count } => write!(
+                f,
+                "{count} {} action: see the findings above",
+                if *count == 1 {
+                    "finding needs"
+                } else {
+                    "findings need"
                 }
             ),
             CliError::Library(err) => f.write_str(&message(err)),
@@ -92,7 +107,7 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage(_) | CliError::Config { .. } | CliError::ConfigCheck { .. } => 2,
-            CliError::DeadLettered { .. } | CliError::Bench(_) => 1,
+            CliError::DeadLettered { .. } | CliError::NeedsAction { .. } | CliError::Bench(_) => 1,
             CliError::Library(err) => exit_code(err),
         }
     }
@@ -103,6 +118,7 @@ impl CliError {
             CliError::Usage(_) => "usage",
             CliError::Config { .. } | CliError::ConfigCheck { .. } => "config",
             CliError::DeadLettered { .. } => "dead_lettered",
+            CliError::NeedsAction { .. } => "needs_action",
             CliError::Bench(_) => "bench",
             CliError::Library(err) => kind(err),
         }
@@ -118,6 +134,7 @@ pub fn exit_code(err: &icq::Error) -> i32 {
         | E::Refused(_)
         | E::Ambiguous(_)
         | E::NeedsSchemaV2 { .. }
+        | E::NeedsSchemaV4 { .. }
         | E::Unsupported(_)
         | E::EngineMismatch { .. } => 2,
         E::NotFound(_) => 3,
@@ -135,6 +152,7 @@ pub fn kind(err: &icq::Error) -> &'static str {
         | E::Refused(_)
         | E::Ambiguous(_)
         | E::NeedsSchemaV2 { .. }
+        | E::NeedsSchemaV4 { .. }
         | E::Unsupported(_)
         | E::EngineMismatch { .. } => "usage",
         E::Conflict(_) => "conflict",
@@ -157,8 +175,17 @@ pub fn message(err: &icq::Error) -> String {
     match err {
         E::NeedsSchemaV2 { table, asked_for } => format!(
             "table {table} is schema version 1; queues, priorities and unique keys need version 2: \
-             add the upgrade with `icq migrate add` (it writes <version>_icq_schema_v2.sql) and \
+             add the upgrade with `icq migrate add` (it writes <version>_icq_schema_v4.sql) and \
              apply it with `icq migrate run` (asked for: {asked_for}); nothing was changed"
+        ),
+        E::NeedsSchemaV4 {
+            table,
+            version,
+            asked_for,
+        } => format!(
+            "table {table} is schema version {version}; {asked_for} needs version 4: add the \
+             upgrade with `icq migrate add` (it writes <version>_icq_schema_v4.sql) and apply it \
+             with `icq migrate run`; nothing was changed"
         ),
         E::TableMissing {
             source_name,
@@ -265,6 +292,7 @@ mod tests {
                 2,
             ),
             (CliError::DeadLettered { count: 2 }, "dead_lettered", 1),
+            (CliError::NeedsAction { count: 1 }, "needs_action", 1),
             (CliError::Bench("x".into()), "bench", 1),
             (
                 icq::Error::Connect {

@@ -251,7 +251,12 @@ impl Render for PendingReport {
                 cells.push(row.source.clone());
             }
             if self.by_queue {
-                cells.push(row.counts.queue.clone().unwrap_or_default());
+                let queue = row.counts.queue.clone().unwrap_or_default();
+                cells.push(if row.paused {
+                    format!("{queue} (paused)")
+                } else {
+                    queue
+                });
             }
             if self.by_type {
                 cells.push(row.counts.type_name.clone().unwrap_or_default());
@@ -338,14 +343,27 @@ impl Render for ShownCommand {
         } else {
             r.roles.join(", ")
         };
-        let fields: [(&str, String); 22] = [
+        let view = &self.attempts;
+        let state = match (&view.held_by, view.succeeded_on_attempt) {
+            (Some(holder), _) => format!(
+                "{} (held behind {holder}, the oldest pending command of its order key)",
+                self.state.as_str()
+            ),
+            (None, Some(attempt)) => {
+                format!("{} (attempt {attempt} succeeded)", self.state.as_str())
+            }
+            (None, None) => self.state.as_str().to_owned(),
+        };
+        let fields: Vec<(&str, String)> = vec![
             ("Source", self.source.clone()),
             ("Id", r.id.to_string()),
-            ("State", self.state.as_str().to_owned()),
+            ("State", state),
             ("Type", r.type_name.clone()),
             ("Queue", r.queue.clone()),
             ("Priority", r.priority.to_string()),
             ("Unique key", opt(r.unique_key.as_deref())),
+            ("Order key", opt(r.order_key.as_deref())),
+            ("Concurrency key", opt(r.concurrency_key.as_deref())),
             ("Attempts", r.attempts.to_string()),
             ("Snoozes", r.snoozes.to_string()),
             ("Created at", time("CreatedAt", r.created_at)),
@@ -370,6 +388,7 @@ impl Render for ShownCommand {
                 "Last error",
                 opt(earlier_error(self.state, r.last_error.as_deref()).as_deref()),
             ),
+            ("Attempt errors", attempt_errors(&view.attempt_errors)),
             ("Payload", payload),
         ];
         let mut grid = Grid::new(vec![
@@ -382,6 +401,26 @@ impl Render for ShownCommand {
         }
         Some(grid)
     }
+}
+
+/// The failed attempts as a table shows them, one per line, oldest first:
+/// `#2 2030-01-01T06:00:00.000Z: timeout`.
+fn attempt_errors(errors: &[icq::attempts::AttemptError]) -> String {
+    if errors.is_empty() {
+        return "-".to_owned();
+    }
+    errors
+        .iter()
+        .map(|e| {
+            format!(
+                "#{} {}: {}",
+                e.attempt.map_or_else(|| "?".to_owned(), |n| n.to_string()),
+                e.at.as_deref().unwrap_or("?"),
+                e.error
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The last error as a table shows it: on a completed command it is an earlier attempt's
@@ -604,6 +643,63 @@ impl Render for ReplayReport {
                 });
             }
             grid.push(cells);
+        }
+        Some(grid)
+    }
+}
+
+impl Render for icq::admin::QueueChangeReport {
+    fn human(&self, _style: &Style) -> String {
+        self.changes
+            .iter()
+            .map(|c| {
+                let (now, already) = if c.paused {
+                    ("paused", "was already paused")
+                } else {
+                    ("resumed", "was not paused")
+                };
+                if c.changed {
+                    format!("{}: queue {} {now}", c.source, c.queue)
+                } else {
+                    format!("{}: queue {} {already}", c.source, c.queue)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Render for icq::admin::QueueListReport {
+    fn human(&self, style: &Style) -> String {
+        if self.queues.is_empty() {
+            return "No queues: nothing pending and none paused.".to_owned();
+        }
+        listing(self.grid().unwrap_or_default(), style)
+    }
+
+    fn grid(&self) -> Option<Grid> {
+        let mut grid = Grid::new(vec![
+            Column::whole("Source"),
+            Column::whole("Queue"),
+            Column::whole("State"),
+            Column::whole("Due"),
+            Column::whole("Running"),
+            Column::whole("Scheduled"),
+        ]);
+        for q in &self.queues {
+            let state = match (q.paused, q.paused_at) {
+                (true, Some(at)) => format!("paused since {}", time(at)),
+                (true, None) => "paused".to_owned(),
+                (false, _) => "running".to_owned(),
+            };
+            grid.push(vec![
+                q.source.clone(),
+                q.queue.clone(),
+                state,
+                q.due.to_string(),
+                q.running.to_string(),
+                q.scheduled.to_string(),
+            ]);
         }
         Some(grid)
     }

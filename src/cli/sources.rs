@@ -1,7 +1,7 @@
 //! Opening the configured sources: configuration (or `--database-url`, or the embedded
 //! default) in, connected [`Queue`]s out, each checked to have its table (the embedded
-//! default creates its own on first use, and upgrades a version-1 table it finds to
-//! schema version 2: it is icq's own database).
+//! default creates its own on first use, and upgrades an older table it finds to the
+//! current schema version: it is icq's own database).
 //!
 //! Connections fail fast with their cause (a refused port, an unresolvable host, a
 //! mistyped password): see the engine's connection probe.

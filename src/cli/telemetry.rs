@@ -8,8 +8,16 @@
 //! Series (all prefixed `icq_internal_commands_`): `claimed_total`, `succeeded_total`,
 //! `failed_total` (attempts that will be retried), `dead_lettered_total`,
 //! `stale_stamps_total` (outcomes dropped because the lease had moved on) — each labelled
-//! by `source`; `execution_seconds` (histogram by `source`, `type`, `outcome`); and
-//! `pending` (gauge by `source`, `state` = `due` | `running`).
+//! by `source`; `lost_races_total` (by `source` and `role`: deadlocks and Galera
+//! certification conflicts, retried); `execution_seconds` (histogram by `source`, `type`, `outcome`); and
+//! `pending` (gauge by `source`, `state` = `due` | `running`). Every
+//! [`HEALTH_EVERY`], [`spawn_health_gauges`] samples each source's health (the figures of
+//! `icq doctor`) into `table_bytes` (by `source`, `table` = `commands` | `history`),
+//! `dead_rows`, `xmin_holder_age_seconds` (the transaction holding back cleanup; 0 when
+//! none), `long_transactions` and `oldest_due_wait_seconds` (0 when nothing is due),
+//! each by `source`; the same go to OpenTelemetry as `icq.table.size`,
+//! `icq.table.dead_rows`, `icq.xmin_holder.age`, `icq.transactions.long` and
+//! `icq.due.oldest_wait`.
 //!
 //! **Logs**: [`init_logging`] installs the subscriber on stderr through a non-blocking,
 //! lossy writer (tracing-appender): a line is handed to a writer thread through a bounded
@@ -621,6 +629,11 @@ fn describe() {
         "icq_internal_commands_stale_stamps_total",
         "Outcomes dropped: lease expired and taken over"
     );
+    metrics::describe_counter!(
+        "icq_internal_commands_lost_races_total",
+        "Claims, stamps, lease renewals and schedule ticks rolled back by a deadlock or a \
+         Galera certification conflict, and retried"
+    );
     metrics::describe_histogram!(
         "icq_internal_commands_execution_seconds",
         metrics::Unit::Seconds,
@@ -629,6 +642,29 @@ fn describe() {
     metrics::describe_gauge!(
         "icq_internal_commands_pending",
         "Pending rows by state (due, running)"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_table_bytes",
+        metrics::Unit::Bytes,
+        "Bytes the commands (or history) table takes, indexes included"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_dead_rows",
+        "Dead row versions not yet removed (InnoDB: the history list length)"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_xmin_holder_age_seconds",
+        metrics::Unit::Seconds,
+        "How long the transaction holding back cleanup has been open (0: none)"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_long_transactions",
+        "Transactions open longer than a minute"
+    );
+    metrics::describe_gauge!(
+        "icq_internal_commands_oldest_due_wait_seconds",
+        metrics::Unit::Seconds,
+        "How long the oldest due command has waited past its run time (0: nothing due)"
     );
     metrics::describe_counter!(
         DROPPED_LINES_METRIC,
@@ -740,6 +776,127 @@ pub fn spawn_pending_gauges(
                 }
             }
             tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// How often a worker samples each source's health for its gauges: catalogue reads and
+/// one seek, on the source's ordinary pool, never on the claim path.
+pub const HEALTH_EVERY: Duration = Duration::from_secs(30);
+
+/// Samples each source's health (as `icq doctor` reads it) into the health gauges every
+/// `every` until the task is aborted.
+pub fn spawn_health_gauges(
+    sources: &[crate::cli::sources::Source],
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let sources: Vec<(Arc<str>, icq::Queue)> = sources
+        .iter()
+        .map(|s| (Arc::from(s.name.as_str()), s.queue.clone()))
+        .collect();
+    let thresholds = icq::admin::doctor::Thresholds::default();
+    tokio::spawn(async move {
+        loop {
+            for (name, queue) in &sources {
+                match icq::admin::doctor::health(queue, &thresholds).await {
+                    Ok(report) => record_health(name, &report),
+                    Err(err) => {
+                        tracing::debug!(source = %name, error = %err, "cannot refresh health gauges")
+                    }
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// Sets the health gauges of source `name` from `report`.
+fn record_health(name: &str, report: &icq::admin::doctor::HealthReport) {
+    use opentelemetry::KeyValue;
+    let gauges = otel_health_gauges();
+    let source = KeyValue::new("icq.source", name.to_string());
+    for (table, stats) in [("commands", &report.table), ("history", &report.history)] {
+        if let Some(stats) = stats {
+            metrics::gauge!("icq_internal_commands_table_bytes", "source" => name.to_string(), "table" => table)
+                .set(stats.total_bytes as f64);
+            gauges.table_bytes.record(
+                stats.total_bytes,
+                &[source.clone(), KeyValue::new("icq.table", table)],
+            );
+        }
+    }
+    if let Some(dead) = report
+        .table
+        .as_ref()
+        .and_then(|t| t.dead_rows)
+        .or(report.history_list_length)
+    {
+        metrics::gauge!("icq_internal_commands_dead_rows", "source" => name.to_string())
+            .set(dead as f64);
+        gauges.dead_rows.record(dead, std::slice::from_ref(&source));
+    }
+    let held = report
+        .xmin_holder
+        .as_ref()
+        .and_then(|h| h.transaction_age)
+        .unwrap_or_default()
+        .as_secs_f64();
+    metrics::gauge!("icq_internal_commands_xmin_holder_age_seconds", "source" => name.to_string())
+        .set(held);
+    gauges.xmin_age.record(held, std::slice::from_ref(&source));
+    let long = report.long_transactions.len() as u64;
+    metrics::gauge!("icq_internal_commands_long_transactions", "source" => name.to_string())
+        .set(long as f64);
+    gauges.long.record(long, std::slice::from_ref(&source));
+    let wait = report.oldest_due_wait.unwrap_or_default().as_secs_f64();
+    metrics::gauge!("icq_internal_commands_oldest_due_wait_seconds", "source" => name.to_string())
+        .set(wait);
+    gauges.due_wait.record(wait, std::slice::from_ref(&source));
+}
+
+/// The OpenTelemetry health gauges, on the global meter provider.
+struct HealthGauges {
+    table_bytes: opentelemetry::metrics::Gauge<u64>,
+    dead_rows: opentelemetry::metrics::Gauge<u64>,
+    xmin_age: opentelemetry::metrics::Gauge<f64>,
+    long: opentelemetry::metrics::Gauge<u64>,
+    due_wait: opentelemetry::metrics::Gauge<f64>,
+}
+
+fn otel_health_gauges() -> &'static HealthGauges {
+    static GAUGES: std::sync::OnceLock<HealthGauges> = std::sync::OnceLock::new();
+    GAUGES.get_or_init(|| {
+        let meter = opentelemetry::global::meter("icq");
+        HealthGauges {
+            table_bytes: meter
+                .u64_gauge("icq.table.size")
+                .with_description("Bytes the commands (or history) table takes, indexes included")
+                .with_unit("By")
+                .build(),
+            dead_rows: meter
+                .u64_gauge("icq.table.dead_rows")
+                .with_description(
+                    "Dead row versions not yet removed (InnoDB: the history list length)",
+                )
+                .with_unit("{row}")
+                .build(),
+            xmin_age: meter
+                .f64_gauge("icq.xmin_holder.age")
+                .with_description(
+                    "How long the transaction holding back cleanup has been open (0: none)",
+                )
+                .with_unit("s")
+                .build(),
+            long: meter
+                .u64_gauge("icq.transactions.long")
+                .with_description("Transactions open longer than a minute")
+                .with_unit("{transaction}")
+                .build(),
+            due_wait: meter
+                .f64_gauge("icq.due.oldest_wait")
+                .with_description("How long the oldest due command has waited past its run time")
+                .with_unit("s")
+                .build(),
         }
     })
 }

@@ -17,41 +17,28 @@ use icq::handler::{AuthorizeLayer, Handler, Layer, Noop, Registry, TimeoutLayer,
 /// Builds the handler registry the configuration describes. Exec programs are checked
 /// here, so a typo fails at startup with the handler's name, the file, line and key (the
 /// [`CliError::ConfigCheck`] of `icq config check`) rather than on every command.
-/// A handler without a timeout, or with one longer than a source's lease, is warned
-/// about: its worker keeps renewing the lease, so a hung handler would hold its command
-/// until the worker stops.
+/// A handler without a timeout is warned about: its worker keeps renewing the lease, so a
+/// hung handler would hold its command until the worker stops.
 pub fn registry_from_config(config: &Config) -> Result<Registry> {
     // Positioned in the file, as `icq config check` reports them.
     crate::cli::config::verify::startup_program_check(config)?;
     let mut registry = Registry::new();
     for (type_name, handler) in &config.handlers {
         registry.insert(type_name.clone(), build_handler(type_name, handler)?)?;
-        warn_about_timeout(config, type_name, handler);
+        warn_about_timeout(type_name, handler);
     }
     Ok(registry)
 }
 
-fn warn_about_timeout(config: &Config, type_name: &str, handler: &HandlerConfig) {
+fn warn_about_timeout(type_name: &str, handler: &HandlerConfig) {
     if matches!(handler.kind, HandlerKind::Noop) {
         return;
     }
-    let Some(timeout) = handler.timeout else {
+    if handler.timeout.is_none() {
         tracing::warn!(
             r#type = type_name,
             "handler has no timeout_seconds: a hung handler holds its command (the lease is renewed while it runs) until the worker stops"
         );
-        return;
-    };
-    for source in &config.sources {
-        if timeout > source.settings.lease() {
-            tracing::warn!(
-                r#type = type_name,
-                source = %source.name,
-                timeout_seconds = timeout.as_secs_f64(),
-                lease_seconds = source.settings.lease_seconds,
-                "handler timeout is longer than the lease: the lease is renewed while it runs, but if this worker dies the command waits a whole lease before another worker retries it"
-            );
-        }
     }
 }
 

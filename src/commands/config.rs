@@ -51,6 +51,12 @@ impl Render for CheckReport {
                     queue.name, queue.concurrency
                 ));
             }
+            for schedule in &source.schedules {
+                out.push_str(&format!(
+                    "    schedule {} ({}, {}) -> {}\n",
+                    schedule.name, schedule.expression, schedule.time_zone, schedule.type_name
+                ));
+            }
         }
         out.push_str(&format!(
             "{}:\n",

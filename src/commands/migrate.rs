@@ -237,16 +237,19 @@ fn add(args: AddArgs, global: &GlobalArgs) -> anyhow::Result<()> {
 
     let files = plan.write()?;
     let added = Added::written(&plan, files);
-    if let (PlanAction::Upgrade { from }, Format::Table) = (&plan.action, global.format) {
+    if let (PlanAction::Upgrade { from, version }, Format::Table) = (&plan.action, global.format) {
         let apply = match plan.engine {
             Engine::SqlServer => "with `sqlcmd -b -I`, DbUp or Flyway",
             _ => "with `icq migrate run` (or `sqlx migrate run`)",
         };
         output::note(&format!(
-            "{} creates {} at schema version 1; the new migration upgrades it to version 2. \
-             Apply it {apply}, then restart the workers to use queues and priorities",
+            "{} leaves {} at schema version {version}; the new migration upgrades it to \
+             version {} (every row kept; completed commands move to {}). Apply it {apply}, \
+             then restart the workers",
             from.display(),
-            plan.table
+            plan.table,
+            icq::schema::SCHEMA_VERSION,
+            plan.table.history()
         ));
     }
     Ok(output::emit(global.format, &added)?)

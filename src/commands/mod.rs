@@ -7,6 +7,7 @@ pub mod completions;
 pub mod config;
 pub mod console;
 pub mod dead_letters;
+pub mod doctor;
 pub mod exec_watchdog;
 pub mod list;
 pub mod man;
@@ -14,10 +15,12 @@ pub mod migrate;
 pub mod pending;
 pub mod progress;
 pub mod purge;
+pub mod queue;
 pub mod quickstart;
 pub mod replay;
 pub mod requeue;
 pub mod schedule;
+pub mod schedules;
 pub mod show;
 pub mod work;
 
@@ -127,7 +130,20 @@ pub enum Command {
 
     /// Schedule one command, or many from a JSON Lines file.
     #[command(after_help = man::SCHEDULE)]
-    Schedule(schedule::ScheduleArgs),
+    Schedule(Box<schedule::ScheduleArgs>),
+
+    /// Pause, resume or list queues for the whole fleet.
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
+
+    /// List each source's recurring schedules with their last and next occurrence.
+    #[command(after_help = schedules::HELP)]
+    Schedules(schedules::SchedulesArgs),
+
+    /// Check each source's health: table size, dead rows, transactions holding back
+    /// cleanup, the oldest due command's wait; exit 1 when something needs action.
+    #[command(after_help = doctor::HELP)]
+    Doctor(doctor::DoctorArgs),
 
     /// Measure enqueue, drain, idle latency and claim times on a scratch table.
     #[command(after_help = man::BENCH)]
@@ -200,7 +216,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Requeue(args) => requeue::run(args, &cli.global).await,
         Command::Purge(args) => purge::run(args, &cli.global).await,
         Command::Replay(args) => replay::run(args, &cli.global).await,
-        Command::Schedule(args) => schedule::run(args, &cli.global).await,
+        Command::Schedule(args) => schedule::run(*args, &cli.global).await,
+        Command::Schedules(args) => schedules::run(args, &cli.global).await,
+        Command::Doctor(args) => doctor::run(args, &cli.global).await,
+        Command::Queue(cmd) => queue::run(cmd, &cli.global).await,
         Command::Bench(args) => bench::run(args, &cli.global).await,
         Command::Console(args) => console::run(args, &cli.global).await,
         Command::Completions(args) => completions::run(args),

@@ -81,13 +81,24 @@ pub struct ScheduleArgs {
     #[arg(long, value_name = "K", value_parser = parse_unique_key)]
     pub unique_key: Option<String>,
 
+    /// Run commands of this key one at a time, in the order they were scheduled (schema
+    /// version 4): a pending one holds the younger ones until it completes or is
+    /// dead-lettered.
+    #[arg(long, value_name = "K", value_parser = parse_order_key)]
+    pub order_key: Option<String>,
+
+    /// The key a queue's `key_concurrency` limit counts (schema version 4): at most that
+    /// many commands of one key run at a time across the fleet.
+    #[arg(long, value_name = "K", value_parser = parse_concurrency_key)]
+    pub concurrency_key: Option<String>,
+
     /// Schedule every line of this JSON Lines file ("-" for stdin); each line is
     /// {"type", "payload", "run_at"?, "user_id"?, "roles"?, "tenant_id"?, "correlation_id"?,
-    /// "queue"?, "priority"?, "unique_key"?}.
+    /// "queue"?, "priority"?, "unique_key"?, "order_key"?, "concurrency_key"?}.
     #[arg(
         long,
         value_name = "JSONL",
-        conflicts_with_all = ["type_name", "payload", "at", "delay", "user_id", "roles", "tenant_id", "correlation_id", "queue", "priority", "unique_key"]
+        conflicts_with_all = ["type_name", "payload", "at", "delay", "user_id", "roles", "tenant_id", "correlation_id", "queue", "priority", "unique_key", "order_key", "concurrency_key"]
     )]
     pub from_file: Option<PathBuf>,
 
@@ -113,6 +124,20 @@ fn parse_queue(raw: &str) -> Result<String, String> {
 /// A `--unique-key` value ([`icq::command::validate_unique_key`]).
 fn parse_unique_key(raw: &str) -> Result<String, String> {
     icq::command::validate_unique_key(raw)
+        .map(|()| raw.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// An `--order-key` value ([`icq::command::validate_key`]).
+fn parse_order_key(raw: &str) -> Result<String, String> {
+    icq::command::validate_key("an order key", raw)
+        .map(|()| raw.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// A `--concurrency-key` value ([`icq::command::validate_key`]).
+fn parse_concurrency_key(raw: &str) -> Result<String, String> {
+    icq::command::validate_key("a concurrency key", raw)
         .map(|()| raw.to_owned())
         .map_err(|e| e.to_string())
 }
@@ -218,6 +243,12 @@ impl Input {
         }
         if let Some(key) = args.unique_key {
             command = command.unique_key(key);
+        }
+        if let Some(key) = args.order_key {
+            command = command.with_order_key(key);
+        }
+        if let Some(key) = args.concurrency_key {
+            command = command.with_concurrency_key(key);
         }
         let command = command.run_at(run_at).context(Context {
             user_id: args.user_id,

@@ -200,6 +200,10 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     let gauges = (args.metrics_addr.is_some() || otel.is_some()).then(|| {
         crate::cli::telemetry::spawn_pending_gauges(work.sources(), Duration::from_secs(2))
     });
+    let health_gauges = (args.metrics_addr.is_some() || otel.is_some()).then(|| {
+        use crate::cli::telemetry::{HEALTH_EVERY, spawn_health_gauges};
+        spawn_health_gauges(work.sources(), HEALTH_EVERY)
+    });
     let (shutdown, hard_stop) = (CancellationToken::new(), CancellationToken::new());
     let forced = stop_on_signals(shutdown.clone(), hard_stop.clone())?;
     let mut options = RunOptions::default();
@@ -219,7 +223,7 @@ pub async fn run(args: WorkArgs, global: &super::GlobalArgs) -> anyhow::Result<(
     if let Some(progress) = progress {
         progress.finish();
     }
-    if let Some(gauges) = gauges {
+    for gauges in [gauges, health_gauges].into_iter().flatten() {
         gauges.abort();
     }
     let summary = outcome?;

@@ -177,6 +177,13 @@ pub struct UniqueKeyHoldersParams {
     pub keys: Vec<String>,
 }
 
+/// The row of [`AdminOps::order_key_holder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderKeyHolderParams {
+    /// The row that may wait.
+    pub id: CommandId,
+}
+
 /// A pending row holding a unique key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UniqueKeyHolder {
@@ -521,6 +528,11 @@ pub trait AdminOps: Send + Sync + 'static {
         &self,
         params: &UniqueKeyHoldersParams,
     ) -> Result<Vec<UniqueKeyHolder>>;
+
+    /// The oldest pending row of the same `OrderKey` scheduled before row `id` (by
+    /// `CreatedAt`, then `Id`): the row it waits behind. `None` when it has no order key,
+    /// waits behind nothing, is not in the table, or the table is older than version 4.
+    async fn order_key_holder(&self, params: &OrderKeyHolderParams) -> Result<Option<CommandId>>;
 
     /// How many dead letters match `filter`.
     async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<u64>;

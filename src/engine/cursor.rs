@@ -23,6 +23,18 @@
 //! comes back short (the rows after the cursor ran out) and at least every
 //! [`HEAD_SCAN_EVERY`]: such rows wait that much longer at most.
 //!
+//! Costly heads. While a transaction holds back cleanup (PostgreSQL's xmin horizon,
+//! MariaDB's purge), every row completed since stays in the poll index as an entry the
+//! claim must fetch and reject, all of them at its head: a claim from the head grows
+//! with the hold (a minute at 1,000 commands a second is 60,000 entries). When a claim
+//! from the head took [`HEAD_COSTLY`] and several times what claims after the cursor
+//! take, a short claim no longer drops the cursor: it goes back to [`LATE_COMMIT`]
+//! before the furthest row claimed (a row committed a little late, with the `RunAt` of
+//! its transaction's start, is still ahead of it), and only the claims every
+//! [`HEAD_SCAN_EVERY`] start from the head — which also tells when the head is cheap
+//! again. Meanwhile a lapsed lease, a release or a more urgent new row waits up to that
+//! long, as rows behind the cursor always could.
+//!
 //! Replicas apart. Each processor's cursor follows its own claims, so several replicas
 //! draining one backlog all chase the same head and every claim steps over the rows the
 //! others claimed since (leased rows cannot be skipped by the index: each is fetched and
@@ -64,6 +76,17 @@ fn jump((priority, run_at, id): Position, span: u128, spans: u128) -> Position {
 /// The longest a claimable row behind the cursor waits for a claim from the head.
 pub(crate) const HEAD_SCAN_EVERY: Duration = Duration::from_millis(500);
 
+/// A claim from the head this long (and [`COSTLY_FACTOR`] times the claims after the
+/// cursor) means the head holds many entries to step over.
+const HEAD_COSTLY: Duration = Duration::from_millis(20);
+
+/// How many times the smoothed claim after the cursor a costly head claim takes.
+const COSTLY_FACTOR: f64 = 4.0;
+
+/// How far before the furthest row claimed the cursor goes back after a short claim
+/// while the head is costly: rows committed that much after their `RunAt` are found.
+const LATE_COMMIT: Duration = Duration::from_secs(1);
+
 /// A position in the poll index: `("Priority", "RunAt", "Id")` of a claimed row (the
 /// priority is 0 on a version-1 table, whose claims compare `RunAt` and `Id` only).
 pub(crate) type Position = (i16, DateTime<Utc>, Uuid);
@@ -85,6 +108,17 @@ struct State {
     jumped: bool,
     /// How far the next jump may go, in claim spans (adapts; see [`JUMP_SPANS`]).
     jump_spans: u128,
+    /// The furthest row of the last claim that claimed any.
+    frontier: Option<Position>,
+    /// When the claim in flight from the head started (`None`: it started after the
+    /// cursor).
+    head_started: Option<Instant>,
+    /// When the claim in flight after the cursor started.
+    cursor_started: Option<Instant>,
+    /// Claims after the cursor, smoothed (seconds).
+    cursor_claim: Option<f64>,
+    /// The last claim from the head was costly (see the module's doc).
+    head_costly: bool,
 }
 
 impl Default for ClaimCursor {
@@ -96,6 +130,11 @@ impl Default for ClaimCursor {
                 spread: false,
                 jumped: false,
                 jump_spans: JUMP_SPANS,
+                frontier: None,
+                head_started: None,
+                cursor_started: None,
+                cursor_claim: None,
+                head_costly: false,
             }),
         }
     }
@@ -109,20 +148,61 @@ impl ClaimCursor {
         if state.head_scanned_at.elapsed() >= HEAD_SCAN_EVERY {
             state.after = None;
         }
+        let now = Instant::now();
         if state.after.is_none() {
-            state.head_scanned_at = Instant::now();
+            state.head_scanned_at = now;
             state.spread = false;
+            state.head_started = Some(now);
+            state.cursor_started = None;
+        } else {
+            state.head_started = None;
+            state.cursor_started = Some(now);
         }
         state.after
     }
 
+    /// Whether the next claim starts from the head.
+    pub(crate) fn at_head(&self) -> bool {
+        self.lock().after.is_none()
+    }
+
+    /// Times the claim that [`ClaimCursor::start`] began (when no other began since).
+    fn time_claim(state: &mut State) {
+        if let Some(started) = state.cursor_started.take() {
+            let took = started.elapsed().as_secs_f64();
+            state.cursor_claim = Some(match state.cursor_claim {
+                Some(smoothed) => smoothed * 0.8 + took * 0.2,
+                None => took,
+            });
+        }
+        if let Some(started) = state.head_started.take() {
+            let took = started.elapsed();
+            // Against nothing to compare (no claim after the cursor yet), never costly.
+            state.head_costly = state.cursor_claim.is_some_and(|usual| {
+                took >= HEAD_COSTLY && took.as_secs_f64() >= usual * COSTLY_FACTOR
+            });
+        }
+    }
+
     /// Moves the cursor after a claim of up to `limit` rows: past the furthest row claimed
-    /// when the claim was full, back to the head when it was short; with `spread`, once per
-    /// head scan, a random distance further among rows of the furthest row's priority and
-    /// `RunAt` ([`jump`]).
+    /// when the claim was full, back to the head when it was short (while the head is
+    /// costly: [`LATE_COMMIT`] before the furthest row of the last claim that found any);
+    /// with `spread`, once per head scan, a random distance further among rows of the
+    /// furthest row's priority and `RunAt` ([`jump`]).
     pub(crate) fn advance(&self, claimed: &[ClaimedRow], limit: u32, spread: bool) {
+        let positions: Vec<Position> = claimed
+            .iter()
+            .filter(|c| c.row.defects.is_empty())
+            .filter_map(|c| Some((c.row.priority, c.row.run_at, c.row.id.as_uuid()?)))
+            .collect();
+        self.advance_past(&positions, claimed.len() < limit as usize, spread);
+    }
+
+    /// [`ClaimCursor::advance`] with the claimed rows' positions, and whether the claim
+    /// was short.
+    fn advance_past(&self, positions: &[Position], short: bool, spread: bool) {
         let mut state = self.lock();
-        let short = claimed.len() < limit as usize;
+        Self::time_claim(&mut state);
         if std::mem::take(&mut state.jumped) {
             state.jump_spans = if short {
                 (state.jump_spans / 2).max(JUMP_SPANS_MIN)
@@ -130,16 +210,20 @@ impl ClaimCursor {
                 (state.jump_spans * 2).min(JUMP_SPANS_MAX)
             };
         }
+        let furthest = positions.iter().copied().max();
+        if furthest.is_some() {
+            state.frontier = furthest;
+        }
         if short {
-            state.after = None;
+            state.after = match (state.head_costly, state.frontier) {
+                (true, Some((priority, run_at, _))) => {
+                    let back = chrono::Duration::from_std(LATE_COMMIT).unwrap_or_default();
+                    Some((priority, run_at - back, Uuid::nil()))
+                }
+                _ => None,
+            };
             return;
         }
-        let positions: Vec<Position> = claimed
-            .iter()
-            .filter(|c| c.row.defects.is_empty())
-            .filter_map(|c| Some((c.row.priority, c.row.run_at, c.row.id.as_uuid()?)))
-            .collect();
-        let furthest = positions.iter().copied().max();
         state.after = match (state.after, furthest) {
             (Some(at), Some(furthest)) => Some(at.max(furthest)),
             (at, furthest) => at.or(furthest),
@@ -172,6 +256,41 @@ impl ClaimCursor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A short claim drops the cursor while claims from the head are cheap; once one took
+    /// [`HEAD_COSTLY`] and several times a claim after the cursor, a short claim leaves the
+    /// cursor [`LATE_COMMIT`] before its furthest row, an empty one keeps it there, and
+    /// the claim from the head every [`HEAD_SCAN_EVERY`] finds the head cheap again.
+    #[test]
+    fn a_costly_head_keeps_the_cursor_after_short_claims() {
+        let cursor = ClaimCursor::default();
+        let run_at = Utc::now();
+        let row = (0, run_at, Uuid::now_v7());
+        // A cheap head: a short claim goes back to the head.
+        assert_eq!(cursor.start(), None);
+        cursor.advance_past(&[row], true, false);
+        assert_eq!(cursor.start(), None);
+        // A full claim moves past its rows, and the claim after them is timed.
+        cursor.advance_past(&[row], false, false);
+        assert_eq!(cursor.start(), Some(row));
+        cursor.advance_past(&[row], false, false);
+        assert_eq!(cursor.start(), Some(row));
+        cursor.advance_past(&[row], false, false);
+        // A costly claim from the head (the cursor dropped by hand to start one).
+        cursor.lock().after = None;
+        assert_eq!(cursor.start(), None);
+        std::thread::sleep(HEAD_COSTLY + Duration::from_millis(2));
+        cursor.advance_past(&[row], true, false);
+        let back = (0, run_at - chrono::Duration::seconds(1), Uuid::nil());
+        assert_eq!(cursor.start(), Some(back), "short, behind its furthest row");
+        cursor.advance_past(&[], true, false);
+        assert_eq!(cursor.start(), Some(back), "empty: the cursor stays");
+        // Every HEAD_SCAN_EVERY from the head; a cheap one ends the costly head.
+        cursor.lock().head_scanned_at = Instant::now() - HEAD_SCAN_EVERY;
+        assert_eq!(cursor.start(), None);
+        cursor.advance_past(&[row], true, false);
+        assert_eq!(cursor.start(), None);
+    }
 
     #[test]
     fn a_jump_stays_among_rows_of_the_same_priority_and_run_at_and_moves_on() {

@@ -73,8 +73,9 @@ impl Decoder {
     }
 }
 
-/// Decodes the text columns every engine stores the same way (`Type`, `LastError` and
-/// the captured context) into `out`.
+/// Decodes the text columns every engine stores the same way (`Type`, `LastError`, the
+/// captured context and, where the row has them, the version-4 keys and `Errors`) into
+/// `out`.
 pub(crate) fn text_columns<R>(d: &mut Decoder, row: &R, out: &mut CommandRow)
 where
     R: Row,
@@ -88,6 +89,11 @@ where
     out.roles = Context::parse_roles(roles.as_deref());
     out.tenant_id = d.get::<R, Option<String>>(row, "TenantId").flatten();
     out.correlation_id = d.get::<R, Option<String>>(row, "CorrelationId").flatten();
+    if has_column(row, "OrderKey") {
+        out.concurrency_key = d.get::<R, Option<String>>(row, "ConcurrencyKey").flatten();
+        out.order_key = d.get::<R, Option<String>>(row, "OrderKey").flatten();
+        out.errors = d.get::<R, Option<String>>(row, "Errors").flatten();
+    }
 }
 
 /// Decodes `Attempts`: a count that fits `i32`. NULL, a value beyond 32 bits or one that

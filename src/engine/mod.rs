@@ -7,14 +7,18 @@
 //! work of the one that took the row over.
 
 pub mod admin;
+pub mod control;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod cursor;
 pub(crate) mod decode;
+pub mod health;
+pub mod limits;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub(crate) mod probe;
+pub mod recurring;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(crate) mod url;
@@ -30,6 +34,10 @@ use crate::error::Result;
 use crate::ident::{Engine, TableName};
 
 pub use admin::AdminOps;
+pub use control::ControlOps;
+pub use health::HealthOps;
+pub use limits::{Held, LimitedClaim, LimitedClaimParams, QueueLimits};
+pub use recurring::ScheduleOps;
 
 /// The most claims one processor runs at once on any engine (the connection pool is sized
 /// for them). Measured on PostgreSQL (50,000 no-op commands, defaults, alternating runs):
@@ -58,6 +66,10 @@ pub struct ClaimParams {
     /// cursor may move it to a random point among rows of the same `Priority` and `RunAt`
     /// as the head, so replicas claim apart instead of stepping over each other's rows.
     pub spread: bool,
+    /// Some queue is paused (the processor's watch has seen a paused queue in
+    /// `<table>Queues`): the claim skips rows of paused queues, looked up in the same
+    /// statement. Without a pause the claim does not look (the common case costs nothing).
+    pub skip_paused: bool,
 }
 
 /// One command to insert on its own.
@@ -144,19 +156,27 @@ pub struct ClaimedRow {
 /// What a stamp does to one leased row. Every kind clears the lease.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StateChange {
-    /// The handler succeeded: `ProcessedAt = now`.
+    /// The handler succeeded: `ProcessedAt = now`. On a version-3 table the row moves to
+    /// the history table in the same statement (PostgreSQL) or transaction, so the table
+    /// the claims read keeps only the work in flight.
     Completed,
-    /// The attempt failed and will be retried: `RunAt = now + delay`, `LastError` set.
+    /// The attempt failed and will be retried: `RunAt = now + delay`, `LastError` set,
+    /// and on a version-4 table `Errors` set to `errors` when given.
     Retry {
         /// Delay before the next attempt.
         delay: Duration,
         /// The text stored in `LastError`.
         error: String,
+        /// The new `Errors` array ([`crate::attempts::append`]), `None` to leave it.
+        errors: Option<String>,
     },
-    /// The row stops retrying: `DeadLetteredAt = now`, `LastError` set.
+    /// The row stops retrying: `DeadLetteredAt = now`, `LastError` set, and on a
+    /// version-4 table `Errors` set to `errors` when given.
     Dead {
         /// The text stored in `LastError`.
         error: String,
+        /// The new `Errors` array ([`crate::attempts::append`]), `None` to leave it.
+        errors: Option<String>,
     },
     /// The row never started (or was stopped by shutdown): the attempt the claim consumed
     /// is given back; with `run_in`, `RunAt` moves to `now + run_in`.
@@ -207,8 +227,18 @@ impl SetState {
     /// in text) and cut to [`MAX_LAST_ERROR_BYTES`], if it writes one.
     pub(crate) fn error(&self) -> Option<String> {
         match &self.change {
-            StateChange::Retry { error, .. } | StateChange::Dead { error } => {
+            StateChange::Retry { error, .. } | StateChange::Dead { error, .. } => {
                 Some(bounded(&error.replace('\0', ""), MAX_LAST_ERROR_BYTES))
+            }
+            _ => None,
+        }
+    }
+
+    /// The `Errors` array this stamp writes (a retry or a dead-letter that carries one).
+    pub(crate) fn errors(&self) -> Option<&str> {
+        match &self.change {
+            StateChange::Retry { errors, .. } | StateChange::Dead { errors, .. } => {
+                errors.as_deref()
             }
             _ => None,
         }
@@ -221,6 +251,73 @@ impl SetState {
 pub const MAX_LAST_ERROR_BYTES: usize = 16 * 1024;
 
 pub(crate) use crate::redact::bounded;
+
+/// Every column of a version-2 (and 3) row, in table order: what moves between the
+/// commands table and its history.
+pub(crate) const COLUMNS: [&str; 20] = [
+    "Id",
+    "Type",
+    "Payload",
+    "CreatedAt",
+    "RunAt",
+    "Attempts",
+    "LockToken",
+    "LockedUntil",
+    "ProcessedAt",
+    "DeadLetteredAt",
+    "LastError",
+    "UserId",
+    "Roles",
+    "TenantId",
+    "CorrelationId",
+    "Queue",
+    "Priority",
+    "UniqueKey",
+    "TraceParent",
+    "Snoozes",
+];
+
+/// The columns schema version 4 adds to the table and its history, after [`COLUMNS`].
+pub(crate) const COLUMNS_V4: [&str; 3] = ["ConcurrencyKey", "OrderKey", "Errors"];
+
+/// Every column of a row of a table at schema `version` (2 or later), in table order:
+/// [`COLUMNS`], then [`COLUMNS_V4`] from version 4 on.
+pub(crate) fn columns_of(version: u32) -> impl Iterator<Item = &'static str> {
+    let v4: &[&str] = if version >= 4 { &COLUMNS_V4 } else { &[] };
+    COLUMNS.iter().chain(v4).copied()
+}
+
+/// The commands table `t` and its history `h` as one relation to select `FROM`
+/// (`UNION ALL` of [`columns_of`] `version`, aliased `icq_all`), for reads that may meet
+/// completed rows.
+pub(crate) fn with_history(engine: Engine, t: &str, h: &str, version: u32) -> String {
+    let columns = column_list(engine, "", version);
+    format!("(SELECT {columns} FROM {t} UNION ALL SELECT {columns} FROM {h}) AS icq_all")
+}
+
+/// [`columns_of`] `version` quoted for `engine`, comma-separated, each after `prefix`
+/// (`deleted.`).
+pub(crate) fn column_list(engine: Engine, prefix: &str, version: u32) -> String {
+    columns_of(version)
+        .map(|c| format!("{prefix}{}", engine.quote_ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The assignments of an upsert into history that keeps the newest completion of an id
+/// (`"Type" = EXCLUDED."Type", …`, PostgreSQL and SQLite): an id the table held again after
+/// its first completion moved (scheduled anew with the same id) completes once more.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn history_upsert(engine: Engine, version: u32) -> String {
+    columns_of(version)
+        .skip(1)
+        .map(|c| {
+            let c = engine.quote_ident(c);
+            format!("{c} = excluded.{c}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Pairs decoded claimed rows with the claim's lease token. A row whose id could not be
 /// read (`Err`) cannot be stamped: it is logged and left to its lease.
@@ -301,17 +398,27 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// Runs a DDL script (the embedded default creating its table on first use).
     async fn schema_apply(&self, ddl: &str) -> Result<()>;
 
-    /// The schema version of the table: 1 (the original table) or 2 (queues, priorities,
-    /// unique keys, trace context). Looked up once (by whether the `Queue` column
-    /// exists) and remembered; a table that does not exist yet counts as the version icq
+    /// The schema version of the table: 1 (the original table), 2 (queues, priorities,
+    /// unique keys, trace context) or 3 (completed rows move to the history table). Looked
+    /// up once (by whether the `Queue` column exists, then the history table) and
+    /// remembered; a table that does not exist yet counts as the version icq
     /// would create, and is looked up again next time.
     async fn schema_version(&self) -> Result<u32>;
+
+    /// Forgets the remembered schema version, so the next [`Backend::schema_version`]
+    /// looks it up again (another process is changing the table).
+    fn forget_schema_version(&self);
 
     /// Starts listening for inserts committed by any client, signalling `notify` on each,
     /// and for operators cancelling running commands (`icq cancel`), signalling
     /// `cancelled` on each (the processor then checks its leases at once). Returns `false`
     /// where the engine has no such mechanism (the poll and the lease check cover it).
-    async fn listen(&self, notify: Arc<Notify>, cancelled: Arc<Notify>) -> Result<bool>;
+    async fn listen(
+        &self,
+        notify: Arc<Notify>,
+        cancelled: Arc<Notify>,
+        queues_changed: Arc<Notify>,
+    ) -> Result<bool>;
 
     /// Closes the connection pool.
     async fn close(&self);
@@ -365,6 +472,11 @@ pub trait QueueOps: Send + Sync + 'static {
         params: &CommandSetStateAndClaimParams<'_>,
     ) -> Result<(u64, Vec<ClaimedRow>)>;
 
+    /// Stamps `changes`, then claims from one queue no more than its fleet-wide limits
+    /// allow, in one transaction serialised with every other limited claim of the queue
+    /// (see [`limits`]). On a table older than version 4 it is refused, naming the upgrade.
+    async fn command_claim_limited(&self, params: &LimitedClaimParams<'_>) -> Result<LimitedClaim>;
+
     /// Reads one row by id (exactly as stored).
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>>;
 
@@ -378,8 +490,19 @@ pub trait QueueOps: Send + Sync + 'static {
 
     /// Deletes up to `limit` completed rows older than `older_than`; returns how many,
     /// or `None` when another replica holds the sweep lock (PostgreSQL advisory lock,
-    /// MySQL `GET_LOCK`) and this one should skip the round.
+    /// MySQL `GET_LOCK`) and this one should skip the round. On a version-3 table the
+    /// rows deleted are the history's, and the batch also moves up to `limit` completed
+    /// rows found in the table itself (an older icq's or another program's) to history,
+    /// skipping rows other statements hold; the count is of both.
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>>;
+
+    /// Reclaims the dead row versions the commands table's claims and moves leave, when
+    /// there are more than `dead_rows` of them; returns how many there were, or `None`
+    /// when nothing was needed. The server's autovacuum does the same, when it runs,
+    /// at most once a naptime; an engine that purges on its own needs nothing.
+    async fn table_tidy(&self, _dead_rows: u64) -> Result<Option<u64>> {
+        Ok(None)
+    }
 
     /// Of `leases`, the ones still held (the row is pending and its `LockToken` is still
     /// the lease's token); the others were lost: cancelled by an operator or claimed by
@@ -398,6 +521,12 @@ pub trait QueueOps: Send + Sync + 'static {
     /// queues, `Some` is refused like a claim.
     async fn activity_in(&self, queues: Option<&[String]>) -> Result<Activity> {
         let _ = queues;
+        self.activity().await
+    }
+
+    /// [`QueueOps::activity`] leaving out the due rows of queues paused in
+    /// `<table>Queues` (schema version 4; `activity` on older tables).
+    async fn activity_unpaused(&self) -> Result<Activity> {
         self.activity().await
     }
 
@@ -436,12 +565,23 @@ pub(crate) struct SchemaVersionCache {
 /// How often a driver that found an old table version looks it up again.
 pub(crate) const RECHECK_OLD_VERSION: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The schema version of a table that exists, from what its look-up found: the `Queue`
+/// column (version 2) and the history table (version 3, which needs version 2's columns).
+pub(crate) fn version_of(has_queue: bool, has_history: bool, has_order_key: bool) -> u32 {
+    match (has_queue, has_history, has_order_key) {
+        (true, true, true) => 4,
+        (true, true, false) => 3,
+        (true, false, _) => 2,
+        (false, _, _) => 1,
+    }
+}
+
 impl SchemaVersionCache {
-    /// The remembered version, or else `look_up()`'s answer: `Some(has_queue_column)`
-    /// for an existing table (remembered), `None` for a missing one (not remembered).
+    /// The remembered version, or else `look_up()`'s answer: `Some(version)` for an
+    /// existing table (remembered), `None` for a missing one (not remembered).
     pub(crate) async fn get<F>(&self, look_up: F) -> Result<u32>
     where
-        F: std::future::Future<Output = Result<Option<bool>>>,
+        F: std::future::Future<Output = Result<Option<u32>>>,
     {
         use std::sync::atomic::Ordering;
         let known = self.known.load(Ordering::Acquire);
@@ -461,8 +601,7 @@ impl SchemaVersionCache {
             }
             self.looked_now();
             return Ok(match look_up.await {
-                Ok(Some(has_queue)) => {
-                    let version = if has_queue { 2 } else { 1 };
+                Ok(Some(version)) => {
                     if version != known {
                         tracing::info!(
                             version,
@@ -481,8 +620,7 @@ impl SchemaVersionCache {
             return Ok(known);
         }
         match look_up.await? {
-            Some(has_queue) => {
-                let version = if has_queue { 2 } else { 1 };
+            Some(version) => {
                 self.looked_now();
                 self.known.store(version, Ordering::Release);
                 Ok(version)
@@ -624,10 +762,17 @@ where
 }
 
 /// Everything one source's driver offers: its lifecycle, queue operations, operator
-/// queries and `icq bench`'s helper.
-pub trait Backend: Lifecycle + QueueOps + AdminOps + BenchOps {}
+/// queries, its health reads, its queue pauses, its schedules' bookkeeping and `icq
+/// bench`'s helper.
+pub trait Backend:
+    Lifecycle + QueueOps + AdminOps + HealthOps + ControlOps + ScheduleOps + BenchOps
+{
+}
 
-impl<T: Lifecycle + QueueOps + AdminOps + BenchOps> Backend for T {}
+impl<T: Lifecycle + QueueOps + AdminOps + HealthOps + ControlOps + ScheduleOps + BenchOps> Backend
+    for T
+{
+}
 
 /// The engine half of the embedding API's sealed traits: [`crate::QueueDatabase`] and
 /// [`crate::Enqueue`] extend these, and each engine's folder implements them for its
@@ -699,8 +844,8 @@ pub struct ConnectOptions {
     pub acquire_timeout: Duration,
     /// The pooler in front of a PostgreSQL server (the source's `pooler` setting).
     pub pooler: crate::settings::Pooler,
-    /// Create the table when it is missing, and upgrade a SQLite table of schema version 1
-    /// to 2, instead of failing: for a database icq owns (the embedded default), never
+    /// Create the table when it is missing, and upgrade a SQLite table of an older schema
+    /// version to the current one, instead of failing: for a database icq owns (the embedded default), never
     /// for an application's database, whose table comes from its migrations.
     pub create_table: bool,
 }
@@ -774,6 +919,10 @@ async fn release_check<C: sqlx::Connection>(
 ) -> std::result::Result<bool, sqlx::Error> {
     match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
         Ok(Ok(())) => Ok(true),
+        // The server answered with the lost race of a transaction abandoned on this
+        // connection (SQLSTATE 40001: a deadlock, or a Galera node aborting it for a
+        // replicated one): closed quietly, as a routine outcome.
+        Ok(Err(sqlx::Error::Database(db))) if db.code().as_deref() == Some("40001") => Ok(false),
         Ok(Err(err)) => Err(err),
         Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -806,14 +955,14 @@ pub async fn connect(
     probe::watch_connect(url, connect_driver(url, table, options)).await
 }
 
-/// Upgrades the table at `url` from schema version 1 by running `upgrade` (the schema's
-/// upgrade script), where icq owns the database and finds a version-1 table: the
-/// embedded SQLite default. Other engines' tables are upgraded by their migrations, so
-/// this does nothing for them. Returns whether it upgraded.
+/// Upgrades the table at `url` from an older schema version by running `upgrade(version)`
+/// (the schema's upgrade script from that version), where icq owns the database and finds
+/// an older table: the embedded SQLite default. Other engines' tables are upgraded by their
+/// migrations, so this does nothing for them. Returns whether it upgraded.
 pub(crate) async fn upgrade_owned_table(
     url: &str,
     table: &TableName,
-    upgrade: &str,
+    upgrade: &(dyn Fn(u32) -> String + Sync),
 ) -> Result<bool> {
     match Engine::from_url(url)? {
         #[cfg(feature = "sqlite")]
@@ -888,6 +1037,25 @@ pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// Validates every command of a batch before anything is written: the first invalid
+/// one fails the whole batch with an error naming its index and id, so the caller can
+/// find it among thousands.
+pub(crate) fn validate_batch(commands: &[NewCommand]) -> crate::Result<()> {
+    for (index, command) in commands.iter().enumerate() {
+        command.validate().map_err(|err| match err {
+            crate::Error::Invalid { message, source } => crate::Error::Invalid {
+                message: format!(
+                    "command {index} of the batch (id {}): {message}; nothing was scheduled",
+                    command.id
+                ),
+                source,
+            },
+            other => other,
+        })?;
+    }
+    Ok(())
+}
+
 /// Refuses, on a table below schema version 2, a command that asks for what only version
 /// 2 has (a queue, a priority, a unique key): [`crate::Error::NeedsSchemaV2`], before
 /// anything is written.
@@ -901,6 +1069,22 @@ pub(crate) fn refuse_v2_asks<'a>(
     }
     match commands.find_map(NewCommand::needs_v2) {
         Some(what) => Err(crate::Error::needs_schema_v2(table, what)),
+        None => Ok(()),
+    }
+}
+
+/// Refuses, on a table below schema version 4, a command that sets an order or a
+/// concurrency key: [`crate::Error::NeedsSchemaV4`], before anything is written.
+pub(crate) fn refuse_v4_asks<'a>(
+    table: &TableName,
+    version: u32,
+    mut commands: impl Iterator<Item = &'a NewCommand>,
+) -> crate::Result<()> {
+    if version >= 4 {
+        return Ok(());
+    }
+    match commands.find_map(NewCommand::needs_v4) {
+        Some(what) => Err(crate::Error::needs_schema_v4(table, version, what)),
         None => Ok(()),
     }
 }

@@ -169,8 +169,9 @@ pub(crate) struct PgHosts {
 }
 
 /// The URL of each server `url` names, in order: one per host of a PostgreSQL URL listing
-/// several (libpq's forms, see [`Queue::connect`](crate::Queue::connect)), else `url`
-/// itself. The error says which rule the URL breaks and never quotes it.
+/// several (libpq's forms, see [`Queue::connect`](crate::Queue::connect)) or of a
+/// MariaDB/MySQL URL listing several in its authority (`mysql://u@h1:3306,h2:3307/db`),
+/// else `url` itself. The error says which rule the URL breaks and never quotes it.
 ///
 /// # Examples
 ///
@@ -178,8 +179,13 @@ pub(crate) struct PgHosts {
 /// let urls = icq::server_urls("postgres://app@db1:5432,db2:5433/shop").unwrap();
 /// assert_eq!(urls, ["postgres://app@db1:5432/shop", "postgres://app@db2:5433/shop"]);
 /// assert_eq!(icq::server_urls("sqlite:shop.db").unwrap(), ["sqlite:shop.db"]);
+/// let nodes = icq::server_urls("mysql://app@g1:3306,g2:3307/shop").unwrap();
+/// assert_eq!(nodes, ["mysql://app@g1:3306/shop", "mysql://app@g2:3307/shop"]);
 /// ```
 pub fn server_urls(url: &str) -> Result<Vec<String>, String> {
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        return Ok(mysql_hosts(url)?.into_iter().map(|host| host.url).collect());
+    }
     if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
         return Ok(vec![url.to_owned()]);
     }
@@ -474,6 +480,71 @@ fn decode(text: &str) -> String {
         .unwrap_or_default()
 }
 
+/// One server of a MariaDB/MySQL URL's host list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MySqlHost {
+    /// `host:port` as written, never a secret.
+    pub(crate) label: String,
+    /// The URL with only this server: scheme, user information, database and query as
+    /// written.
+    pub(crate) url: String,
+}
+
+/// The servers a MariaDB/MySQL URL names, in its order: the hosts of its authority,
+/// separated by commas, each with its own port or none (`mysql://u:p@h1:3306,h2:3307,
+/// [::1]:3308/db`; sqlx takes one host, so each gets a URL of its own). A URL naming one
+/// host is returned as written. The error says which rule the URL breaks and never quotes
+/// the URL (it may hold a password).
+pub(crate) fn mysql_hosts(url: &str) -> Result<Vec<MySqlHost>, String> {
+    let Some(scheme_end) = url.find("://") else {
+        return Ok(vec![MySqlHost {
+            label: String::new(),
+            url: url.to_owned(),
+        }]);
+    };
+    let (scheme, rest) = (&url[..scheme_end], &url[scheme_end + 3..]);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let hosts_start = authority.rfind('@').map_or(0, |at| at + 1);
+    let (userinfo, host_list) = authority.split_at(hosts_start);
+    if !host_list.contains(',') {
+        return Ok(vec![MySqlHost {
+            label: crate::redact::escape_for_log(host_list),
+            url: url.to_owned(),
+        }]);
+    }
+    let (_, query, _) = split_tail(tail);
+    let chooses_its_own = query.split('&').any(|pair| {
+        let name = decode(pair.split_once('=').map_or(pair, |(name, _)| name));
+        matches!(name.as_str(), "socket" | "host" | "port")
+    });
+    if chooses_its_own {
+        return Err(
+            "a URL listing several hosts cannot also name a `socket`, `host` or `port` \
+             parameter: give each host its port in the list (`h1:3306,h2:3307`)"
+                .to_string(),
+        );
+    }
+    let mut hosts = Vec::new();
+    for (i, entry) in host_list.split(',').enumerate() {
+        let (host, port) = host_and_port(entry);
+        if host.is_empty() {
+            return Err(format!("host {} of the URL's host list is empty", i + 1));
+        }
+        if !port.is_empty() && port.parse::<u16>().is_err() {
+            return Err(format!(
+                "the port of host {} of the URL's host list is not a number from 0 to 65535",
+                i + 1
+            ));
+        }
+        hosts.push(MySqlHost {
+            label: crate::redact::escape_for_log(entry),
+            url: format!("{scheme}://{userinfo}{entry}{tail}"),
+        });
+    }
+    Ok(hosts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,5 +712,51 @@ mod tests {
             !shown.contains("pw@") && !shown.contains("S1") && !shown.contains("S2"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn mysql_hosts_in_the_authority_are_cut_into_one_url_each() {
+        let hosts =
+            mysql_hosts("mysql://app:s3cret@g1:3306,g2:3307,[::1]:3308/shop?ssl-mode=disabled")
+                .unwrap();
+        let urls: Vec<&str> = hosts.iter().map(|h| h.url.as_str()).collect();
+        assert_eq!(
+            urls,
+            [
+                "mysql://app:s3cret@g1:3306/shop?ssl-mode=disabled",
+                "mysql://app:s3cret@g2:3307/shop?ssl-mode=disabled",
+                "mysql://app:s3cret@[::1]:3308/shop?ssl-mode=disabled",
+            ]
+        );
+        let labels: Vec<&str> = hosts.iter().map(|h| h.label.as_str()).collect();
+        assert_eq!(labels, ["g1:3306", "g2:3307", "[::1]:3308"]);
+        assert!(labels.iter().all(|l| !l.contains("s3cret")));
+        // Without user information or a port, and with the `mariadb` scheme.
+        let hosts = mysql_hosts("mariadb://g1,g2:3307").unwrap();
+        assert_eq!(hosts[0].url, "mariadb://g1");
+        assert_eq!(hosts[1].url, "mariadb://g2:3307");
+        // One host: as written.
+        let one = "mysql://app:p@db:3306/shop?x=1";
+        assert_eq!(mysql_hosts(one).unwrap()[0].url, one);
+        assert_eq!(
+            server_urls("mysql://u@a:1,b:2/d").unwrap(),
+            ["mysql://u@a:1/d", "mysql://u@b:2/d"]
+        );
+    }
+
+    #[test]
+    fn mysql_host_lists_that_cannot_work_are_refused_without_quoting_the_url() {
+        for (url, rule) in [
+            ("mysql://u:s3cret@g1,,g3/db", "host 2"),
+            ("mysql://u:s3cret@g1:3306,g2:port/db", "port of host 2"),
+            (
+                "mysql://u:s3cret@g1,g2/db?socket=/run/mysqld.sock",
+                "socket",
+            ),
+        ] {
+            let err = mysql_hosts(url).unwrap_err();
+            assert!(err.contains(rule), "{url}: {err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
     }
 }

@@ -495,9 +495,17 @@ async fn with_connection(
         }
         #[cfg(feature = "mysql")]
         Engine::Mysql => {
-            let options = url
-                .parse::<sqlx::mysql::MySqlConnectOptions>()
-                .map_err(bad_url)?;
+            // The first node of a URL listing several hosts that can take writes, as
+            // `icq work` would pick it; a single host as written.
+            let options = crate::engine::mysql::connect::connect_options(url)
+                .await
+                .map_err(|err| match err {
+                    Error::Database {
+                        cause: cause @ sqlx::Error::Configuration(_),
+                        ..
+                    } => bad_url(cause),
+                    other => other,
+                })?;
             perform::<sqlx::MySqlConnection>(options, operation, connecting, &database).await
         }
         Engine::SqlServer => Err(sql_server_unsupported()),

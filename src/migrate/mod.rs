@@ -24,10 +24,11 @@
 //! database).
 //!
 //! What `add` writes depends on what the directory already holds for the table
-//! ([`PlanAction`]): nothing yet → the whole table at [`crate::schema::SCHEMA_VERSION`] 2
-//! (`<version>_add_internal_commands.sql`); icq's version-1 migration (written by an older
-//! icq) → the upgrade `<version>_icq_schema_v2.sql` ([`crate::schema::render_upgrade`]);
-//! version 2 already → nothing (it is up to date). A file's version is read from its text
+//! ([`PlanAction`]): nothing yet → the whole table at [`crate::schema::SCHEMA_VERSION`] 4
+//! (`<version>_add_internal_commands.sql`); icq's version-1, 2 or 3 migrations
+//! (written by an older icq) → the upgrade `<version>_icq_schema_v4.sql`
+//! ([`crate::schema::render_upgrade_from`]); version 4 already → nothing (it is up to
+//! date). A file's version is read from its text
 //! ([`schema_version_of`]), not trusted to its name.
 //!
 //! [`run`], [`revert`] and [`info`] work on a database with sqlx's migrator types, so the
@@ -130,12 +131,22 @@ pub const DESCRIPTION: &str = "add_internal_commands";
 /// let upgrade = plan(&opts, chrono::Utc::now())?;
 /// assert!(matches!(upgrade.action, PlanAction::Upgrade { .. }));
 /// let name = upgrade.files[0].path.file_name().unwrap().to_string_lossy().into_owned();
-/// assert_eq!(name, format!("0002_{UPGRADE_V2_DESCRIPTION}.sql"));
+/// assert_eq!(name, format!("0002_{}.sql", icq::migrate::UPGRADE_V4_DESCRIPTION));
 /// upgrade.write()?;
 /// assert!(matches!(plan(&opts, chrono::Utc::now())?.action, PlanAction::UpToDate { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub const UPGRADE_V2_DESCRIPTION: &str = "icq_schema_v2";
+
+/// The description of the upgrade to schema version 3 (`<version>_icq_schema_v3.sql`),
+/// which an earlier `icq migrate add` wrote into a directory whose icq migrations left the
+/// table at version 1 or 2.
+pub const UPGRADE_V3_DESCRIPTION: &str = "icq_schema_v3";
+
+/// The description of the upgrade to schema version 4 (`<version>_icq_schema_v4.sql`),
+/// which `icq migrate add` writes into a directory whose icq migrations leave the table at
+/// version 1, 2 or 3.
+pub const UPGRADE_V4_DESCRIPTION: &str = "icq_schema_v4";
 
 /// The directory migrations go to by default (sqlx-cli's default too).
 ///
@@ -315,7 +326,7 @@ pub enum Versioning {
 /// let table = TableName::parse("jobs.Commands")?;
 /// let sql = file_sql(Engine::Postgres, &table, sqlx::migrate::MigrationType::Simple);
 /// let header = IcqHeader::parse(&sql).expect("icq wrote it");
-/// let expected = IcqHeader { engine: Engine::Postgres, table: "jobs.Commands".into(), schema: 2 };
+/// let expected = IcqHeader { engine: Engine::Postgres, table: "jobs.Commands".into(), schema: 4 };
 /// assert_eq!(header, expected);
 /// # Ok::<(), icq::Error>(())
 /// ```
@@ -366,7 +377,10 @@ impl IcqHeader {
 }
 
 /// The schema version of the commands table that an icq migration's (up) SQL leaves
-/// behind: 2 when it defines or adds the `Queue` column (a line starting with the column,
+/// behind: 4 when it creates the schedule table (a `CREATE TABLE` of a name ending in
+/// `Schedules`) or its leading comments say `schema version 4`; else 3 when it creates the
+/// history table (a name ending in `History`) or its leading comments say `schema version
+/// 3`; else 2 when it defines or adds the `Queue` column (a line starting with the column,
 /// quoted the engine's way or not, after an optional `ADD [COLUMN]`) or its leading
 /// comments say `schema version 2`; 1 otherwise (what icq wrote before queues). Either sign
 /// is enough, so a file keeps its version through edits to its comments or its layout.
@@ -378,8 +392,10 @@ impl IcqHeader {
 /// use icq::{Engine, TableName};
 ///
 /// let table = TableName::default();
-/// assert_eq!(schema_version_of(&icq::schema::render(Engine::Mysql, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render(Engine::Mysql, &table).up), 4);
+/// assert_eq!(schema_version_of(&icq::schema::render_upgrade_v4(Engine::Postgres, &table).up), 4);
 /// assert_eq!(schema_version_of(&icq::schema::render_upgrade(Engine::Postgres, &table).up), 2);
+/// assert_eq!(schema_version_of(&icq::schema::render_upgrade_v3(Engine::Sqlite, &table).up), 3);
 /// assert_eq!(schema_version_of(&icq::schema::render_v1(Engine::Postgres, &table).up), 1);
 /// // A table named "Queue" is not a Queue column.
 /// let named_queue = TableName::parse("Queue")?;
@@ -387,11 +403,32 @@ impl IcqHeader {
 /// # Ok::<(), icq::Error>(())
 /// ```
 pub fn schema_version_of(sql: &str) -> u32 {
-    let leading_comments = sql
-        .lines()
-        .map(str::trim)
-        .take_while(|l| l.starts_with("--"))
-        .any(|l| l.to_ascii_lowercase().contains("schema version 2"));
+    // A `CREATE TABLE` of a name ending in `suffix` (`<table>History`, `<table>Schedules`).
+    let creates = |suffix: &str| {
+        sql.lines().any(|line| {
+            let line = line.trim().to_ascii_lowercase();
+            line.strip_prefix("create table ")
+                .map(|rest| rest.trim_end_matches([' ', '(']))
+                .is_some_and(|name| {
+                    ['"', '`', ']']
+                        .iter()
+                        .any(|quote| name.ends_with(&format!("{suffix}{quote}")))
+                })
+        })
+    };
+    let says = |version: &str| {
+        sql.lines()
+            .map(str::trim)
+            .take_while(|l| l.starts_with("--"))
+            .any(|l| l.to_ascii_lowercase().contains(version))
+    };
+    if creates("schedules") || says("schema version 4") {
+        return 4;
+    }
+    if creates("history") || says("schema version 3") {
+        return 3;
+    }
+    let leading_comments = says("schema version 2");
     let queue_column = sql.lines().any(|line| {
         let line = line.trim().to_ascii_lowercase();
         let line = line
@@ -495,7 +532,14 @@ pub fn scan(dir: &Path) -> Result<Vec<ExistingMigration>> {
         })?;
         let migration_type = MigrationType::from_filename(rest);
         let description = rest.trim_end_matches(migration_type.suffix()).to_owned();
-        let icq = if description == DESCRIPTION || description == UPGRADE_V2_DESCRIPTION {
+        let icq = if [
+            DESCRIPTION,
+            UPGRADE_V2_DESCRIPTION,
+            UPGRADE_V3_DESCRIPTION,
+            UPGRADE_V4_DESCRIPTION,
+        ]
+        .contains(&description.as_str())
+        {
             let text = fs::read_to_string(&path)
                 .map_err(Error::io(format!("reading {}", path.display())))?;
             IcqHeader::parse(&text)
@@ -617,8 +661,9 @@ pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType
     IcqHeader::line(engine, table) + &body
 }
 
-/// The full text of one file of the version-1 → 2 upgrade: icq's header line, then the
-/// `up` or `down` of [`crate::schema::render_upgrade`], by `migration_type`.
+/// The full text of one file of the upgrade from version 1 to the current version: icq's
+/// header line, then the `up` or `down` of [`crate::schema::render_upgrade_from`], by
+/// `migration_type` ([`upgrade_file_sql_from`] upgrades from another version).
 ///
 /// # Examples
 ///
@@ -630,14 +675,24 @@ pub fn file_sql(engine: Engine, table: &TableName, migration_type: MigrationType
 /// let up = upgrade_file_sql(Engine::Postgres, &TableName::default(), MigrationType::Simple);
 /// assert!(up.starts_with("-- icq migration: engine=postgres table=InternalCommands\n"));
 /// assert!(up.contains(r#"ADD COLUMN "Queue""#));
-/// assert_eq!(schema_version_of(&up), 2);
+/// assert_eq!(schema_version_of(&up), 4);
 /// ```
 pub fn upgrade_file_sql(
     engine: Engine,
     table: &TableName,
     migration_type: MigrationType,
 ) -> String {
-    let ddl = crate::schema::render_upgrade(engine, table);
+    upgrade_file_sql_from(engine, table, 1, migration_type)
+}
+
+/// [`upgrade_file_sql`] from schema version `from` (1, 2 or 3).
+pub fn upgrade_file_sql_from(
+    engine: Engine,
+    table: &TableName,
+    from: u32,
+    migration_type: MigrationType,
+) -> String {
+    let ddl = crate::schema::render_upgrade_from(engine, table, from);
     let body = if migration_type.is_down_migration() {
         ddl.down
     } else {
@@ -719,16 +774,19 @@ pub struct PlannedFile {
 /// See [`UPGRADE_V2_DESCRIPTION`]'s example for all three.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanAction {
-    /// No icq migration for the table yet: write the whole table (schema version 2) as
+    /// No icq migration for the table yet: write the whole table (schema version 4) as
     /// `<version>_add_internal_commands.sql`.
     Create,
-    /// The directory creates the table at schema version 1: write the upgrade to version 2
-    /// as `<version>_icq_schema_v2.sql`.
+    /// The directory brings the table to an older schema version: write the upgrade to
+    /// the current one as `<version>_icq_schema_v4.sql`.
     Upgrade {
-        /// The version-1 migration found.
+        /// The newest icq migration found.
         from: PathBuf,
+        /// The schema version it leaves the table at.
+        version: u32,
     },
-    /// The directory already brings the table to schema version 2: nothing to write.
+    /// The directory already brings the table to the current schema version: nothing to
+    /// write.
     UpToDate {
         /// The migration that does.
         by: PathBuf,
@@ -815,10 +873,11 @@ pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
         }
         Some(m) => PlanAction::Upgrade {
             from: m.path.clone(),
+            version: m.icq.as_ref().map_or(1, |h| h.schema),
         },
     };
     let description = match action {
-        PlanAction::Upgrade { .. } => UPGRADE_V2_DESCRIPTION,
+        PlanAction::Upgrade { .. } => UPGRADE_V4_DESCRIPTION,
         _ => DESCRIPTION,
     };
     let files = match action {
@@ -833,8 +892,8 @@ pub fn plan(opts: &AddOptions, now: DateTime<Utc>) -> Result<MigrationPlan> {
                 )),
                 migration_type,
                 sql: match action {
-                    PlanAction::Upgrade { .. } => {
-                        upgrade_file_sql(opts.engine, &opts.table, migration_type)
+                    PlanAction::Upgrade { version, .. } => {
+                        upgrade_file_sql_from(opts.engine, &opts.table, version, migration_type)
                     }
                     _ => file_sql(opts.engine, &opts.table, migration_type),
                 },

@@ -58,6 +58,9 @@ pub(crate) struct Outbox {
     /// The producer shares the head of the queue with other processors (its claims come
     /// further apart): batches wait [`FLUSH_AFTER_SHARING`] for one.
     sharing: AtomicBool,
+    /// This processor has run a row with an order key: a completion or a dead-letter it
+    /// stamps may free the next row of that key ([`wake_successors`]).
+    pub(crate) ordered: AtomicBool,
 }
 
 #[derive(Default)]
@@ -77,6 +80,7 @@ impl Outbox {
             capacity: capacity.max(1),
             closed: AtomicBool::new(false),
             sharing: AtomicBool::new(false),
+            ordered: AtomicBool::new(false),
         }
     }
 
@@ -165,6 +169,8 @@ pub(crate) struct Completer {
     /// Cancelled when writing must end (shutdown's write deadline): what is not stamped
     /// by then is given up on, its lease left to lapse.
     pub(crate) writes_end: tokio_util::sync::CancellationToken,
+    /// The source's wake-up, for [`wake_successors`].
+    pub(crate) wake: Arc<Notify>,
 }
 
 impl Completer {
@@ -236,6 +242,7 @@ impl Completer {
                 Ok(stamped) => {
                     self.trouble.succeeded();
                     count(&self.source, &self.stats, &batch, stamped);
+                    wake_successors(&self.outbox, &batch, &self.wake);
                     break;
                 }
                 Err(err) => {
@@ -286,6 +293,21 @@ impl Completer {
             rows = batch.len(),
             "could not write outcomes before shutdown's deadline; their leases lapse and the rows run again"
         );
+    }
+}
+
+/// After `batch` was stamped: when this processor has run rows with an order key and the
+/// batch completed or dead-lettered rows, the producer is woken to claim at once, so the
+/// next row of a key starts now rather than at the next poll. The stamp's commit is what
+/// makes that row claimable, and a claim made in the same statement (PostgreSQL's
+/// stamp-and-claim) cannot see it. Processors that never ran a keyed row skip this.
+pub(crate) fn wake_successors(outbox: &Outbox, batch: &[SetState], wake: &Notify) {
+    if outbox.ordered.load(Ordering::Relaxed)
+        && batch
+            .iter()
+            .any(|c| matches!(c.change, StateChange::Completed | StateChange::Dead { .. }))
+    {
+        wake.notify_one();
     }
 }
 

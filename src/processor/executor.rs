@@ -112,6 +112,9 @@ pub(crate) async fn slot(shared: Arc<Shared>, stop: CancellationToken) {
         shared
             .buffered_bytes
             .fetch_sub(item.claimed.payload_bytes, Ordering::AcqRel);
+        if item.claimed.row.order_key.is_some() {
+            shared.outbox.ordered.store(true, Ordering::Relaxed);
+        }
         let change = execute(&shared, item).await;
         if shared.leases.is_lost(&change.lease) {
             // Cancelled by an operator (or taken by another claim): the token guard would
@@ -154,6 +157,17 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     // arrives as stored (and is refused below rather than granting extra attempts).
     let stored_attempts = row.attempts;
     let attempts = u32::try_from(row.attempts).unwrap_or(0).max(1);
+    // The attempt's entry in `Errors`, after the entries the claim read: the row is leased
+    // to this processor, so nobody else writes them meanwhile.
+    let stored_errors = row.errors.clone();
+    let errors_after = |error: &str| {
+        Some(crate::attempts::append(
+            stored_errors.as_deref(),
+            attempts,
+            chrono::Utc::now(),
+            error,
+        ))
+    };
     let dead = |error: String| {
         tracing::warn!(
             source = %shared.source.name,
@@ -163,7 +177,10 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
             reason = %crate::redact::bounded(&error, 1024).escape_debug(),
             "command dead-lettered"
         );
-        StateChange::Dead { error }
+        StateChange::Dead {
+            errors: errors_after(&error),
+            error,
+        }
     };
     if let Some(defects) = row.defect_summary() {
         return SetState {
@@ -356,6 +373,7 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
                 settings.max_retry_backoff_seconds,
                 &mut rand::rng(),
             ),
+            errors: errors_after(&err.message),
             error: err.message,
         },
     };

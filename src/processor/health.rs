@@ -188,6 +188,25 @@ pub(crate) struct Health {
     paused_until: Option<Instant>,
     /// When the last failure was seen.
     last_failure: Option<Instant>,
+    /// Races lost in a row ([`Error::lost_race`]).
+    races: u32,
+}
+
+/// The first pause after a lost race: another replica's transaction won, so the next try
+/// is soon, spread out by jitter so that the two do not meet again at once.
+const FIRST_RACE_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause after races lost in a row.
+const RACE_PAUSE_CAP: Duration = Duration::from_millis(500);
+
+/// Counts a lost race of `role` on `source` (the `lost_races_total` series).
+pub(crate) fn count_lost_race(source: &str, role: &'static str) {
+    metrics::counter!(
+        "icq_internal_commands_lost_races_total",
+        "source" => source.to_string(),
+        "role" => role
+    )
+    .increment(1);
 }
 
 /// A failure handled within this time after a pause ended was waiting during the pause.
@@ -227,6 +246,7 @@ impl Health {
             dropped: 0,
             paused_until: None,
             last_failure: None,
+            races: 0,
         }
     }
 
@@ -242,6 +262,7 @@ impl Health {
 
     /// [`Health::succeeded`] at `now`.
     fn succeeded_at(&mut self, worked: bool, now: Instant) {
+        self.races = 0;
         let quiet = self
             .last_failure
             .is_none_or(|at| now.duration_since(at) >= UNHEALABLE_GRACE);
@@ -275,6 +296,16 @@ impl Health {
 
     /// [`Health::failed`] at `now`.
     fn failed_at(&mut self, err: Error, now: Instant) -> Next {
+        if err.lost_race() {
+            // Not a failure of the database: another transaction (another replica's, on
+            // a cluster often on another node) got there first and this one was rolled
+            // back whole. Retried soon and quietly; no run of failures starts.
+            self.races = self.races.saturating_add(1);
+            count_lost_race(&self.source, self.what);
+            let pause = race_pause(self.races, &mut rand::rng());
+            tracing::debug!(source = %self.source, role = self.what, error = %err, races = self.races, retry_in_ms = pause.as_millis() as u64, "lost a race to another transaction (a deadlock or a cluster's certification conflict); retrying");
+            return Next::RetryAfter(pause);
+        }
         self.last_failure = Some(now);
         let (since, tries) = self.failing.get_or_insert((now, 0));
         *tries += 1;
@@ -350,6 +381,14 @@ impl Health {
     }
 }
 
+/// The pause after `races` lost races in a row: [`FIRST_RACE_PAUSE`] doubling, times a
+/// jitter in [0.5, 1.5], capped at [`RACE_PAUSE_CAP`].
+fn race_pause(races: u32, rng: &mut impl Rng) -> Duration {
+    let raw = FIRST_RACE_PAUSE.as_secs_f64() * 2f64.powi(races.saturating_sub(1).min(30) as i32);
+    let jittered = raw * rng.random_range(0.5..=1.5);
+    Duration::from_secs_f64(jittered.min(RACE_PAUSE_CAP.as_secs_f64()))
+}
+
 /// The pause before try `tries + 1`: [`FIRST_PAUSE`] doubling, times a jitter in
 /// [0.8, 1.2], capped at [`RETRY_CAP`] for errors that heal and [`UNHEALABLE_CAP`] for
 /// the others.
@@ -403,6 +442,18 @@ mod tests {
             call_deadline(Duration::from_secs(3600)),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn lost_races_pause_briefly_with_jitter() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for races in 1..40 {
+            let p = race_pause(races, &mut rng).as_secs_f64();
+            let expected = 0.01 * 2f64.powi(races as i32 - 1);
+            assert!(p <= 0.5 + 1e-9, "{races}: {p}");
+            assert!(p >= (expected * 0.5).min(0.5) - 1e-9, "{races}: {p}");
+        }
+        assert!(race_pause(1, &mut rng) <= Duration::from_millis(15));
     }
 
     #[test]

@@ -28,14 +28,27 @@ pub(crate) struct IdleLanes {
     wakes: Vec<Arc<Notify>>,
     /// Signalled when a lane turns idle.
     turned_idle: Notify,
+    /// Lanes that never turn idle (a queue with fleet-wide limits is claimed only by its
+    /// own lane): each wake-up is passed on to them.
+    always: Vec<usize>,
 }
 
 impl IdleLanes {
-    pub(crate) fn new(wakes: Vec<Arc<Notify>>) -> IdleLanes {
+    pub(crate) fn new(wakes: Vec<Arc<Notify>>, always: Vec<usize>) -> IdleLanes {
         IdleLanes {
             idle: std::sync::Mutex::new(vec![false; wakes.len()]),
             wakes,
             turned_idle: Notify::new(),
+            always,
+        }
+    }
+
+    /// Passes a wake-up on to the lanes that claim on their own.
+    fn wake_always(&self) {
+        for index in &self.always {
+            if let Some(wake) = self.wakes.get(*index) {
+                wake.notify_one();
+            }
         }
     }
 
@@ -101,7 +114,7 @@ pub(crate) async fn poll(
     loop {
         if !again {
             tokio::select! {
-                _ = wake.notified() => {}
+                _ = wake.notified() => idle.wake_always(),
                 _ = tokio::time::sleep(poll) => {}
                 _ = shutdown.cancelled() => return,
             }
@@ -137,6 +150,7 @@ pub(crate) async fn poll(
             types: first.types.clone(),
             queues: Some(queues.into()),
             spread: false,
+            skip_paused: first.source.pauses.any(),
         };
         let sent = Instant::now();
         let expires = sent + params.lease;

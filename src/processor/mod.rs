@@ -8,6 +8,8 @@
 //! - [`lease`] renews the leases of everything held and stops executions whose lease
 //!   cannot be kept, and checks the leases of running handlers every second (at once on a
 //!   PostgreSQL cancel notification) to stop the ones an operator cancelled;
+//! - [`recurring`] ticks the source's schedules every second, scheduling each due
+//!   occurrence once across every replica;
 //! - [`sweeper`] deletes old completed rows; [`waker`] subscribes to insert and cancel
 //!   notifications; [`idle`] claims for every idle queue of a worker that lists queues
 //!   with one statement.
@@ -44,7 +46,9 @@ mod executor;
 pub(crate) mod health;
 mod idle;
 mod lease;
+mod pauses;
 mod producer;
+mod recurring;
 pub mod retry;
 pub mod stats;
 mod sweeper;
@@ -79,6 +83,8 @@ pub struct SourceHandle {
     pub(crate) wake: Arc<Notify>,
     /// Counters.
     pub(crate) stats: Arc<Stats>,
+    /// The queues paused fleet-wide, as last read.
+    pub(crate) pauses: Arc<pauses::PauseWatch>,
 }
 
 impl SourceHandle {
@@ -320,12 +326,29 @@ impl Processor {
             })?;
         }
         for source in &self.sources {
+            if !source.settings.schedules.is_empty() {
+                let version = source.backend.schema_version().await?;
+                if version < crate::recurring::SCHEMA_VERSION {
+                    return Err(crate::recurring::needs_schema(
+                        source.backend.table(),
+                        version,
+                        &source.name,
+                    ));
+                }
+            }
             if !source.settings.queues.is_empty() {
                 let version = source.backend.schema_version().await?;
                 if version < 2 {
                     return Err(Error::needs_schema_v2(
                         source.backend.table(),
                         &format!("`queues:` of source `{}`", source.name),
+                    ));
+                }
+                let limited = source.settings.queues.iter().any(|q| q.is_limited());
+                if limited && version < 4 {
+                    return Err(crate::engine::limits::needs_schema_v4(
+                        source.backend.table(),
+                        version,
                     ));
                 }
             }
@@ -381,6 +404,10 @@ pub(crate) struct Lane {
     pub(crate) served: Option<Arc<[String]>>,
     /// Its claims in flight at most.
     pub(crate) claims_in_flight: usize,
+    /// The queue's fleet-wide limits: its claims go through the limited claim, one at a
+    /// time, for free slots only (no look-ahead: a buffered row holds a lease, which
+    /// counts against the limit).
+    pub(crate) limits: Option<crate::engine::QueueLimits>,
 }
 
 /// State the roles of one lane share (the leases, the outbox and the completer belong to
@@ -469,6 +496,7 @@ impl SourceWorker {
                 trouble: trouble.clone(),
                 until_idle: self.options.until_idle,
                 writes_end: writes_end.clone(),
+                wake: src.wake.clone(),
             }
             .run(),
         );
@@ -492,6 +520,8 @@ impl SourceWorker {
         ));
         let sweep_stop = CancellationToken::new();
         let sweeper = tokio::spawn(sweeper::run(src.clone(), sweep_stop.clone()));
+        pauses::read(src).await;
+        let pause_watch = tokio::spawn(pauses::run(src.clone(), sweep_stop.clone()));
 
         let types: Option<Arc<[String]>> = settings.claim_only_handled_types.then(|| {
             self.registry
@@ -535,6 +565,13 @@ impl SourceWorker {
         // shutdown too (the caller's token is left as it is).
         let shutdown = self.shutdown.child_token();
         let hard_stop = self.options.hard_stop.clone();
+        // Schedules tick until shutdown; a drain (`until_idle`) ticks once, first, so what
+        // is due now is part of what it drains.
+        if self.options.until_idle {
+            recurring::run(src.clone(), shutdown.clone(), true).await;
+        }
+        let scheduler = (!self.options.until_idle)
+            .then(|| tokio::spawn(recurring::run(src.clone(), shutdown.clone(), false)));
         let hard_stop_watch = tokio::spawn({
             let (hard_stop, shutdown) = (hard_stop.clone(), shutdown.clone());
             async move {
@@ -551,8 +588,15 @@ impl SourceWorker {
         };
         // A long-running worker listing queues: one poll for every idle lane, and
         // wake-ups go to it; `--until-idle` drains lane by lane.
+        // A lane with fleet-wide limits never leaves its claims to the idle poll (whose
+        // claim knows no limits); it is woken with every wake-up instead.
+        let limited: Vec<usize> = shareds
+            .iter()
+            .enumerate()
+            .filter_map(|(index, shared)| shared.lane.limits.is_some().then_some(index))
+            .collect();
         let idle_lanes = (wakes.len() > 1 && !self.options.until_idle)
-            .then(|| Arc::new(idle::IdleLanes::new(wakes.clone())));
+            .then(|| Arc::new(idle::IdleLanes::new(wakes.clone(), limited)));
         let idle_poll = idle_lanes.as_ref().map(|idle_lanes| {
             tokio::spawn(idle::poll(
                 shareds.clone(),
@@ -580,7 +624,10 @@ impl SourceWorker {
                 let shutdown = shutdown.clone();
                 let options = self.options.clone();
                 let shared = shared.clone();
-                let idle = idle_lanes.clone().map(|idle| (idle, index));
+                let idle = idle_lanes
+                    .clone()
+                    .filter(|_| shared.lane.limits.is_none())
+                    .map(|idle| (idle, index));
                 async move {
                     let stopped =
                         producer::run(shared, options, wake, shutdown.clone(), idle).await;
@@ -702,6 +749,11 @@ impl SourceWorker {
         let _ = checker.await;
         sweep_stop.cancel();
         let _ = sweeper.await;
+        pause_watch.abort();
+        if let Some(scheduler) = scheduler {
+            // It stopped with the shutdown.
+            let _ = scheduler.await;
+        }
         listening.abort();
         stopped
     }
@@ -745,6 +797,7 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
             queues: None,
             served: None,
             claims_in_flight: claims_in_flight.max(1),
+            limits: None,
         }];
     }
     let n = settings.queues.len();
@@ -753,12 +806,17 @@ pub(crate) fn lanes(settings: &Settings, claims_in_flight: usize) -> Vec<Lane> {
     settings
         .queues
         .iter()
-        .map(|queue| Lane {
-            name: Some(queue.name.as_str().into()),
-            concurrency: queue.concurrency.max(1) as usize,
-            queues: Some(Arc::from(vec![queue.name.clone()])),
-            served: Some(served.clone()),
-            claims_in_flight: share,
+        .map(|queue| {
+            let limits = crate::engine::QueueLimits::of(queue);
+            Lane {
+                name: Some(queue.name.as_str().into()),
+                concurrency: queue.concurrency.max(1) as usize,
+                queues: Some(Arc::from(vec![queue.name.clone()])),
+                served: Some(served.clone()),
+                // Limited claims of a queue take turns on its row lock anyway.
+                claims_in_flight: if limits.is_some() { 1 } else { share },
+                limits,
+            }
         })
         .collect()
 }
@@ -812,6 +870,16 @@ mod tests {
                 ("reports".into(), 1, vec!["reports".to_string()], 2),
             ]
         );
+        // A queue with fleet-wide limits claims through the limited claim, one at a time.
+        let limited = Settings::default().with_queues(vec![
+            QueueSettings::new("default", 8),
+            QueueSettings::new("webhooks", 4).with_global_concurrency(6),
+        ]);
+        let limited = lanes(&limited, 4);
+        assert!(limited[0].limits.is_none() && limited[0].claims_in_flight == 2);
+        let webhooks = limited[1].limits.expect("limits");
+        assert_eq!(webhooks.global_concurrency, Some(6));
+        assert_eq!(limited[1].claims_in_flight, 1);
         // One claim in flight (SQLite) is one per lane, never none.
         assert!(
             lanes(&settings, 1)

@@ -16,7 +16,12 @@ use super::SourceHandle;
 /// an operator cancels a running command: the lease check then runs at once), where
 /// there are any. A failure is logged; polling and the lease check every second cover it.
 pub(crate) async fn listen(source: &SourceHandle, cancelled: std::sync::Arc<tokio::sync::Notify>) {
-    match source.backend.listen(source.wake.clone(), cancelled).await {
+    let pauses = source.pauses.changed.clone();
+    match source
+        .backend
+        .listen(source.wake.clone(), cancelled, pauses)
+        .await
+    {
         Ok(true) => tracing::debug!(source = %source.name, "listening for inserts"),
         // No LISTEN here (another engine, or a transaction pooler, which the driver
         // reports itself): polling finds new commands.

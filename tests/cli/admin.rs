@@ -646,6 +646,9 @@ async fn dead_letter_listing(engine: &'static str) {
             "unique_key": null,
             "trace_parent": null,
             "snoozes": 0,
+            "attempt_errors": [],
+            "succeeded_on_attempt": null,
+            "held_by": null,
         })
     );
 }

@@ -20,7 +20,9 @@ fn version_and_completions() {
             .args(["completions", shell])
             .assert()
             .success()
-            .stdout(predicate::str::contains("dead-letters"));
+            .stdout(predicate::str::contains("dead-letters"))
+            .stdout(predicate::str::contains("doctor"))
+            .stdout(predicate::str::contains("max-age"));
     }
 }
 

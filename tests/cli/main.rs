@@ -7,6 +7,7 @@ mod admin;
 mod basics;
 mod bench;
 mod config_check;
+mod doctor;
 mod durability;
 mod edges;
 mod errors;
@@ -19,7 +20,9 @@ mod newcomer;
 mod operator;
 mod papercuts;
 mod production;
+mod queue;
 mod quickstart;
+mod schedules;
 mod schema;
 mod work;
 

@@ -21,6 +21,7 @@ fn every_subcommand_help_has_examples_and_exit_codes() {
         "replay",
         "schedule",
         "bench",
+        "doctor",
         "completions",
         "quickstart",
         "config",
@@ -77,6 +78,7 @@ fn man_dir_writes_one_page_per_subcommand() {
         "icq-config-check.1",
         "icq-dead-letters-list.1",
         "icq-migrate.1",
+        "icq-doctor.1",
     ] {
         assert!(target.join(page).is_file(), "{page}");
     }

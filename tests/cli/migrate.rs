@@ -609,16 +609,16 @@ fn add_next_to_a_version_1_migration_writes_the_upgrade_on_every_engine() {
             .get_output()
             .clone();
         let stdout = String::from_utf8(out.stdout).unwrap();
-        let expected = migrate::default_dir(engine).join("0002_icq_schema_v2.sql");
+        let expected = migrate::default_dir(engine).join("0002_icq_schema_v4.sql");
         assert_eq!(stdout, format!("{}\n", expected.display()), "{engine}");
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert!(
-            stderr.contains("at schema version 1; the new migration upgrades it to version 2")
+            stderr.contains("at schema version 1; the new migration upgrades it to version 4")
                 && stderr.contains("restart the workers"),
             "{engine}: {stderr}"
         );
         let sql = std::fs::read_to_string(tmp.path().join(&expected)).unwrap();
-        let upgrade = icq::schema::render_upgrade(engine, &TableName::default()).up;
+        let upgrade = icq::schema::render_upgrade_from(engine, &TableName::default(), 1).up;
         assert_eq!(
             sql,
             format!(
@@ -638,7 +638,7 @@ fn add_next_to_a_version_1_migration_writes_the_upgrade_on_every_engine() {
         ])))
         .unwrap();
         assert_eq!(doc["action"], "up_to_date", "{doc}");
-        assert_eq!(doc["schema_version"], 2);
+        assert_eq!(doc["schema_version"], icq::schema::SCHEMA_VERSION);
         assert_eq!(doc["files"], serde_json::json!([]));
         assert_eq!(
             doc["existing"],
@@ -674,14 +674,18 @@ fn add_json_says_create_or_upgrade() {
         names,
         [
             "0001_add_internal_commands.sql",
-            "0002_icq_schema_v2.down.sql",
-            "0002_icq_schema_v2.up.sql"
+            "0002_icq_schema_v4.down.sql",
+            "0002_icq_schema_v4.up.sql"
         ]
     );
     let down =
-        std::fs::read_to_string(tmp.path().join("migrations/0002_icq_schema_v2.down.sql")).unwrap();
+        std::fs::read_to_string(tmp.path().join("migrations/0002_icq_schema_v4.down.sql")).unwrap();
     assert!(down.contains("DROP COLUMN \"Queue\""), "{down}");
     assert!(down.contains("Every row survives"), "{down}");
+    assert!(
+        down.find("DROP TABLE \"InternalCommandsHistory\"") < down.find("DROP COLUMN \"Queue\""),
+        "history goes back first: {down}"
+    );
 }
 
 #[test]
@@ -691,7 +695,14 @@ fn add_stdout_prints_the_upgrade_and_nothing_when_up_to_date() {
     let out =
         stdout_of(icq(tmp.path()).args(["migrate", "add", "--engine", "postgres", "--stdout"]));
     assert!(out.contains(r#"ADD COLUMN "Queue""#), "{out}");
-    assert!(!out.contains("CREATE TABLE"), "{out}");
+    assert!(
+        !out.contains(r#"CREATE TABLE "InternalCommands" "#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"CREATE TABLE "InternalCommandsHistory" "#),
+        "{out}"
+    );
     assert_eq!(
         files(&tmp.path().join("migrations")).len(),
         1,
@@ -707,8 +718,8 @@ fn add_stdout_prints_the_upgrade_and_nothing_when_up_to_date() {
         .stderr(predicate::str::contains("is up to date"));
 }
 
-/// A version-1 file is told from a version-2 one by its SQL, not its comments: a v1 file
-/// stripped of comments stays version 1, a v2 one stripped of comments stays version 2,
+/// A file's version is told by its SQL, not its comments: a v1 file stripped of comments
+/// stays version 1, a v2 upgrade stripped of comments stays version 2, a v3 one version 3,
 /// and a v1 file for a table named `Queue` is still version 1.
 #[test]
 fn the_version_of_an_existing_migration_survives_edits() {
@@ -725,7 +736,8 @@ fn the_version_of_an_existing_migration_survives_edits() {
         let table = TableName::parse(table).unwrap();
         let header = format!("{} engine={engine} table={table}\n", migrate::HEADER_PREFIX);
         let v1 = strip(&icq::schema::render_v1(engine, &table).up);
-        let v2 = strip(&icq::schema::render(engine, &table).up);
+        let v2 = strip(&icq::schema::render_upgrade(engine, &table).up);
+        let v3 = strip(&icq::schema::render(engine, &table).up);
         let opts = |dir: &Path| AddOptions {
             engine,
             table: table.clone(),
@@ -746,8 +758,20 @@ fn the_version_of_an_existing_migration_survives_edits() {
             plan.action
         );
         std::fs::write(
-            tmp.path().join("0001_add_internal_commands.sql"),
+            tmp.path().join("0002_icq_schema_v2.sql"),
             format!("{header}{v2}"),
+        )
+        .unwrap();
+        let plan = migrate::plan(&opts(tmp.path()), chrono::Utc::now()).unwrap();
+        assert!(
+            matches!(plan.action, migrate::PlanAction::Upgrade { version: 2, .. }),
+            "{engine} {table}: {:?}",
+            plan.action
+        );
+        std::fs::remove_file(tmp.path().join("0002_icq_schema_v2.sql")).unwrap();
+        std::fs::write(
+            tmp.path().join("0001_add_internal_commands.sql"),
+            format!("{header}{v3}"),
         )
         .unwrap();
         let plan = migrate::plan(&opts(tmp.path()), chrono::Utc::now()).unwrap();

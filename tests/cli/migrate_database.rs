@@ -300,7 +300,7 @@ fn defect_7_add_twice_is_up_to_date_unless_another_table() {
     assert_eq!(
         out,
         format!(
-            "migrations is up to date: {} already brings InternalCommands to schema version 2; \
+            "migrations is up to date: {} already brings InternalCommands to schema version 4; \
              nothing written (pass --table NAME for another queue table)\n",
             first.trim()
         )
@@ -371,6 +371,12 @@ fn v2_indexes(engine: &str) -> i64 {
     if engine == "sqlite" { 4 } else { 5 }
 }
 
+/// The indexes of the commands table at the current schema version: version 2's, and
+/// version 4's order-key and concurrency-key indexes.
+fn current_indexes(engine: &str) -> i64 {
+    v2_indexes(engine) + 2
+}
+
 async fn index_count(db: &TestDb) -> i64 {
     let sql = match db.engine {
         "postgres" => {
@@ -379,18 +385,45 @@ async fn index_count(db: &TestDb) -> i64 {
         }
         "sqlite" => {
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
-             AND name LIKE 'IX_InternalCommands_%'"
+             AND tbl_name = 'InternalCommands' AND name LIKE 'IX_InternalCommands_%'"
         }
         _ => {
             "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'InternalCommands' \
+               AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
         }
     };
     db.scalar_i64(sql).await
 }
 
-/// `SELECT COUNT(*) FROM InternalCommands WHERE <condition>`, columns in {braces}.
+/// Whether the history table (schema version 3) exists.
+async fn history_exists(db: &TestDb) -> bool {
+    let sql = match db.engine {
+        "postgres" => "SELECT COUNT(*) FROM pg_tables WHERE tablename = 'InternalCommandsHistory'",
+        "sqlite" => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
+             AND name = 'InternalCommandsHistory'"
+        }
+        _ => {
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = 'InternalCommandsHistory'"
+        }
+    };
+    db.scalar_i64(sql).await > 0
+}
+
+/// `SELECT COUNT(*) FROM InternalCommands WHERE <condition>`, columns in {braces}, plus
+/// the rows of its history table where there is one (schema version 3).
 async fn count_where(db: &TestDb, condition: &str) -> i64 {
+    let hot = count_in(db, "InternalCommands", condition).await;
+    if !history_exists(db).await {
+        return hot;
+    }
+    hot + count_in(db, "InternalCommandsHistory", condition).await
+}
+
+/// `SELECT COUNT(*) FROM <table> WHERE <condition>`, columns in {braces}.
+async fn count_in(db: &TestDb, table: &str, condition: &str) -> i64 {
     let mut condition = condition.to_owned();
     for column in [
         "Type",
@@ -404,7 +437,7 @@ async fn count_where(db: &TestDb, condition: &str) -> i64 {
     }
     db.scalar_i64(&format!(
         "SELECT COUNT(*) FROM {} WHERE {condition}",
-        db.q("InternalCommands")
+        db.q(table)
     ))
     .await
 }
@@ -462,13 +495,30 @@ fn apply(cwd: &Path, url: &str, with_sqlx: bool, up: bool) -> String {
     }
 }
 
-/// A version-1 table with pending, completed and dead rows; `migrate add` writes the
-/// upgrade beside the old migration; it applies (with sqlx-cli or icq); the old pending
-/// rows run, new rows with a queue, a priority and a unique key run; a second `add` is a
-/// no-op; the revert takes the table back to version 1 with every row, and a worker still
-/// drains it; the other tool applies the upgrade again.
-async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
-    let db = TestDb::new(engine, if with_sqlx { "v2_sqlx" } else { "v2_icq" }).await;
+/// What an older icq wrote with `migrate add -r` next to [`write_v1_pair`]: the upgrade to
+/// version 2.
+fn write_v2_upgrade_pair(dir: &Path, version: &str, engine: icq::Engine) {
+    let table = icq::TableName::default();
+    let header = format!(
+        "{} engine={engine} table={table}\n",
+        icq::migrate::HEADER_PREFIX
+    );
+    let v2 = icq::schema::render_upgrade(engine, &table);
+    let up = dir.join(format!("{version}_icq_schema_v2.up.sql"));
+    std::fs::write(up, format!("{header}{}", v2.up)).unwrap();
+    let down = dir.join(format!("{version}_icq_schema_v2.down.sql"));
+    std::fs::write(down, format!("{header}{}", v2.down)).unwrap();
+}
+
+/// A version-1 (or version-2) table with pending, completed and dead rows; `migrate add`
+/// writes the upgrade to version 3 beside the old migrations; it applies (with sqlx-cli or
+/// icq), every row kept and the completed one in history; the old pending rows run (into
+/// history), new rows with a queue, a priority and a unique key run; a second `add` is a
+/// no-op; the revert takes the table back to its version with every row (history moved
+/// back), and a worker still drains it; the other tool applies the upgrade again.
+async fn upgrade_to_v3_and_back(engine: &'static str, with_sqlx: bool, from: u32) {
+    let tag = format!("v{from}_{}", if with_sqlx { "sqlx" } else { "icq" });
+    let db = TestDb::new(engine, &tag).await;
     let kind: icq::Engine = engine.parse().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let cwd = tmp.path();
@@ -478,6 +528,12 @@ async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
     let out = apply(cwd, url, with_sqlx, true);
     assert!(out.contains("1/migrate add internal commands"), "{out}");
     assert_eq!(column_count(&db, "Queue").await, 0, "a version-1 table");
+    if from == 2 {
+        write_v2_upgrade_pair(&dir, "0002", kind);
+        let out = apply(cwd, url, with_sqlx, true);
+        assert!(out.contains("2/migrate icq schema v2"), "{out}");
+    }
+    let next = from + 1;
 
     // Rows of every state, written by version-1 clients.
     for ty in ["old.pending", "old.pending", "old.done", "old.dead"] {
@@ -496,33 +552,54 @@ async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
 
     // The upgrade, reversible like the migration before it, named for sqlx.
     let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
+    let upgrade = format!("000{next}_icq_schema_v4");
     assert_eq!(
         out,
-        "migrations/0002_icq_schema_v2.up.sql\nmigrations/0002_icq_schema_v2.down.sql\n"
+        format!("migrations/{upgrade}.up.sql\nmigrations/{upgrade}.down.sql\n")
     );
-    let written = std::fs::read_to_string(dir.join("0002_icq_schema_v2.up.sql")).unwrap();
+    let written = std::fs::read_to_string(dir.join(format!("{upgrade}.up.sql"))).unwrap();
+    let table = icq::TableName::default();
     assert!(
-        written.ends_with(&icq::schema::render_upgrade(kind, &icq::TableName::default()).up),
+        written.ends_with(&icq::schema::render_upgrade_from(kind, &table, from).up),
         "{written}"
     );
     // Once it is there, `add` has nothing more to write.
     let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
     assert!(out.contains("is up to date"), "{out}");
-    assert_eq!(files(&dir).len(), 4, "{:?}", files(&dir));
+    assert_eq!(files(&dir).len(), 2 * next as usize, "{:?}", files(&dir));
     let out = stdout_of(icq(cwd).args(["migrate", "info", "--database-url", url]));
+    let installed_v2 = if from == 2 {
+        "2/installed icq schema v2\n"
+    } else {
+        ""
+    };
     assert_eq!(
         out,
-        "1/installed add internal commands\n2/pending icq schema v2\n"
+        format!("1/installed add internal commands\n{installed_v2}{next}/pending icq schema v4\n")
     );
 
     let out = apply(cwd, url, with_sqlx, true);
-    assert!(out.contains("2/migrate icq schema v2"), "{out}");
+    assert!(
+        out.contains(&format!("{next}/migrate icq schema v4")),
+        "{out}"
+    );
+    assert!(history_exists(&db).await, "{engine}: the history table");
+    assert_eq!(
+        count_in(&db, "InternalCommandsHistory", "{Type} = 'old.done'").await,
+        1,
+        "{engine}: the completed row moved to history"
+    );
+    assert_eq!(
+        count_in(&db, "InternalCommands", "{ProcessedAt} IS NOT NULL").await,
+        0,
+        "{engine}: no completed row left in the table"
+    );
     assert_eq!(column_count(&db, "Queue").await, 1);
     assert_eq!(column_count(&db, "Snoozes").await, 1);
     assert_eq!(
         index_count(&db).await,
-        v2_indexes(engine),
-        "{engine}: the version-2 indexes"
+        current_indexes(engine),
+        "{engine}: the current version's indexes"
     );
     assert_eq!(
         count_where(&db, "{Queue} = 'default' AND {Priority} = 0").await,
@@ -544,6 +621,11 @@ async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
         2
     );
     assert_eq!(
+        count_in(&db, "InternalCommands", "{ProcessedAt} IS NOT NULL").await,
+        0,
+        "{engine}: completed rows go to history"
+    );
+    assert_eq!(
         count_where(&db, "{Queue} = 'mail' AND {ProcessedAt} IS NOT NULL").await,
         1
     );
@@ -551,13 +633,27 @@ async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
     enqueue_unique(&db, "new.mail", "mail", "k1").await;
     assert_eq!(count_where(&db, "{UniqueKey} = 'k1'").await, 2);
 
-    // Back to version 1: every row survives, the pending one included.
+    // Back to the old version: every row survives, the pending one included.
     let out = apply(cwd, url, with_sqlx, false);
-    assert!(out.contains("2/revert icq schema v2"), "{out}");
-    assert_eq!(column_count(&db, "Queue").await, 0);
-    assert_eq!(column_count(&db, "Snoozes").await, 0);
-    assert_eq!(index_count(&db).await, 3, "{engine}: the version-1 indexes");
+    assert!(
+        out.contains(&format!("{next}/revert icq schema v4")),
+        "{out}"
+    );
+    assert!(!history_exists(&db).await, "{engine}: no history table");
+    let (queue, indexes) = if from == 1 {
+        (0, 3)
+    } else {
+        (1, v2_indexes(engine))
+    };
+    assert_eq!(column_count(&db, "Queue").await, queue);
+    assert_eq!(column_count(&db, "Snoozes").await, queue);
+    assert_eq!(index_count(&db).await, indexes, "{engine}: the old indexes");
     assert_eq!(count_where(&db, "1 = 1").await, 6);
+    assert_eq!(
+        count_where(&db, "{ProcessedAt} IS NOT NULL").await,
+        4,
+        "{engine}: history came back completed"
+    );
     assert_eq!(count_where(&db, pending).await, 1);
     crate::work_until_idle(&config);
     assert_eq!(
@@ -568,39 +664,79 @@ async fn v1_to_v2_and_back(engine: &'static str, with_sqlx: bool) {
 
     // The other tool applies the upgrade again.
     let out = apply(cwd, url, !with_sqlx, true);
-    assert!(out.contains("2/migrate icq schema v2"), "{out}");
+    assert!(
+        out.contains(&format!("{next}/migrate icq schema v4")),
+        "{out}"
+    );
     assert_eq!(column_count(&db, "Queue").await, 1);
-    assert_eq!(count_where(&db, "{Queue} = 'default'").await, 6);
+    // Back from version 1 every row is in the default queue; from 2 the mail rows keep theirs.
+    let default = if from == 1 { 6 } else { 4 };
+    assert_eq!(count_where(&db, "{Queue} = 'default'").await, default);
+    assert_eq!(
+        count_in(&db, "InternalCommands", "{ProcessedAt} IS NOT NULL").await,
+        0,
+        "{engine}: every completed row in history again"
+    );
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_icq_postgres() {
-    v1_to_v2_and_back("postgres", false).await;
+    upgrade_to_v3_and_back("postgres", false, 1).await;
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_icq_sqlite() {
-    v1_to_v2_and_back("sqlite", false).await;
+    upgrade_to_v3_and_back("sqlite", false, 1).await;
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_icq_mysql() {
-    v1_to_v2_and_back("mysql", false).await;
+    upgrade_to_v3_and_back("mysql", false, 1).await;
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_sqlx_cli_postgres() {
-    v1_to_v2_and_back("postgres", true).await;
+    upgrade_to_v3_and_back("postgres", true, 1).await;
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_sqlx_cli_sqlite() {
-    v1_to_v2_and_back("sqlite", true).await;
+    upgrade_to_v3_and_back("sqlite", true, 1).await;
 }
 
 #[tokio::test]
 async fn v1_upgrade_and_revert_with_sqlx_cli_mysql() {
-    v1_to_v2_and_back("mysql", true).await;
+    upgrade_to_v3_and_back("mysql", true, 1).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_icq_postgres() {
+    upgrade_to_v3_and_back("postgres", false, 2).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_icq_sqlite() {
+    upgrade_to_v3_and_back("sqlite", false, 2).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_icq_mysql() {
+    upgrade_to_v3_and_back("mysql", false, 2).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_sqlx_cli_postgres() {
+    upgrade_to_v3_and_back("postgres", true, 2).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_sqlx_cli_sqlite() {
+    upgrade_to_v3_and_back("sqlite", true, 2).await;
+}
+
+#[tokio::test]
+async fn v2_upgrade_and_revert_with_sqlx_cli_mysql() {
+    upgrade_to_v3_and_back("mysql", true, 2).await;
 }
 
 /// A simple (one-file) version-1 migration, timestamped: the upgrade is one file with a
@@ -626,13 +762,19 @@ async fn simple_timestamped_upgrade(engine: &'static str) {
     .unwrap();
     let out = stdout_of(icq(cwd).args(["migrate", "add", "--engine", engine]));
     let name = out.trim().strip_prefix("migrations/").unwrap().to_owned();
-    assert!(name.ends_with("_icq_schema_v2.sql"), "{name}");
+    assert!(name.ends_with("_icq_schema_v4.sql"), "{name}");
     let version: i64 = name.split('_').next().unwrap().parse().unwrap();
     assert!(version > 20250101000000, "{name}");
     let out = sqlx(cwd, &["run"], Path::new("migrations"), &db.url);
-    assert!(out.contains("icq schema v2"), "{out}");
+    assert!(out.contains("icq schema v4"), "{out}");
     assert_eq!(column_count(&db, "Priority").await, 1);
-    assert_eq!(index_count(&db).await, v2_indexes(engine));
+    assert!(history_exists(&db).await, "{engine}: version 3");
+    assert_eq!(
+        column_count(&db, "OrderKey").await,
+        1,
+        "{engine}: version 4"
+    );
+    assert_eq!(index_count(&db).await, current_indexes(engine));
 }
 
 #[tokio::test]
@@ -687,7 +829,7 @@ async fn embedded_default_upgrades_a_version_1_table_once() {
     // then refuses to process, which is beside the point here.
     let upgrades = |out: &std::process::Output| {
         String::from_utf8_lossy(&out.stderr)
-            .matches("upgraded the embedded table to schema version 2")
+            .matches("upgraded the embedded table to schema version 4")
             .count()
     };
     let first = run(&["work", "--until-idle"]);
@@ -722,13 +864,14 @@ async fn embedded_default_upgrades_a_version_1_table_once() {
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    assert_eq!(indexes, v2_indexes("sqlite"));
+    assert_eq!(indexes, current_indexes("sqlite") + 1, "and the history's");
 }
 
 /// A MariaDB database whose default character set is latin1 (MariaDB's compiled
-/// default): the migration still makes a utf8mb4 table, and a worker stamps every command
-/// and renews leases there (each statement names its own character sets), error texts
-/// beyond latin1 included.
+/// default): the migration still makes utf8mb4 tables (the commands, their history, the
+/// queues' and the schedules' tables), and a worker stamps every command and renews leases
+/// there (each statement names its own character sets), error texts, order keys,
+/// concurrency keys and queue names beyond latin1 included.
 #[tokio::test]
 async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
     let db = TestDb::new("mysql", "latin1").await;
@@ -742,11 +885,29 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
     let not_utf8mb4 = db
         .scalar_i64(
             "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
-             AND TABLE_NAME = 'InternalCommands' AND CHARACTER_SET_NAME IS NOT NULL \
+             AND TABLE_NAME LIKE 'InternalCommands%' AND CHARACTER_SET_NAME IS NOT NULL \
              AND (CHARACTER_SET_NAME <> 'utf8mb4' OR COLLATION_NAME <> 'utf8mb4_bin')",
         )
         .await;
     assert_eq!(not_utf8mb4, 0, "every text column is utf8mb4_bin");
+    let tables = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME LIKE 'InternalCommands%'",
+        )
+        .await;
+    assert_eq!(
+        tables, 4,
+        "the commands, history, queues and schedules tables"
+    );
+
+    // A queue named beyond latin1 is paused and resumed, and listed by its name whole.
+    for action in ["pause", "resume"] {
+        stdout_of(icq(cwd).args(["queue", action, "wärme-€", "--database-url", url]));
+    }
+    let listed =
+        stdout_of(icq(cwd).args(["queue", "list", "--database-url", url, "--format", "json"]));
+    assert!(listed.contains("wärme-€"), "{listed}");
 
     for n in 0..4 {
         let payload = format!("{{\"n\": {n}, \"name\": \"Zoë €\"}}");
@@ -758,6 +919,10 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
             "slow.job",
             "--payload",
             &payload,
+            "--order-key",
+            &format!("Zoë-€-{}", n % 2),
+            "--concurrency-key",
+            "tenant-€",
         ]));
     }
     stdout_of(icq(cwd).args([
@@ -813,10 +978,11 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         assert!(!stderr.contains(problem), "{problem}: {stderr}");
     }
     let once = db
-        .scalar_i64(
-            "SELECT COUNT(*) FROM `InternalCommands` WHERE `Type` = 'slow.job' \
-             AND `ProcessedAt` IS NOT NULL AND `Attempts` = 1",
-        )
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE `Type` = 'slow.job' \
+                 AND `ProcessedAt` IS NOT NULL AND `Attempts` = 1",
+            db.all_rows()
+        ))
         .await;
     assert_eq!(
         once, 4,
@@ -841,11 +1007,26 @@ async fn a_latin1_database_gets_a_utf8mb4_table_that_workers_stamp() {
         )
         .await;
     assert_eq!(dead, 1, "the error text is kept whole: {stderr}");
-    let payloads = db
+    let kept = db
         .scalar_i64(
-            "SELECT COUNT(*) FROM `InternalCommands` \
-             WHERE JSON_VALUE(`Payload`, '$.name') = 'Zoë €'",
+            "SELECT COUNT(*) FROM `InternalCommands` WHERE `Type` = 'failing.job' \
+             AND `Errors` LIKE '%Zoë € failed%'",
         )
+        .await;
+    assert_eq!(kept, 1, "the attempt's error is kept whole: {stderr}");
+    let keyed = db
+        .scalar_i64(
+            "SELECT COUNT(*) FROM (SELECT `OrderKey`, `ConcurrencyKey` FROM `InternalCommands` \
+             UNION ALL SELECT `OrderKey`, `ConcurrencyKey` FROM `InternalCommandsHistory`) AS a \
+             WHERE `OrderKey` LIKE 'Zoë-€-%' AND `ConcurrencyKey` = 'tenant-€'",
+        )
+        .await;
+    assert_eq!(keyed, 4, "the keys are kept whole");
+    let payloads = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE JSON_VALUE(`Payload`, '$.name') = 'Zoë €'",
+            db.all_rows()
+        ))
         .await;
     assert_eq!(payloads, 4);
 }
@@ -910,7 +1091,10 @@ async fn a_latin1_postgres_database_keeps_error_texts_it_cannot_store_as_escapes
     let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
     let rows: Vec<(String, Option<String>, bool, bool)> = sqlx::query_as(
         r#"SELECT "Type", "LastError", "ProcessedAt" IS NOT NULL, "DeadLetteredAt" IS NOT NULL
-           FROM "InternalCommands" ORDER BY "Type""#,
+           FROM "InternalCommands"
+           UNION ALL
+           SELECT "Type", "LastError", "ProcessedAt" IS NOT NULL, "DeadLetteredAt" IS NOT NULL
+           FROM "InternalCommandsHistory" ORDER BY "Type""#,
     )
     .fetch_all(&mut db)
     .await

@@ -210,7 +210,8 @@ async fn http_handler_posts_payload_and_context_headers() {
     let (ty, le, p) = (db.q("Type"), db.q("LastError"), db.q("ProcessedAt"));
     assert_eq!(
         db.scalar_i64(&format!(
-            "SELECT COUNT(*) FROM {t} WHERE {ty} = 'hooks.ok' AND {p} IS NOT NULL"
+            "SELECT COUNT(*) FROM {} WHERE {ty} = 'hooks.ok' AND {p} IS NOT NULL",
+            db.all_rows()
         ))
         .await,
         1
@@ -249,10 +250,13 @@ async fn two_sources_of_different_engines_in_one_process() {
     .unwrap();
     crate::work_until_idle(&config);
     for db in [&pg, &my] {
-        let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
+        let p = db.q("ProcessedAt");
         assert_eq!(
-            db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
-                .await,
+            db.scalar_i64(&format!(
+                "SELECT COUNT(*) FROM {} WHERE {p} IS NOT NULL",
+                db.all_rows()
+            ))
+            .await,
             20,
             "{}",
             db.engine

@@ -57,7 +57,7 @@ async fn ddl_applies_and_two_column_insert_fills_defaults(engine: &'static str) 
         .await;
     assert_eq!(distinct, 2, "{engine}: ids are not distinct UUIDs");
 
-    // The indexes exist under their contract names: five, four on SQLite (one poll index,
+    // The indexes exist under their contract names: seven, six on SQLite (one poll index,
     // which a worker serving some queues filters by `Queue`).
     let indexes = match engine {
         "postgres" => {
@@ -66,14 +66,15 @@ async fn ddl_applies_and_two_column_insert_fills_defaults(engine: &'static str) 
         }
         "sqlite" => {
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
-             AND name LIKE 'IX_InternalCommands_%'"
+             AND tbl_name = 'InternalCommands' AND name LIKE 'IX_InternalCommands_%'"
         }
         _ => {
             "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'InternalCommands' \
+               AND INDEX_NAME LIKE 'IX\\_InternalCommands\\_%'"
         }
     };
-    let expected = if engine == "sqlite" { 4 } else { 5 };
+    let expected = if engine == "sqlite" { 6 } else { 7 };
     assert_eq!(db.scalar_i64(indexes).await, expected, "{engine}: indexes");
 
     // The down script removes it all again.
@@ -347,7 +348,7 @@ fn generated_upgrade_sql_per_engine() {
     for engine in Engine::ALL {
         let sql = generated_upgrade_sql(engine);
         assert!(
-            sql.starts_with("-- ==> 0002_icq_schema_v2.up.sql\n"),
+            sql.starts_with("-- ==> 0002_icq_schema_v4.up.sql\n"),
             "{engine}: {sql}"
         );
         insta::assert_snapshot!(format!("upgrade_{}", engine.name()), sql);

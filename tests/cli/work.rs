@@ -75,20 +75,22 @@ async fn killed_mid_handler_runs_again_after_the_lease(engine: &'static str) {
     first.wait().unwrap();
 
     crate::work_until_idle(&config);
-    let (t, p, a) = (
-        db.q("InternalCommands"),
-        db.q("ProcessedAt"),
-        db.q("Attempts"),
-    );
+    let (p, a) = (db.q("ProcessedAt"), db.q("Attempts"));
     assert_eq!(
-        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
-            .await,
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {p} IS NOT NULL",
+            db.all_rows()
+        ))
+        .await,
         1,
         "completed after the lease expired"
     );
     assert_eq!(
-        db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {a} = 2"))
-            .await,
+        db.scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {a} = 2",
+            db.all_rows()
+        ))
+        .await,
         1,
         "the crashed attempt was counted"
     );
@@ -142,7 +144,10 @@ async fn sigterm_finishes_in_flight_and_releases_the_rest(engine: &'static str) 
         "only the running command started"
     );
     let done = db
-        .scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {p} IS NOT NULL",
+            db.all_rows()
+        ))
         .await;
     assert_eq!(
         done, 1,
@@ -238,7 +243,8 @@ async fn requires_roles_from_the_config_file(engine: &'static str) {
     );
     assert_eq!(
         db.scalar_i64(&format!(
-            "SELECT COUNT(*) FROM {t} WHERE {user} = 'writer' AND {p} IS NOT NULL AND {a} = 1"
+            "SELECT COUNT(*) FROM {} WHERE {user} = 'writer' AND {p} IS NOT NULL AND {a} = 1",
+            db.all_rows()
         ))
         .await,
         1

@@ -108,8 +108,12 @@ where
     assert_eq!(queue.stats().snapshot().succeeded, 1);
     let row = queue.get(&paid.id).await.unwrap().expect("the row");
     assert!(row.processed_at.is_some(), "stamped completed");
-    let t = db.q("InternalCommands");
-    assert_eq!(db.scalar_i64(&format!("SELECT COUNT(*) FROM {t}")).await, 1);
+    // In the history table, where completed commands move.
+    assert_eq!(
+        db.scalar_i64(&format!("SELECT COUNT(*) FROM {}", db.all_rows()))
+            .await,
+        1
+    );
     assert_eq!(db.scalar_i64("SELECT COUNT(*) FROM orders").await, 1);
 
     // Closing the queue leaves the application's pool open and working.

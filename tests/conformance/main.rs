@@ -5,7 +5,9 @@
 mod support;
 
 mod admin;
+mod bulk;
 mod embedding;
+mod ordered;
 mod semantics;
 mod unique_keys;
 
@@ -35,6 +37,41 @@ macro_rules! embedding_for_each_engine {
         mod embed_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::embedding::$name("mysql").await } )* }
     };
 }
+
+/// Expands each listed test of [`bulk`] into one `#[tokio::test]` per engine.
+macro_rules! bulk_for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod bulk_postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::bulk::$name("postgres").await } )* }
+        mod bulk_sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::bulk::$name("sqlite").await } )* }
+        mod bulk_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { crate::bulk::$name("mysql").await } )* }
+    };
+}
+
+bulk_for_each_engine!(
+    schedule_many_in_commits_all_or_rolls_back_none,
+    schedule_many_in_keeps_unique_keys_in_the_batch_and_against_pending_rows,
+    schedule_many_in_refuses_a_bad_command_by_its_index_and_writes_none,
+);
+
+/// Expands each listed test of [`ordered`] into one `#[tokio::test]` per engine.
+macro_rules! ordered_for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod ordered_postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::ordered::$name("postgres").await } )* }
+        mod ordered_sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::ordered::$name("sqlite").await } )* }
+        mod ordered_mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::ordered::$name("mysql").await } )* }
+    };
+}
+
+ordered_for_each_engine!(
+    one_key_runs_in_order_across_four_processors,
+    order_keys_hold_in_a_limited_queue,
+    a_failing_head_holds_its_successors,
+    plain_sql_rows_with_an_order_key_run_in_order,
+    failing_twice_then_succeeding_shows_both_errors,
+    a_hostile_errors_value_does_not_fail_the_stamp,
+    keys_on_an_older_table_name_the_upgrade,
+    every_insert_path_writes_the_keys,
+);
 
 /// Expands each listed test of [`admin`] into one `#[tokio::test]` per engine.
 macro_rules! admin_for_each_engine {

@@ -310,7 +310,8 @@ async fn queues_differing_in_trailing_spaces_stay_apart(db: &TestDb) {
     assert_eq!(lines.lines().count(), 1, "{engine}: ran {lines:?}");
     let done = db
         .scalar_i64(&format!(
-            "SELECT COUNT(*) FROM {t} WHERE {} IS NOT NULL",
+            "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL",
+            db.rows_of_any_version().await,
             q("ProcessedAt")
         ))
         .await;

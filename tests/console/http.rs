@@ -617,6 +617,150 @@ async fn read_only_console_refuses_every_mutation(engine: &'static str) {
     assert_eq!(pending_json(&db.url)[0]["dead"], 2);
 }
 
+/// The schedules page lists each configured schedule with the last occurrence the
+/// database records and the next one, as `icq schedules --format json` does.
+async fn schedules_page_lists_last_and_next(engine: &'static str) {
+    let db = TestDb::with_table(engine, "console_schedules").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("icq.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  - name: main\n    url: \"{}\"\n    schedules:\n      \
+             - {{ name: nightly-report, cron: \"0 3 * * *\", time_zone: Europe/Berlin, type: reports.nightly }}\n      \
+             - {{ name: ten, every: 10m, type: health.ping, queue: pings }}\n\
+             handlers:\n  reports.nightly: {{ noop: true }}\n  health.ping: {{ noop: true }}\n",
+            db.url
+        ),
+    )
+    .expect("write icq.yaml");
+    let config = config.to_str().expect("a UTF-8 path");
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_icq"))
+            .args(["--config", config])
+            .args(args)
+            .output()
+            .expect("run icq");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    // A drain ticks the schedules once: each gets its last occurrence.
+    cli(&["work", "--until-idle"]);
+    let listed: serde_json::Value =
+        serde_json::from_slice(&cli(&["schedules", "--format", "json"])).expect("JSON");
+    let console = Console::start(&db.url, &["--config", config], None);
+    let (status, page) = get(&console, "/schedules").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("aria-current=\"page\">Schedules</a>"),
+        "{page}"
+    );
+    for needle in [
+        "nightly-report",
+        "0 3 * * *",
+        "Europe/Berlin",
+        "every 10m",
+        "pings",
+        "health.ping",
+    ] {
+        assert!(page.contains(needle), "{needle}: {page}");
+    }
+    for row in listed.as_array().expect("an array") {
+        for field in ["last_occurrence", "next_occurrence"] {
+            let at = chrono::DateTime::parse_from_rfc3339(row[field].as_str().expect("a time"))
+                .expect("RFC 3339");
+            let shown = at.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+            assert!(page.contains(&shown), "{field} {shown}: {page}");
+        }
+    }
+}
+
+/// Pausing a queue from the console: the overview offers it only with actions allowed,
+/// the confirmation names the queue, the POST needs the token and the same origin, and the
+/// overview then shows the queue paused and offers to resume it.
+async fn pause_and_resume_a_queue_from_the_console(engine: &'static str) {
+    let db = seeded(engine, "console_pause").await;
+    let queue = icq::Queue::connect("default", &db.url, &Default::default(), &Default::default())
+        .await
+        .unwrap();
+    let console = Console::start(&db.url, &["--allow-actions"], Some(TOKEN));
+    let origin = format!("http://{}", console.host());
+    let (status, page) = get(&console, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(&format!("Pause {EMAILS_QUEUE}")), "{page}");
+
+    let (status, page) = get(&console, &format!("/actions/pause?queue={EMAILS_QUEUE}")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(&format!("Pause queue {EMAILS_QUEUE}")),
+        "{page}"
+    );
+    let form = [("queue", EMAILS_QUEUE), ("token", TOKEN)];
+    let (status, _) = post(
+        &console,
+        "/actions/pause",
+        &form,
+        &[("origin", "http://evil.example".into())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        queue
+            .queue_states()
+            .await
+            .unwrap()
+            .iter()
+            .all(|q| !q.paused),
+        "{engine}"
+    );
+
+    let (status, page) = post(
+        &console,
+        "/actions/pause",
+        &form,
+        &[("origin", origin.clone())],
+    )
+    .await;
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status}: {page}"
+    );
+    let states = queue.queue_states().await.unwrap();
+    assert!(
+        states.iter().any(|q| q.queue == EMAILS_QUEUE && q.paused),
+        "{engine}: {states:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, page) = get(&console, "/").await;
+        if page.contains("id=\"paused-queues\"") && page.contains(&format!("Resume {EMAILS_QUEUE}"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{engine}: the overview shows the pause: {page}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (status, _) = post(&console, "/actions/resume", &form, &[("origin", origin)]).await;
+    assert!(status.is_success() || status.is_redirection());
+    assert!(
+        queue
+            .queue_states()
+            .await
+            .unwrap()
+            .iter()
+            .all(|q| !q.paused),
+        "{engine}"
+    );
+    queue.close().await;
+}
+
 macro_rules! on_engines {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -647,6 +791,8 @@ on_engines!(
     bulk_actions_take_the_queue_filter,
     a_version_1_table_refuses_the_queue_filter_with_a_banner,
     read_only_console_refuses_every_mutation,
+    schedules_page_lists_last_and_next,
+    pause_and_resume_a_queue_from_the_console,
 );
 
 #[tokio::test]

@@ -128,7 +128,10 @@ pub(crate) async fn undecodable_rows_come_back_with_defects_and_never_fail_the_c
         .map(|r| SetState {
             lease: r.lease.clone(),
             change: match (bad_ids.contains(&r.lease.id), r.row.defect_summary()) {
-                (true, Some(reason)) => StateChange::Dead { error: reason },
+                (true, Some(reason)) => StateChange::Dead {
+                    error: reason,
+                    errors: None,
+                },
                 _ => StateChange::Completed,
             },
         })
@@ -150,10 +153,10 @@ pub(crate) async fn undecodable_rows_come_back_with_defects_and_never_fail_the_c
         "{engine}"
     );
     assert_eq!(
-        h.count(&format!("{} IS NOT NULL", h.q("ProcessedAt")))
+        h.count_history(&format!("{} IS NOT NULL", h.q("ProcessedAt")))
             .await as usize,
         rows.len() - bad.len(),
-        "{engine}"
+        "{engine}: the completed rows moved to history"
     );
 }
 

@@ -15,7 +15,9 @@
 mod admin;
 mod claim;
 mod decode;
+mod history;
 mod lease;
+mod recurring;
 mod stamp;
 mod sweep;
 mod workload;
@@ -41,7 +43,7 @@ pub(crate) struct Harness {
     pub driver: Arc<dyn Backend>,
     /// The quoted table name, for test SQL.
     pub t: String,
-    table: TableName,
+    pub table: TableName,
     url: String,
     _dir: Option<tempfile::TempDir>,
 }
@@ -87,6 +89,35 @@ impl Harness {
     /// A fresh version-1 commands table (before queues, priorities and unique keys).
     pub async fn v1(engine: &str, tag: &str) -> Harness {
         Harness::create(engine, tag, crate::schema::render_v1, |ddl| ddl).await
+    }
+
+    /// A fresh version-2 commands table (before the history table): version 1 upgraded.
+    pub async fn v2(engine: &str, tag: &str) -> Harness {
+        let render = |engine, table: &TableName| crate::schema::Ddl {
+            up: crate::schema::render_v1(engine, table).up
+                + &crate::schema::render_upgrade(engine, table).up,
+            down: String::new(),
+        };
+        Harness::create(engine, tag, render, |ddl| ddl).await
+    }
+
+    /// The quoted name of the history table (schema version 3).
+    pub fn history(&self) -> String {
+        self.table.history().quoted(self.engine)
+    }
+
+    /// How many rows of the history table match `condition`.
+    pub async fn count_history(&self, condition: &str) -> i64 {
+        self.scalar(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {condition}",
+            self.history()
+        ))
+        .await
+    }
+
+    /// How many rows of the table and its history together match `condition`.
+    pub async fn count_all(&self, condition: &str) -> i64 {
+        self.count(condition).await + self.count_history(condition).await
     }
 
     async fn create(
@@ -301,6 +332,7 @@ pub(crate) fn params(limit: u32) -> ClaimParams {
         types: None,
         queues: None,
         spread: false,
+        skip_paused: false,
     }
 }
 
@@ -358,6 +390,8 @@ driver_cases!(
     decode::undecodable_rows_come_back_with_defects_and_never_fail_the_claim,
     decode::ids_are_matched_exactly_as_stored,
     sweep::sweep_deletes_only_old_completed_rows_in_bounded_batches,
+    recurring::racing_replicas_schedule_each_occurrence_once,
+    recurring::missed_occurrences_are_skipped_or_run_once,
     workload::claims_come_in_priority_then_run_at_order,
     workload::a_queue_filter_claims_only_those_queues,
     workload::activity_in_counts_the_queues_asked_for,
@@ -372,6 +406,11 @@ driver_cases!(
     workload::foreign_rows_with_unusable_queue_or_priority_settle_alone,
     workload::new_columns_round_trip,
     admin::a_key_taken_meanwhile_leaves_the_row_dead,
+    history::a_completed_command_moves_to_history_and_every_read_finds_it,
+    history::a_stale_success_stamp_moves_nothing,
+    history::the_sweep_moves_left_completed_rows_and_deletes_old_history,
+    history::an_upgrade_keeps_every_row_and_work_goes_on,
+    history::the_version_4_columns_move_to_history_with_the_row,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

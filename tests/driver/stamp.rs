@@ -128,6 +128,7 @@ pub(crate) async fn retry_is_guarded_by_the_lease_token(engine: &str) {
     let retry = StateChange::Retry {
         delay: Duration::from_secs(90),
         error: "boom: disk full".into(),
+        errors: None,
     };
     let Stamped { after, at, .. } = stale_then_current(&h, retry).await;
     near(
@@ -148,6 +149,7 @@ pub(crate) async fn dead_is_guarded_by_the_lease_token(engine: &str) {
     let h = Harness::new(engine, "dead").await;
     let dead = StateChange::Dead {
         error: "gave up".into(),
+        errors: None,
     };
     let Stamped { claimed, after, at } = stale_then_current(&h, dead).await;
     near(
@@ -227,6 +229,7 @@ pub(crate) async fn one_statement_stamps_every_kind_and_skips_stale_leases(engin
             StateChange::Retry {
                 delay: Duration::from_secs(60),
                 error: "retry me".into(),
+                errors: None,
             },
         ),
         stamp(
@@ -234,6 +237,7 @@ pub(crate) async fn one_statement_stamps_every_kind_and_skips_stale_leases(engin
             token,
             StateChange::Dead {
                 error: "dead".into(),
+                errors: None,
             },
         ),
         stamp(&rows[3], token, StateChange::Release { run_in: None }),
@@ -298,6 +302,7 @@ pub(crate) async fn set_state_and_claim_stamps_and_claims_in_one_call(engine: &s
             StateChange::Retry {
                 delay: Duration::ZERO,
                 error: "again".into(),
+                errors: None,
             },
         ),
         // A replica whose lease on `held` passed to another claim.

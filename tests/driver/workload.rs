@@ -236,11 +236,12 @@ pub(crate) async fn completed_and_dead_rows_free_the_unique_key(engine: &str) {
     let (_, rows) = h.claim(10).await;
     let dead = StateChange::Dead {
         error: "boom".into(),
+        errors: None,
     };
     assert_eq!(stamp(&h, &rows[0].lease, dead).await, 1);
     let third = schedule(&h, &key()).await;
     assert!(!third.existing, "{engine}: dead frees the key");
-    assert_eq!(h.count(&format!("{} = 'k'", h.q("UniqueKey"))).await, 3);
+    assert_eq!(h.count_all(&format!("{} = 'k'", h.q("UniqueKey"))).await, 3);
 }
 
 /// A bulk insert: a key held by a pending row, or repeated within the batch, returns the
@@ -652,7 +653,7 @@ async fn postgres_listen_signals_cancels_and_inserts_apart() {
     let (wake, cancelled) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     assert!(
         h.driver
-            .listen(wake.clone(), cancelled.clone())
+            .listen(wake.clone(), cancelled.clone(), Default::default())
             .await
             .expect("listen")
     );

@@ -54,7 +54,7 @@ async fn skewed_replicas_run_every_command_once(engine: &'static str) {
             std::fs::read_to_string(&log).unwrap_or_default()
         );
     }
-    let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
+    let (t, p) = (db.all_rows(), db.q("ProcessedAt"));
     let done = wait_until(Duration::from_secs(5), || async {
         db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
             .await

@@ -123,6 +123,8 @@ async fn refuse_stamps(db: &TestDb) {
              BEGIN IF NEW.\"ProcessedAt\" IS NOT NULL THEN \
              RAISE EXCEPTION 'stamps are refused by a trigger'; END IF; RETURN NEW; END $$;\n\
              CREATE TRIGGER refuse_stamp BEFORE UPDATE ON \"InternalCommands\" \
+             FOR EACH ROW EXECUTE FUNCTION refuse_stamp();\n\
+             CREATE TRIGGER refuse_move BEFORE INSERT ON \"InternalCommandsHistory\" \
              FOR EACH ROW EXECUTE FUNCTION refuse_stamp();"
         }
         "mysql" => {
@@ -303,6 +305,133 @@ async fn a_running_worker_switches_to_the_version_2_claim_after_the_upgrade() {
         assert!(
             switched,
             "{engine}: still claiming in version-1 order {:?} after the upgrade",
+            started.elapsed()
+        );
+    }
+}
+
+/// A worker draining a version-3 table while it is upgraded to version 4 loses no
+/// command and runs none twice, and starts keeping each attempt's error without a restart:
+/// round after round a command that fails once is scheduled until one completes with its
+/// first attempt's error in `Errors` (a version-3 stamp has nowhere to keep it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_takes_the_version_4_upgrade_in_its_stride() {
+    for engine in RUNTIME_ENGINES {
+        let db = TestDb::new(engine, "upgrade_v4_live").await;
+        let kind: icq::Engine = engine.parse().unwrap();
+        let table = icq::TableName::default();
+        for ddl in [
+            icq::schema::render_v1,
+            icq::schema::render_upgrade,
+            icq::schema::render_upgrade_v3,
+        ] {
+            db.execute(&ddl(kind, &table).up).await;
+        }
+        let settings = Settings::default()
+            .with_concurrency(4)
+            .with_batch_size(10)
+            .with_polling_interval_seconds(0.1)
+            .with_retry_backoff_base_seconds(0.05)
+            .with_max_retry_backoff_seconds(0.2);
+        let source = open(&db, &settings).await;
+        let ran = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+        let mut registry = Registry::new();
+        registry
+            .insert(
+                "tick",
+                Arc::new(FnHandler({
+                    let ran = ran.clone();
+                    move |job: Job| {
+                        let ran = ran.clone();
+                        async move {
+                            ran.lock().unwrap().push(job.payload["n"].as_u64().unwrap());
+                            Ok(())
+                        }
+                    }
+                })),
+            )
+            .unwrap();
+        registry
+            .insert(
+                "flaky",
+                Arc::new(FnHandler(|job: Job| async move {
+                    if job.attempt == 1 {
+                        Err(HandlerError::retry("the first attempt fails"))
+                    } else {
+                        Ok(())
+                    }
+                })),
+            )
+            .unwrap();
+        let mut processor = Processor::new(registry);
+        processor.add_source(source.source_handle(settings.clone()));
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let worker = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { processor.run(RunOptions::default(), shutdown).await }
+        });
+        let (t, ty, payload) = (db.q("InternalCommands"), db.q("Type"), db.q("Payload"));
+        const TICKS: u64 = 300;
+        for n in 0..TICKS {
+            db.execute(&format!(
+                "INSERT INTO {t} ({ty}, {payload}) VALUES ('tick', '{{\"n\": {n}}}')"
+            ))
+            .await;
+            if n == TICKS / 3 {
+                db.execute(&icq::schema::render_upgrade_v4(kind, &table).up)
+                    .await;
+            }
+            if n % 10 == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let history = db.q("InternalCommandsHistory");
+        let errors = db.q("Errors");
+        let started = Instant::now();
+        let mut rounds = 0;
+        let kept = loop {
+            rounds += 1;
+            db.execute(&format!(
+                "INSERT INTO {t} ({ty}, {payload}) VALUES ('flaky', '{{\"round\": {rounds}}}')"
+            ))
+            .await;
+            let done = format!(
+                "SELECT COUNT(*) FROM {history} WHERE {ty} = 'flaky' AND {errors} LIKE '%the first attempt fails%'"
+            );
+            if super::wait_until(Duration::from_secs(5), || async {
+                db.scalar_i64(&done).await > 0
+            })
+            .await
+            {
+                break true;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                break false;
+            }
+        };
+        assert!(
+            super::wait_until(Duration::from_secs(30), || async {
+                ran.lock().unwrap().len() as u64 >= TICKS
+            })
+            .await,
+            "{engine}: the worker stopped running commands after the upgrade"
+        );
+        shutdown.cancel();
+        worker.await.unwrap().unwrap();
+        let mut ran = ran.lock().unwrap().clone();
+        ran.sort_unstable();
+        assert_eq!(
+            ran,
+            (0..TICKS).collect::<Vec<_>>(),
+            "{engine}: every command ran once"
+        );
+        assert!(
+            kept,
+            "{engine}: no attempt's error kept {:?} after the upgrade ({rounds} rounds)",
+            started.elapsed()
+        );
+        eprintln!(
+            "{engine}: attempts' errors kept after {:?} ({rounds} rounds)",
             started.elapsed()
         );
     }

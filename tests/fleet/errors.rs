@@ -326,7 +326,7 @@ async fn a_dropped_table_stops_only_its_own_source() {
     assert!(!run.is_finished(), "the processor keeps running");
     stop.cancel();
     run.await.unwrap().expect("a clean shutdown");
-    let (t, p) = (fine.q("InternalCommands"), fine.q("ProcessedAt"));
+    let (t, p) = (fine.all_rows(), fine.q("ProcessedAt"));
     assert_eq!(
         fine.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
             .await,

@@ -334,8 +334,8 @@ pub(crate) async fn try_count(url: &str, sql: &str) -> Option<i64> {
     n
 }
 
-pub(crate) const COMPLETED: &str =
-    r#"SELECT count(*) FROM "InternalCommands" WHERE "ProcessedAt" IS NOT NULL"#;
+/// Completed commands: in the history table (schema version 3).
+pub(crate) const COMPLETED: &str = r#"SELECT count(*) FROM "InternalCommandsHistory""#;
 
 /// Polls `sql` on `url` every 20 ms until it reaches `at_least`; the moment it did, or
 /// `None` after `limit`.

@@ -66,7 +66,8 @@ async fn a_dead_port_listed_first_in_the_query_form_is_passed_over() {
     all.push_str(&stdout);
     all.push_str(&stderr);
     let done = format!(
-        "SELECT COUNT(*) FROM {t} WHERE {} IS NOT NULL",
+        "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL",
+        db.all_rows(),
         db.q("ProcessedAt")
     );
     assert_eq!(db.scalar_i64(&done).await, 5, "every command ran\n{stderr}");

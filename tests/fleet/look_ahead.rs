@@ -109,7 +109,7 @@ async fn slow_commands_spread_over_replicas(engine: &'static str) {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     insert_many(&db, "slow.job", 32).await;
-    let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
+    let (t, p) = (db.all_rows(), db.q("ProcessedAt"));
     let done = wait_until(Duration::from_secs(60), || async {
         db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
             .await

@@ -1,5 +1,5 @@
 //! Fleet tests: several replicas on one table, the database's clock, signals,
-//! dead sockets, errors that cannot heal, failover and PgBouncer — each against the real
+//! dead sockets, errors that cannot heal, failover, Patroni and PgBouncer — each against the real
 //! server, started by the test where it needs one of its own.
 
 #[path = "../support/mod.rs"]
@@ -9,9 +9,14 @@ mod clock;
 mod drain;
 mod errors;
 mod failover;
+mod galera;
 mod hosts;
+mod limits;
 mod look_ahead;
+mod patroni;
+mod pause;
 mod pgbouncer;
+mod recurring;
 mod signals;
 mod stall;
 mod workload;
@@ -68,8 +73,12 @@ where
 }
 
 /// An `icq work` process, killed (SIGKILL) when dropped so a failing test leaves nothing.
+/// One started through a prefix (`faketime`, which forks `icq` as its child) runs in a
+/// process group of its own, and signals go to the whole group: killing the prefix alone
+/// would leave `icq` running.
 struct Replica {
     child: Child,
+    group: bool,
 }
 
 impl Replica {
@@ -103,13 +112,21 @@ impl Replica {
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
+        let group = !prefix.is_empty();
+        if group {
+            use std::os::unix::process::CommandExt;
+            command.process_group(0);
+        }
         Replica {
             child: command.spawn().unwrap(),
+            group,
         }
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal);
+        let pid = self.child.id() as i32;
+        let target = if self.group { -pid } else { pid };
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(target), signal);
     }
 
     /// Waits for the process to exit, at most `limit`.
@@ -127,6 +144,7 @@ impl Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -327,7 +327,7 @@ async fn from_pool_through_transaction_mode_finds_the_pooler_and_drains() {
     .expect("the processor ran");
     let once = try_count(
         &cluster.url("postgres"),
-        r#"SELECT count(*) FROM "InternalCommands" WHERE "ProcessedAt" IS NOT NULL AND "Attempts" = 1"#,
+        r#"SELECT count(*) FROM "InternalCommandsHistory" WHERE "Attempts" = 1"#,
     )
     .await;
     assert_eq!(

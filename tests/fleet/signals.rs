@@ -271,7 +271,7 @@ async fn graceful_stop_on(signal: Signal) {
         log.contains("stopping:"),
         "{signal}: a graceful stop\n{log}"
     );
-    let t = db.q("InternalCommands");
+    let t = db.all_rows();
     let (a, p, l) = (db.q("Attempts"), db.q("ProcessedAt"), db.q("LockToken"));
     assert_eq!(
         db.scalar_i64(&format!(

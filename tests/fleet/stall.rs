@@ -192,7 +192,7 @@ fn registry(runs: Arc<Mutex<Runs>>, work: Duration) -> Registry {
 }
 
 async fn completed(db: &TestDb) -> i64 {
-    let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
+    let (t, p) = (db.all_rows(), db.q("ProcessedAt"));
     db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
         .await
 }
@@ -278,7 +278,7 @@ async fn stalled_connections_are_abandoned(engine: &'static str) {
         "{engine}: ran twice at once: {:?}",
         runs.overlaps
     );
-    let (t, a, i) = (db.q("InternalCommands"), db.q("Attempts"), db.q("Id"));
+    let (t, a, i) = (db.all_rows(), db.q("Attempts"), db.q("Id"));
     for (id, n) in &runs.runs {
         if *n > 1 {
             // A second run only after a lease lapse: its claim consumed another attempt.

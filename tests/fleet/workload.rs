@@ -308,7 +308,7 @@ async fn always_busy_server(retry_after: &'static str) -> (String, Arc<AtomicU32
 /// type (one row per type).
 async fn row_state(db: &TestDb, ty: &str) -> (i64, i64, Option<String>, bool, bool) {
     use sqlx::{Connection, Row};
-    let (t, q) = (db.q("InternalCommands"), |c: &str| db.q(c));
+    let (t, q) = (db.all_rows(), |c: &str| db.q(c));
     let sql = format!(
         "SELECT {a}, {s}, {e}, CASE WHEN {p} IS NULL THEN 0 ELSE 1 END AS done, \
          CASE WHEN {d} IS NULL THEN 0 ELSE 1 END AS dead FROM {t} WHERE {ty_col} = '{ty}'",

@@ -82,7 +82,7 @@ async fn drain_through(engine: &'static str, outage: impl std::future::Future<Ou
         .expect("drained within 2 minutes of the outage")
         .unwrap()
         .expect("the processor kept running through the outage");
-    let (t, p) = (db.q("InternalCommands"), db.q("ProcessedAt"));
+    let (t, p) = (db.all_rows(), db.q("ProcessedAt"));
     assert_eq!(
         db.scalar_i64(&format!("SELECT COUNT(*) FROM {t} WHERE {p} IS NOT NULL"))
             .await,

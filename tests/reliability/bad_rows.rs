@@ -190,7 +190,7 @@ async fn hostile_state(db: &TestDb, not_good: &str) -> i64 {
         cast = if db.engine == "postgres" { "::bigint" } else { "" },
         p = db.q("ProcessedAt"),
         d = db.q("DeadLetteredAt"),
-        t = table(db)
+        t = db.all_rows()
     ))
     .await
 }
@@ -201,7 +201,7 @@ async fn hostile_error(db: &TestDb, not_good: &str) -> Option<String> {
         &format!(
             "SELECT {} FROM {} WHERE {not_good}",
             db.q("LastError"),
-            table(db)
+            db.all_rows()
         ),
     )
     .await
@@ -296,7 +296,7 @@ async fn process(
         .join(", ");
     let good_done_sql = format!(
         "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL AND {} IN ({good_list})",
-        table(db),
+        db.all_rows(),
         db.q("ProcessedAt"),
         db.q("Id")
     );
@@ -1204,7 +1204,7 @@ async fn sql_metacharacters_in_type(db: TestDb, concurrency: u32) {
     );
     check(&db, &hostile, concurrency, "typesql").await;
     let rows = db
-        .scalar_i64(&format!("SELECT COUNT(*) FROM {}", table(&db)))
+        .scalar_i64(&format!("SELECT COUNT(*) FROM {}", db.all_rows()))
         .await;
     assert_eq!(rows, GOOD as i64 + 1, "the table is intact");
     let stored = texts(

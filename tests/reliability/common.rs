@@ -135,11 +135,11 @@ pub async fn all_ids(db: &TestDb) -> Vec<String> {
         .collect()
 }
 
-/// How many rows have `ProcessedAt` set.
+/// How many rows have `ProcessedAt` set (in the table's history, where completed rows go).
 pub async fn completed(db: &TestDb) -> i64 {
     db.scalar_i64(&format!(
         "SELECT COUNT(*) FROM {} WHERE {} IS NOT NULL",
-        table(db),
+        db.all_rows(),
         db.q("ProcessedAt")
     ))
     .await

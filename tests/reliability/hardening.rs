@@ -269,7 +269,8 @@ async fn blocked_stderr_never_stops_the_worker() {
     // Every command ran exactly once: completed, one attempt each.
     assert_eq!(
         db.scalar_i64(&format!(
-            "SELECT COUNT(*) FROM {t} WHERE \"ProcessedAt\" IS NOT NULL AND \"Attempts\" = 1"
+            "SELECT COUNT(*) FROM {} WHERE \"ProcessedAt\" IS NOT NULL AND \"Attempts\" = 1",
+            db.all_rows()
         ))
         .await,
         COMMANDS as i64

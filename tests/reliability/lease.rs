@@ -96,7 +96,7 @@ async fn handler_running_three_leases_under_two_workers_runs_once(engine: &'stat
             } else {
                 "BIGINT"
             },
-            table(&db)
+            db.all_rows()
         ))
         .await;
     assert_eq!(attempts, 1, "{engine}: one attempt consumed");

@@ -14,6 +14,8 @@
 //!   peak RSS within the bound the README states.
 //! - [`lease`]: a handler outliving its lease runs once; SIGTERM kills a handler's whole
 //!   process group and hands the command over cleanly.
+//! - [`rescue`]: at the default lease, a SIGKILLed replica's rows (running and claimed
+//!   ahead) are all completed by the survivor within seconds, none lost.
 //!
 //! Run with `cargo test --test reliability`; the long soak with
 //! `cargo test --test reliability -- --ignored crash_loop_soak --nocapture`.
@@ -29,3 +31,4 @@ mod faults;
 mod hardening;
 mod lease;
 mod payload_memory;
+mod rescue;

@@ -310,6 +310,64 @@ impl TestDb {
         }
     }
 
+    /// The default table and its history (schema version 3) as one, to select `FROM`:
+    /// completed commands live in the history table.
+    pub fn all_rows(&self) -> String {
+        let columns = [
+            "Id",
+            "Type",
+            "Payload",
+            "CreatedAt",
+            "RunAt",
+            "Attempts",
+            "LockToken",
+            "LockedUntil",
+            "ProcessedAt",
+            "DeadLetteredAt",
+            "LastError",
+            "UserId",
+            "Roles",
+            "TenantId",
+            "CorrelationId",
+            "Queue",
+            "Priority",
+            "UniqueKey",
+            "TraceParent",
+            "Snoozes",
+        ]
+        .map(|c| self.q(c))
+        .join(", ");
+        format!(
+            "(SELECT {columns} FROM {} UNION ALL SELECT {columns} FROM {}) AS icq_all",
+            self.q("InternalCommands"),
+            self.q("InternalCommandsHistory")
+        )
+    }
+
+    /// [`TestDb::all_rows`] where the history table exists, else the default table alone
+    /// (a table of schema version 1 or 2).
+    #[allow(
+        dead_code,
+        reason = "not every test binary reads tables of older versions"
+    )]
+    pub async fn rows_of_any_version(&self) -> String {
+        let sql = match self.engine {
+            "postgres" => {
+                "SELECT COUNT(*) FROM pg_tables WHERE tablename = 'InternalCommandsHistory'"
+            }
+            "mysql" => {
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = 'InternalCommandsHistory'"
+            }
+            _ => "SELECT COUNT(*) FROM sqlite_master WHERE name = 'InternalCommandsHistory'",
+        };
+        if self.scalar_i64(sql).await > 0 {
+            self.all_rows()
+        } else {
+            self.q("InternalCommands")
+        }
+    }
+
     /// Quotes an identifier for this engine (test SQL only).
     pub fn q(&self, ident: &str) -> String {
         if self.engine == "mysql" {

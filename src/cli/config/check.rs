@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::raw::{RawHandler, RawHttp, RawQueues, RawSource};
+use super::raw::{RawHandler, RawHttp, RawQueues, RawSchedule, RawSource};
 use super::yaml::{Document, Seg};
 use super::{DatabaseUrl, EXAMPLE, HandlerConfig, HandlerKind, SourceConfig};
 use icq::ident::{Engine, TableName};
@@ -47,6 +47,7 @@ pub(crate) fn sources(
         };
         let mut settings = source.settings.unwrap_or_default();
         settings.queues = queues(index, source.queues, &settings, doc)?;
+        settings.schedules = schedules(index, source.schedules, doc)?;
         settings.validate().map_err(|message| {
             let key = backticked(&message).unwrap_or_default();
             if key == "queues" {
@@ -102,7 +103,128 @@ fn queues(
             return Err(doc.error_at(&path, &format!("invalid queue name: {why}")));
         }
         let concurrency = queue.concurrency.unwrap_or(settings.concurrency);
-        out.push(QueueSettings::new(name, concurrency));
+        let mut listed = QueueSettings::new(name, concurrency);
+        if let Some(n) = queue.global_concurrency {
+            listed = listed.with_global_concurrency(n);
+        }
+        if let Some(k) = queue.key_concurrency {
+            listed = listed.with_key_concurrency(k);
+        }
+        if let Some(rate) = queue.rate {
+            listed = listed.with_rate(rate);
+        }
+        out.push(listed);
+    }
+    Ok(out)
+}
+
+/// A source's `schedules:`: each with `cron` or `every` (not both), a known time zone, a
+/// valid queue and a name of its own; every error positioned at its key.
+fn schedules(
+    index: usize,
+    raw: Option<Vec<RawSchedule>>,
+    doc: &Document<'_>,
+) -> Result<Vec<icq::recurring::Schedule>, String> {
+    use icq::recurring::Schedule;
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<Schedule> = Vec::with_capacity(raw.len());
+    for (at, entry) in raw.into_iter().enumerate() {
+        let path = |key| {
+            [
+                Seg::Key("sources"),
+                Seg::Index(index),
+                Seg::Key("schedules"),
+                Seg::Index(at),
+                Seg::Key(key),
+            ]
+        };
+        let fail = |key, message: &str| Err(doc.error_at(&path(key), message));
+        if let Err(why) = icq::recurring::validate_name(&entry.name) {
+            return fail("name", &why);
+        }
+        if let Some(first) = out.iter().position(|s| s.name == entry.name) {
+            return fail(
+                "name",
+                &format!(
+                    "schedule name `{}` is already used by schedules[{first}]; give each \
+                     schedule its own name (it keys the schedule's bookkeeping row)",
+                    entry.name
+                ),
+            );
+        }
+        let named = |why: &str| format!("schedule `{}`: {why}", entry.name);
+        let schedule = match (&entry.cron, &entry.every) {
+            (Some(_), Some(_)) => {
+                return fail("every", &named("give either `cron` or `every`, not both"));
+            }
+            (None, None) => {
+                let at = [
+                    path("name")[0],
+                    path("name")[1],
+                    path("name")[2],
+                    path("name")[3],
+                ];
+                return Err(doc.error_at(
+                    &at,
+                    &named("needs `cron` (e.g. cron: \"0 3 * * *\") or `every` (e.g. every: 10m)"),
+                ));
+            }
+            (Some(cron), None) => match Schedule::cron(&entry.name, cron, &entry.type_name) {
+                Ok(schedule) => schedule,
+                Err(why) => return fail("cron", &named(&why)),
+            },
+            (None, Some(every)) => {
+                let interval = match humantime::parse_duration(every.trim()) {
+                    Ok(interval) => interval,
+                    Err(err) => {
+                        return fail(
+                            "every",
+                            &named(&format!(
+                                "`{}` is not a duration ({err}); write e.g. every: 10m, 30s or 1h 30m",
+                                icq::redact::echo(every)
+                            )),
+                        );
+                    }
+                };
+                Schedule::every(&entry.name, interval, &entry.type_name)
+            }
+        };
+        let mut schedule = match &entry.time_zone {
+            Some(zone) => match schedule.with_time_zone(zone) {
+                Ok(schedule) => schedule,
+                Err(why) => return fail("time_zone", &named(&why)),
+            },
+            None => schedule,
+        };
+        if let Some(payload) = entry.payload {
+            schedule = schedule.with_payload(payload);
+        }
+        if let Some(queue) = entry.queue {
+            schedule = schedule.with_queue(queue);
+        }
+        if let Some(priority) = entry.priority {
+            schedule = schedule.with_priority(priority);
+        }
+        if let Some(missed) = entry.missed {
+            schedule = schedule.with_missed(missed);
+        }
+        if let Err(why) = schedule.validate() {
+            let key = if why.contains("`every`") {
+                "every"
+            } else if why.contains("`time_zone`") {
+                "time_zone"
+            } else if why.contains("`type`") {
+                "type"
+            } else if why.contains("queue") {
+                "queue"
+            } else {
+                "name"
+            };
+            return fail(key, &why);
+        }
+        out.push(schedule);
     }
     Ok(out)
 }
@@ -143,10 +265,10 @@ pub(crate) fn check_database_url(url: &str) -> Result<Engine, String> {
     }
     let engine = Engine::from_url(url).map_err(|err| err.to_string())?;
     if engine != Engine::Sqlite {
-        // A PostgreSQL URL may list several hosts (libpq's `h1:5432,h2:5433`): each is
-        // checked as a URL of its own.
+        // A PostgreSQL or MariaDB/MySQL URL may list several hosts (`h1:5432,h2:5433`):
+        // each is checked as a URL of its own.
         let hosts = match engine {
-            Engine::Postgres => icq::server_urls(url)
+            Engine::Postgres | Engine::Mysql => icq::server_urls(url)
                 .map_err(|why| format!("the database URL's host list: {why}"))?,
             _ => vec![url.to_string()],
         };

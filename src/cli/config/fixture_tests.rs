@@ -132,7 +132,7 @@ fn unknown_source_key() {
     assert_eq!(
         fixture_error("unknown_source_key.yaml"),
         "FILE:4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
-         `settings`, `queues`"
+         `settings`, `queues`, `schedules`"
     );
 }
 

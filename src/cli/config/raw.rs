@@ -30,7 +30,7 @@ pub(crate) struct RawConfig {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a source: a mapping with `name`, `url` and optionally `table`, `settings` and `queues`"
+    expecting = "a source: a mapping with `name`, `url` and optionally `table`, `settings`, `queues` and `schedules`"
 )]
 pub(crate) struct RawSource {
     pub name: String,
@@ -42,6 +42,68 @@ pub(crate) struct RawSource {
     /// `queues:`, in file order (a repeated name is refused by the duplicate-key pass).
     #[serde(default)]
     pub queues: Option<RawQueues>,
+    /// `schedules:`, in file order.
+    #[serde(default)]
+    pub schedules: Option<Vec<RawSchedule>>,
+}
+
+/// One entry of a source's `schedules:`, checked in `check::schedules`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a schedule: a mapping with `name`, `cron` or `every`, `type` and optionally \
+                 `time_zone`, `payload`, `queue`, `priority` and `missed`"
+)]
+pub(crate) struct RawSchedule {
+    pub name: String,
+    #[serde(default)]
+    pub cron: Option<String>,
+    #[serde(default, deserialize_with = "interval")]
+    pub every: Option<String>,
+    #[serde(default)]
+    pub time_zone: Option<String>,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    #[serde(default)]
+    pub payload: Option<serde_json::Value>,
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i16>,
+    #[serde(default)]
+    pub missed: Option<icq::recurring::Missed>,
+}
+
+/// `every:` as written: a duration with a unit (`10m`, `30s`, `1h 30m`); a bare number is
+/// taken as seconds.
+fn interval<'de, D: de::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    deserializer.deserialize_any(Interval).map(Some)
+}
+
+struct Interval;
+
+impl Visitor<'_> for Interval {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a duration such as 10m, 30s or 1h 30m")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(format!("{v}s"))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(format!("{v}s"))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(format!("{v}s"))
+    }
 }
 
 /// `queues: { name: { concurrency: N }, ... }`, in file order.
@@ -52,15 +114,70 @@ pub(crate) struct RawQueues(pub Vec<(String, RawQueue)>);
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a queue: a mapping with `concurrency`, e.g. { concurrency: 2 }"
+    expecting = "a queue: a mapping with `concurrency` and optionally `global_concurrency`, \
+                 `key_concurrency` and `rate`, e.g. { concurrency: 2, rate: 50/s }"
 )]
 pub(crate) struct RawQueue {
     #[serde(default, deserialize_with = "queue_concurrency")]
     pub concurrency: Option<u32>,
+    #[serde(default, deserialize_with = "global_concurrency")]
+    pub global_concurrency: Option<u32>,
+    #[serde(default, deserialize_with = "key_concurrency")]
+    pub key_concurrency: Option<u32>,
+    #[serde(default, deserialize_with = "rate")]
+    pub rate: Option<icq::settings::Rate>,
 }
 
 fn queue_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     Settings::read_queue_concurrency(d).map(Some)
+}
+
+fn global_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Settings::read_queue_limit(d, "global_concurrency").map(Some)
+}
+
+fn key_concurrency<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Settings::read_queue_limit(d, "key_concurrency").map(Some)
+}
+
+/// `rate: 50/s` (a string; a bare number says which unit is missing). Read by a visitor,
+/// so the error is positioned at the value.
+fn rate<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<icq::settings::Rate>, D::Error> {
+    struct RateVisitor;
+
+    impl RateVisitor {
+        fn no_unit<E: de::Error>(n: impl fmt::Display) -> E {
+            E::custom(format!(
+                "`rate` needs a unit: write `{n}/s`, `{n}/min` or `{n}/h`"
+            ))
+        }
+    }
+
+    impl Visitor<'_> for RateVisitor {
+        type Value = icq::settings::Rate;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("starts per second, minute or hour, such as `50/s`, `100/min` or `1000/h`")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            v.parse().map_err(E::custom)
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Err(Self::no_unit(v))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Err(Self::no_unit(v))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Err(Self::no_unit(v))
+        }
+    }
+
+    d.deserialize_any(RateVisitor).map(Some)
 }
 
 impl<'de> Deserialize<'de> for RawQueues {

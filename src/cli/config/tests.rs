@@ -159,7 +159,7 @@ fn unknown_source_key() {
     assert_eq!(
         message,
         "4:5: sources[0]: unknown field `tabel`, expected one of `name`, `url`, `table`, \
-         `settings`, `queues`"
+         `settings`, `queues`, `schedules`"
     );
 }
 
@@ -331,6 +331,22 @@ fn several_postgres_hosts_are_checked_one_by_one() {
         message.starts_with(
             "3:10: sources[0].url: the database URL is not a valid URL (host 2 of 2): invalid port"
         ),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+#[test]
+fn several_mysql_hosts_are_checked_one_by_one() {
+    let config = parse_text(
+        "sources:\n  - name: a\n    url: 'mysql://u:hunter2@g1:3306,g2:3307,g3:3308/x'\n",
+    )
+    .unwrap();
+    assert_eq!(config.sources.len(), 1);
+    let message =
+        error("sources:\n  - name: a\n    url: 'mariadb://u:hunter2@g1:3306,g2:port/x'\n");
+    assert!(
+        message.contains("the database URL's host list: the port of host 2"),
         "{message}"
     );
     assert!(!message.contains("hunter2"), "{message}");
@@ -588,6 +604,153 @@ fn bad_queues_are_clear_errors_with_line_and_key() {
     ));
     assert!(
         message.contains("`max_snoozes` must be a whole number from 0 to 1000000"),
+        "{message}"
+    );
+}
+
+#[test]
+fn queue_limits_are_read_beside_concurrency() {
+    let config = parse_text(&format!(
+        "{ONE_SOURCE}    queues:\n      \
+         webhooks: {{ concurrency: 4, global_concurrency: 6, key_concurrency: 1, rate: 50/s }}\n      \
+         reports: {{ rate: 90/min }}\n      default: {{ concurrency: 8 }}\n"
+    ))
+    .unwrap();
+    let queues = &config.sources[0].settings.queues;
+    assert_eq!(queues[0].global_concurrency, Some(6));
+    assert_eq!(queues[0].key_concurrency, Some(1));
+    assert_eq!(queues[0].rate.map(|r| r.to_string()), Some("50/s".into()));
+    assert_eq!(queues[1].rate.map(|r| r.per_second()), Some(1.5));
+    assert!(queues[0].is_limited() && queues[1].is_limited() && !queues[2].is_limited());
+}
+
+#[test]
+fn bad_queue_limits_are_clear_errors_with_line_and_key() {
+    let queues = |body: &str| error(&format!("{ONE_SOURCE}    queues:\n{body}"));
+    let message = queues("      webhooks: { global_concurrency: 0 }\n");
+    assert!(
+        message.starts_with(
+            "5:39: sources[0].queues.webhooks.global_concurrency: \
+             `global_concurrency` must be a whole number from 1 to 1000000 (got 0)"
+        ),
+        "{message}"
+    );
+    let message = queues("      webhooks: { key_concurrency: 1.5 }\n");
+    assert!(
+        message.contains("`key_concurrency` must be a whole number from 1 to 1000000 (got 1.5"),
+        "{message}"
+    );
+    let message = queues("      webhooks: { rate: 50 }\n");
+    assert!(
+        message.contains("webhooks.rate: `rate` needs a unit: write `50/s`, `50/min` or `50/h`"),
+        "{message}"
+    );
+    let message = queues("      webhooks: { rate: 50 per second }\n");
+    assert!(
+        message.contains("`rate` must be a whole number of starts per second, minute or hour"),
+        "{message}"
+    );
+    let message = queues("      webhooks: { rate: 0/s }\n");
+    assert!(
+        message.contains("`rate` must start at least 1"),
+        "{message}"
+    );
+    let message = queues("      webhooks: { rate: 5000000/s }\n");
+    assert!(
+        message.contains("at most 1000000 commands per unit"),
+        "{message}"
+    );
+    // A limit is a queue's: in the source's settings it is an unknown key.
+    let message = error(&format!(
+        "{ONE_SOURCE}    settings: {{ global_concurrency: 3 }}\n"
+    ));
+    assert!(
+        message.contains("unknown field `global_concurrency`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn schedules_are_read_with_their_defaults() {
+    let config = parse_text(&format!(
+        "{ONE_SOURCE}    schedules:\n      \
+         - name: nightly-report\n        cron: \"0 3 * * *\"\n        time_zone: Europe/Berlin\n        \
+           type: reports.nightly\n        payload: {{ kind: full }}\n        queue: reports\n        \
+           priority: -2\n        missed: once\n      \
+         - name: ping\n        every: 10m\n        type: health.ping\n      \
+         - name: tick\n        every: 30\n        type: t\n"
+    ))
+    .unwrap();
+    let schedules = &config.sources[0].settings.schedules;
+    let [nightly, ping, tick] = schedules.as_slice() else {
+        panic!("{schedules:?}")
+    };
+    assert_eq!(nightly.name, "nightly-report");
+    assert_eq!(nightly.expression(), "0 3 * * *");
+    assert_eq!(nightly.time_zone.name(), "Europe/Berlin");
+    assert_eq!(nightly.payload, serde_json::json!({ "kind": "full" }));
+    assert_eq!((nightly.queue.as_str(), nightly.priority), ("reports", -2));
+    assert_eq!(nightly.missed, icq::recurring::Missed::Once);
+    assert_eq!(ping.expression(), "every 10m");
+    assert_eq!(ping.time_zone.name(), "UTC");
+    assert_eq!(ping.payload, serde_json::json!({}));
+    assert_eq!((ping.queue.as_str(), ping.priority), ("default", 0));
+    assert_eq!(ping.missed, icq::recurring::Missed::Skip);
+    // A bare number is seconds.
+    assert_eq!(tick.expression(), "every 30s");
+}
+
+#[test]
+fn bad_schedules_are_clear_errors_with_line_and_key() {
+    let schedule = |body: &str| {
+        error(&format!(
+            "{ONE_SOURCE}    schedules:\n      - name: s\n        type: t\n{body}"
+        ))
+    };
+    let message = schedule("        cron: \"61 * * * *\"\n");
+    assert!(
+        message.starts_with("7:15: sources[0].schedules[0].cron: schedule `s`: `61 * * * *` is not a cron expression"),
+        "{message}"
+    );
+    let message = schedule("        cron: \"0 3 * * *\"\n        time_zone: Europe/Berlinn\n");
+    assert!(
+        message.starts_with("8:20: sources[0].schedules[0].time_zone: schedule `s`: `Europe/Berlinn` is not an IANA time zone"),
+        "{message}"
+    );
+    let message = schedule("        cron: \"0 3 * * *\"\n        every: 10m\n");
+    assert!(
+        message.starts_with("8:16: sources[0].schedules[0].every: schedule `s`: give either `cron` or `every`, not both"),
+        "{message}"
+    );
+    let message = schedule("");
+    assert!(
+        message.starts_with("5:9: sources[0].schedules[0]: schedule `s`: needs `cron`"),
+        "{message}"
+    );
+    let message = schedule("        every: 500ms\n");
+    assert!(
+        message.starts_with("7:16: sources[0].schedules[0].every: schedule `s`: `every` is 500ms; it must be at least 1 s"),
+        "{message}"
+    );
+    let message = schedule("        every: often\n");
+    assert!(
+        message.contains("`often` is not a duration") && message.contains("every: 10m"),
+        "{message}"
+    );
+    let message = schedule("        every: 1s\n        missed: sometimes\n");
+    assert!(
+        message.starts_with("8:17: sources[0].schedules[0].missed: unknown variant `sometimes`, expected `skip` or `once`"),
+        "{message}"
+    );
+    let message = schedule("        every: 1s\n        evry: 1s\n");
+    assert!(message.contains("unknown field `evry`"), "{message}");
+    let message = error(&format!(
+        "{ONE_SOURCE}    schedules:\n      - {{ name: a, every: 1s, type: t }}\n      - {{ name: a, every: 2s, type: t }}\n"
+    ));
+    assert!(
+        message.starts_with(
+            "6:17: sources[0].schedules[1].name: schedule name `a` is already used by schedules[0]"
+        ),
         "{message}"
     );
 }

@@ -51,6 +51,23 @@ pub struct CheckedSource {
     /// JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub queues: Vec<CheckedQueue>,
+    /// Its recurring schedules, in file order. Left out of the JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<CheckedSchedule>,
+}
+
+/// One schedule of a checked source's `schedules:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckedSchedule {
+    /// The schedule's name.
+    pub name: String,
+    /// Its cron expression, or `every 10m`.
+    pub expression: String,
+    /// The time zone a cron expression is read in.
+    pub time_zone: String,
+    /// The command type it schedules.
+    #[serde(rename = "type")]
+    pub type_name: String,
 }
 
 /// One queue of a checked source's `queues:`.
@@ -128,6 +145,17 @@ fn verify(
                 .map(|q| CheckedQueue {
                     name: q.name.clone(),
                     concurrency: q.concurrency,
+                })
+                .collect(),
+            schedules: source
+                .settings
+                .schedules
+                .iter()
+                .map(|s| CheckedSchedule {
+                    name: s.name.clone(),
+                    expression: s.expression(),
+                    time_zone: s.time_zone.name().to_owned(),
+                    type_name: s.type_name.clone(),
                 })
                 .collect(),
         });
@@ -231,7 +259,8 @@ fn describe(name: &str, handler: &HandlerConfig) -> CheckedHandler {
 }
 
 /// What works but is probably not meant: no handlers (`icq work` refuses to start), a
-/// handler without a timeout, or with one longer than a source's lease.
+/// handler without a timeout. (A timeout longer than the lease is fine: the lease is
+/// renewed while the handler runs.)
 fn warnings(config: &Config) -> Vec<String> {
     let mut out = Vec::new();
     if config.handlers.is_empty() {
@@ -244,23 +273,24 @@ fn warnings(config: &Config) -> Vec<String> {
         if matches!(handler.kind, HandlerKind::Noop) {
             continue;
         }
-        let Some(timeout) = handler.timeout else {
+        if handler.timeout.is_none() {
             out.push(format!(
                 "handler `{name}` has no timeout_seconds: a hung handler holds its command \
                  until the worker stops"
             ));
-            continue;
-        };
+        }
+    }
+    if !config.handlers.is_empty() {
         for source in &config.sources {
-            if timeout > source.settings.lease() {
-                out.push(format!(
-                    "handler `{name}`: timeout_seconds ({}) is longer than source `{}`'s \
-                     lease_seconds ({}): if a worker dies, its command waits a whole lease \
-                     before another worker retries it",
-                    timeout.as_secs_f64(),
-                    source.name,
-                    source.settings.lease_seconds
-                ));
+            for schedule in &source.settings.schedules {
+                if !config.handlers.contains_key(&schedule.type_name) {
+                    out.push(format!(
+                        "schedule `{}` of source `{}` schedules type `{}`, which no handler in \
+                         this file runs: its commands are dead-lettered unless a worker with \
+                         such a handler claims them first",
+                        schedule.name, source.name, schedule.type_name
+                    ));
+                }
             }
         }
     }
@@ -324,11 +354,42 @@ mod tests {
              b.run:\n    exec: [sh]\n    timeout_seconds: 60\n"
         ))
         .unwrap();
-        assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
+        // A timeout longer than the lease is no warning: the lease is renewed.
+        assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
         assert!(report.warnings[0].contains("no timeout_seconds"));
-        assert!(report.warnings[1].contains("longer than source `main`'s"));
         let none = check(SOURCE).unwrap();
         assert!(none.warnings[0].starts_with("no handlers"));
+    }
+
+    #[test]
+    fn schedules_are_listed_and_an_unhandled_type_is_a_warning() {
+        let report = check(
+            "sources:\n  - name: a\n    url: sqlite:a.db\n    schedules:\n      \
+             - { name: nightly, cron: \"0 3 * * *\", time_zone: Europe/Berlin, type: reports.nightly }\n      \
+             - { name: ping, every: 10m, type: health.ping }\n\
+             handlers:\n  reports.nightly:\n    noop: true\n",
+        )
+        .unwrap();
+        let listed: Vec<_> = report.sources[0]
+            .schedules
+            .iter()
+            .map(|s| (s.name.as_str(), s.expression.as_str(), s.time_zone.as_str()))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("nightly", "0 3 * * *", "Europe/Berlin"),
+                ("ping", "every 10m", "UTC")
+            ]
+        );
+        assert_eq!(
+            report.warnings,
+            [
+                "schedule `ping` of source `a` schedules type `health.ping`, which no handler in \
+              this file runs: its commands are dead-lettered unless a worker with such a \
+              handler claims them first"
+            ]
+        );
     }
 
     #[test]

@@ -98,6 +98,8 @@ enum Action {
     Replay(CommandId),
     Cancel(CancelTarget),
     Purge(PurgeRequest),
+    /// Pause (`true`) or resume a queue for the whole fleet.
+    Pause(String, bool),
 }
 
 impl Action {
@@ -146,8 +148,14 @@ impl Action {
                     type_name: fields.type_name.clone(),
                 }))
             }
+            "pause" | "resume" => {
+                let queue = fields.queue.clone().ok_or_else(|| {
+                    CliError::Usage(format!("{name} which queue? a `queue` is missing"))
+                })?;
+                Ok(Action::Pause(queue, name == "pause"))
+            }
             other => Err(Error::NotFound(format!(
-                "no action `{other}`: requeue, replay, cancel or purge"
+                "no action `{other}`: requeue, replay, cancel, purge, pause or resume"
             ))
             .into()),
         }
@@ -307,6 +315,21 @@ async fn describe_plan(
                 total,
                 details,
             )
+        }
+        Action::Pause(queue, pause) => {
+            let names: Vec<&str> = sources.iter().map(|s| s.name()).collect();
+            let question = if *pause {
+                format!(
+                    "Pause queue {queue} in {}? No replica starts its commands until it is resumed; running ones finish and scheduling goes on.",
+                    in_sources(&names)
+                )
+            } else {
+                format!(
+                    "Resume queue {queue} in {}? Every replica starts its due commands again.",
+                    in_sources(&names)
+                )
+            };
+            (question, 1, details)
         }
         Action::Purge(request) => {
             let plan = admin::plan_purge(sources, request).await?;
@@ -472,6 +495,19 @@ async fn apply(action: &Action, sources: &[Queue]) -> Result<Applied> {
                     plural(report.cancelled, "command", "commands")
                 ),
                 show: single(id),
+            }
+        }
+        Action::Pause(queue, pause) => {
+            let report = admin::set_paused(sources, queue, *pause).await?;
+            let changed = report.changes.iter().filter(|c| c.changed).count();
+            let verb = if *pause { "Paused" } else { "Resumed" };
+            Applied {
+                message: if changed == 0 {
+                    format!("Queue {queue} already was so; nothing changed.")
+                } else {
+                    format!("{verb} queue {queue}.")
+                },
+                show: None,
             }
         }
         Action::Purge(request) => {

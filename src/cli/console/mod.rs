@@ -191,6 +191,32 @@ impl Console {
         opened
     }
 
+    /// Every open source's schedules with their last and next occurrence (the rows of
+    /// `icq schedules`), and the errors of sources that could not be read.
+    pub(crate) async fn schedules(&self) -> (Vec<icq::admin::ScheduleRow>, Vec<String>) {
+        let opened = self.opened().await;
+        let mut errors = opened.errors;
+        let listed = futures::future::join_all(opened.sources.iter().map(|queue| async move {
+            let configured = self
+                .inner
+                .slots
+                .iter()
+                .find(|slot| slot.config.name == queue.name())
+                .map(|slot| slot.config.settings.schedules.as_slice())
+                .unwrap_or_default();
+            icq::admin::schedules(queue, configured).await
+        }))
+        .await;
+        let mut rows = Vec::new();
+        for result in listed {
+            match result {
+                Ok(mut listed) => rows.append(&mut listed),
+                Err(err) => errors.push(describe(&err.into())),
+            }
+        }
+        (rows, errors)
+    }
+
     /// How the console names a source: a source made from a URL (not from a
     /// configuration file) is labelled with where its URL came from, as
     /// `default (--database-url)`, so it is not taken for the queue of that name.
@@ -494,6 +520,7 @@ fn router(console: Console) -> Router {
         .route("/command", get(pages::command))
         .route("/command/payload", get(pages::payload))
         .route("/dead-letters", get(pages::dead_letters))
+        .route("/schedules", get(pages::schedules))
         .route(
             "/actions/{action}",
             get(actions::confirm).post(actions::perform),

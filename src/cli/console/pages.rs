@@ -26,6 +26,7 @@ pub(crate) enum Nav {
     Overview,
     Lists,
     DeadLetters,
+    Schedules,
     None,
 }
 
@@ -49,6 +50,7 @@ pub(crate) fn render(
         (Nav::Overview, "/", "Overview"),
         (Nav::Lists, "/list", "Commands"),
         (Nav::DeadLetters, "/dead-letters", "Dead letters"),
+        (Nav::Schedules, "/schedules", "Schedules"),
     ] {
         page.raw("<a href=\"").raw(href).raw("\"");
         if entry == nav {
@@ -199,6 +201,56 @@ pub(crate) async fn overview(State(console): State<Console>) -> Response {
     )
 }
 
+/// `GET /schedules`: every source's recurring schedules, as `icq schedules` lists them:
+/// expression, zone, queue, type, last occurrence (from the database) and next (from the
+/// database's clock).
+pub(crate) async fn schedules(State(console): State<Console>) -> Response {
+    let (rows, errors) = console.schedules().await;
+    let mut body = Html::new();
+    body.raw("<h1>Schedules</h1>");
+    if rows.is_empty() {
+        body.raw("<p class=\"empty\">No schedules configured: add <code>schedules:</code> to a source in icq.yaml.</p>");
+    } else {
+        body.raw("<table class=\"schedules\" id=\"schedules\"><thead><tr><th>Source</th><th>Name</th><th>Expression</th><th>Zone</th><th>Queue</th><th>Type</th><th>Missed</th><th>Last occurrence</th><th>Next occurrence</th></tr></thead><tbody>");
+        let time = |at: Option<chrono::DateTime<Utc>>| {
+            at.map_or_else(
+                || "-".to_owned(),
+                |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            )
+        };
+        for row in &rows {
+            body.raw("<tr><td>")
+                .text(console.label(&row.source))
+                .raw("</td><td class=\"name\">")
+                .text(&row.name)
+                .raw("</td><td><code>")
+                .text(&row.expression)
+                .raw("</code></td><td>")
+                .text(&row.time_zone)
+                .raw("</td><td class=\"queue\">")
+                .text(&row.queue)
+                .raw("</td><td class=\"type\">")
+                .text(&row.type_name)
+                .raw("</td><td>")
+                .text(row.missed)
+                .raw("</td><td class=\"last\">")
+                .text(time(row.last_occurrence))
+                .raw("</td><td class=\"next\">")
+                .text(time(row.next_occurrence))
+                .raw("</td></tr>");
+        }
+        body.raw("</tbody></table><p class=\"stamp\">Each occurrence is scheduled once however many replicas run; the next one is computed from the database's clock.</p>");
+    }
+    render(
+        &console,
+        StatusCode::OK,
+        "Schedules",
+        Nav::Schedules,
+        &errors,
+        &body,
+    )
+}
+
 /// How old the counts of a page someone just opened may be.
 const FRESH_FOR_A_PAGE: Duration = Duration::from_secs(1);
 
@@ -268,6 +320,7 @@ async fn live_fragment(console: &Console, fresh: Duration) -> Html {
             Some(&snapshot.breakdown(true)),
             Some(&snapshot.breakdown(false)),
             &|name| console.label(name),
+            console.actions_allowed(),
         ));
     }
     html
@@ -280,6 +333,7 @@ fn breakdowns(
     by_queue: Option<&PendingReport>,
     by_type: Option<&PendingReport>,
     label: &dyn Fn(&str) -> String,
+    actions: bool,
 ) -> Html {
     let mut html = Html::new();
     for (report, breakdown, heading) in [
@@ -292,7 +346,58 @@ fn breakdowns(
             html.raw("<p class=\"none\">No commands yet.</p>");
         } else {
             html.html(&counts_table(report, breakdown, label));
+            if breakdown == Breakdown::Queue {
+                html.html(&pause_buttons(report, actions));
+            }
         }
+    }
+    html
+}
+
+/// Under the queue breakdown: which queues are paused fleet-wide and, where actions are
+/// allowed, a pause or resume button per queue (each asks for confirmation).
+fn pause_buttons(report: &PendingReport, actions: bool) -> Html {
+    let mut html = Html::new();
+    let paused: Vec<&str> = report
+        .rows
+        .iter()
+        .filter(|r| r.paused)
+        .filter_map(|r| r.counts.queue.as_deref())
+        .collect();
+    if !paused.is_empty() {
+        html.raw(
+            "<p class=\"paused\" id=\"paused-queues\">Paused for the whole fleet (no new starts): ",
+        );
+        for (i, queue) in paused.iter().enumerate() {
+            if i > 0 {
+                html.raw(", ");
+            }
+            html.raw("<code>").text(queue).raw("</code>");
+        }
+        html.raw("</p>");
+    }
+    if actions {
+        html.raw("<p class=\"actions\" id=\"queue-actions\">");
+        for row in &report.rows {
+            let Some(queue) = row.counts.queue.as_deref() else {
+                continue;
+            };
+            let (action, verb) = if row.paused {
+                ("resume", "Resume")
+            } else {
+                ("pause", "Pause")
+            };
+            html.raw("<a class=\"button\" href=\"/actions/")
+                .raw(action)
+                .raw("?")
+                .text(query(&[("source", &row.source), ("queue", queue)]))
+                .raw("\">")
+                .raw(verb)
+                .raw(" ")
+                .text(queue)
+                .raw("…</a> ");
+        }
+        html.raw("</p>");
     }
     html
 }
@@ -779,6 +884,18 @@ pub(crate) async fn command(
         .raw("</span> in source <code>")
         .text(console.label(&shown.source))
         .raw("</code></p>");
+    if let Some(holder) = &shown.attempts.held_by {
+        body.raw("<p class=\"note\" id=\"held-by\">Waits behind <a href=\"/command?")
+            .text(query(&[("source", &shown.source), ("id", holder.as_str())]))
+            .raw("\"><code>")
+            .text(holder)
+            .raw("</code></a>, the oldest pending command of its order key: it runs once that one completes or is dead-lettered.</p>");
+    }
+    if let Some(attempt) = shown.attempts.succeeded_on_attempt {
+        body.raw("<p class=\"note\" id=\"succeeded-on\">Attempt ")
+            .text(attempt)
+            .raw(" succeeded.</p>");
+    }
 
     if console.actions_allowed() {
         body.raw("<p class=\"actions\">");
@@ -861,6 +978,23 @@ pub(crate) async fn command(
             h.raw("<span class=\"none\">-</span>");
         }
     });
+    for (name, id, key) in [
+        ("Order key", "order-key", &row.order_key),
+        ("Concurrency key", "concurrency-key", &row.concurrency_key),
+    ] {
+        field(&mut body, name, &|h| match key {
+            Some(key) => {
+                h.raw("<code id=\"")
+                    .raw(id)
+                    .raw("\">")
+                    .text(key)
+                    .raw("</code>");
+            }
+            None => {
+                h.raw("<span class=\"none\">-</span>");
+            }
+        });
+    }
     field(&mut body, "Trace parent", &|h| match &row.trace_parent {
         Some(parent) => {
             h.raw("<code id=\"trace-parent\">")
@@ -894,6 +1028,24 @@ pub(crate) async fn command(
         None => {
             body.raw("<p class=\"none\">None.</p>");
         }
+    }
+    let errors = &shown.attempts.attempt_errors;
+    if !errors.is_empty() {
+        body.raw("<h2>Failed attempts</h2><table id=\"attempt-errors\"><thead><tr><th>Attempt</th><th>At</th><th>Error</th></tr></thead><tbody>");
+        for error in errors {
+            body.raw("<tr><td>")
+                .text(
+                    error
+                        .attempt
+                        .map_or_else(|| "?".to_owned(), |n| n.to_string()),
+                )
+                .raw("</td><td>")
+                .text(error.at.as_deref().unwrap_or("?"))
+                .raw("</td><td><pre>")
+                .text(&error.error)
+                .raw("</pre></td></tr>");
+        }
+        body.raw("</tbody></table>");
     }
     let (shown_part, whole) = payload_part(&shown.payload_head, shown.whole());
     let download = query(&[("source", &shown.source), ("id", row.id.as_str())]);
@@ -1212,12 +1364,13 @@ mod tests {
                     dead: 1,
                     ..StateCount::default()
                 },
+                paused: false,
             }],
             by_type: false,
             by_queue: true,
             source_count: 1,
         };
-        let html = breakdowns(Some(&report), None, &|name| name.to_owned()).into_string();
+        let html = breakdowns(Some(&report), None, &|name| name.to_owned(), false).into_string();
         assert!(html.contains("<h2>By queue</h2>"), "{html}");
         assert!(html.contains("id=\"queue-counts\""), "{html}");
         assert!(

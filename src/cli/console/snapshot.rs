@@ -52,6 +52,7 @@ impl Snapshot {
             .map(|source| PendingCount {
                 source: source.clone(),
                 counts: StateCount::default(),
+                paused: false,
             })
             .collect();
         for row in &self.rows {
@@ -93,9 +94,17 @@ impl Snapshot {
         PendingReport {
             rows: lines
                 .into_iter()
-                .map(|((order, _), counts)| PendingCount {
-                    source: self.sources.get(order).cloned().unwrap_or_default(),
-                    counts,
+                .map(|((order, _), counts)| {
+                    let source = self.sources.get(order).cloned().unwrap_or_default();
+                    let paused = by_queue
+                        && self.rows.iter().any(|row| {
+                            row.paused && row.source == source && row.counts.queue == counts.queue
+                        });
+                    PendingCount {
+                        source,
+                        counts,
+                        paused,
+                    }
                 })
                 .collect(),
             by_type: !by_queue,
@@ -255,6 +264,7 @@ mod tests {
         let row = |source: &str, counts| PendingCount {
             source: source.into(),
             counts,
+            paused: false,
         };
         Snapshot {
             at: Utc::now(),

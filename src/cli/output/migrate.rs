@@ -20,7 +20,7 @@ pub struct Added {
     pub engine: Engine,
     /// The table created or upgraded.
     pub table: String,
-    /// `create` (the whole table), `upgrade` (schema version 1 to 2) or `up_to_date`
+    /// `create` (the whole table), `upgrade` (from schema version 1 or 2 to 3) or `up_to_date`
     /// (nothing written).
     pub action: &'static str,
     /// The schema version the directory's migrations leave the table at.
@@ -41,7 +41,7 @@ impl Added {
     pub fn written(plan: &MigrationPlan, files: Vec<PathBuf>) -> Added {
         let (action, existing) = match &plan.action {
             PlanAction::Create => ("create", None),
-            PlanAction::Upgrade { from } => ("upgrade", Some(from.clone())),
+            PlanAction::Upgrade { from, .. } => ("upgrade", Some(from.clone())),
             PlanAction::UpToDate { by } => ("up_to_date", Some(by.clone())),
         };
         Added {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{COLUMNS, MySqlDriver, NOW, decode_row, exact, exact_marks};
+use super::{MySqlDriver, NOW, columns_of, decode_row, exact, exact_marks};
 use crate::command::{CommandId, CommandRow};
 use crate::engine::admin::{
     CANCELLED, CancelledRow, CommandCancelManyParams, CommandListParams, ListState,
@@ -68,16 +68,6 @@ fn bind_dead_filter<'q, O>(
     match &filter.queue {
         Some(queue) => query.bind(queue).bind(queue),
         None => query,
-    }
-}
-
-/// The columns an operator read selects: [`COLUMNS`], and the version-2 ones on a
-/// version-2 table.
-fn columns(version: u32) -> String {
-    if version >= 2 {
-        format!("{COLUMNS}, `Queue`, `Priority`, `UniqueKey`, `TraceParent`, `Snoozes`")
-    } else {
-        COLUMNS.to_owned()
     }
 }
 
@@ -186,7 +176,7 @@ fn list_sql(t: &str, params: &CommandListParams, version: u32, cursor: Option<&C
     };
     format!(
         "SELECT {} FROM {t} WHERE {} ORDER BY {priority}{key} {dir}, `Id` {dir} LIMIT ?",
-        columns(version),
+        columns_of(version),
         conditions.join(" AND ")
     )
 }
@@ -263,7 +253,12 @@ impl AdminOps for MySqlDriver {
             }
             _ => None,
         };
-        let sql = list_sql(&self.t, params, version, cursor.as_ref());
+        let rows = if params.state == ListState::Completed {
+            self.all_rows().await?
+        } else {
+            self.t.clone()
+        };
+        let sql = list_sql(&rows, params, version, cursor.as_ref());
         let mut query = sqlx::query(AssertSqlSafe(sql));
         if let Some(type_name) = &params.type_name {
             query = query.bind(type_name).bind(type_name);
@@ -334,6 +329,35 @@ impl AdminOps for MySqlDriver {
         Ok(cancelled)
     }
 
+    async fn order_key_holder(
+        &self,
+        params: &crate::engine::admin::OrderKeyHolderParams,
+    ) -> Result<Option<CommandId>> {
+        if self.schema_version().await? < 4 {
+            return Ok(None);
+        }
+        let t = &self.t;
+        let sql = format!(
+            "SELECT o.`Id` FROM {t} AS c JOIN {t} AS o ON o.`OrderKey` = c.`OrderKey` \
+             WHERE c.`Id` = ? AND {} = {} \
+               AND o.`ProcessedAt` IS NULL AND o.`DeadLetteredAt` IS NULL \
+               AND (o.`CreatedAt` < c.`CreatedAt` \
+                    OR (o.`CreatedAt` = c.`CreatedAt` AND o.`Id` < c.`Id`)) \
+             ORDER BY o.`CreatedAt`, o.`Id` LIMIT 1",
+            exact("c.`Id`"),
+            exact_marks(1)
+        );
+        let holder: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(params.id.as_str())
+            .bind(params.id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("looking up the row an order key waits behind"),
+            ))?;
+        Ok(holder.map(CommandId::stored))
+    }
+
     async fn unique_key_holders(
         &self,
         params: &UniqueKeyHoldersParams,
@@ -377,7 +401,7 @@ impl AdminOps for MySqlDriver {
     }
 
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let unleased = unleased();
         let version = self.schema_version().await?;
         // Grouped by bytes: `utf8mb4_bin` would count `emails ` as `emails`.
@@ -428,7 +452,7 @@ impl AdminOps for MySqlDriver {
              WHERE {DEAD} AND (? IS NULL OR {}) {queue} \
              ORDER BY `DeadLetteredAt` DESC, `Id` \
              LIMIT ?",
-            columns(self.schema_version().await?),
+            columns_of(self.schema_version().await?),
             equals("`Type`")
         );
         let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -450,9 +474,9 @@ impl AdminOps for MySqlDriver {
     }
 
     async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         // `LEFT` counts characters; `LENGTH` is the stored text's bytes.
-        let columns = columns(self.schema_version().await?).replace(
+        let columns = columns_of(self.schema_version().await?).replace(
             "CAST(`Payload` AS CHAR) AS `Payload`",
             "'null' AS `Payload`, LEFT(CAST(`Payload` AS CHAR), ?) AS `PayloadHead`, \
              CAST(LENGTH(`Payload`) AS SIGNED) AS `PayloadBytes`",
@@ -480,9 +504,9 @@ impl AdminOps for MySqlDriver {
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let mut found = Vec::with_capacity(ids.len());
-        let columns = columns(self.schema_version().await?);
+        let columns = columns_of(self.schema_version().await?);
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let sql = format!(
                 "SELECT {columns} FROM {t} WHERE `Id` IN ({}) ORDER BY `CreatedAt`, `Id`",
@@ -623,7 +647,10 @@ impl AdminOps for MySqlDriver {
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
-        let t = &self.t;
+        let t = &match filter.kind {
+            FinishedKind::Completed => self.all_rows().await?,
+            FinishedKind::DeadLetters => self.t.clone(),
+        };
         let (condition, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before.naive_utc());
@@ -641,7 +668,46 @@ impl AdminOps for MySqlDriver {
     }
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
-        let t = &self.t;
+        let from_history =
+            params.filter.kind == FinishedKind::Completed && self.schema_version().await? >= 3;
+        let mut done = 0;
+        if from_history {
+            done = self
+                .finished_delete_from(&self.h, params, params.limit)
+                .await?;
+        }
+        let left = params.limit.saturating_sub(done as u32);
+        if left > 0 {
+            done += self.finished_delete_from(&self.t, params, left).await?;
+        }
+        Ok(done)
+    }
+}
+
+impl MySqlDriver {
+    /// What reads that may meet completed rows select `FROM`: the table, or on version 3
+    /// the table and its history as one (`UNION ALL`).
+    pub(super) async fn all_rows(&self) -> Result<String> {
+        let version = self.schema_version().await?;
+        if version < 3 {
+            return Ok(self.t.clone());
+        }
+        Ok(crate::engine::with_history(
+            crate::ident::Engine::Mysql,
+            &self.t,
+            &self.h,
+            version,
+        ))
+    }
+
+    /// Deletes up to `limit` finished rows of `params`' filter from `t` (the table or its
+    /// history), oldest first, by primary key.
+    async fn finished_delete_from(
+        &self,
+        t: &str,
+        params: &FinishedDeleteBatchParams,
+        limit: u32,
+    ) -> Result<u64> {
         let ctx = || self.ctx("purging finished commands");
         let (condition, order) = finished(&params.filter);
         let before = params.filter.before.naive_utc();
@@ -656,7 +722,7 @@ impl AdminOps for MySqlDriver {
             query = query.bind(type_name).bind(type_name);
         }
         let ids: Vec<String> = query
-            .bind(i64::from(params.limit))
+            .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await
             .map_err(Error::db(ctx()))?;

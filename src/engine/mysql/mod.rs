@@ -7,6 +7,11 @@
 //! depends on the connection's or the database's default character set.
 
 mod admin;
+pub(crate) mod connect;
+mod control;
+mod doctor;
+mod limited;
+mod recurring;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +51,21 @@ pub(crate) const COLUMNS_V2: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `P
      `LastError`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, `Queue`, `Priority`, \
      `UniqueKey`, `TraceParent`, `Snoozes`";
 
+/// The column list of a full read (operator reads, claims) of a table at schema `version`.
+pub(crate) fn columns_of(version: u32) -> &'static str {
+    match version {
+        4.. => COLUMNS_V4,
+        2..4 => COLUMNS_V2,
+        _ => COLUMNS,
+    }
+}
+
+/// [`COLUMNS_V2`] and the version-4 columns.
+pub(crate) const COLUMNS_V4: &str = "`Id`, `Type`, CAST(`Payload` AS CHAR) AS `Payload`, `CreatedAt`, \
+     `RunAt`, `Attempts`, `LockToken`, `LockedUntil`, `ProcessedAt`, `DeadLetteredAt`, \
+     `LastError`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, `Queue`, `Priority`, \
+     `UniqueKey`, `TraceParent`, `Snoozes`, `ConcurrencyKey`, `OrderKey`, `Errors`";
+
 /// Set on each connection of icq's own pools (not an application's pool).
 const IDLE_TRANSACTION_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 10";
 
@@ -71,6 +91,8 @@ pub struct MySqlDriver {
     pub(crate) table: TableName,
     /// The quoted table name.
     pub(crate) t: String,
+    /// The quoted name of its history table (schema version 3).
+    pub(crate) h: String,
     sql: Sql,
     /// The table's schema version, once looked up.
     version: super::SchemaVersionCache,
@@ -84,22 +106,57 @@ pub struct MySqlDriver {
     poll_hint: tokio::sync::OnceCell<Arc<str>>,
     /// Where the next claim of every queue and type starts ([`cursor`]).
     cursor: cursor::ClaimCursor,
+    /// The choice of server when the URL lists several ([`connect`]).
+    failover: Option<Arc<connect::Failover>>,
 }
 
 struct Sql {
     insert: Arc<str>,
     /// The version-2 insert of one row.
     insert_v2: Arc<str>,
+    /// `insert_v2` naming the order and concurrency keys too (schema version 4).
+    insert_v4: Arc<str>,
     /// The pending row holding a unique key (a locking read: it sees the latest
     /// committed row even in an older snapshot of the caller's transaction).
     pending_by_key: Arc<str>,
     set_state_v1: Arc<str>,
     set_state_v2: Arc<str>,
+    /// The set-state statement of a version-4 table: a failure also writes `Errors`.
+    set_state_v4: Arc<str>,
     extend: Arc<str>,
     extended: Arc<str>,
     check: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
+    /// On a version-3 table, after the set-state statement and in its transaction, the
+    /// rows it completed move to history: copied, then deleted (`?` the same stamps). The
+    /// copy of a version-4 table is the second, with its columns.
+    copy_completed: [Arc<str>; 2],
+    delete_completed: Arc<str>,
+    /// A version-3 sweep's delete of old history (`?` µs, `?` limit).
+    sweep_history: Arc<str>,
+}
+
+/// The stamps' ids that complete their rows, from the set-state statement's JSON array,
+/// joined to the table `c`: the rows the stamp just completed (it was guarded by the
+/// lease token, so a stale success stamp moves nothing).
+fn completed_join(t: &str) -> String {
+    format!(
+        "{t} AS c JOIN JSON_TABLE(?, '$[*]' COLUMNS ( \
+             id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]', kind INT PATH '$[2]')) AS s \
+           ON c.`Id` = s.id COLLATE utf8mb4_bin \
+         WHERE s.kind = 0 AND c.`ProcessedAt` IS NOT NULL"
+    )
+}
+
+/// `ON DUPLICATE KEY UPDATE` of an insert into history: an id history already holds
+/// (scheduled anew with the same id) keeps its newest completion.
+fn history_upsert(version: u32) -> String {
+    crate::engine::columns_of(version)
+        .skip(1)
+        .map(|c| format!("`{c}` = VALUES(`{c}`)"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One row of an insert: nine parameters.
@@ -109,6 +166,10 @@ const INSERT_ROW: &str =
 /// One row of a version-2 insert: thirteen parameters.
 const INSERT_ROW_V2: &str =
     "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// One row of a version-2 insert that names the order and concurrency keys too (schema
+/// version 4): fifteen parameters.
+const INSERT_ROW_V4: &str = "(?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// Takes the retention sweep's lock (`?` the table's lock name, `?` its schema or NULL
 /// for the connection's database) without waiting: 1 when taken. At most 10 + 16 + 1 + 16
@@ -120,15 +181,125 @@ const SWEEP_LOCK: &str =
 const SWEEP_UNLOCK: &str =
     "SELECT RELEASE_LOCK(CONCAT(?, '.', LEFT(SHA1(COALESCE(?, DATABASE(), '')), 16)))";
 
+/// A claim whose `COMMIT` is on its way: when the answer never comes — the connection
+/// was lost with it (the server died, or on a cluster the node did), or the call was
+/// abandoned at its deadline (dropped mid-commit, e.g. while a cluster stalls) — the claim
+/// may have committed all the same (a Galera node replicates a transaction to the cluster
+/// before it answers), leaving its rows leased to a token nobody runs: they would wait out
+/// the lease. Those rows were never handed to a handler, so they are released in the
+/// background ([`Release`]). A commit that answered (either way) releases nothing.
+struct UnsettledClaim(Option<Release>);
+
+impl UnsettledClaim {
+    /// The commit answered: `Ok` or an error the server reported (it rolled back), or a
+    /// lost connection, after which the outcome is unknown.
+    fn settled(mut self, err: Option<&sqlx::Error>) {
+        let unknown = match err {
+            None => false,
+            Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => true,
+            Some(sqlx::Error::Database(db)) => db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|my| matches!(my.number(), 2006 | 2013)),
+            Some(_) => false,
+        };
+        if !unknown {
+            self.0 = None;
+        }
+    }
+}
+
+impl Drop for UnsettledClaim {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(release.run());
+        }
+    }
+}
+
+/// Gives back the rows of a claim whose commit's outcome is unknown: `LockToken` back to
+/// `NULL`, the attempt given back, over a new connection. Tried until it releases a row or
+/// the lease ends: finding none proves nothing yet, since the claim may still be on its
+/// way to the node the release runs on (a Galera node applies a dead node's last
+/// transaction only once the cluster has a new membership, and a commit abandoned at its
+/// deadline may still be waiting). The token is the claim's alone, so this can only ever
+/// touch the claim's rows: a claim that never committed releases nothing, and a row
+/// claimed again since carries another token.
+struct Release {
+    pool: MySqlPool,
+    sql: String,
+    token: String,
+    ids: Vec<String>,
+    until: std::time::Instant,
+}
+
+impl Release {
+    async fn run(self) {
+        let mut pause = Duration::from_millis(50);
+        while std::time::Instant::now() < self.until && !self.pool.is_closed() {
+            let mut release = sqlx::query(AssertSqlSafe(self.sql.clone())).bind(&self.token);
+            for id in &self.ids {
+                release = release.bind(id);
+            }
+            if let Ok(done) = release.execute(&self.pool).await
+                && done.rows_affected() > 0
+            {
+                tracing::info!(
+                    released = done.rows_affected(),
+                    "released commands claimed by a commit whose answer was lost"
+                );
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+}
+
+/// How many times a transaction of icq's own that lost a race is run in all.
+const LOST_RACE_TRIES: u32 = 4;
+
+/// Runs `transaction` (one whole transaction of icq's own, e.g. a schedule's insert) and
+/// again, after a short jittered pause, while it loses a race ([`Error::lost_race`]: a
+/// deadlock, or on a Galera cluster a certification conflict with another node's commit,
+/// e.g. the same unique key scheduled on two nodes at once): it was rolled back whole, so
+/// running it again is safe. Up to [`LOST_RACE_TRIES`] times; then the error is returned.
+async fn again_after_lost_races<T, F, Fut>(mut transaction: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match transaction().await {
+            Err(err) if err.lost_race() && tries < LOST_RACE_TRIES => {
+                use rand::RngExt;
+                let ms = rand::rng().random_range(5..=20) * u64::from(tries);
+                tracing::debug!(error = %err, tries, retry_in_ms = ms, "a schedule lost a race; running it again");
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Rows per multi-row insert.
 const INSERT_ROWS_PER_STATEMENT: usize = 1000;
 
-/// The version-2 insert of `rows` rows.
-fn insert_v2_sql(t: &str, rows: usize) -> Arc<str> {
+/// The version-2 insert of `rows` rows; with `v4`, naming the order and concurrency keys
+/// too.
+fn insert_v2_sql(t: &str, rows: usize, v4: bool) -> Arc<str> {
+    let (keys, row) = if v4 {
+        (", `OrderKey`, `ConcurrencyKey`", INSERT_ROW_V4)
+    } else {
+        ("", INSERT_ROW_V2)
+    };
     format!(
         "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`, \
-         `Queue`, `Priority`, `UniqueKey`, `TraceParent`) VALUES {}",
-        vec![INSERT_ROW_V2; rows].join(", ")
+         `Queue`, `Priority`, `UniqueKey`, `TraceParent`{keys}) VALUES {}",
+        vec![row; rows].join(", ")
     )
     .into()
 }
@@ -172,6 +343,21 @@ fn set_state_sql(leases: &str, v2: bool) -> String {
     )
 }
 
+/// [`set_state_sql`] of a version-4 table: a retry or a dead-letter also writes `Errors`
+/// from the stamp's sixth element (the array the processor computed; absent or NULL
+/// leaves it as it is). It reads no column another assignment changes, so the order in
+/// which MariaDB assigns does not matter.
+fn set_state_v4_sql(leases: &str) -> String {
+    let errors = "c.`Errors` = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL \
+                                THEN s.errors ELSE c.`Errors` END, ";
+    let update = set_state_sql(leases, true);
+    // After the join's `CHARACTER SET`s: the assignments start at the last ` SET `.
+    match update.rfind(" SET ") {
+        Some(at) => format!("{} SET {errors}{}", &update[..at], &update[at + 5..]),
+        None => update,
+    }
+}
+
 fn insert_sql(t: &str) -> String {
     format!(
         "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) \
@@ -179,7 +365,8 @@ fn insert_sql(t: &str) -> String {
     )
 }
 
-/// The leases of a JSON array of `[id, token, kind, delay µs or -1, error]` arrays as a
+/// The leases of a JSON array of `[id, token, kind, delay µs or -1, error, errors?]`
+/// arrays (`errors`, the new `Errors` of a failure, only when stamping) as a
 /// table `s`. Its text columns are utf8mb4 by name: a column without a character set
 /// takes the database's default (latin1 on some servers), which could neither take the
 /// `utf8mb4_bin` collation nor hold every error text. Ids compare binary, exactly as
@@ -189,7 +376,8 @@ fn leases_join(t: &str) -> String {
         "{t} AS c JOIN JSON_TABLE(?, '$[*]' COLUMNS ( \
              id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]', \
              token VARCHAR(64) CHARACTER SET utf8mb4 PATH '$[1]', kind INT PATH '$[2]', \
-             delay BIGINT PATH '$[3]', error LONGTEXT CHARACTER SET utf8mb4 PATH '$[4]')) AS s \
+             delay BIGINT PATH '$[3]', error LONGTEXT CHARACTER SET utf8mb4 PATH '$[4]', \
+             errors LONGTEXT CHARACTER SET utf8mb4 PATH '$[5]')) AS s \
            ON c.`Id` = s.id COLLATE utf8mb4_bin AND c.`LockToken` = s.token COLLATE utf8mb4_bin"
     )
 }
@@ -208,14 +396,34 @@ pub(crate) fn exact_marks(n: usize) -> String {
 }
 
 impl Sql {
-    fn new(t: &str) -> Sql {
+    fn new(t: &str, h: &str) -> Sql {
         let leases = leases_join(t);
+        let completed = completed_join(t);
+        let copy_completed = |version| {
+            let columns = crate::engine::column_list(Engine::Mysql, "", version);
+            let from = crate::engine::column_list(Engine::Mysql, "c.", version);
+            format!(
+                "INSERT INTO {h} ({columns}) SELECT {from} FROM {completed} \
+                 ON DUPLICATE KEY UPDATE {}",
+                history_upsert(version)
+            )
+            .into()
+        };
         Sql {
+            copy_completed: [copy_completed(3), copy_completed(4)],
+            delete_completed: format!("DELETE c FROM {completed}").into(),
+            sweep_history: format!(
+                "DELETE FROM {h} WHERE `ProcessedAt` < {NOW} - INTERVAL ? MICROSECOND \
+                 ORDER BY `ProcessedAt` LIMIT ?"
+            )
+            .into(),
             insert: insert_sql(t).into(),
-            insert_v2: insert_v2_sql(t, 1),
+            insert_v2: insert_v2_sql(t, 1, false),
+            insert_v4: insert_v2_sql(t, 1, true),
             pending_by_key: pending_by_key_sql(t).into(),
             set_state_v1: set_state_sql(&leases, false).into(),
             set_state_v2: set_state_sql(&leases, true).into(),
+            set_state_v4: set_state_v4_sql(&leases).into(),
             extend: format!("UPDATE {leases} SET c.`LockedUntil` = {NOW} + INTERVAL ? MICROSECOND")
                 .into(),
             extended: format!("SELECT c.`Id`, c.`LockToken` FROM {leases}").into(),
@@ -246,6 +454,14 @@ fn activity_sql(t: &str, filter: &str) -> String {
     )
 }
 
+/// Leaves out the rows of `t` whose queue is paused in its queue-state table `q`.
+fn paused_filter(t: &str, q: &str) -> String {
+    format!(
+        " AND NOT EXISTS (SELECT 1 FROM {q} AS p \
+           WHERE p.`Queue` = {t}.`Queue` AND p.`Paused` <> 0)"
+    )
+}
+
 /// The select of a claim: `types` types only, `queues` (a version-2 table) those queues
 /// only, never the `except` ids that follow them (the rows the same transaction has just
 /// stamped, which a release or a retry without delay leaves due, are not claimed back,
@@ -265,6 +481,8 @@ fn claim_select_sql(
     after: bool,
     except: usize,
     unusable: bool,
+    paused: Option<&str>,
+    ordered: bool,
 ) -> String {
     let mut filter = if types == 0 {
         String::new()
@@ -312,6 +530,14 @@ fn claim_select_sql(
     if except > 0 {
         filter.push_str(&format!(" AND `Id` NOT IN ({})", marks(except)));
     }
+    // Rows of paused queues (in `<table>Queues`, named `paused`) stay: looked up only
+    // while some queue is paused.
+    if let Some(queues_table) = paused {
+        filter.push_str(&paused_filter(t, queues_table));
+    }
+    if ordered {
+        filter.push_str(&ordered_filter(t));
+    }
     let order = match (v2, after) {
         (true, true) => "`Priority`, `RunAt`, `Id`",
         (true, false) => "`Priority`, `RunAt`",
@@ -353,6 +579,27 @@ fn claim_select_sql(
     )
 }
 
+/// The ordered-key condition of a claim's select from `t` (version 4): a row with an
+/// `OrderKey` is claimable only when no other pending row of its key is older by
+/// (`CreatedAt`, `Id`), so a key's rows run one at a time in the order they were
+/// scheduled, and one that runs or waits for a retry holds the younger ones until it
+/// completes or is dead-lettered. A row without a key stops at `IS NULL`; a keyed one is
+/// a seek in `IX_<t>_OrderKey`. The subquery is a consistent (non-locking) read under the
+/// claim's `FOR UPDATE SKIP LOCKED`: a head another claim is locking is still seen, not
+/// skipped. Spelled out rather than as a row comparison, which MariaDB does not seek on.
+/// The stamps of a stamp-and-claim come first in its transaction, so a head completed
+/// there frees the next row for the same claim.
+fn ordered_filter(t: &str) -> String {
+    format!(
+        " AND (`OrderKey` IS NULL OR NOT EXISTS ( \
+             SELECT 1 FROM {t} AS o \
+             WHERE o.`OrderKey` = {t}.`OrderKey` \
+               AND o.`ProcessedAt` IS NULL AND o.`DeadLetteredAt` IS NULL \
+               AND (o.`CreatedAt` < {t}.`CreatedAt` \
+                    OR (o.`CreatedAt` = {t}.`CreatedAt` AND o.`Id` < {t}.`Id`))))"
+    )
+}
+
 /// `row`, read before the claim's update, as that update left it: leased with `token`
 /// until `until`, and `Attempts` counted as the statement counts it (a count from 0 to
 /// 2147483646 grows by one; NULL, negative and the maximum stay as stored).
@@ -369,16 +616,30 @@ fn leased_as_updated(
     }
 }
 
+/// The stamps of `changes` as the set-state statements' JSON array: lease, kind, delay in
+/// µs (-1: none), error, and (read on version 4) the attempts' errors.
+fn stamps_json(changes: &[SetState]) -> String {
+    leases_json(changes.iter().map(|c| {
+        let delay = c
+            .delay_seconds()
+            .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
+        (&c.lease, c.kind(), delay, c.error(), c.errors())
+    }))
+}
+
 /// The JSON array the lease statements read with `JSON_TABLE`.
-fn leases_json<'a>(rows: impl Iterator<Item = (&'a Lease, i16, i64, Option<String>)>) -> String {
+fn leases_json<'a>(
+    rows: impl Iterator<Item = (&'a Lease, i16, i64, Option<String>, Option<&'a str>)>,
+) -> String {
     let rows: Vec<serde_json::Value> = rows
-        .map(|(lease, kind, delay, error)| {
+        .map(|(lease, kind, delay, error, errors)| {
             serde_json::json!([
                 lease.id.as_str(),
                 lease.token.to_string(),
                 kind,
                 delay,
-                error
+                error,
+                errors
             ])
         })
         .collect();
@@ -415,17 +676,134 @@ pub async fn insert_command(
     };
     let sql = Inserts {
         v1: insert_sql(&t).into(),
-        v2: insert_v2_sql(&t, 1),
+        v2: insert_v2_sql(&t, 1, false),
+        v4: insert_v2_sql(&t, 1, true),
         by_key: pending_by_key_sql(&t).into(),
     };
     insert_one(conn, &sql, table, command, version).await
 }
 
+/// Inserts `commands` (validated, of a table of schema `version`) through `conn`, which
+/// is inside a transaction: runs of commands without a unique key in multi-row
+/// statements of at most [`INSERT_ROWS_PER_STATEMENT`] rows (well within MySQL's 65,535
+/// placeholders) that fit the server's `max_allowed_packet`, each with a key on its own
+/// (it may meet a pending row, or one earlier in the batch). One [`Scheduled`] per
+/// command, in order.
+async fn insert_many(
+    conn: &mut MySqlConnection,
+    inserts: &Inserts,
+    t: &str,
+    table: &TableName,
+    commands: &[NewCommand],
+    version: u32,
+) -> Result<Vec<Scheduled>> {
+    let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+    // Only a batch that sets a key names the version-4 columns.
+    let v4 = v2 && commands.iter().any(|c| c.needs_v4().is_some());
+    // Each payload is serialized once; a batch of large ones is split into statements
+    // that fit the server's max_allowed_packet.
+    let mut payloads: Vec<String> = commands.iter().map(|c| c.payload.to_string()).collect();
+    let sizes: Vec<usize> = commands
+        .iter()
+        .zip(&payloads)
+        .map(|(c, p)| row_bytes((c, p)))
+        .collect();
+    let limit = packet_limit(&mut *conn, table, sizes.iter().sum()).await?;
+    let budget = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+    let mut scheduled = Vec::with_capacity(commands.len());
+    let mut full: Option<Arc<str>> = None;
+    // Runs of commands without a unique key go in multi-row statements; each with one
+    // on its own (it may meet a pending row, or one earlier in the batch).
+    let mut rest = commands;
+    while !rest.is_empty() {
+        let done = commands.len() - rest.len();
+        if v2 && rest[0].unique_key.is_some() {
+            scheduled.push(insert_one(&mut *conn, inserts, table, &rest[0], version).await?);
+            rest = &rest[1..];
+            continue;
+        }
+        let mut bytes = 0;
+        let run = rest
+            .iter()
+            .zip(&sizes[done..])
+            .take(INSERT_ROWS_PER_STATEMENT)
+            .take_while(|(c, size)| {
+                bytes += **size;
+                !(v2 && c.unique_key.is_some()) && bytes <= budget
+            })
+            .count()
+            .max(1);
+        let (chunk, after) = rest.split_at(run);
+        let chunk_payloads = payloads[done..done + run]
+            .iter_mut()
+            .map(std::mem::take)
+            .collect();
+        let render = || -> Arc<str> {
+            if v2 {
+                insert_v2_sql(t, chunk.len(), v4)
+            } else {
+                format!(
+                    "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
+                    vec![INSERT_ROW; chunk.len()].join(", ")
+                )
+                .into()
+            }
+        };
+        let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
+            full.get_or_insert_with(render).clone()
+        } else {
+            render()
+        };
+        insert_rows(&mut *conn, &sql, table, chunk, chunk_payloads, v2, v4).await?;
+        scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
+        rest = after;
+    }
+    Ok(scheduled)
+}
+
+/// Inserts `commands` through `conn` — a pooled connection or, with `&mut *tx`, the
+/// caller's open transaction — in bulk ([`insert_many`]), inside a savepoint of its own,
+/// so a failure leaves none of them and the caller's transaction usable.
+pub async fn insert_commands(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    commands: &[NewCommand],
+) -> Result<Vec<Scheduled>> {
+    super::validate_batch(commands)?;
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = table.quoted(Engine::Mysql);
+    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
+        table_version(conn, table).await?
+    } else {
+        1
+    };
+    super::refuse_v2_asks(table, version, commands.iter())?;
+    super::refuse_v4_asks(table, version, commands.iter())?;
+    let inserts = Inserts {
+        v1: insert_sql(&t).into(),
+        v2: insert_v2_sql(&t, 1, false),
+        v4: insert_v2_sql(&t, 1, true),
+        by_key: pending_by_key_sql(&t).into(),
+    };
+    let context = || format!("scheduling commands in bulk into {table}");
+    let mut savepoint = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(Error::db(context()))?;
+    let scheduled = insert_many(&mut savepoint, &inserts, &t, table, commands, version).await?;
+    savepoint.commit().await.map_err(Error::db(context()))?;
+    Ok(scheduled)
+}
+
 /// The schema version of `table` as `conn` sees it.
 async fn table_version(conn: &mut MySqlConnection, table: &TableName) -> Result<u32> {
-    let found: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.columns \
-         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'Queue'",
+    let (queue, order_key): (i64, i64) = sqlx::query_as(
+        "SELECT CAST(COALESCE(SUM(column_name = 'Queue'), 0) AS SIGNED), \
+                CAST(COALESCE(SUM(column_name = 'OrderKey'), 0) AS SIGNED) \
+         FROM information_schema.columns \
+         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? \
+           AND column_name IN ('Queue', 'OrderKey')",
     )
     .bind(table.schema())
     .bind(table.name())
@@ -434,13 +812,20 @@ async fn table_version(conn: &mut MySqlConnection, table: &TableName) -> Result<
     .map_err(Error::db(format!(
         "looking up the schema version of {table}"
     )))?;
-    Ok(if found > 0 { 2 } else { 1 })
+    // Version 3 (the history table) changes nothing an insert writes: it reads as 2.
+    Ok(match (queue > 0, order_key > 0) {
+        (true, true) => 4,
+        (true, false) => 2,
+        (false, _) => 1,
+    })
 }
 
 /// The insert statements [`insert_one`] chooses from.
 struct Inserts {
     v1: Arc<str>,
     v2: Arc<str>,
+    /// `v2` naming the order and concurrency keys too, for a command that sets one.
+    v4: Arc<str>,
     by_key: Arc<str>,
 }
 
@@ -458,9 +843,12 @@ async fn insert_one(
 ) -> Result<Scheduled> {
     command.validate()?;
     super::refuse_v2_asks(table, version, std::iter::once(command))?;
+    super::refuse_v4_asks(table, version, std::iter::once(command))?;
     let v2 = version >= 2 && command.uses_v2_columns();
+    let v4 = v2 && command.needs_v4().is_some();
+    let v2_sql = if v4 { &sql.v4 } else { &sql.v2 };
     let Some(key) = command.unique_key.as_ref().filter(|_| v2) else {
-        let statement = if v2 { &sql.v2 } else { &sql.v1 };
+        let statement = if v2 { v2_sql } else { &sql.v1 };
         let payloads = vec![command.payload.to_string()];
         insert_rows(
             conn,
@@ -469,6 +857,7 @@ async fn insert_one(
             std::slice::from_ref(command),
             payloads,
             v2,
+            v4,
         )
         .await?;
         return Ok(Scheduled::new(command.id.clone()));
@@ -477,8 +866,8 @@ async fn insert_one(
     let payload = command.payload.to_string();
     check_packet(conn, table, &[(command, payload.as_str())]).await?;
     for _ in 0..super::UNIQUE_KEY_TRIES {
-        let query = sqlx::query(AssertSqlSafe(sql.v2.clone()));
-        let inserted = bind_row(query, command, payload.clone(), true)
+        let query = sqlx::query(AssertSqlSafe(v2_sql.clone()));
+        let inserted = bind_row(query, command, payload.clone(), true, v4)
             .execute(&mut *conn)
             .await;
         match inserted {
@@ -553,13 +942,14 @@ fn held_key(err: &sqlx::Error) -> bool {
 
 type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
 
-/// Binds one row of an insert (thirteen parameters with `v2`, else nine), `payload` being
-/// the command's payload as JSON text.
+/// Binds one row of an insert (thirteen parameters with `v2`, fifteen with `v4` too, else
+/// nine), `payload` being the command's payload as JSON text.
 fn bind_row<'q>(
     query: MySqlQuery<'q>,
     command: &NewCommand,
     payload: String,
     v2: bool,
+    v4: bool,
 ) -> MySqlQuery<'q> {
     let (at, delay) = match command.run_at {
         RunAt::Now => (None, 0),
@@ -580,15 +970,22 @@ fn bind_row<'q>(
     if !v2 {
         return query;
     }
-    query
+    let query = query
         .bind(command.queue.clone())
         .bind(command.priority)
         .bind(command.unique_key.clone())
-        .bind(command.trace_parent_to_store())
+        .bind(command.trace_parent_to_store());
+    if !v4 {
+        return query;
+    }
+    query
+        .bind(command.order_key.clone())
+        .bind(command.concurrency_key.clone())
 }
 
 /// Inserts `commands` with one multi-row statement (`sql` has one row per command, of
-/// the version-2 columns with `v2`); `payloads` are their payloads as JSON text.
+/// the version-2 columns with `v2`, and the keys with `v4`); `payloads` are their payloads
+/// as JSON text.
 async fn insert_rows(
     conn: &mut MySqlConnection,
     sql: &Arc<str>,
@@ -596,6 +993,7 @@ async fn insert_rows(
     commands: &[NewCommand],
     payloads: Vec<String>,
     v2: bool,
+    v4: bool,
 ) -> Result<()> {
     for command in commands {
         command.validate()?;
@@ -607,7 +1005,7 @@ async fn insert_rows(
     check_packet(&mut *conn, table, &rows).await?;
     let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
     for (command, payload) in commands.iter().zip(payloads) {
-        query = bind_row(query, command, payload, v2);
+        query = bind_row(query, command, payload, v2, v4);
     }
     query
         .execute(conn)
@@ -635,6 +1033,8 @@ fn row_bytes((command, payload): (&NewCommand, &str)) -> usize {
         Some(command.queue.as_str()),
         command.unique_key.as_deref(),
         command.trace_parent.as_deref(),
+        command.order_key.as_deref(),
+        command.concurrency_key.as_deref(),
     ];
     let roles: usize = ctx.roles.iter().map(|r| r.len() + 3).sum();
     texts.iter().flatten().map(|t| t.len()).sum::<usize>() + roles + 13 * 12
@@ -746,15 +1146,26 @@ pub(crate) fn decode_row(row: &MySqlRow) -> std::result::Result<CommandRow, sqlx
 
 impl MySqlDriver {
     /// Connects a pool to `url` for `table`. `mariadb://` URLs are accepted as `mysql://`.
+    /// A URL may list several hosts (`mysql://u@g1:3306,g2:3307/db`): see [`connect`].
     pub async fn connect(url: &str, table: &TableName, options: &ConnectOptions) -> Result<Self> {
-        let normalized = match url.strip_prefix("mariadb:") {
-            Some(rest) => format!("mysql:{rest}"),
-            None => url.to_owned(),
+        let hosts = connect::parse(url)?;
+        let failover = if hosts.len() > 1 {
+            Some(connect::Failover::start(url, hosts).await?)
+        } else {
+            None
         };
+        let several = failover.is_some();
         let pool = options
             .pool::<sqlx::MySql>()
-            .after_connect(|conn, _meta| {
+            .after_connect(move |conn, _meta| {
                 Box::pin(async move {
+                    // A Galera node out of the primary component or not synced: another
+                    // node of the list takes the source's writes (the watcher switches).
+                    if several && let Some(reason) = connect::galera_refusal(conn).await? {
+                        return Err(sqlx::Error::Protocol(format!(
+                            "{reason}: looking for another node of the URL's hosts"
+                        )));
+                    }
                     // MariaDB ends a session left idle inside a transaction after this
                     // long, releasing its row locks. icq's own transactions (a claim, a
                     // stamp) never wait between statements; one idle this long belongs
@@ -772,11 +1183,23 @@ impl MySqlDriver {
                     }
                     Ok(())
                 })
-            })
-            .connect(&normalized)
-            .await
-            .map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
-        Self::on_pool(pool, table, false).await
+            });
+        let connected = match &failover {
+            Some(failover) => {
+                failover
+                    .pool_options(pool)
+                    .connect_with(failover.current_options())
+                    .await
+            }
+            None => pool.connect(&connect::normalized(url)).await,
+        };
+        let pool = connected.map_err(Error::db(format!("connecting to {}", redact_url(url))))?;
+        if let Some(failover) = &failover {
+            failover.adopt(&pool);
+        }
+        let mut driver = Self::on_pool(pool, table, false).await?;
+        driver.failover = failover;
+        Ok(driver)
     }
 
     /// A driver on the application's own pool, for `table`. Closing the driver leaves
@@ -804,17 +1227,22 @@ impl MySqlDriver {
                 return Err(Error::schema_missing(table, Engine::Mysql));
             }
         }
-        let t = table.quoted(Engine::Mysql);
+        let (t, h) = (
+            table.quoted(Engine::Mysql),
+            table.history().quoted(Engine::Mysql),
+        );
         Ok(MySqlDriver {
             pool,
             table: table.clone(),
-            sql: Sql::new(&t),
+            sql: Sql::new(&t, &h),
             t,
+            h,
             version: Default::default(),
             cursor: cursor::ClaimCursor::default(),
             unusable: Default::default(),
             shared_pool,
             poll_hint: tokio::sync::OnceCell::new(),
+            failover: None,
         })
     }
 
@@ -866,18 +1294,63 @@ impl MySqlDriver {
         Inserts {
             v1: self.sql.insert.clone(),
             v2: self.sql.insert_v2.clone(),
+            v4: self.sql.insert_v4.clone(),
             by_key: self.sql.pending_by_key.clone(),
         }
     }
 
-    /// The column list of a full read of this table: [`COLUMNS_V2`] on a version-2
-    /// table, [`COLUMNS`] on version 1.
+    /// One batch of a version-3 sweep, in one transaction: up to `limit` of the oldest
+    /// completed rows left in the table (by an icq older than version 3 during a rolling
+    /// upgrade, or by another program; rows other statements hold are skipped) move to
+    /// history (with the columns of `version`), and up to `limit` history rows older than
+    /// the retention go. Returns how many rows moved and went.
+    async fn sweep_v3(
+        &self,
+        conn: &mut MySqlConnection,
+        params: &SweepParams,
+        version: u32,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let (t, h) = (&self.t, &self.h);
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT `Id` FROM {t} WHERE `ProcessedAt` IS NOT NULL \
+             ORDER BY `ProcessedAt` LIMIT ? FOR UPDATE SKIP LOCKED"
+        )))
+        .bind(i64::from(params.limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut done = 0;
+        if !ids.is_empty() {
+            let columns = crate::engine::column_list(Engine::Mysql, "", version);
+            let marks = super::marks(ids.len());
+            let copy = format!(
+                "INSERT INTO {h} ({columns}) SELECT {columns} FROM {t} WHERE `Id` IN ({marks}) \
+                 ON DUPLICATE KEY UPDATE {}",
+                history_upsert(version)
+            );
+            let delete = format!("DELETE FROM {t} WHERE `Id` IN ({marks})");
+            for statement in [copy, delete] {
+                let mut query = sqlx::query(AssertSqlSafe(statement));
+                for id in &ids {
+                    query = query.bind(id);
+                }
+                done = query.execute(&mut *tx).await?.rows_affected();
+            }
+        }
+        done += sqlx::query(AssertSqlSafe(self.sql.sweep_history.clone()))
+            .bind(micros(params.older_than))
+            .bind(i64::from(params.limit))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    /// The column list of a full read of this table: [`COLUMNS_V4`] on a version-4
+    /// table, [`COLUMNS_V2`] on versions 2 and 3, [`COLUMNS`] on version 1.
     pub(crate) async fn columns(&self) -> Result<&'static str> {
-        Ok(if self.schema_version().await? >= 2 {
-            COLUMNS_V2
-        } else {
-            COLUMNS
-        })
+        Ok(columns_of(self.schema_version().await?))
     }
 
     /// The claim's two statements, inside the caller's transaction; never the rows of
@@ -907,7 +1380,9 @@ impl MySqlDriver {
         } else {
             None
         };
-        let columns = if v2 { COLUMNS_V2 } else { COLUMNS };
+        let columns = columns_of(version);
+        let paused =
+            (params.skip_paused && version >= 4).then(|| self.table.queues().quoted(Engine::Mysql));
         let sql = claim_select_sql(
             t,
             &format!("{columns}, {NOW} AS `IcqNow`"),
@@ -918,6 +1393,8 @@ impl MySqlDriver {
             after.is_some(),
             except.len(),
             unusable,
+            paused.as_deref(),
+            version >= 4,
         );
         let mut select = sqlx::query(AssertSqlSafe(sql)).bind(micros(params.processing_delay));
         for type_name in types.iter().chain(types) {
@@ -949,10 +1426,11 @@ impl MySqlDriver {
             if follows_cursor {
                 self.cursor.advance(&[], params.limit, params.spread);
             }
-            if after.is_some() {
+            if after.is_some() && self.cursor.at_head() {
                 // Nothing after the cursor (the backlog ends before it, or a spreading
                 // jump overshot): from the head at once, where the empty claim moved the
-                // cursor. An empty answer makes the processor wait for the polling interval.
+                // cursor (unless the head is costly: the cursor stays). An empty answer
+                // makes the processor wait for the polling interval.
                 return Box::pin(self.claim_on(conn, params, except)).await;
             }
             return Ok(Vec::new());
@@ -1015,22 +1493,84 @@ impl MySqlDriver {
         if changes.is_empty() {
             return Ok(0);
         }
-        let json = leases_json(changes.iter().map(|c| {
-            let delay = c
-                .delay_seconds()
-                .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
-            (&c.lease, c.kind(), delay, c.error())
-        }));
-        let sql = if self.schema_version().await? >= 2 {
-            &self.sql.set_state_v2
+        let version = self.schema_version().await?;
+        let ctx = || self.ctx("stamping outcomes");
+        if version < 3 {
+            let sql = if version >= 2 {
+                &self.sql.set_state_v2
+            } else {
+                &self.sql.set_state_v1
+            };
+            let done = sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(stamps_json(changes))
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?;
+            return Ok(done.rows_affected());
+        }
+        // In the caller's transaction (a savepoint) or one of its own.
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(Error::db(ctx()))?;
+        let done = self.stamp_moving_on(&mut tx, changes, version).await?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(done)
+    }
+
+    /// A claim about to commit `claimed` (see [`UnsettledClaim`]).
+    fn unsettled_claim(&self, claimed: &[ClaimedRow], params: &ClaimParams) -> UnsettledClaim {
+        if claimed.is_empty() {
+            return UnsettledClaim(None);
+        }
+        let ids: Vec<String> = claimed
+            .iter()
+            .map(|c| c.lease.id.as_str().to_owned())
+            .collect();
+        let sql = format!(
+            "UPDATE {} SET `LockToken` = NULL, `LockedUntil` = NULL, \
+             `Attempts` = GREATEST(`Attempts` - 1, 0) WHERE `LockToken` = ? AND `Id` IN ({})",
+            self.t,
+            marks(ids.len())
+        );
+        UnsettledClaim(Some(Release {
+            pool: self.pool.clone(),
+            sql,
+            token: params.token.to_string(),
+            ids,
+            until: std::time::Instant::now() + params.lease,
+        }))
+    }
+
+    /// The stamps of a version-3 (or later) table on `conn`, inside a transaction the
+    /// caller opened: the set-state statement (on version 4 with the attempts' errors),
+    /// then the move of the rows it completed to history. Returns how many rows were
+    /// stamped.
+    pub(crate) async fn stamp_moving_on(
+        &self,
+        conn: &mut MySqlConnection,
+        changes: &[SetState],
+        version: u32,
+    ) -> Result<u64> {
+        let json = stamps_json(changes);
+        let ctx = || self.ctx("stamping outcomes");
+        let sql = if version >= 4 {
+            &self.sql.set_state_v4
         } else {
-            &self.sql.set_state_v1
+            &self.sql.set_state_v2
         };
         let done = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(json)
+            .bind(json.clone())
             .execute(&mut *conn)
             .await
-            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+            .map_err(Error::db(ctx()))?;
+        let copy = &self.sql.copy_completed[usize::from(version >= 4)];
+        for statement in [copy, &self.sql.delete_completed] {
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .bind(json.clone())
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?;
+        }
         Ok(done.rows_affected())
     }
 }
@@ -1050,12 +1590,16 @@ impl QueueOps for MySqlDriver {
         } else {
             1
         };
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(Error::db(self.ctx("scheduling a command")))?;
-        insert_one(&mut conn, &self.inserts(), &self.table, command, version).await
+        let inserts = self.inserts();
+        again_after_lost_races(|| async {
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(Error::db(self.ctx("scheduling a command")))?;
+            insert_one(&mut conn, &inserts, &self.table, command, version).await
+        })
+        .await
     }
 
     async fn command_insert_many(
@@ -1063,8 +1607,9 @@ impl QueueOps for MySqlDriver {
         params: &CommandInsertManyParams<'_>,
     ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
-        for command in commands {
-            command.validate()?;
+        super::validate_batch(commands)?;
+        if commands.is_empty() {
+            return Ok(Vec::new());
         }
         let version = if commands.iter().any(NewCommand::uses_v2_columns) {
             self.schema_version().await?
@@ -1072,72 +1617,17 @@ impl QueueOps for MySqlDriver {
             1
         };
         super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
-        let t = &self.t;
+        super::refuse_v4_asks(&self.table, version, commands.iter())?;
         let ctx = || self.ctx("scheduling commands in bulk");
-        let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        // Each payload is serialized once; a batch of large ones is split into statements
-        // that fit the server's max_allowed_packet.
-        let mut payloads: Vec<String> = commands.iter().map(|c| c.payload.to_string()).collect();
-        let sizes: Vec<usize> = commands
-            .iter()
-            .zip(&payloads)
-            .map(|(c, p)| row_bytes((c, p)))
-            .collect();
-        let limit = packet_limit(&mut tx, &self.table, sizes.iter().sum()).await?;
-        let budget = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
-        let mut scheduled = Vec::with_capacity(commands.len());
-        let mut full: Option<Arc<str>> = None;
-        // Runs of commands without a unique key go in multi-row statements; each with one
-        // on its own (it may meet a pending row, or one earlier in the batch).
         let inserts = self.inserts();
-        let mut rest = commands;
-        while !rest.is_empty() {
-            let done = commands.len() - rest.len();
-            if v2 && rest[0].unique_key.is_some() {
-                scheduled
-                    .push(insert_one(&mut tx, &inserts, &self.table, &rest[0], version).await?);
-                rest = &rest[1..];
-                continue;
-            }
-            let mut bytes = 0;
-            let run = rest
-                .iter()
-                .zip(&sizes[done..])
-                .take(INSERT_ROWS_PER_STATEMENT)
-                .take_while(|(c, size)| {
-                    bytes += **size;
-                    !(v2 && c.unique_key.is_some()) && bytes <= budget
-                })
-                .count()
-                .max(1);
-            let (chunk, after) = rest.split_at(run);
-            let chunk_payloads = payloads[done..done + run]
-                .iter_mut()
-                .map(std::mem::take)
-                .collect();
-            let render = || -> Arc<str> {
-                if v2 {
-                    insert_v2_sql(t, chunk.len())
-                } else {
-                    format!(
-                        "INSERT INTO {t} (`Id`, `Type`, `Payload`, `RunAt`, `UserId`, `Roles`, `TenantId`, `CorrelationId`) VALUES {}",
-                        vec![INSERT_ROW; chunk.len()].join(", ")
-                    )
-                    .into()
-                }
-            };
-            let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
-                full.get_or_insert_with(render).clone()
-            } else {
-                render()
-            };
-            insert_rows(&mut tx, &sql, &self.table, chunk, chunk_payloads, v2).await?;
-            scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
-            rest = after;
-        }
-        tx.commit().await.map_err(Error::db(ctx()))?;
-        Ok(scheduled)
+        again_after_lost_races(|| async {
+            let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
+            let scheduled =
+                insert_many(&mut tx, &inserts, &self.t, &self.table, commands, version).await?;
+            tx.commit().await.map_err(Error::db(ctx()))?;
+            Ok(scheduled)
+        })
+        .await
     }
 
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
@@ -1146,7 +1636,10 @@ impl QueueOps for MySqlDriver {
         let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let claimed = self.claim_on(&mut tx, params, &[]).await?;
-        tx.commit().await.map_err(Error::db(ctx()))?;
+        let unsettled = self.unsettled_claim(&claimed, params);
+        let committed = tx.commit().await;
+        unsettled.settled(committed.as_ref().err());
+        committed.map_err(Error::db(ctx()))?;
         Ok(claimed)
     }
 
@@ -1163,8 +1656,18 @@ impl QueueOps for MySqlDriver {
         let mut tx = conn.begin().await.map_err(Error::db(ctx()))?;
         let stamped = self.set_state_on(&mut tx, changes).await?;
         let claimed = self.claim_on(&mut tx, params, changes).await?;
-        tx.commit().await.map_err(Error::db(ctx()))?;
+        let unsettled = self.unsettled_claim(&claimed, params);
+        let committed = tx.commit().await;
+        unsettled.settled(committed.as_ref().err());
+        committed.map_err(Error::db(ctx()))?;
         Ok((stamped, claimed))
+    }
+
+    async fn command_claim_limited(
+        &self,
+        params: &super::LimitedClaimParams<'_>,
+    ) -> Result<super::LimitedClaim> {
+        self.claim_limited(params).await
     }
 
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
@@ -1172,7 +1675,7 @@ impl QueueOps for MySqlDriver {
         let sql = format!(
             "SELECT {} FROM {} WHERE `Id` = ?",
             self.columns().await?,
-            self.t
+            self.all_rows().await?
         );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -1199,7 +1702,7 @@ impl QueueOps for MySqlDriver {
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let ctx = || self.ctx("extending leases");
-        let json = leases_json(leases.iter().map(|l| (l, 0, -1, None)));
+        let json = leases_json(leases.iter().map(|l| (l, 0, -1, None, None)));
         let mut conn = self.pool.acquire().await.map_err(Error::db(ctx()))?;
         sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(&json)
@@ -1239,11 +1742,17 @@ impl QueueOps for MySqlDriver {
         if locked != Some(1) {
             return Ok(None);
         }
-        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
-            .bind(micros(params.older_than))
-            .bind(i64::from(params.limit))
-            .execute(&mut *conn)
-            .await;
+        let version = self.schema_version().await?;
+        let done = if version >= 3 {
+            self.sweep_v3(&mut conn, params, version).await
+        } else {
+            sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+                .bind(micros(params.older_than))
+                .bind(i64::from(params.limit))
+                .execute(&mut *conn)
+                .await
+                .map(|done| done.rows_affected())
+        };
         let released = sqlx::query(SWEEP_UNLOCK)
             .bind(&lock)
             .bind(self.table.schema())
@@ -1251,7 +1760,7 @@ impl QueueOps for MySqlDriver {
             .await;
         let done = done.map_err(Error::db(ctx()))?;
         released.map_err(Error::db(ctx()))?;
-        Ok(Some(done.rows_affected()))
+        Ok(Some(done))
     }
 
     async fn activity(&self) -> Result<Activity> {
@@ -1262,6 +1771,18 @@ impl QueueOps for MySqlDriver {
             activity_sql(&format!("{}{hint}", self.t), "").into()
         };
         let row = sqlx::query(AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("counting due commands")))?;
+        super::decode_activity(&row)
+    }
+
+    async fn activity_unpaused(&self) -> Result<Activity> {
+        if self.schema_version().await? < 4 {
+            return self.activity().await;
+        }
+        let paused = paused_filter(&self.t, &self.table.queues().quoted(Engine::Mysql));
+        let row = sqlx::query(AssertSqlSafe(activity_sql(&self.t, &paused)))
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
@@ -1305,7 +1826,7 @@ impl QueueOps for MySqlDriver {
         if params.leases.is_empty() {
             return Ok(Vec::new());
         }
-        let json = leases_json(params.leases.iter().map(|l| (l, 0, -1, None)));
+        let json = leases_json(params.leases.iter().map(|l| (l, 0, -1, None, None)));
         let rows = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
             .bind(json)
             .fetch_all(&self.pool)
@@ -1410,19 +1931,36 @@ impl Lifecycle for MySqlDriver {
                 if !self.table_exists().await? {
                     return Ok(None);
                 }
-                let found: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM information_schema.columns \
-                     WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? \
-                       AND column_name = 'Queue'",
+                let (queue, history, order_key): (i64, i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT COUNT(*) FROM information_schema.columns \
+                             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? \
+                               AND column_name = 'Queue'), \
+                            (SELECT COUNT(*) FROM information_schema.tables \
+                             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?), \
+                            (SELECT COUNT(*) FROM information_schema.columns \
+                             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? \
+                               AND column_name = 'OrderKey')",
                 )
+                .bind(self.table.schema())
+                .bind(self.table.name())
+                .bind(self.table.schema())
+                .bind(self.table.history().name().to_owned())
                 .bind(self.table.schema())
                 .bind(self.table.name())
                 .fetch_one(&self.pool)
                 .await
                 .map_err(Error::db(self.ctx("looking up the table's schema version")))?;
-                Ok(Some(found > 0))
+                Ok(Some(super::version_of(
+                    queue > 0,
+                    history > 0,
+                    order_key > 0,
+                )))
             })
             .await
+    }
+
+    fn forget_schema_version(&self) {
+        self.version.forget();
     }
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
@@ -1435,11 +1973,19 @@ impl Lifecycle for MySqlDriver {
         .await
     }
 
-    async fn listen(&self, _notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
+    async fn listen(
+        &self,
+        _notify: Arc<Notify>,
+        _cancelled: Arc<Notify>,
+        _queues_changed: Arc<Notify>,
+    ) -> Result<bool> {
         Ok(false)
     }
 
     async fn close(&self) {
+        if let Some(failover) = &self.failover {
+            failover.stop();
+        }
         if !self.shared_pool {
             self.pool.close().await;
         }
@@ -1470,6 +2016,14 @@ impl crate::Enqueue for MySqlConnection {
 
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         insert_command(self, table, command).await
+    }
+
+    async fn enqueue_many(
+        &mut self,
+        table: &TableName,
+        commands: &[NewCommand],
+    ) -> Result<Vec<Scheduled>> {
+        insert_commands(self, table, commands).await
     }
 }
 
@@ -1537,6 +2091,7 @@ mod tests {
             types: None,
             queues: None,
             spread: false,
+            skip_paused: false,
         };
         let order: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT `Id` FROM {t} ORDER BY `Priority`, `RunAt`, `Id`"
@@ -1782,7 +2337,19 @@ mod tests {
             .unwrap();
 
         let webhooks = vec!["webhooks".to_owned()];
-        let sql = claim_select_sql(t, "`Id`", "", true, 0, Some(&webhooks), false, 0, false);
+        let sql = claim_select_sql(
+            t,
+            "`Id`",
+            "",
+            true,
+            0,
+            Some(&webhooks),
+            false,
+            0,
+            false,
+            None,
+            false,
+        );
         let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(AssertSqlSafe(format!("EXPLAIN {sql}")))
             .bind(0_i64)
             .bind("webhooks")
@@ -1805,6 +2372,7 @@ mod tests {
             types: None,
             queues: Some(queues.iter().map(|q| q.to_string()).collect()),
             spread: false,
+            skip_paused: false,
         };
         let rows = driver.command_claim(&claim(&["webhooks"])).await.unwrap();
         let mut priorities: Vec<i16> = rows.iter().map(|r| r.row.priority).collect();

@@ -19,8 +19,8 @@ use crate::engine::admin::{
 use crate::engine::admin::{
     CommandGetManyParams, CommandRequeueDeadManyParams, CommandRequeueManyParams, DeadLetterFilter,
     DeadLetterKey, DeadLetterListParams, DeadLetterPageParams, DeadLetterSummary,
-    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, StateCount,
-    StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
+    FinishedDeleteBatchParams, FinishedFilter, FinishedKind, KeyConflict, OrderKeyHolderParams,
+    StateCount, StateCountParams, UniqueKeyHolder, UniqueKeyHoldersParams,
 };
 use crate::engine::admin::{CommandHead, CommandHeadParams, RequeueBatch, requeue_page};
 use crate::engine::admin::{
@@ -33,6 +33,8 @@ use crate::error::{Error, Result};
 const COLUMNS_BUT_PAYLOAD: &str = r#""Id", "Type", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId""#;
 /// The columns a version-2 table adds.
 const COLUMNS_V2: &str = r#""Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes""#;
+/// The columns schema version 4 adds.
+const COLUMNS_V4: &str = r#""ConcurrencyKey", "OrderKey", "Errors""#;
 
 /// Pending: neither completed nor dead.
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
@@ -120,6 +122,22 @@ fn list_condition(state: ListState) -> String {
 }
 
 impl PgDriver {
+    /// What reads that may meet completed rows select `FROM`: the table, or on version 3
+    /// the table and its history as one (`UNION ALL`: a condition on the whole is pushed
+    /// into both branches, each of which uses its own indexes).
+    pub(super) async fn all_rows(&self) -> Result<String> {
+        let version = self.schema_version().await?;
+        if version < 3 {
+            return Ok(self.t.clone());
+        }
+        Ok(crate::engine::with_history(
+            crate::ident::Engine::Postgres,
+            &self.t,
+            &self.h,
+            version,
+        ))
+    }
+
     /// Puts back the listed rows that are still dead, in one statement.
     async fn requeue_dead(&self, set: &str, ids: &[Uuid]) -> std::result::Result<u64, sqlx::Error> {
         let t = &self.t;
@@ -167,7 +185,7 @@ impl AdminOps for PgDriver {
     }
 
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let version = self.schema_version().await?;
         let (select, group) = count_grouping(params, version, |c| format!(r#""{c}""#));
         let filter = if params.queue.is_some() {
@@ -231,11 +249,12 @@ impl AdminOps for PgDriver {
         let Some(id) = params.id.as_uuid() else {
             return Ok(None);
         };
-        let t = &self.t;
-        let v2 = if self.schema_version().await? >= 2 {
-            format!(", {COLUMNS_V2}")
-        } else {
-            String::new()
+        let t = &self.all_rows().await?;
+        let version = self.schema_version().await?;
+        let v2 = match version {
+            4.. => format!(", {COLUMNS_V2}, {COLUMNS_V4}"),
+            2..4 => format!(", {COLUMNS_V2}"),
+            _ => String::new(),
         };
         let sql = format!(
             r#"SELECT {COLUMNS_BUT_PAYLOAD}{v2}, 'null'::jsonb AS "Payload",
@@ -268,7 +287,7 @@ impl AdminOps for PgDriver {
 
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let ids: Vec<Uuid> = ids.iter().filter_map(CommandId::as_uuid).collect();
         let sql = format!(r#"SELECT * FROM {t} WHERE "Id" = ANY($1) ORDER BY "CreatedAt", "Id""#);
         let rows = on_pool!(self, self.pool, BEGIN, |e| sqlx::query(AssertSqlSafe(sql))
@@ -288,8 +307,13 @@ impl AdminOps for PgDriver {
             return Ok(Vec::new());
         }
         let by_priority = params.state.claim_order() && self.schema_version().await? >= 2;
+        let rows = if params.state == ListState::Completed {
+            self.all_rows().await?
+        } else {
+            self.t.clone()
+        };
         let sql = numbered_list_sql(
-            &self.t,
+            &rows,
             params,
             list_condition(params.state),
             '$',
@@ -362,6 +386,30 @@ impl AdminOps for PgDriver {
                 was_running,
             })
             .collect())
+    }
+
+    async fn order_key_holder(&self, params: &OrderKeyHolderParams) -> Result<Option<CommandId>> {
+        let Some(id) = params.id.as_uuid() else {
+            return Ok(None);
+        };
+        if self.schema_version().await? < 4 {
+            return Ok(None);
+        }
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT o."Id" FROM {t} AS c JOIN {t} AS o ON o."OrderKey" = c."OrderKey"
+               WHERE c."Id" = $1 AND o."ProcessedAt" IS NULL AND o."DeadLetteredAt" IS NULL
+                 AND (o."CreatedAt", o."Id") < (c."CreatedAt", c."Id")
+               ORDER BY o."CreatedAt", o."Id" LIMIT 1"#
+        );
+        let holder: Option<Uuid> = on_pool!(self, self.pool, BEGIN, |e| sqlx::query_scalar(
+            AssertSqlSafe(sql)
+        )
+        .bind(id)
+        .fetch_optional(e))
+        .await
+        .map_err(self.db("looking up the row an order key waits behind"))?;
+        Ok(holder.map(CommandId::from))
     }
 
     async fn unique_key_holders(
@@ -605,7 +653,10 @@ impl AdminOps for PgDriver {
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
-        let t = &self.t;
+        let t = &match filter.kind {
+            FinishedKind::Completed => self.all_rows().await?,
+            FinishedKind::DeadLetters => self.t.clone(),
+        };
         let (condition, _, _) = finished(filter);
         let sql = format!("SELECT count(*) FROM {t} WHERE {condition}");
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(filter.before);
@@ -622,8 +673,34 @@ impl AdminOps for PgDriver {
     }
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
-        let t = &self.t;
-        let (condition, order, limit) = finished(&params.filter);
+        let from_history =
+            params.filter.kind == FinishedKind::Completed && self.schema_version().await? >= 3;
+        let mut done = 0;
+        if from_history {
+            done = self
+                .finished_delete_from(&self.h, params, params.limit)
+                .await?;
+        }
+        let left = params.limit.saturating_sub(done as u32);
+        if left > 0 {
+            done += self.finished_delete_from(&self.t, params, left).await?;
+        }
+        Ok(done)
+    }
+}
+
+impl PgDriver {
+    /// Deletes up to `limit` finished rows of `params`' filter from `t` (the table or its
+    /// history), oldest first, by primary key.
+    async fn finished_delete_from(
+        &self,
+        t: &str,
+        params: &FinishedDeleteBatchParams,
+        limit: u32,
+    ) -> Result<u64> {
+        let (condition, order, limit_mark) = finished(&params.filter);
+        let limit_value = limit;
+        let limit = limit_mark;
         let sql = format!(
             r#"DELETE FROM {t} WHERE "Id" IN (
                    SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ${limit})"#
@@ -636,7 +713,7 @@ impl AdminOps for PgDriver {
             query = query.bind(type_name);
         }
         let done = on_pool!(self, self.pool, BEGIN, |e| query
-            .bind(i64::from(params.limit))
+            .bind(i64::from(limit_value))
             .execute(e))
         .await
         .map_err(self.db("purging finished commands"))?;

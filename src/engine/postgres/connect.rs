@@ -24,8 +24,8 @@
 //! - **Poolers.** sqlx's `extra_float_digits` startup parameter is never sent (PgBouncer
 //!   refuses unknown startup parameters unless told to ignore them; icq reads every value
 //!   in binary, where the setting changes nothing), and the processor's
-//!   `synchronous_commit = off` is a `SET` after connecting rather than the `options`
-//!   startup parameter, for the same reason. So PgBouncer in session mode works as a
+//!   `plan_cache_mode` is a `SET` after connecting rather than the `options` startup
+//!   parameter, for the same reason. So PgBouncer in session mode works as a
 //!   direct connection. In transaction mode ([`Pooler::Transaction`]) no statement is
 //!   named (the statement cache is off), and the driver runs each statement in its own
 //!   explicit transaction, so the parse and the execution that sqlx sends in two
@@ -277,8 +277,9 @@ impl Failover {
 
     /// Pool options with the checks every connection of this source gets: the server is
     /// writable when the URL asks for it (else the connection fails and the watcher
-    /// looks for another server), `synchronous_commit = off` for the processor's own
-    /// connections outside transaction pooling, and, with several hosts, connections
+    /// looks for another server), the work session's settings (`super::WORK_SESSION`) for
+    /// the processor's own connections outside transaction pooling, and, with several
+    /// hosts, connections
     /// made before a switch are closed instead of reused.
     pub(crate) fn pool_options(
         &self,
@@ -289,7 +290,7 @@ impl Failover {
     ) -> PgPoolOptions {
         let attrs = self.servers.attrs;
         let poke = self.poke.clone();
-        let sync_off = work && pooler == Pooler::Session;
+        let work_session = work && pooler == Pooler::Session;
         // The pool every engine gets (no ping before acquire; a connection abandoned by
         // a call's deadline is checked when it comes back), with PostgreSQL's checks.
         let pool = super::super::ConnectOptions {
@@ -309,10 +310,8 @@ impl Failover {
                                 .into(),
                         ));
                     }
-                    if sync_off {
-                        // Losing the last instants of claims and stamps in a crash only
-                        // makes a command run again; schedules commit durably elsewhere.
-                        sqlx::raw_sql("SET synchronous_commit = off")
+                    if work_session {
+                        sqlx::raw_sql(super::WORK_SESSION)
                             .execute(&mut *conn)
                             .await?;
                     }

@@ -28,15 +28,36 @@ macro_rules! on_pool {
     };
 }
 
-/// [`on_pool!`] on the driver's work pool.
+/// Runs `$run` on the driver's work pool with [`WORK_SESSION`]'s settings whichever way
+/// the driver was made: on icq's own connections the session carries them ([`connect`]);
+/// on the application's pool, or behind a transaction pooler, the statement runs in a
+/// transaction of its own that sets them `LOCAL`, so no other statement of the
+/// application's, and no other server connection, is touched.
 macro_rules! on_work {
     ($driver:expr, |$e:ident| $run:expr) => {
-        on_pool!($driver, $driver.work, WORK_BEGIN, |$e| $run)
+        async {
+            if $driver.work_in_transaction() {
+                let mut tx = $driver.work.begin_with(WORK_BEGIN).await?;
+                let out = {
+                    let $e = &mut *tx;
+                    $run.await?
+                };
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(out)
+            } else {
+                let $e = &$driver.work;
+                $run.await
+            }
+        }
     };
 }
 
 mod admin;
 mod connect;
+mod control;
+mod doctor;
+mod limited;
+mod recurring;
 use super::cursor;
 
 pub(crate) use connect::{connect_options, login_refusal};
@@ -66,10 +87,25 @@ use crate::ident::{Engine, TableName};
 use crate::redact::redact_url;
 use crate::settings::Pooler;
 
-/// How the processor's own statements begin in transaction pooling: the transaction
-/// carries `synchronous_commit = off`, which a `SET` on the connection cannot (the next
-/// transaction may run on another server connection).
-const WORK_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+/// How the processor's own statements begin where the connection's session cannot carry
+/// [`WORK_SESSION`]'s settings: on the application's pool (its other statements stay as
+/// it set them) and in transaction pooling (the next transaction may run on another
+/// server connection).
+const WORK_BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+
+/// The session setting of icq's own work connections (claims, stamps, renewals, sweeps):
+/// `plan_cache_mode = force_generic_plan`. The claim's parameters (`LIMIT $1`, the queue,
+/// the cursor) never change which index serves it, but left to choose, the server
+/// compares the generic plan, costed for an unknown `LIMIT` as a tenth of the table, with
+/// plans for the actual 50 rows; with the ordered-key subquery priced per row that
+/// comparison never favours the generic plan, so every claim was planned again (half a
+/// millisecond each, a tenth of a no-op drain). The generic plans use the same indexes as
+/// the custom ones, on a table of any size.
+///
+/// Commits keep the server's `synchronous_commit`: a claim or a stamp the server
+/// acknowledged is on its synchronous standby too, so a failover to it runs no command
+/// twice.
+const WORK_SESSION: &str = "SET plan_cache_mode = force_generic_plan";
 
 /// How every other statement begins in transaction pooling.
 const BEGIN: &str = "BEGIN";
@@ -77,14 +113,16 @@ const BEGIN: &str = "BEGIN";
 /// A PostgreSQL source: its pool, table and prepared SQL text.
 pub struct PgDriver {
     pub(crate) pool: PgPool,
-    /// The processor's own connections: claims, stamps, lease renewals and sweeps commit
-    /// with `synchronous_commit = off`. Losing the last instants of them in a database
-    /// crash only makes a command run again (at-least-once), never loses one; schedules
-    /// and operator changes go through `pool` and commit durably.
+    /// The processor's connections: claims, stamps, lease renewals and sweeps, with
+    /// generic plans ([`WORK_SESSION`]) however the driver was made ([`on_work!`]);
+    /// schedules and operator changes go through `pool`. Both commit with the server's
+    /// `synchronous_commit`.
     work: PgPool,
     pub(crate) table: TableName,
     /// The quoted, possibly schema-qualified table name.
     pub(crate) t: String,
+    /// The quoted name of its history table (schema version 3).
+    pub(crate) h: String,
     /// Which server of the URL is in use, and the watcher that moves to another.
     failover: Arc<connect::Failover>,
     /// The pooler in front of the server (the source's `pooler` setting).
@@ -114,12 +152,26 @@ struct Sql {
     insert: Arc<str>,
     /// The insert naming the version-2 columns, `ON CONFLICT` on the unique key.
     insert_v2: Arc<str>,
+    /// `insert_v2` naming the order and concurrency keys too (schema version 4).
+    insert_v4: Arc<str>,
     /// The pending row holding a unique key.
     pending_by_key: Arc<str>,
     /// The set-state statement of a version-1 table (no `Snoozes`).
     set_state_v1: Arc<str>,
     /// The set-state statement of a version-2 table.
     set_state_v2: Arc<str>,
+    /// The set-state statement of a version-3 table: completed rows move to history. It
+    /// returns the count of rows stamped.
+    set_state_v3: Arc<str>,
+    /// `set_state_v3` of a version-4 table: the moves carry its columns, and a failure
+    /// also writes `Errors` (a sixth array).
+    set_state_v4: Arc<str>,
+    /// A version-3 sweep's move of completed rows found in the table (`$1` limit).
+    sweep_move: Arc<str>,
+    /// `sweep_move` of a version-4 table.
+    sweep_move_v4: Arc<str>,
+    /// A version-3 sweep's delete of old history (`$1` seconds, `$2` limit).
+    sweep_history: Arc<str>,
     extend: Arc<str>,
     check: Arc<str>,
     sweep: Arc<str>,
@@ -128,8 +180,8 @@ struct Sql {
     activity_v1: Arc<str>,
     /// `activity` of a version-2 table's queues (`$1` text[]).
     activity_in: Arc<str>,
-    copy: String,
-    copy_v2: String,
+    /// The bulk insert's statements.
+    bulk: BulkSql,
     /// Claims and stamp-and-claims, by shape.
     claims: super::SqlCache<ClaimKey>,
 }
@@ -140,13 +192,20 @@ struct Sql {
 struct ClaimKey {
     /// A version-2 table: `Priority`, `RunAt`, `Id` order.
     v2: bool,
-    /// Stamps first (`$5..$9`), so the filters start at `$10`.
+    /// A version-3 table: the stamps move completed rows to history.
+    history: bool,
+    /// A version-4 table: the moves carry its columns too.
+    v4: bool,
+    /// Stamps first (`$5..$9`, `$5..$10` on version 4), so the filters start at `$10`
+    /// (`$11`).
     stamp: bool,
     /// `"Type" = ANY(…)`.
     types: bool,
     queues: super::QueueFilter,
     /// Starts after a [`cursor::Position`].
     after: bool,
+    /// Skips rows of paused queues (a version-4 table with a queue paused).
+    paused: bool,
     /// Also takes a few pending rows no time makes due (NULL `RunAt`, NULL `Queue`):
     /// every claim on a version-1 table, now and then on version 2 (seeks on both:
     /// [`unusable_sql`]).
@@ -167,6 +226,11 @@ fn poll_order(v2: bool) -> &'static str {
 /// `key.unusable`, the CTEs of [`unusable_sql`].
 fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
     let order = poll_order(key.v2);
+    let paused = if key.paused {
+        paused_filter(t)
+    } else {
+        String::new()
+    };
     let unusable = if key.unusable {
         unusable_sql(t, key.v2)
     } else {
@@ -178,10 +242,21 @@ fn due_sql(t: &str, key: ClaimKey, filter: &str) -> String {
            WHERE "ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL
              AND "RunAt" <= now()
              AND ("LockedUntil" IS NULL OR "LockedUntil" <= now())
-             AND ("CreatedAt" <= now() - make_interval(secs => $3) OR "CreatedAt" IS NULL){filter}
+             AND ("CreatedAt" <= now() - make_interval(secs => $3) OR "CreatedAt" IS NULL){filter}{paused}
            ORDER BY {order}
            LIMIT $1
            FOR UPDATE SKIP LOCKED){unusable}"#
+    )
+}
+
+/// Leaves out rows of queues paused in the queue-state table of `t` (`<table>Queues`,
+/// whose quoted name is `t`'s with `Queues` before the closing quote): one primary-key
+/// probe of a small table per row looked at, made only while some queue is paused.
+fn paused_filter(t: &str) -> String {
+    let q = format!("{}Queues\"", &t[..t.len() - 1]);
+    format!(
+        r#"
+             AND NOT EXISTS (SELECT 1 FROM {q} AS p WHERE p."Queue" = {t}."Queue" AND p."Paused")"#
     )
 }
 
@@ -262,6 +337,25 @@ fn with_clause(key: ClaimKey) -> &'static str {
     }
 }
 
+/// The ordered-key condition of the claim's selection from `t` (version 4): a row with an
+/// `OrderKey` is claimable only when no other pending row of its key is older by
+/// (`CreatedAt`, `Id`), so a key's rows run one at a time in the order they were
+/// scheduled, and a row that runs, waits for a retry or is leased holds the younger ones
+/// (it is pending) until it completes or is dead-lettered. A row without a key stops at
+/// `IS NULL`; a keyed one is one seek in the partial `IX_<t>_OrderKey`, which stops at the
+/// first older row. Any claimer's snapshot sees a running row as pending, and the
+/// completion that releases the next row commits before any claim can see it gone.
+fn ordered_filter(t: &str) -> String {
+    format!(
+        r#"
+             AND ("OrderKey" IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM {t} AS o
+                  WHERE o."OrderKey" = {t}."OrderKey"
+                    AND o."ProcessedAt" IS NULL AND o."DeadLetteredAt" IS NULL
+                    AND (o."CreatedAt", o."Id") < ({t}."CreatedAt", {t}."Id")))"#
+    )
+}
+
 /// The claim's filters of `key` from parameter `$first` on: the types (`text[]`), the
 /// queue (`text`) or queues (`text[]`), the cursor position (priority on version 2,
 /// `RunAt`, `Id`), in that order ([`PgDriver::bind_filters`] binds them so).
@@ -335,15 +429,24 @@ fn lease_sql(t: &str, key: ClaimKey) -> String {
     )
 }
 
-/// The claim (or stamp-and-claim) statement of `key`.
-fn claim_sql(t: &str, key: ClaimKey) -> String {
+/// [`ordered_filter`] when `key` is of a version-4 table.
+fn ordered(t: &str, key: ClaimKey) -> String {
+    if key.v4 {
+        ordered_filter(t)
+    } else {
+        String::new()
+    }
+}
+
+/// The claim (or stamp-and-claim) statement of `key` on table `t` (history `h`).
+fn claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
     if key.stamp {
-        return stamp_claim_sql(t, key);
+        return stamp_claim_sql(t, h, key);
     }
     format!(
         "{} {} {}",
         with_clause(key),
-        due_sql(t, key, &claim_filter(key, 5)),
+        due_sql(t, key, &(claim_filter(key, 5) + &ordered(t, key))),
         lease_sql(t, key)
     )
 }
@@ -354,7 +457,33 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
 /// A snooze gives the attempt back like a release and, on a version-2 table (`v2`),
 /// counts itself in `Snoozes` (saturating); on version 1 it is a release with a move.
 fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
+    update_sql(t, &stamp_rows(first), "", v2)
+}
+
+/// The stamps' rows from the arrays `$first..$first+4` (id, token, kind, delay, error).
+fn stamp_rows(first: usize) -> String {
     let [id, token, kind, delay, error] = [0, 1, 2, 3, 4].map(|i| first + i);
+    format!(
+        "unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[])
+                AS s(id, token, kind, delay, error)"
+    )
+}
+
+/// The stamps' update of `t` from the rows `from` (aliased `s`), with `filter` added.
+fn update_sql(t: &str, from: &str, filter: &str, v2: bool) -> String {
+    update_v4_sql(t, from, filter, v2, false)
+}
+
+/// [`update_sql`]; with `v4` a retry or a dead-letter also writes `Errors` from the
+/// stamps' `errors` (the array the processor computed; NULL leaves it as it is).
+fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> String {
+    let errors = if v4 {
+        r#""Errors" = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL
+                               THEN s.errors ELSE c."Errors" END,
+               "#
+    } else {
+        ""
+    };
     let snoozes = if v2 {
         r#""Snoozes" = CASE WHEN s.kind = 4 AND c."Snoozes" < 2147483647
                                 THEN c."Snoozes" + 1 ELSE c."Snoozes" END,
@@ -372,26 +501,75 @@ fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
                "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
                "Attempts" = CASE WHEN s.kind IN (3, 4) THEN GREATEST(c."Attempts" - 1, 0)
                                  ELSE c."Attempts" END,
-               {snoozes}"LockToken" = NULL, "LockedUntil" = NULL
-           FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[])
-                AS s(id, token, kind, delay, error)
-           WHERE c."Id" = s.id AND c."LockToken" = s.token"#
+               {errors}{snoozes}"LockToken" = NULL, "LockedUntil" = NULL
+           FROM {from}
+           WHERE c."Id" = s.id AND c."LockToken" = s.token{filter}"#
+    )
+}
+
+/// The stamps of a version-3 table as CTEs ending in `stamped` (one row per row
+/// stamped), from the arrays `$first..$first+4`: completed rows are deleted from `t` and
+/// inserted into its history `h` with `ProcessedAt = now()` and no lease, in the same
+/// statement; every other kind is the in-place update of [`set_state_sql`]. Both are
+/// guarded by the lease token, so a stale success stamp moves nothing.
+fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32) -> String {
+    let columns = crate::engine::column_list(Engine::Postgres, "", version);
+    let returning = crate::engine::column_list(Engine::Postgres, "c.", version);
+    let values = crate::engine::columns_of(version)
+        .map(|c| match c {
+            "ProcessedAt" => "now()".to_owned(),
+            "LockToken" | "LockedUntil" => "NULL".to_owned(),
+            c => format!(r#""{c}""#),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let upsert = crate::engine::history_upsert(Engine::Postgres, version);
+    let [id, token, kind, delay, error] = [0, 1, 2, 3, 4].map(|i| first + i);
+    // Version 4: a sixth array, each failure's new `Errors`.
+    let v4 = version >= 4;
+    let (errors, errors_column) = if v4 {
+        (format!(", ${}::text[]", first + 5), ", errors")
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        r#"stamps AS (
+               SELECT * FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[]{errors})
+                 AS s(id, token, kind, delay, error{errors_column})),
+           done AS (
+               DELETE FROM {t} AS c USING stamps AS s
+               WHERE s.kind = 0 AND c."Id" = s.id AND c."LockToken" = s.token
+               RETURNING {returning}),
+           moved AS (
+               INSERT INTO {h} ({columns}) SELECT {values} FROM done
+               ON CONFLICT ("Id") DO UPDATE SET {upsert} RETURNING 1),
+           updated AS ({} RETURNING 1),
+           stamped AS (SELECT 1 FROM moved UNION ALL SELECT 1 FROM updated)"#,
+        update_v4_sql(t, "stamps AS s", " AND s.kind <> 0", true, v4)
     )
 }
 
 /// Stamps and claims in one statement: the stamped rows are leased, so the claim's
 /// snapshot never selects them. One row comes back even when nothing is claimed, so the
 /// stamped count always arrives.
-fn stamp_claim_sql(t: &str, key: ClaimKey) -> String {
+fn stamp_claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
+    let stamps = if key.history {
+        stamp_move_ctes(t, h, 5, if key.v4 { 4 } else { 3 })
+    } else {
+        format!("stamped AS ({} RETURNING 1)", set_state_sql(t, 5, key.v2))
+    };
     format!(
-        r#"{} stamped AS ({} RETURNING 1),
+        r#"{} {stamps},
                 {},
                 claimed AS ({})
            SELECT n.stamped AS "icq_stamped", claimed.*
            FROM (SELECT count(*) AS stamped FROM stamped) AS n LEFT JOIN claimed ON true"#,
         with_clause(key),
-        set_state_sql(t, 5, key.v2),
-        due_sql(t, key, &claim_filter(key, 10)),
+        due_sql(
+            t,
+            key,
+            &(claim_filter(key, 10 + usize::from(key.v4)) + &ordered(t, key))
+        ),
         lease_sql(t, key)
     )
 }
@@ -400,10 +578,46 @@ fn stamp_claim_sql(t: &str, key: ClaimKey) -> String {
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 impl Sql {
-    fn new(t: &str) -> Sql {
+    fn new(t: &str, h: &str) -> Sql {
+        let set_state_moving = |version| {
+            format!(
+                "WITH {} SELECT count(*) FROM stamped",
+                stamp_move_ctes(t, h, 1, version)
+            )
+            .into()
+        };
+        // The rows are picked through the retention index and locked, skipping rows
+        // another statement holds.
+        let sweep_move = |version| {
+            let columns = crate::engine::column_list(Engine::Postgres, "", version);
+            format!(
+                r#"WITH moved AS (
+                       DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+                           SELECT ctid FROM {t} WHERE "ProcessedAt" IS NOT NULL
+                           ORDER BY "ProcessedAt" LIMIT $1
+                           FOR UPDATE SKIP LOCKED))
+                       RETURNING {columns})
+                   INSERT INTO {h} ({columns}) SELECT {columns} FROM moved
+                   ON CONFLICT ("Id") DO UPDATE SET {upsert}"#,
+                upsert = crate::engine::history_upsert(Engine::Postgres, version)
+            )
+            .into()
+        };
         Sql {
+            set_state_v3: set_state_moving(3),
+            set_state_v4: set_state_moving(4),
+            sweep_move: sweep_move(3),
+            sweep_move_v4: sweep_move(4),
+            sweep_history: format!(
+                r#"DELETE FROM {h} WHERE "Id" IN (
+                       SELECT "Id" FROM {h}
+                       WHERE "ProcessedAt" < now() - make_interval(secs => $1)
+                       ORDER BY "ProcessedAt" LIMIT $2)"#
+            )
+            .into(),
             insert: insert_sql(t).into(),
-            insert_v2: insert_v2_sql(t).into(),
+            insert_v2: insert_v2_sql(t, false).into(),
+            insert_v4: insert_v2_sql(t, true).into(),
             pending_by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#)
                 .into(),
             set_state_v1: set_state_sql(t, 1, false).into(),
@@ -439,14 +653,7 @@ impl Sql {
                 true,
             )
             .into(),
-            copy: format!(
-                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
-                   FROM STDIN WITH (FORMAT csv)"#
-            ),
-            copy_v2: format!(
-                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "TraceParent")
-                   FROM STDIN WITH (FORMAT csv)"#
-            ),
+            bulk: BulkSql::new(t),
             claims: Default::default(),
         }
     }
@@ -480,15 +687,20 @@ fn insert_sql(t: &str) -> String {
     )
 }
 
-/// The version-2 insert: a pending row holding the same unique key makes it insert
+/// The version-2 insert (with `v4`, naming the order and concurrency keys too): a pending row holding the same unique key makes it insert
 /// nothing and return no row (the unique index's own predicate names it as the arbiter,
 /// so a duplicate `Id` still fails).
-fn insert_v2_sql(t: &str) -> String {
+fn insert_v2_sql(t: &str, v4: bool) -> String {
+    let (columns, values) = if v4 {
+        (r#", "OrderKey", "ConcurrencyKey""#, ", $14, $15")
+    } else {
+        ("", "")
+    };
     format!(
         r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId",
-                            "Queue", "Priority", "UniqueKey", "TraceParent")
+                            "Queue", "Priority", "UniqueKey", "TraceParent"{columns})
            VALUES ($1, $2, $3, COALESCE($4, now() + make_interval(secs => $5)), $6, $7, $8, $9,
-                   $10, $11, $12, $13)
+                   $10, $11, $12, $13{values})
            ON CONFLICT ("UniqueKey") WHERE "UniqueKey" IS NOT NULL AND {PENDING} DO NOTHING
            RETURNING "Id""#
     )
@@ -521,30 +733,389 @@ pub async fn insert_command(
     };
     let sql = Inserts {
         v1: insert_sql(&t).into(),
-        v2: insert_v2_sql(&t).into(),
+        v2: insert_v2_sql(&t, false).into(),
+        v4: insert_v2_sql(&t, true).into(),
         by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#).into(),
     };
     insert_with(conn, &sql, table, command, version).await
 }
 
+/// Copies `commands` (none with a unique key) into the table through `conn` with
+/// `statement` (the table's `COPY … FROM STDIN`, naming the version-2 columns with `v2`,
+/// and the order and concurrency keys too with `v4`):
+/// the bulk path, the fastest PostgreSQL has, and it runs in the caller's transaction.
+async fn copy_rows(
+    conn: &mut PgConnection,
+    statement: &str,
+    commands: &[&NewCommand],
+    v2: bool,
+    v4: bool,
+) -> std::result::Result<(), sqlx::Error> {
+    if commands.is_empty() {
+        return Ok(());
+    }
+    // The transaction's now(), so RunAt = now agrees with the CreatedAt default.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let mut copy = conn.copy_in_raw(statement).await?;
+    let mut buf = String::with_capacity(256 * 1024);
+    for command in commands {
+        let run_at = match command.run_at {
+            RunAt::Now => now,
+            RunAt::At(at) => at,
+            RunAt::After(delay) => {
+                now + chrono::Duration::from_std(delay).unwrap_or(chrono::TimeDelta::MAX)
+            }
+        };
+        let ctx = &command.context;
+        let id = command.id.to_string();
+        let payload = command.payload.to_string();
+        let run_at = run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let roles = ctx.roles_json();
+        let priority = command.priority.to_string();
+        let trace_parent = command.trace_parent_to_store();
+        let fields = [
+            Some(id.as_str()),
+            Some(command.type_name.as_str()),
+            Some(payload.as_str()),
+            Some(run_at.as_str()),
+            ctx.user_id.as_deref(),
+            roles.as_deref(),
+            ctx.tenant_id.as_deref(),
+            ctx.correlation_id.as_deref(),
+        ];
+        let v2_fields = [
+            Some(command.queue.as_str()),
+            Some(priority.as_str()),
+            trace_parent.as_deref(),
+            command.order_key.as_deref(),
+            command.concurrency_key.as_deref(),
+        ];
+        let v2_fields = match (v2, v4) {
+            (true, true) => &v2_fields[..],
+            (true, false) => &v2_fields[..3],
+            (false, _) => &[],
+        };
+        for (i, field) in fields
+            .into_iter()
+            .chain(v2_fields.iter().copied())
+            .enumerate()
+        {
+            if i > 0 {
+                buf.push(',');
+            }
+            csv_field(&mut buf, field);
+        }
+        buf.push('\n');
+        if buf.len() > 240 * 1024 {
+            copy.send(std::mem::take(&mut buf).into_bytes()).await?;
+            buf.reserve(256 * 1024);
+        }
+    }
+    if !buf.is_empty() {
+        copy.send(buf.into_bytes()).await?;
+    }
+    copy.finish().await?;
+    Ok(())
+}
+
+/// The statements of a bulk insert into one table: the `COPY`s of commands without a
+/// unique key, one multi-row insert of those with one, and the read of the pending rows
+/// holding the keys that insert did not take.
+struct BulkSql {
+    copy: String,
+    copy_v2: String,
+    /// `copy_v2` naming the order and concurrency keys too (schema version 4).
+    copy_v4: String,
+    keyed: String,
+    /// `keyed` with the order and concurrency keys (`$14`, `$15`).
+    keyed_v4: String,
+    by_keys: String,
+}
+
+impl BulkSql {
+    fn new(t: &str) -> BulkSql {
+        BulkSql {
+            copy: format!(
+                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId")
+                   FROM STDIN WITH (FORMAT csv)"#
+            ),
+            copy_v2: format!(
+                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "TraceParent")
+                   FROM STDIN WITH (FORMAT csv)"#
+            ),
+            copy_v4: format!(
+                r#"COPY {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "TraceParent", "OrderKey", "ConcurrencyKey")
+                   FROM STDIN WITH (FORMAT csv)"#
+            ),
+            keyed: keyed_sql(t, false),
+            keyed_v4: keyed_sql(t, true),
+            by_keys: format!(
+                r#"SELECT "UniqueKey", "Id" FROM {t} WHERE "UniqueKey" = ANY($1::text[]) AND {PENDING}"#
+            ),
+        }
+    }
+}
+
+/// The multi-row insert of commands with a unique key, in batch order, so the first of
+/// two commands with one key is the one stored; a pending row holding the key (stored
+/// before, or earlier in this statement) makes a row insert nothing, as the single insert
+/// does. With `v4` it names the order and concurrency keys too (`$14`, `$15`).
+fn keyed_sql(t: &str, v4: bool) -> String {
+    let (columns, arrays, names, values) = if v4 {
+        (
+            r#", "OrderKey", "ConcurrencyKey""#,
+            ", $14::text[], $15::text[]",
+            ", order_key, concurrency_key",
+            ", s.order_key, s.concurrency_key",
+        )
+    } else {
+        ("", "", "", "")
+    };
+    format!(
+        r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId",
+                           "Queue", "Priority", "UniqueKey", "TraceParent"{columns})
+           SELECT s.id, s.type, s.payload::jsonb, COALESCE(s.at, now() + make_interval(secs => s.delay)),
+                  s.user_id, s.roles, s.tenant_id, s.correlation_id, s.queue, s.priority, s.key, s.trace_parent{values}
+           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::float8[], $6::text[],
+                       $7::text[], $8::text[], $9::text[], $10::text[], $11::int2[], $12::text[], $13::text[]{arrays})
+                WITH ORDINALITY
+                AS s(id, type, payload, at, delay, user_id, roles, tenant_id, correlation_id, queue,
+                     priority, key, trace_parent{names}, n)
+           ORDER BY s.n
+           ON CONFLICT ("UniqueKey") WHERE "UniqueKey" IS NOT NULL AND {PENDING} DO NOTHING
+           RETURNING "Id""#
+    )
+}
+
+/// Rows of one multi-row insert of commands with a unique key (thirteen arrays; no
+/// limit on binds, but a bounded statement keeps one failure's work small).
+const KEYED_ROWS_PER_STATEMENT: usize = 5_000;
+
+/// Inserts `commands` (validated, of a table of schema `version`) through `conn`, which
+/// is inside a transaction: those without a unique key by `COPY`, those with one by one
+/// multi-row insert per chunk that leaves out a key a pending row holds, then one read of
+/// those rows' ids. One [`Scheduled`] per command, in order; a command whose key's row
+/// settled between the insert and the read goes through the single insert, which tries
+/// again.
+async fn insert_many(
+    conn: &mut PgConnection,
+    sql: &BulkSql,
+    inserts: &Inserts,
+    table: &TableName,
+    commands: &[NewCommand],
+    version: u32,
+) -> Result<Vec<Scheduled>> {
+    let context = || format!("scheduling commands in bulk into {table}");
+    for command in commands {
+        if command.id.as_uuid().is_none() {
+            return Err(Error::invalid(format!(
+                "`{}` is not a UUID: PostgreSQL stores ids as uuid",
+                command.id
+            )));
+        }
+    }
+    let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+    // Only a batch that sets a key names the version-4 columns.
+    let v4 = v2 && commands.iter().any(|c| c.needs_v4().is_some());
+    let keyed = |c: &NewCommand| v2 && c.unique_key.is_some();
+    let copied: Vec<&NewCommand> = commands.iter().filter(|c| !keyed(c)).collect();
+    let statement = match (v2, v4) {
+        (true, true) => &sql.copy_v4,
+        (true, false) => &sql.copy_v2,
+        (false, _) => &sql.copy,
+    };
+    copy_rows(conn, statement, &copied, v2, v4)
+        .await
+        .map_err(Error::db(context()))?;
+    let mut scheduled: Vec<Scheduled> = commands
+        .iter()
+        .map(|c| Scheduled::new(c.id.clone()))
+        .collect();
+    let with_key: Vec<usize> = (0..commands.len())
+        .filter(|&i| keyed(&commands[i]))
+        .collect();
+    for chunk in with_key.chunks(KEYED_ROWS_PER_STATEMENT) {
+        let rows: Vec<&NewCommand> = chunk.iter().map(|&i| &commands[i]).collect();
+        let statement = if v4 { &sql.keyed_v4 } else { &sql.keyed };
+        let inserted: Vec<Uuid> = keyed_query(statement, &rows, v4)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        let inserted: std::collections::HashSet<Uuid> = inserted.into_iter().collect();
+        let left: Vec<usize> = chunk
+            .iter()
+            .copied()
+            .filter(|&i| {
+                commands[i]
+                    .id
+                    .as_uuid()
+                    .is_none_or(|id| !inserted.contains(&id))
+            })
+            .collect();
+        if left.is_empty() {
+            continue;
+        }
+        let keys: Vec<&str> = left
+            .iter()
+            .filter_map(|&i| commands[i].unique_key.as_deref())
+            .collect();
+        let holders: Vec<(String, Uuid)> = sqlx::query_as(AssertSqlSafe(sql.by_keys.clone()))
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(context()))?;
+        let holders: std::collections::HashMap<String, Uuid> = holders.into_iter().collect();
+        for i in left {
+            let holder = commands[i]
+                .unique_key
+                .as_ref()
+                .and_then(|key| holders.get(key));
+            scheduled[i] = match holder {
+                Some(id) => Scheduled {
+                    id: CommandId::from(*id),
+                    existing: true,
+                },
+                None => insert_with(conn, inserts, table, &commands[i], version).await?,
+            };
+        }
+    }
+    Ok(scheduled)
+}
+
+/// [`BulkSql::keyed`] with the thirteen arrays of `rows` bound (fifteen with `v4`).
+fn keyed_query<'q>(
+    sql: &str,
+    rows: &[&NewCommand],
+    v4: bool,
+) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, Uuid, sqlx::postgres::PgArguments> {
+    let n = rows.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut ats = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut users = Vec::with_capacity(n);
+    let mut roles = Vec::with_capacity(n);
+    let mut tenants = Vec::with_capacity(n);
+    let mut correlations = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut parents = Vec::with_capacity(n);
+    let mut order_keys = Vec::with_capacity(n);
+    let mut concurrency_keys = Vec::with_capacity(n);
+    for command in rows {
+        let (at, delay) = run_at_parts(command.run_at);
+        let ctx = &command.context;
+        ids.push(command.id.as_uuid().unwrap_or_default());
+        types.push(command.type_name.clone());
+        payloads.push(command.payload.to_string());
+        ats.push(at);
+        delays.push(delay);
+        users.push(ctx.user_id.clone());
+        roles.push(ctx.roles_json());
+        tenants.push(ctx.tenant_id.clone());
+        correlations.push(ctx.correlation_id.clone());
+        queues.push(command.queue.clone());
+        priorities.push(command.priority);
+        keys.push(command.unique_key.clone());
+        parents.push(command.trace_parent_to_store());
+        order_keys.push(command.order_key.clone());
+        concurrency_keys.push(command.concurrency_key.clone());
+    }
+    let query = sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+        .bind(ids)
+        .bind(types)
+        .bind(payloads)
+        .bind(ats)
+        .bind(delays)
+        .bind(users)
+        .bind(roles)
+        .bind(tenants)
+        .bind(correlations)
+        .bind(queues)
+        .bind(priorities)
+        .bind(keys)
+        .bind(parents);
+    if v4 {
+        query.bind(order_keys).bind(concurrency_keys)
+    } else {
+        query
+    }
+}
+
+/// Inserts `commands` through `conn` — a pooled connection or, with `&mut *tx`, the
+/// caller's open transaction — in bulk ([`insert_many`]), inside a savepoint of its own,
+/// so a failure leaves none of them and the caller's transaction usable.
+pub async fn insert_commands(
+    conn: &mut PgConnection,
+    table: &TableName,
+    commands: &[NewCommand],
+) -> Result<Vec<Scheduled>> {
+    super::validate_batch(commands)?;
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = table.quoted(Engine::Postgres);
+    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
+        table_version(conn, &t, table).await?
+    } else {
+        1
+    };
+    super::refuse_v2_asks(table, version, commands.iter())?;
+    super::refuse_v4_asks(table, version, commands.iter())?;
+    let inserts = Inserts {
+        v1: insert_sql(&t).into(),
+        v2: insert_v2_sql(&t, false).into(),
+        v4: insert_v2_sql(&t, true).into(),
+        by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#).into(),
+    };
+    let context = || format!("scheduling commands in bulk into {table}");
+    let mut savepoint = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(Error::db(context()))?;
+    let scheduled = insert_many(
+        &mut savepoint,
+        &BulkSql::new(&t),
+        &inserts,
+        table,
+        commands,
+        version,
+    )
+    .await?;
+    savepoint.commit().await.map_err(Error::db(context()))?;
+    Ok(scheduled)
+}
+
 /// The schema version of `t` as `conn` sees it (the caller's transaction has no driver
 /// to remember it).
 async fn table_version(conn: &mut PgConnection, t: &str, table: &TableName) -> Result<u32> {
-    let has_queue: bool = sqlx::query_scalar(
+    let (has_queue, has_order_key): (bool, bool) = sqlx::query_as(
         r#"SELECT EXISTS (SELECT 1 FROM pg_attribute
-                          WHERE attrelid = to_regclass($1) AND attname = 'Queue' AND NOT attisdropped)"#,
+                          WHERE attrelid = to_regclass($1) AND attname = 'Queue' AND NOT attisdropped),
+                  EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = to_regclass($1) AND attname = 'OrderKey' AND NOT attisdropped)"#,
     )
     .bind(t)
     .fetch_one(&mut *conn)
     .await
     .map_err(Error::db(format!("looking up the schema version of {table}")))?;
-    Ok(if has_queue { 2 } else { 1 })
+    // Version 3 (the history table) changes nothing an insert writes: it reads as 2.
+    Ok(match (has_queue, has_order_key) {
+        (true, true) => 4,
+        (true, false) => 2,
+        (false, _) => 1,
+    })
 }
 
 /// The insert statements [`insert_with`] chooses from.
 struct Inserts {
     v1: Arc<str>,
     v2: Arc<str>,
+    /// `v2` with the order and concurrency keys, for a command that sets one.
+    v4: Arc<str>,
     by_key: Arc<str>,
 }
 
@@ -563,6 +1134,7 @@ async fn insert_with(
         ))
     })?;
     super::refuse_v2_asks(table, version, std::iter::once(command))?;
+    super::refuse_v4_asks(table, version, std::iter::once(command))?;
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
     let v2 = version >= 2 && command.uses_v2_columns();
@@ -586,12 +1158,20 @@ async fn insert_with(
             .map_err(Error::db(context()))?;
         return Ok(Scheduled::new(command.id.clone()));
     }
+    let v4 = command.needs_v4().is_some();
     let query_v2 = || {
-        query(&sql.v2)
+        let query = query(if v4 { &sql.v4 } else { &sql.v2 })
             .bind(&command.queue)
             .bind(command.priority)
             .bind(&command.unique_key)
-            .bind(command.trace_parent_to_store())
+            .bind(command.trace_parent_to_store());
+        if v4 {
+            query
+                .bind(&command.order_key)
+                .bind(&command.concurrency_key)
+        } else {
+            query
+        }
     };
     let Some(key) = &command.unique_key else {
         query_v2()
@@ -777,19 +1357,22 @@ fn ascii_escaped(text: &str) -> String {
     escaped
 }
 
-/// The five arrays of a set-state statement.
+/// The five arrays of a set-state statement (six on a version-4 table: `histories`).
 struct StampArrays {
     ids: Vec<Uuid>,
     tokens: Vec<Uuid>,
     kinds: Vec<i16>,
     delays: Vec<Option<f64>>,
     errors: Vec<Option<String>>,
+    /// Each failure's new `Errors` array; `None` on a table older than version 4.
+    histories: Option<Vec<Option<String>>>,
 }
 
 impl StampArrays {
     /// The arrays of `changes`; with `ascii`, error texts escape every non-ASCII
-    /// character (`\u{20ac}`), for a database whose encoding cannot hold them all.
-    fn new(changes: &[SetState], ascii: bool) -> StampArrays {
+    /// character (`\u{20ac}`), for a database whose encoding cannot hold them all. With
+    /// `v4`, the sixth array of `Errors` too (escaped as JSON, `\u20ac`, with `ascii`).
+    fn new(changes: &[SetState], ascii: bool, v4: bool) -> StampArrays {
         let n = changes.len();
         let mut arrays = StampArrays {
             ids: Vec::with_capacity(n),
@@ -797,6 +1380,7 @@ impl StampArrays {
             kinds: Vec::with_capacity(n),
             delays: Vec::with_capacity(n),
             errors: Vec::with_capacity(n),
+            histories: v4.then(|| Vec::with_capacity(n)),
         };
         for change in changes {
             let Some(id) = change.lease.id.as_uuid() else {
@@ -812,18 +1396,64 @@ impl StampArrays {
             } else {
                 error
             });
+            if let Some(histories) = &mut arrays.histories {
+                let history = change.errors();
+                histories.push(if ascii {
+                    history.map(json_ascii_escaped)
+                } else {
+                    history.map(str::to_owned)
+                });
+            }
         }
         arrays
     }
 
     fn bind(self, query: PgQuery<'_>) -> PgQuery<'_> {
-        query
+        let query = query
             .bind(self.ids)
             .bind(self.tokens)
             .bind(self.kinds)
             .bind(self.delays)
-            .bind(self.errors)
+            .bind(self.errors);
+        match self.histories {
+            Some(histories) => query.bind(histories),
+            None => query,
+        }
     }
+    /// [`StampArrays::bind`] for a statement that returns one value (the count).
+    fn bind_scalar<'q, O>(
+        self,
+        query: sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        let query = query
+            .bind(self.ids)
+            .bind(self.tokens)
+            .bind(self.kinds)
+            .bind(self.delays)
+            .bind(self.errors);
+        match self.histories {
+            Some(histories) => query.bind(histories),
+            None => query,
+        }
+    }
+}
+
+/// JSON text with every non-ASCII character escaped as JSON does (`\u20ac`, a surrogate
+/// pair beyond the first plane): the same JSON value, storable in any encoding. icq's
+/// JSON holds non-ASCII characters only inside strings, where the escape is valid.
+fn json_ascii_escaped(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let mut units = [0u16; 2];
+    for c in json.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
 }
 
 impl PgDriver {
@@ -864,13 +1494,19 @@ impl PgDriver {
         };
         let key = ClaimKey {
             v2,
+            history: version >= 3,
+            v4: version >= 4,
             stamp,
             types: params.types.is_some(),
             queues,
             after: after.is_some(),
             unusable: !v2 || self.unusable.due(),
+            paused: params.skip_paused && version >= 4,
         };
-        let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
+        let sql = self
+            .sql
+            .claims
+            .get(key, |key| claim_sql(&self.t, &self.h, key));
         Ok((sql, key, after))
     }
 
@@ -922,13 +1558,17 @@ impl PgDriver {
             .pool_options(max, acquire, true, pooler)
             .connect_lazy_with(failover.current_options());
         failover.adopt(&work);
-        let t = table.quoted(Engine::Postgres);
+        let (t, h) = (
+            table.quoted(Engine::Postgres),
+            table.history().quoted(Engine::Postgres),
+        );
         let driver = PgDriver {
             pool,
             work,
             table: table.clone(),
-            sql: Sql::new(&t),
+            sql: Sql::new(&t, &h),
             t,
+            h,
             failover,
             pooler,
             cursor: cursor::ClaimCursor::default(),
@@ -946,8 +1586,9 @@ impl PgDriver {
     }
 
     /// A driver on the application's own pool, for `table`: schedules, reads and the
-    /// processor's claims and stamps all go through `pool` (so they commit as durably as
-    /// the application's own writes: no `synchronous_commit = off`), and the LISTEN
+    /// processor's claims and stamps all go through `pool`, each in a transaction of its
+    /// own with [`WORK_BEGIN`]'s settings (as on icq's own pools; the
+    /// application's statements are untouched), and the LISTEN
     /// connection is opened from `pool`'s connect options. One server, no failover watcher.
     /// A transaction pooler in front of the server is detected (one extra connection, once)
     /// and then handled as `pooler: transaction` is: no LISTEN, each statement in its own
@@ -966,13 +1607,17 @@ impl PgDriver {
             attrs: connect::SessionAttrs::Any,
         };
         let failover = connect::Failover::start(shown, servers).await?;
-        let t = table.quoted(Engine::Postgres);
+        let (t, h) = (
+            table.quoted(Engine::Postgres),
+            table.history().quoted(Engine::Postgres),
+        );
         let driver = PgDriver {
             work: pool.clone(),
             pool,
             table: table.clone(),
-            sql: Sql::new(&t),
+            sql: Sql::new(&t, &h),
             t,
+            h,
             failover,
             pooler: if pooling {
                 Pooler::Transaction
@@ -1058,80 +1703,11 @@ impl PgDriver {
         format!("{what} ({})", self.table)
     }
 
-    /// Copies `commands` (none with a unique key) into the table inside `tx`; with `v2`,
-    /// with their queue, priority and trace parent.
-    async fn copy_in(
-        &self,
-        tx: &mut PgConnection,
-        commands: &[&NewCommand],
-        v2: bool,
-    ) -> std::result::Result<(), sqlx::Error> {
-        if commands.is_empty() {
-            return Ok(());
-        }
-        // The transaction's now(), so RunAt = now agrees with the CreatedAt default.
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
-        let statement = if v2 {
-            &self.sql.copy_v2
-        } else {
-            &self.sql.copy
-        };
-        let mut copy = tx.copy_in_raw(statement).await?;
-        let mut buf = String::with_capacity(256 * 1024);
-        for command in commands {
-            let run_at = match command.run_at {
-                RunAt::Now => now,
-                RunAt::At(at) => at,
-                RunAt::After(delay) => {
-                    now + chrono::Duration::from_std(delay).unwrap_or(chrono::TimeDelta::MAX)
-                }
-            };
-            let ctx = &command.context;
-            let id = command.id.to_string();
-            let payload = command.payload.to_string();
-            let run_at = run_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-            let roles = ctx.roles_json();
-            let priority = command.priority.to_string();
-            let trace_parent = command.trace_parent_to_store();
-            let fields = [
-                Some(id.as_str()),
-                Some(command.type_name.as_str()),
-                Some(payload.as_str()),
-                Some(run_at.as_str()),
-                ctx.user_id.as_deref(),
-                roles.as_deref(),
-                ctx.tenant_id.as_deref(),
-                ctx.correlation_id.as_deref(),
-            ];
-            let v2_fields = [
-                Some(command.queue.as_str()),
-                Some(priority.as_str()),
-                trace_parent.as_deref(),
-            ];
-            let v2_fields = if v2 { &v2_fields[..] } else { &[] };
-            for (i, field) in fields
-                .into_iter()
-                .chain(v2_fields.iter().copied())
-                .enumerate()
-            {
-                if i > 0 {
-                    buf.push(',');
-                }
-                csv_field(&mut buf, field);
-            }
-            buf.push('\n');
-            if buf.len() > 240 * 1024 {
-                copy.send(std::mem::take(&mut buf).into_bytes()).await?;
-                buf.reserve(256 * 1024);
-            }
-        }
-        if !buf.is_empty() {
-            copy.send(buf.into_bytes()).await?;
-        }
-        copy.finish().await?;
-        Ok(())
+    /// Whether the processor's statements need a transaction of their own for
+    /// [`WORK_SESSION`]'s settings ([`on_work!`]): the session of a work connection
+    /// carries them only on icq's own pools outside transaction pooling.
+    fn work_in_transaction(&self) -> bool {
+        self.shared_pool || self.pooler == Pooler::Transaction
     }
 
     /// The insert statements of this table.
@@ -1139,6 +1715,7 @@ impl PgDriver {
         Inserts {
             v1: self.sql.insert.clone(),
             v2: self.sql.insert_v2.clone(),
+            v4: self.sql.insert_v4.clone(),
             by_key: self.sql.pending_by_key.clone(),
         }
     }
@@ -1188,41 +1765,24 @@ impl QueueOps for PgDriver {
         params: &CommandInsertManyParams<'_>,
     ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
-        for command in commands {
-            command.validate()?;
-            if command.id.as_uuid().is_none() {
-                return Err(Error::invalid(format!(
-                    "`{}` is not a UUID: PostgreSQL stores ids as uuid",
-                    command.id
-                )));
-            }
-        }
+        super::validate_batch(commands)?;
         if commands.is_empty() {
             return Ok(Vec::new());
         }
         let version = self.insert_version(commands.iter()).await?;
         super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+        super::refuse_v4_asks(&self.table, version, commands.iter())?;
         let ctx = "scheduling commands in bulk";
         let mut tx = self.pool.begin().await.map_err(self.db(ctx))?;
-        // Commands without a unique key are copied; each with one is inserted on its own
-        // (it may meet a pending row, or one earlier in the batch, and return its id).
-        let copied: Vec<&NewCommand> = commands
-            .iter()
-            .filter(|c| !(v2 && c.unique_key.is_some()))
-            .collect();
-        self.copy_in(&mut tx, &copied, v2)
-            .await
-            .map_err(self.db(ctx))?;
-        let sql = self.inserts();
-        let mut scheduled = Vec::with_capacity(commands.len());
-        for command in commands {
-            if v2 && command.unique_key.is_some() {
-                scheduled.push(insert_with(&mut tx, &sql, &self.table, command, version).await?);
-            } else {
-                scheduled.push(Scheduled::new(command.id.clone()));
-            }
-        }
+        let scheduled = insert_many(
+            &mut tx,
+            &self.sql.bulk,
+            &self.inserts(),
+            &self.table,
+            commands,
+            version,
+        )
+        .await?;
         tx.commit().await.map_err(self.db(ctx))?;
         Ok(scheduled)
     }
@@ -1253,7 +1813,7 @@ impl QueueOps for PgDriver {
         let (changes, params) = (params.changes, params.claim);
         let (sql, key, after) = self.claim_plan(params, true).await?;
         let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
-        let query = StampArrays::new(changes, self.ascii_errors()).bind(query);
+        let query = StampArrays::new(changes, self.ascii_errors(), key.v4).bind(query);
         let query = PgDriver::bind_filters(query, params, key, after);
         let rows = on_work!(self, |e| query.fetch_all(e))
             .await
@@ -1275,12 +1835,22 @@ impl QueueOps for PgDriver {
         Ok((stamped.max(0) as u64, claimed))
     }
 
+    async fn command_claim_limited(
+        &self,
+        params: &super::LimitedClaimParams<'_>,
+    ) -> Result<super::LimitedClaim> {
+        self.claim_limited(params).await
+    }
+
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
         let id = params.id;
         let Some(uuid) = id.as_uuid() else {
             return Ok(None);
         };
-        let sql = format!(r#"SELECT * FROM {} WHERE "Id" = $1"#, self.t);
+        let sql = format!(
+            r#"SELECT * FROM {} WHERE "Id" = $1"#,
+            self.all_rows().await?
+        );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(uuid);
         let row = on_pool!(self, self.pool, BEGIN, |e| query.fetch_optional(e))
             .await
@@ -1292,13 +1862,28 @@ impl QueueOps for PgDriver {
 
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
-        let sql = if self.schema_version().await? >= 2 {
+        let version = self.schema_version().await?;
+        if version >= 3 {
+            let sql = if version >= 4 {
+                &self.sql.set_state_v4
+            } else {
+                &self.sql.set_state_v3
+            };
+            let query = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+            let query =
+                StampArrays::new(changes, self.ascii_errors(), version >= 4).bind_scalar(query);
+            let stamped: i64 = on_work!(self, |e| query.fetch_one(e))
+                .await
+                .map_err(self.db("stamping outcomes"))?;
+            return Ok(stamped.max(0) as u64);
+        }
+        let sql = if version >= 2 {
             &self.sql.set_state_v2
         } else {
             &self.sql.set_state_v1
         };
         let query = sqlx::query(AssertSqlSafe(sql.clone()));
-        let query = StampArrays::new(changes, self.ascii_errors()).bind(query);
+        let query = StampArrays::new(changes, self.ascii_errors(), false).bind(query);
         let done = on_work!(self, |e| query.execute(e))
             .await
             .map_err(self.db("stamping outcomes"))?;
@@ -1328,9 +1913,10 @@ impl QueueOps for PgDriver {
 
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
         let ctx = || self.ctx("deleting old completed commands");
-        let begin = match self.pooler {
-            Pooler::Session => self.work.begin().await,
-            Pooler::Transaction => self.work.begin_with(WORK_BEGIN).await,
+        let begin = if self.work_in_transaction() {
+            self.work.begin_with(WORK_BEGIN).await
+        } else {
+            self.work.begin().await
         };
         let mut tx = begin.map_err(self.db("deleting old completed commands"))?;
         // One replica sweeps at a time: the others skip the round instead of deleting the
@@ -1344,14 +1930,60 @@ impl QueueOps for PgDriver {
             tx.rollback().await.map_err(Error::db(ctx()))?;
             return Ok(None);
         }
-        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+        let version = self.schema_version().await?;
+        if version < 3 {
+            let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+                .bind(params.older_than.as_secs_f64())
+                .bind(i64::from(params.limit))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::db(ctx()))?;
+            tx.commit().await.map_err(Error::db(ctx()))?;
+            return Ok(Some(done.rows_affected()));
+        }
+        // Completed rows left in the table (by an icq older than version 3 during a
+        // rolling upgrade, or by another program) move to history; old history goes.
+        let sweep_move = if version >= 4 {
+            &self.sql.sweep_move_v4
+        } else {
+            &self.sql.sweep_move
+        };
+        let moved = sqlx::query(AssertSqlSafe(sweep_move.clone()))
+            .bind(i64::from(params.limit))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(ctx()))?;
+        let deleted = sqlx::query(AssertSqlSafe(self.sql.sweep_history.clone()))
             .bind(params.older_than.as_secs_f64())
             .bind(i64::from(params.limit))
             .execute(&mut *tx)
             .await
             .map_err(Error::db(ctx()))?;
         tx.commit().await.map_err(Error::db(ctx()))?;
-        Ok(Some(done.rows_affected()))
+        Ok(Some(moved.rows_affected() + deleted.rows_affected()))
+    }
+
+    async fn table_tidy(&self, dead_rows: u64) -> Result<Option<u64>> {
+        let ctx = || self.ctx("vacuuming the commands table");
+        let dead: Option<i64> = sqlx::query_scalar(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = to_regclass($1)",
+        )
+        .bind(&self.t)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(Error::db(ctx()))?;
+        let dead = dead.map_or(0, |n| u64::try_from(n).unwrap_or(0));
+        if dead <= dead_rows {
+            return Ok(None);
+        }
+        // Outside any transaction (VACUUM refuses one); a replica that finds another's
+        // vacuum running skips the table rather than queueing behind it. A role that does
+        // not own the table gets a warning from the server and nothing is done.
+        sqlx::raw_sql(AssertSqlSafe(format!("VACUUM (SKIP_LOCKED) {}", self.t)))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(ctx()))?;
+        Ok(Some(dead))
     }
 
     async fn activity(&self) -> Result<Activity> {
@@ -1361,6 +1993,18 @@ impl QueueOps for PgDriver {
             &self.sql.activity_v1
         };
         let query = sqlx::query(AssertSqlSafe(sql.clone()));
+        let row = on_work!(self, |e| query.fetch_one(e))
+            .await
+            .map_err(self.db("counting due commands"))?;
+        super::decode_activity(&row)
+    }
+
+    async fn activity_unpaused(&self) -> Result<Activity> {
+        if self.schema_version().await? < 4 {
+            return self.activity().await;
+        }
+        let sql = activity_sql(&self.t, &paused_filter(&self.t), true);
+        let query = sqlx::query(AssertSqlSafe(sql));
         let row = on_work!(self, |e| query.fetch_one(e))
             .await
             .map_err(self.db("counting due commands"))?;
@@ -1464,18 +2108,34 @@ impl Lifecycle for PgDriver {
     async fn schema_version(&self) -> Result<u32> {
         self.version
             .get(async {
-                let query = sqlx::query_scalar::<_, Option<bool>>(
+                let query = sqlx::query_as::<_, (Option<bool>, Option<bool>, Option<bool>)>(
                     r#"SELECT EXISTS (SELECT 1 FROM pg_attribute
-                                      WHERE attrelid = c AND attname = 'Queue' AND NOT attisdropped)
+                                      WHERE attrelid = c AND attname = 'Queue' AND NOT attisdropped),
+                              to_regclass($2) IS NOT NULL,
+                              EXISTS (SELECT 1 FROM pg_attribute
+                                      WHERE attrelid = c AND attname = 'OrderKey' AND NOT attisdropped)
                        FROM to_regclass($1) AS c WHERE c IS NOT NULL"#,
                 )
-                .bind(&self.t);
+                .bind(&self.t)
+                .bind(&self.h);
                 on_pool!(self, self.pool, BEGIN, |e| query.fetch_optional(e))
                     .await
-                    .map(Option::flatten)
+                    .map(|found| {
+                        found.map(|(queue, history, order_key)| {
+                            super::version_of(
+                                queue.unwrap_or(false),
+                                history.unwrap_or(false),
+                                order_key.unwrap_or(false),
+                            )
+                        })
+                    })
                     .map_err(self.db("looking up the table's schema version"))
             })
             .await
+    }
+
+    fn forget_schema_version(&self) {
+        self.version.forget();
     }
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
@@ -1488,7 +2148,12 @@ impl Lifecycle for PgDriver {
         .await
     }
 
-    async fn listen(&self, notify: Arc<Notify>, cancelled: Arc<Notify>) -> Result<bool> {
+    async fn listen(
+        &self,
+        notify: Arc<Notify>,
+        cancelled: Arc<Notify>,
+        queues_changed: Arc<Notify>,
+    ) -> Result<bool> {
         if self.pooler == Pooler::Transaction {
             tracing::info!(
                 table = %self.table,
@@ -1524,7 +2189,13 @@ impl Lifecycle for PgDriver {
         let task = tokio::spawn(async move {
             loop {
                 match listener.try_recv().await {
-                    Ok(Some(note)) if note.channel() == cancel_channel => cancelled.notify_one(),
+                    Ok(Some(note)) if note.channel() == cancel_channel => {
+                        if note.payload() == crate::engine::control::QUEUES_CHANGED {
+                            queues_changed.notify_one();
+                        } else {
+                            cancelled.notify_one();
+                        }
+                    }
                     Ok(Some(_)) => notify.notify_one(),
                     Ok(None) => {
                         // Reconnected on the next call, to the server in use then.
@@ -1534,6 +2205,7 @@ impl Lifecycle for PgDriver {
                         // and a cancel missed meanwhile by this lease check.
                         notify.notify_one();
                         cancelled.notify_one();
+                        queues_changed.notify_one();
                     }
                     Err(err) => {
                         tracing::warn!(
@@ -1596,6 +2268,14 @@ impl crate::Enqueue for PgConnection {
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         insert_command(self, table, command).await
     }
+
+    async fn enqueue_many(
+        &mut self,
+        table: &TableName,
+        commands: &[NewCommand],
+    ) -> Result<Vec<Scheduled>> {
+        insert_commands(self, table, commands).await
+    }
 }
 
 #[cfg(all(test, feature = "driver-suite"))]
@@ -1611,7 +2291,7 @@ mod tests {
     /// `EXPLAIN (FORMAT JSON)` of the claim of shape `key` with a claim's parameters
     /// bound (limit `limit`), plus five empty stamp arrays and the filters of `key`.
     async fn plan(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey, limit: u32) -> String {
-        let explain = format!("EXPLAIN (FORMAT JSON) {}", claim_sql(t, key));
+        let explain = format!("EXPLAIN (FORMAT JSON) {}", claim_sql(t, "\"unused\"", key));
         let queues: Option<Arc<[String]>> = match key.queues {
             QueueFilter::All => None,
             QueueFilter::One => Some(vec!["q1".to_owned()].into()),
@@ -1625,10 +2305,11 @@ mod tests {
             types: key.types.then(|| vec!["t".to_owned()].into()),
             queues,
             spread: false,
+            skip_paused: false,
         };
         let mut query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params);
         if key.stamp {
-            query = StampArrays::new(&[], false).bind(query);
+            query = StampArrays::new(&[], false, key.v4).bind(query);
         }
         let after = key
             .after
@@ -1699,11 +2380,14 @@ mod tests {
 
             let base = ClaimKey {
                 v2,
+                history: false,
+                v4: false,
                 stamp: false,
                 types: false,
                 queues: QueueFilter::All,
                 after: false,
                 unusable: !v2,
+                paused: false,
             };
             let mut shapes = vec![
                 ("claim", base),
@@ -1772,7 +2456,7 @@ mod tests {
             }
             // The idle check's count, which the end of every drain runs with statistics
             // that still remember the backlog.
-            let sql = Sql::new(&t);
+            let sql = Sql::new(&t, "\"unused\"");
             let counts = if v2 {
                 vec![
                     ("activity", sql.activity.to_string()),
@@ -1821,6 +2505,425 @@ mod tests {
                     "the {what} statement (v2: {v2}) scans the whole table:\n{plan}"
                 );
             }
+        }
+    }
+
+    /// The processor's statements use generic plans and commit with the server's
+    /// `synchronous_commit` whichever way the driver was made — icq's own pools, or the
+    /// application's pool — and the application's own statements on its pool keep the
+    /// server's settings.
+    #[tokio::test]
+    async fn work_plans_generically_and_commits_durably_on_both_construction_paths() {
+        let url = std::env::var("ICQ_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let name = format!("icq_sync_{}", std::process::id());
+        let table = TableName::parse(&name).unwrap();
+        let t = table.quoted(Engine::Postgres);
+        let app = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {t} CASCADE"
+        )))
+        .execute(&app)
+        .await
+        .unwrap();
+        let ddl = crate::schema::render(Engine::Postgres, &table);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.up))
+            .execute(&app)
+            .await
+            .unwrap();
+        let server: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&app)
+            .await
+            .unwrap();
+        let own = PgDriver::connect(&url, &table, &ConnectOptions::default())
+            .await
+            .unwrap();
+        let shared = PgDriver::from_pool(app.clone(), &table).await.unwrap();
+        for (how, driver) in [("Queue::connect", &own), ("Queue::from_pool", &shared)] {
+            let shown: String = on_work!(driver, |e| sqlx::query_scalar::<_, String>(
+                "SHOW synchronous_commit"
+            )
+            .fetch_one(e))
+            .await
+            .unwrap();
+            assert_eq!(shown, server, "{how}: the processor's commits");
+            let plans: String = on_work!(driver, |e| sqlx::query_scalar::<_, String>(
+                "SHOW plan_cache_mode"
+            )
+            .fetch_one(e))
+            .await
+            .unwrap();
+            assert_eq!(plans, "force_generic_plan", "{how}: the processor's plans");
+        }
+        // The application's connections are as the server set them, before and after.
+        for _ in 0..4 {
+            let shown: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&app)
+                .await
+                .unwrap();
+            assert_eq!(shown, server, "the application's own statements");
+            let plans: String = sqlx::query_scalar("SHOW plan_cache_mode")
+                .fetch_one(&app)
+                .await
+                .unwrap();
+            assert_eq!(plans, "auto", "the application's own plans");
+        }
+        own.close().await;
+        shared.close().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
+            .execute(&app)
+            .await
+            .unwrap();
+    }
+}
+
+#[cfg(all(test, feature = "driver-suite"))]
+mod history_tests {
+    //! Schema version 3 on a real PostgreSQL: what the claims' table costs per command.
+
+    use std::time::Duration;
+
+    use sqlx::Connection as _;
+
+    use super::*;
+    use crate::engine::admin::{AdminOps, CommandListParams, ListState};
+
+    fn url() -> String {
+        std::env::var("ICQ_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    async fn fresh(tag: &str) -> (TableName, PgDriver, sqlx::PgConnection) {
+        let name = format!("icq_hist_{tag}_{}", std::process::id());
+        let table = TableName::parse(&name).unwrap();
+        let mut conn = sqlx::PgConnection::connect(&url())
+            .await
+            .expect("PostgreSQL");
+        let ddl = crate::schema::render(Engine::Postgres, &table);
+        sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let driver = PgDriver::connect(&url(), &table, &ConnectOptions::default())
+            .await
+            .expect("driver");
+        (table, driver, conn)
+    }
+
+    /// `EXPLAIN (ANALYZE, FORMAT JSON)` of a claim of shape `key` (limit 50), run and
+    /// rolled back.
+    async fn analyzed(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey) -> serde_json::Value {
+        let explain = format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+            claim_sql(t, "\"unused\"", key)
+        );
+        let params = ClaimParams {
+            limit: 50,
+            lease: Duration::from_secs(60),
+            processing_delay: Duration::ZERO,
+            token: LeaseToken::new(),
+            types: None,
+            queues: None,
+            spread: false,
+            skip_paused: false,
+        };
+        let mut tx = conn.begin().await.unwrap();
+        let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("explain the claim");
+        tx.rollback().await.unwrap();
+        row.try_get(0).expect("plan json")
+    }
+
+    /// Every plan node of `plan` (depth first).
+    fn nodes(plan: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+        if let Some(plan) = plan.get("Plan") {
+            nodes(plan, out);
+        }
+        if plan.get("Node Type").is_some() {
+            out.push(plan.clone());
+        }
+        if let Some(children) = plan.get("Plans").and_then(|p| p.as_array()) {
+            for child in children {
+                nodes(child, out);
+            }
+        }
+        if let Some(list) = plan.as_array() {
+            for item in list {
+                nodes(item, out);
+            }
+        }
+    }
+
+    /// The ordered-key condition of a version-4 claim runs only for rows with an
+    /// `OrderKey` (a backlog without keys never executes it), and for those it is a seek
+    /// in `IX_<t>_OrderKey`: no scan of the table, whatever share of rows carry a key.
+    #[tokio::test]
+    async fn the_order_key_condition_costs_rows_without_a_key_nothing() {
+        let (table, driver, mut conn) = fresh("ordered").await;
+        let t = &driver.t;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, 48000);
+               ANALYZE {t};"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let key = ClaimKey {
+            v2: true,
+            history: true,
+            stamp: false,
+            types: false,
+            queues: crate::engine::QueueFilter::All,
+            after: false,
+            v4: true,
+            unusable: false,
+            paused: false,
+        };
+        let subplans = |plan: &serde_json::Value| {
+            let mut all = Vec::new();
+            nodes(plan, &mut all);
+            all.into_iter()
+                .filter(|n| n["Parent Relationship"] == "SubPlan")
+                .collect::<Vec<_>>()
+        };
+        let plan = analyzed(&mut conn, t, key).await;
+        let unkeyed = subplans(&plan);
+        assert_eq!(unkeyed.len(), 1, "{plan}");
+        assert_eq!(
+            unkeyed[0]["Actual Loops"], 0,
+            "never run without keys: {plan}"
+        );
+
+        // One row in ten gets one of seven keys.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"UPDATE {t} SET "OrderKey" = 'k' || (hashtext("Id"::text) % 7)
+               WHERE hashtext("Id"::text) % 10 = 0;
+               ANALYZE {t};"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let plan = analyzed(&mut conn, t, key).await;
+        let keyed = subplans(&plan);
+        let index = format!("IX_{}_OrderKey", table.name());
+        assert_eq!(keyed[0]["Index Name"], index.as_str(), "{plan}");
+        let text = plan.to_string();
+        assert!(!text.contains("Seq Scan"), "{plan}");
+        let loops = keyed[0]["Actual Loops"].as_u64().unwrap();
+        assert!(
+            (1..=60).contains(&loops),
+            "one seek per keyed row looked at: {plan}"
+        );
+        let ms = plan[0]["Execution Time"].as_f64().unwrap();
+        eprintln!("claim of 50 with one row in ten keyed: {loops} seeks, {ms:.2} ms");
+    }
+
+    /// Claims and lease renewals change no indexed column, so on the table's
+    /// `fillfactor = 80` pages they are HOT updates: no index entry and no dead index
+    /// tuple per claim (the stamp deletes the row, moving it to history). One claim of
+    /// more rows than a page's free space holds cannot be all HOT (the old versions die
+    /// only when it commits); claims of a processor's batch are.
+    #[tokio::test]
+    async fn claims_and_lease_renewals_are_hot_updates() {
+        let (table, driver, mut conn) = fresh("hot").await;
+        let t = &driver.t;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, 200)"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        // A processor's pace: claims of ten, each batch's leases renewed.
+        for _ in 0..20 {
+            let params = ClaimParams {
+                limit: 10,
+                lease: Duration::from_secs(60),
+                processing_delay: Duration::ZERO,
+                token: LeaseToken::new(),
+                types: None,
+                queues: None,
+                spread: false,
+                skip_paused: false,
+            };
+            let claimed = driver.command_claim(&params).await.expect("claim");
+            assert_eq!(claimed.len(), 10);
+            let leases: Vec<Lease> = claimed.iter().map(|c| c.lease.clone()).collect();
+            let extended = driver
+                .lease_extend_many(&LeaseExtendManyParams {
+                    leases,
+                    lease: Duration::from_secs(120),
+                })
+                .await
+                .expect("extend");
+            assert_eq!(extended.len(), 10);
+        }
+        driver.close().await;
+        // The driver's backends report their counts when they go idle or close.
+        let mut seen = (0, 0);
+        for _ in 0..60 {
+            sqlx::query("SET stats_fetch_consistency = none")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            seen = sqlx::query_as::<_, (i64, i64)>(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass",
+            )
+            .bind(t)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            if seen.0 >= 400 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        assert!(seen.0 >= 400, "updates not reported: {seen:?}");
+        // Page pruning makes room for the new versions as the old ones die; a version
+        // that finds its page full is the only non-HOT one. Alone, every one is HOT; a
+        // transaction elsewhere (another test) holding the xmin horizon keeps the old
+        // versions alive and some pages fill up.
+        assert!(
+            seen.1 * 2 >= seen.0,
+            "claims and renewals are HOT updates (updates, HOT): {seen:?}"
+        );
+    }
+
+    /// Dead row versions past the bound are vacuumed away by icq itself, whatever the
+    /// server's autovacuum does; under the bound nothing runs.
+    #[tokio::test]
+    async fn the_tidy_vacuums_dead_rows_past_its_bound() {
+        let (table, driver, mut conn) = fresh("tidy").await;
+        let t = &driver.t;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
+               INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, 3000);
+               DELETE FROM {t};"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let dead = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass",
+            )
+            .bind(t)
+            .fetch_one(&driver.pool)
+            .await
+            .unwrap()
+        };
+        // This connection reports its deletes when it goes idle.
+        let mut before = 0;
+        for _ in 0..60 {
+            before = dead().await;
+            if before >= 3000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(before >= 3000, "the deletes were not reported: {before}");
+        assert_eq!(
+            driver.table_tidy(1_000_000).await.unwrap(),
+            None,
+            "under the bound"
+        );
+        let tidied = driver.table_tidy(1000).await.unwrap();
+        assert!(tidied.is_some_and(|n| n >= 3000), "{tidied:?}");
+        // Another test's open transaction may hold the horizon for a while: vacuum again
+        // until it has passed.
+        let mut after = before;
+        for _ in 0..120 {
+            after = dead().await;
+            if after == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let _ = driver.table_tidy(0).await.unwrap();
+        }
+        driver.close().await;
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(after, 0, "dead rows after the vacuum");
+    }
+
+    /// The completed listing of a version-3 table reads the table and its history as one;
+    /// each branch through its own index (the history's `ProcessedAt`, the table's
+    /// retention index), never a scan of either, at any page.
+    #[tokio::test]
+    async fn the_completed_listing_uses_both_tables_indexes() {
+        let (table, driver, mut conn) = fresh("list").await;
+        let (t, h) = (&driver.t, &driver.h);
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {h} ("Id", "Type", "Payload", "ProcessedAt")
+                   SELECT gen_random_uuid(), 't', '{{}}', now() - n * interval '1 second'
+                   FROM generate_series(1, 30000) AS n;
+               INSERT INTO {t} ("Type", "Payload", "ProcessedAt")
+                   SELECT 't', '{{}}', CASE WHEN n % 100 = 0 THEN now() END
+                   FROM generate_series(1, 30000) AS n;
+               ANALYZE {h}; ANALYZE {t};"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let page = |after| CommandListParams {
+            state: ListState::Completed,
+            type_name: None,
+            queue: None,
+            limit: 50,
+            after,
+            before: None,
+        };
+        let first = driver.command_list(&page(None)).await.expect("list");
+        assert_eq!(first.len(), 50);
+        let rows = driver.all_rows().await.unwrap();
+        let mut plans = Vec::new();
+        for params in [page(None), page(Some(first[49].id.clone()))] {
+            let sql = crate::engine::admin::numbered_list_sql(
+                &rows,
+                &params,
+                r#""ProcessedAt" IS NOT NULL"#.to_owned(),
+                '$',
+                false,
+            );
+            let mut query =
+                sqlx::query(AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {sql}"))).bind(50_i64);
+            if let Some(after) = &params.after {
+                query = query.bind(after.as_uuid().unwrap());
+            }
+            let row = query.fetch_one(&mut conn).await.expect("explain");
+            let plan: serde_json::Value = row.try_get(0).unwrap();
+            plans.push(plan.to_string());
+        }
+        driver.close().await;
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let name = table.name();
+        for plan in plans {
+            assert!(
+                !plan.contains("Seq Scan"),
+                "a branch scans its table:\n{plan}"
+            );
+            assert!(plan.contains(&format!("IX_{name}_History")), "{plan}");
+            assert!(plan.contains(&format!("IX_{name}_Retention")), "{plan}");
         }
     }
 }

@@ -156,12 +156,64 @@ impl SqliteDriver {
     }
 }
 
+impl SqliteDriver {
+    /// What reads that may meet completed rows select `FROM`: the table, or on version 3
+    /// the table and its history as one (`UNION ALL`; SQLite pushes a condition on the
+    /// whole into both branches, each of which uses its own indexes).
+    pub(super) async fn all_rows(&self) -> Result<String> {
+        let version = self.schema_version().await?;
+        if version < 3 {
+            return Ok(self.t.clone());
+        }
+        Ok(crate::engine::with_history(
+            crate::ident::Engine::Sqlite,
+            &self.t,
+            &self.h,
+            version,
+        ))
+    }
+
+    /// Deletes up to `limit` finished rows of `params`' filter from `t` (the table or its
+    /// history), oldest first, by primary key.
+    async fn finished_delete_from(
+        &self,
+        t: &str,
+        params: &FinishedDeleteBatchParams,
+        limit: u32,
+    ) -> Result<u64> {
+        let (condition, order, limit_mark) = finished(&params.filter);
+        let sql = format!(
+            r#"DELETE FROM {t} WHERE "Id" IN (
+                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?{limit_mark})"#
+        );
+        let mut query =
+            sqlx::query(AssertSqlSafe(sql)).bind(format_timestamp(params.filter.before));
+        if let Some(queue) = &params.filter.queue {
+            query = query.bind(queue);
+        }
+        if let Some(type_name) = &params.filter.type_name {
+            query = query.bind(type_name);
+        }
+        let done = query
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(self.ctx("purging finished commands")))?;
+        Ok(done.rows_affected())
+    }
+}
+
 #[async_trait]
 impl AdminOps for SqliteDriver {
     async fn command_list(&self, params: &CommandListParams) -> Result<Vec<CommandRow>> {
         let by_priority = params.state.claim_order() && self.schema_version().await? >= 2;
+        let rows = if params.state == ListState::Completed {
+            self.all_rows().await?
+        } else {
+            self.t.clone()
+        };
         let sql = numbered_list_sql(
-            &self.t,
+            &rows,
             params,
             list_condition(params.state),
             '?',
@@ -244,6 +296,30 @@ impl AdminOps for SqliteDriver {
         Ok(cancelled)
     }
 
+    async fn order_key_holder(
+        &self,
+        params: &crate::engine::admin::OrderKeyHolderParams,
+    ) -> Result<Option<CommandId>> {
+        if self.schema_version().await? < 4 {
+            return Ok(None);
+        }
+        let t = &self.t;
+        let sql = format!(
+            r#"SELECT o."Id" FROM {t} AS c JOIN {t} AS o ON o."OrderKey" = c."OrderKey"
+               WHERE c."Id" = ?1 AND o."ProcessedAt" IS NULL AND o."DeadLetteredAt" IS NULL
+                 AND (o."CreatedAt", o."Id") < (c."CreatedAt", c."Id")
+               ORDER BY o."CreatedAt", o."Id" LIMIT 1"#
+        );
+        let holder: Option<String> = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(params.id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(
+                self.ctx("looking up the row an order key waits behind"),
+            ))?;
+        Ok(holder.map(CommandId::stored))
+    }
+
     async fn unique_key_holders(
         &self,
         params: &UniqueKeyHoldersParams,
@@ -288,7 +364,7 @@ impl AdminOps for SqliteDriver {
     }
 
     async fn state_count(&self, params: &StateCountParams) -> Result<Vec<StateCount>> {
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let unleased = unleased();
         let version = self.schema_version().await?;
         let (select, group) = count_grouping(params, version, |c| format!(r#""{c}""#));
@@ -353,7 +429,7 @@ impl AdminOps for SqliteDriver {
     }
 
     async fn command_head(&self, params: &CommandHeadParams<'_>) -> Result<Option<CommandHead>> {
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let columns = self.columns().await?;
         // `substr` of text counts characters; the length is the text's bytes.
         let columns = columns.replace(
@@ -386,7 +462,7 @@ impl AdminOps for SqliteDriver {
     async fn command_get_many(&self, params: &CommandGetManyParams<'_>) -> Result<Vec<CommandRow>> {
         let ids = params.ids;
         let columns = self.columns().await?;
-        let t = &self.t;
+        let t = &self.all_rows().await?;
         let mut found = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = marks(chunk.len());
@@ -526,7 +602,10 @@ impl AdminOps for SqliteDriver {
     }
 
     async fn finished_count(&self, filter: &FinishedFilter) -> Result<u64> {
-        let t = &self.t;
+        let t = &match filter.kind {
+            FinishedKind::Completed => self.all_rows().await?,
+            FinishedKind::DeadLetters => self.t.clone(),
+        };
         let (condition, _, _) = finished(filter);
         let sql = format!("SELECT COUNT(*) FROM {t} WHERE {condition}");
         let mut query =
@@ -545,25 +624,18 @@ impl AdminOps for SqliteDriver {
     }
 
     async fn finished_delete_batch(&self, params: &FinishedDeleteBatchParams) -> Result<u64> {
-        let t = &self.t;
-        let (condition, order, limit) = finished(&params.filter);
-        let sql = format!(
-            r#"DELETE FROM {t} WHERE "Id" IN (
-                   SELECT "Id" FROM {t} WHERE {condition} ORDER BY {order} LIMIT ?{limit})"#
-        );
-        let mut query =
-            sqlx::query(AssertSqlSafe(sql)).bind(format_timestamp(params.filter.before));
-        if let Some(queue) = &params.filter.queue {
-            query = query.bind(queue);
+        let from_history =
+            params.filter.kind == FinishedKind::Completed && self.schema_version().await? >= 3;
+        let mut done = 0;
+        if from_history {
+            done = self
+                .finished_delete_from(&self.h, params, params.limit)
+                .await?;
         }
-        if let Some(type_name) = &params.filter.type_name {
-            query = query.bind(type_name);
+        let left = params.limit.saturating_sub(done as u32);
+        if left > 0 {
+            done += self.finished_delete_from(&self.t, params, left).await?;
         }
-        let done = query
-            .bind(i64::from(params.limit))
-            .execute(&self.pool)
-            .await
-            .map_err(Error::db(self.ctx("purging finished commands")))?;
-        Ok(done.rows_affected())
+        Ok(done)
     }
 }

@@ -8,6 +8,10 @@
 //! commands run again), and none of them creates a command ([`SqliteDriver::connect`]).
 
 mod admin;
+mod control;
+mod doctor;
+mod limited;
+mod recurring;
 mod warm;
 
 use std::str::FromStr;
@@ -49,6 +53,8 @@ pub struct SqliteDriver {
     pub(crate) table: TableName,
     /// The quoted table name.
     pub(crate) t: String,
+    /// The quoted name of its history table (schema version 3).
+    pub(crate) h: String,
     sql: Sql,
     /// When [`MISSORTED_RUN_AT_DEAD`] last ran (it scans the scheduled rows, so it runs
     /// at most twice per lease period, not with every claim).
@@ -85,6 +91,8 @@ struct Sql {
     set_state_v1: Arc<str>,
     /// The set-state statement of a version-2 table.
     set_state_v2: Arc<str>,
+    /// The set-state statement of a version-4 table: a failure also writes `Errors`.
+    set_state_v4: Arc<str>,
     extend: Arc<str>,
     check: Arc<str>,
     sweep: Arc<str>,
@@ -93,6 +101,14 @@ struct Sql {
     activity_in: Arc<str>,
     unusable_ids_exist: Arc<str>,
     unusable_ids_dead: Arc<str>,
+    /// On a version-3 table, the move of the rows the set-state statement completed
+    /// (`?1` the same stamps); the second on a version-4 table (with its columns).
+    move_completed: [[Arc<str>; 2]; 2],
+    /// A version-3 sweep's move of the oldest completed rows left in the table (`?1`
+    /// limit): copy, then delete, in one transaction; the second on a version-4 table.
+    sweep_move: [[Arc<str>; 2]; 2],
+    /// A version-3 sweep's delete of old history (`?1` offset, `?2` limit).
+    sweep_history: Arc<str>,
 }
 
 /// The shape of a claim statement.
@@ -100,6 +116,10 @@ struct Sql {
 struct ClaimKey {
     /// A version-2 table: `Priority`, `RunAt` order, queues.
     v2: bool,
+    /// A version-3 table: the stamps move completed rows to history.
+    history: bool,
+    /// A version-4 table: claims return its columns and moves carry them.
+    v4: bool,
     /// Only these types (a JSON array).
     types: bool,
     queues: super::QueueFilter,
@@ -112,6 +132,8 @@ struct ClaimKey {
     stamps: bool,
     /// How the claim names the rows it picks ([`SqliteDriver::row_key`]).
     row: &'static str,
+    /// Skips rows of paused queues (a version-4 table with a queue paused).
+    paused: bool,
 }
 
 fn insert_sql(t: &str) -> String {
@@ -122,8 +144,14 @@ fn insert_sql(t: &str) -> String {
 }
 
 /// The version-2 insert of `rows` rows; `keyed` (one row with a unique key) inserts
-/// nothing when a pending row holds the key, and returns the id when it inserts.
-fn insert_v2_sql(t: &str, rows: usize, keyed: bool) -> Arc<str> {
+/// nothing when a pending row holds the key, and returns the id when it inserts. With
+/// `v4` it names the order and concurrency keys too.
+fn insert_v2_sql(t: &str, rows: usize, keyed: bool, v4: bool) -> Arc<str> {
+    let (keys, row) = if v4 {
+        (r#", "OrderKey", "ConcurrencyKey""#, INSERT_ROW_V4)
+    } else {
+        ("", INSERT_ROW_V2)
+    };
     let conflict = if keyed {
         r#"
            ON CONFLICT ("UniqueKey") WHERE "UniqueKey" IS NOT NULL AND "ProcessedAt" IS NULL
@@ -134,9 +162,9 @@ fn insert_v2_sql(t: &str, rows: usize, keyed: bool) -> Arc<str> {
     };
     format!(
         r#"INSERT INTO {t} ("Id", "Type", "Payload", "RunAt", "UserId", "Roles", "TenantId", "CorrelationId",
-                            "Queue", "Priority", "UniqueKey", "TraceParent")
+                            "Queue", "Priority", "UniqueKey", "TraceParent"{keys})
            VALUES {}{conflict}"#,
-        vec![INSERT_ROW_V2; rows].join(", ")
+        vec![row; rows].join(", ")
     )
     .into()
 }
@@ -149,6 +177,10 @@ const INSERT_ROW: &str =
 const INSERT_ROW_V2: &str =
     "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?, ?, ?, ?, ?)";
 
+/// One row of a version-2 insert naming the order and concurrency keys too (schema
+/// version 4): fifteen parameters.
+const INSERT_ROW_V4: &str = "(?, ?, ?, COALESCE(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
 /// The columns a claim returns from a version-1 table, named: a statement prepared with
 /// `RETURNING *` keeps the column count it was prepared with in sqlx's statement cache,
 /// and once the table gained columns (an upgrade while a worker runs) the next claim
@@ -157,6 +189,9 @@ const COLUMNS_V1: &str = r#""Id", "Type", "Payload", "CreatedAt", "RunAt", "Atte
 
 /// [`COLUMNS_V1`] and the version-2 columns.
 const COLUMNS_V2: &str = r#""Id", "Type", "Payload", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes""#;
+
+/// [`COLUMNS_V2`] and the version-4 columns.
+const COLUMNS_V4: &str = r#""Id", "Type", "Payload", "CreatedAt", "RunAt", "Attempts", "LockToken", "LockedUntil", "ProcessedAt", "DeadLetteredAt", "LastError", "UserId", "Roles", "TenantId", "CorrelationId", "Queue", "Priority", "UniqueKey", "TraceParent", "Snoozes", "ConcurrencyKey", "OrderKey", "Errors""#;
 
 /// Rows per multi-row insert (13 parameters each at most, well under SQLite's limit).
 const INSERT_ROWS_PER_STATEMENT: usize = 500;
@@ -180,7 +215,17 @@ const INSERT_ROWS_PER_STATEMENT: usize = 500;
 /// leads with `Priority`, so the arms for rows that never sort as due are not seeks
 /// there: they run now and then, [`super::UNUSABLE_EVERY`], in one arm that also takes
 /// rows whose `Queue` is NULL, which no queue filter matches).
-fn claim_sql(t: &str, key: ClaimKey) -> String {
+/// Leaves out the rows of `t` whose queue is paused in its queue-state table
+/// (`<table>Queues`, whose quoted name is `t`'s with `Queues` before the closing quote).
+fn paused_filter(t: &str) -> String {
+    let q = format!("{}Queues\"", &t[..t.len() - 1]);
+    format!(
+        "\n                 AND NOT EXISTS (SELECT 1 FROM {q} AS p \
+         WHERE p.\"Queue\" = {t}.\"Queue\" AND p.\"Paused\")"
+    )
+}
+
+fn claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
     // Parameters after the first four, in order: types, queue(s), the ids to leave out.
     let mut n = 5;
     let mut type_filter = String::new();
@@ -210,6 +255,9 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
         ));
         n += 1;
     }
+    if key.paused {
+        type_filter.push_str(&paused_filter(t));
+    }
     let lease_free =
         format!(r#"("LockedUntil" IS NULL OR "LockedUntil" <= {NOW} OR "LockedUntil" >= ':')"#);
     let row = key.row;
@@ -226,9 +274,14 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
                      AND {lease_free}
                      AND ("CreatedAt" <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3)
                           OR "CreatedAt" >= ':' OR "CreatedAt" IS NULL){type_filter}{queue_filter}
-                     AND typeof("Id") = 'text'
+                     AND typeof("Id") = 'text'{ordered}
                    ORDER BY {order}
-                   LIMIT ?4)"#
+                   LIMIT ?4)"#,
+        ordered = if key.v4 {
+            ordered_filter(t)
+        } else {
+            String::new()
+        }
     );
     let unusable = match (key.unusable, key.v2) {
         (false, _) => String::new(),
@@ -271,20 +324,94 @@ fn claim_sql(t: &str, key: ClaimKey) -> String {
            WHERE {row} IN (
                {due}{unusable})
            RETURNING {returning}, {NOW} AS "IcqNow""#,
-        returning = if key.v2 { COLUMNS_V2 } else { COLUMNS_V1 }
+        returning = if key.v4 {
+            COLUMNS_V4
+        } else if key.v2 {
+            COLUMNS_V2
+        } else {
+            COLUMNS_V1
+        }
     );
     if !key.stamps {
         return claim;
     }
     // `n` is the next free parameter: the stamps' JSON array.
-    let stamp = set_state_sql(t, key.v2, n);
-    format!("BEGIN IMMEDIATE;\n{stamp};\n{claim};\nCOMMIT")
+    let stamp = set_state_sql(t, key.v2, n, key.v4);
+    let moves = if key.history {
+        move_completed_sql(t, h, n, if key.v4 { 4 } else { 3 })
+            .into_iter()
+            .map(|statement| format!("{statement};\n"))
+            .collect()
+    } else {
+        String::new()
+    };
+    format!("BEGIN IMMEDIATE;\n{stamp};\n{moves}{claim};\nCOMMIT")
+}
+
+/// The ordered-key condition of the claim's due rows of `t` (version 4): a row with an
+/// `OrderKey` is claimable only when no other pending row of its key is older by
+/// (`CreatedAt`, `Id`), so a key's rows run one at a time in the order they were
+/// scheduled, and one that runs or waits for a retry holds the younger ones until it
+/// completes or is dead-lettered. A row without a key stops at `IS NULL`; a keyed one is
+/// a seek in the partial `IX_<t>_OrderKey`. The stamps of a stamp-and-claim come first in
+/// its transaction, so a head completed there frees the next row for the same claim.
+fn ordered_filter(t: &str) -> String {
+    format!(
+        r#"
+                     AND ("OrderKey" IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM {t} AS o
+                          WHERE o."OrderKey" = {t}."OrderKey"
+                            AND o."ProcessedAt" IS NULL AND o."DeadLetteredAt" IS NULL
+                            AND (o."CreatedAt", o."Id") < ({t}."CreatedAt", {t}."Id")))"#
+    )
+}
+
+/// The statements a stamp-and-claim string runs: `BEGIN`, the stamp, on a version-3
+/// table the two of [`move_completed_sql`], the claim, `COMMIT`.
+fn stamp_claim_statements(history: bool) -> usize {
+    if history { 6 } else { 4 }
+}
+
+/// On a version-3 table, after the stamp of parameter `?param` and in its transaction:
+/// the rows it completed move to history `h` (copied, then deleted from `t`). The stamp
+/// was guarded by the lease token; these take the rows it completed, so a stale success
+/// stamp moves nothing. An id history already holds (scheduled anew with the same id)
+/// keeps its newest completion.
+fn move_completed_sql(t: &str, h: &str, param: usize, version: u32) -> [String; 2] {
+    let columns = crate::engine::column_list(Engine::Sqlite, "", version);
+    let upsert = crate::engine::history_upsert(Engine::Sqlite, version);
+    // sqlx binds a parameter SQLite reports without a name (an index below the highest
+    // `?NNN` that the statement does not use) positionally, counting on from the string's
+    // earlier statements, and stops binding past the last argument: a statement after
+    // the first that named only `?param` would run with it NULL. So every earlier
+    // parameter is named here too (a constant condition, true).
+    let named = (1..param).map(|i| format!("?{i}, ")).collect::<String>();
+    let completed = format!(
+        r#""Id" IN (SELECT id FROM ({}) WHERE kind = 0) AND "ProcessedAt" IS NOT NULL
+           AND coalesce({named}0, 0) IS NOT NULL"#,
+        leases_table(param)
+    );
+    [
+        format!(
+            r#"INSERT INTO {h} ({columns}) SELECT {columns} FROM {t} WHERE {completed}
+               ON CONFLICT ("Id") DO UPDATE SET {upsert}"#
+        ),
+        format!("DELETE FROM {t} WHERE {completed}"),
+    ]
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
 /// snooze (a release with a move that, on a version-2 table, counts itself in
-/// `Snoozes`, saturating).
-fn set_state_sql(t: &str, v2: bool, param: usize) -> String {
+/// `Snoozes`, saturating). With `v4` a retry or a dead-letter also writes `Errors` from
+/// the stamp's `errors` (the array the processor computed; NULL leaves it as it is).
+fn set_state_sql(t: &str, v2: bool, param: usize, v4: bool) -> String {
+    let errors = if v4 {
+        r#""Errors" = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL
+                                 THEN s.errors ELSE c."Errors" END,
+               "#
+    } else {
+        ""
+    };
     let snoozes = if v2 {
         r#""Snoozes" = CASE WHEN s.kind = 4 AND c."Snoozes" < 2147483647
                                   THEN c."Snoozes" + 1 ELSE c."Snoozes" END,
@@ -303,7 +430,7 @@ fn set_state_sql(t: &str, v2: bool, param: usize) -> String {
                "LastError" = CASE WHEN s.kind IN (1, 2) THEN s.error ELSE c."LastError" END,
                "Attempts" = CASE WHEN s.kind IN (3, 4) THEN MAX(c."Attempts" - 1, 0)
                                  ELSE c."Attempts" END,
-               {snoozes}"LockToken" = NULL, "LockedUntil" = NULL
+               {errors}{snoozes}"LockToken" = NULL, "LockedUntil" = NULL
            FROM ({leases}) AS s
            WHERE c."Id" = s.id AND c."LockToken" = s.token"#
     )
@@ -367,18 +494,47 @@ fn leases_table(param: usize) -> String {
     format!(
         "SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
          json_extract(value, '$[2]') AS kind, json_extract(value, '$[3]') AS delay, \
-         json_extract(value, '$[4]') AS error FROM json_each(?{param})"
+         json_extract(value, '$[4]') AS error, json_extract(value, '$[5]') AS errors \
+         FROM json_each(?{param})"
     )
 }
 
 impl Sql {
-    fn new(t: &str) -> Sql {
+    fn new(t: &str, h: &str) -> Sql {
+        // The oldest completed rows of the table, by the retention index.
+        let oldest = format!(
+            r#""Id" IN (SELECT "Id" FROM {t} WHERE "ProcessedAt" IS NOT NULL
+                        ORDER BY "ProcessedAt", "Id" LIMIT ?1)"#
+        );
+        let sweep_move = |version| {
+            let columns = crate::engine::column_list(Engine::Sqlite, "", version);
+            [
+                format!(
+                    r#"INSERT INTO {h} ({columns}) SELECT {columns} FROM {t} WHERE {oldest}
+                       ON CONFLICT ("Id") DO UPDATE SET {upsert}"#,
+                    upsert = crate::engine::history_upsert(Engine::Sqlite, version)
+                )
+                .into(),
+                format!("DELETE FROM {t} WHERE {oldest}").into(),
+            ]
+        };
         Sql {
+            move_completed: [3, 4]
+                .map(|version| move_completed_sql(t, h, 1, version).map(Arc::from)),
+            sweep_move: [sweep_move(3), sweep_move(4)],
+            sweep_history: format!(
+                r#"DELETE FROM {h} WHERE "Id" IN (
+                       SELECT "Id" FROM {h}
+                       WHERE "ProcessedAt" < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)
+                       ORDER BY "ProcessedAt" LIMIT ?2)"#
+            )
+            .into(),
             insert: insert_sql(t).into(),
             pending_by_key: pending_by_key_sql(t).into(),
             claims: Default::default(),
-            set_state_v1: set_state_sql(t, false, 1).into(),
-            set_state_v2: set_state_sql(t, true, 1).into(),
+            set_state_v1: set_state_sql(t, false, 1, false).into(),
+            set_state_v2: set_state_sql(t, true, 1, false).into(),
+            set_state_v4: set_state_sql(t, true, 1, true).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
                    FROM ({leases}) AS s
@@ -450,18 +606,113 @@ pub async fn insert_command(
     insert_one(conn, &sql, &by_key, &t, table, command, version).await
 }
 
+/// Inserts `commands` (validated, of a table of schema `version`) through `conn`, which
+/// is inside a transaction: runs of commands without a unique key in multi-row
+/// statements of [`INSERT_ROWS_PER_STATEMENT`] rows (well within SQLite's 32,766 bound
+/// variables), each with a key on its own (it may meet a pending row, or one earlier in
+/// the batch). One [`Scheduled`] per command, in order.
+async fn insert_many(
+    conn: &mut SqliteConnection,
+    v1: &Arc<str>,
+    by_key: &Arc<str>,
+    t: &str,
+    table: &TableName,
+    commands: &[NewCommand],
+    version: u32,
+) -> Result<Vec<Scheduled>> {
+    let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+    // Only a batch that sets a key names the version-4 columns.
+    let v4 = v2 && commands.iter().any(|c| c.needs_v4().is_some());
+    let mut scheduled = Vec::with_capacity(commands.len());
+    if !v2 {
+        let mut full: Option<Arc<str>> = None;
+        for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
+            let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
+                full.get_or_insert_with(|| multi_row_insert(t, chunk.len()))
+                    .clone()
+            } else {
+                multi_row_insert(t, chunk.len())
+            };
+            insert_rows(&mut *conn, &sql, table, chunk, false, false).await?;
+        }
+        scheduled.extend(commands.iter().map(|c| Scheduled::new(c.id.clone())));
+    } else {
+        // Runs of commands without a unique key go in multi-row statements; each with
+        // one on its own (it may meet a pending row, or one earlier in the batch).
+        let mut rest = commands;
+        while !rest.is_empty() {
+            if rest[0].unique_key.is_some() {
+                let command = &rest[0];
+                scheduled
+                    .push(insert_one(&mut *conn, v1, by_key, t, table, command, version).await?);
+                rest = &rest[1..];
+                continue;
+            }
+            let run = rest
+                .iter()
+                .take(INSERT_ROWS_PER_STATEMENT)
+                .take_while(|c| c.unique_key.is_none())
+                .count();
+            let (chunk, after) = rest.split_at(run);
+            let sql = insert_v2_sql(t, chunk.len(), false, v4);
+            insert_rows(&mut *conn, &sql, table, chunk, true, v4).await?;
+            scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
+            rest = after;
+        }
+    }
+    Ok(scheduled)
+}
+
+/// Inserts `commands` through `conn` — a pooled connection or, with `&mut *tx`, the
+/// caller's open transaction — in bulk ([`insert_many`]), inside a savepoint of its own,
+/// so a failure leaves none of them and the caller's transaction usable.
+pub async fn insert_commands(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+    commands: &[NewCommand],
+) -> Result<Vec<Scheduled>> {
+    super::validate_batch(commands)?;
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = table.quoted(Engine::Sqlite);
+    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
+        table_version(conn, table).await?
+    } else {
+        1
+    };
+    super::refuse_v2_asks(table, version, commands.iter())?;
+    super::refuse_v4_asks(table, version, commands.iter())?;
+    let v1: Arc<str> = insert_sql(&t).into();
+    let by_key: Arc<str> = pending_by_key_sql(&t).into();
+    let context = || format!("scheduling commands in bulk into {table}");
+    let mut savepoint = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(Error::db(context()))?;
+    let scheduled = insert_many(&mut savepoint, &v1, &by_key, &t, table, commands, version).await?;
+    savepoint.commit().await.map_err(Error::db(context()))?;
+    Ok(scheduled)
+}
+
 /// The schema version of `table` as `conn` sees it.
 async fn table_version(conn: &mut SqliteConnection, table: &TableName) -> Result<u32> {
-    let found: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info(?, ?) WHERE name = 'Queue'")
-            .bind(table.name())
-            .bind(table.schema().unwrap_or("main"))
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(Error::db(format!(
-                "looking up the schema version of {table}"
-            )))?;
-    Ok(if found > 0 { 2 } else { 1 })
+    let (queue, order_key): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(name = 'Queue'), 0), COALESCE(SUM(name = 'OrderKey'), 0) \
+         FROM pragma_table_info(?, ?)",
+    )
+    .bind(table.name())
+    .bind(table.schema().unwrap_or("main"))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(Error::db(format!(
+        "looking up the schema version of {table}"
+    )))?;
+    // Version 3 (the history table) changes nothing an insert writes: it reads as 2.
+    Ok(match (queue > 0, order_key > 0) {
+        (true, true) => 4,
+        (true, false) => 2,
+        (false, _) => 1,
+    })
 }
 
 /// Inserts one command: the version-1 statement `v1` when it names no version-2 column,
@@ -478,21 +729,23 @@ async fn insert_one(
 ) -> Result<Scheduled> {
     command.validate()?;
     super::refuse_v2_asks(table, version, std::iter::once(command))?;
+    super::refuse_v4_asks(table, version, std::iter::once(command))?;
     if version < 2 || !command.uses_v2_columns() {
-        insert_rows(conn, v1, table, std::slice::from_ref(command), false).await?;
+        insert_rows(conn, v1, table, std::slice::from_ref(command), false, false).await?;
         return Ok(Scheduled::new(command.id.clone()));
     }
+    let v4 = command.needs_v4().is_some();
     let Some(key) = &command.unique_key else {
-        let sql = insert_v2_sql(t, 1, false);
-        insert_rows(conn, &sql, table, std::slice::from_ref(command), true).await?;
+        let sql = insert_v2_sql(t, 1, false, v4);
+        insert_rows(conn, &sql, table, std::slice::from_ref(command), true, v4).await?;
         return Ok(Scheduled::new(command.id.clone()));
     };
-    let sql = insert_v2_sql(t, 1, true);
+    let sql = insert_v2_sql(t, 1, true, v4);
     let context = || format!("scheduling a command into {table}");
     // One writer at a time: the row that holds the key cannot settle between the insert
     // and the read inside a transaction; outside one it can, so try again.
     for _ in 0..super::UNIQUE_KEY_TRIES {
-        let inserted = bind_row(sqlx::query(AssertSqlSafe(sql.clone())), command, true)
+        let inserted = bind_row(sqlx::query(AssertSqlSafe(sql.clone())), command, true, v4)
             .fetch_optional(&mut *conn)
             .await
             .map_err(Error::db(context()))?;
@@ -516,8 +769,14 @@ async fn insert_one(
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
 
-/// Binds one row of an insert (thirteen parameters with `v2`, else nine).
-fn bind_row<'q>(query: SqliteQuery<'q>, command: &NewCommand, v2: bool) -> SqliteQuery<'q> {
+/// Binds one row of an insert (thirteen parameters with `v2`, fifteen with `v4` too, else
+/// nine).
+fn bind_row<'q>(
+    query: SqliteQuery<'q>,
+    command: &NewCommand,
+    v2: bool,
+    v4: bool,
+) -> SqliteQuery<'q> {
     let (at, delay) = match command.run_at {
         RunAt::Now => (None, 0.0),
         RunAt::At(at) => (Some(format_timestamp(at)), 0.0),
@@ -537,26 +796,33 @@ fn bind_row<'q>(query: SqliteQuery<'q>, command: &NewCommand, v2: bool) -> Sqlit
     if !v2 {
         return query;
     }
-    query
+    let query = query
         .bind(command.queue.clone())
         .bind(i64::from(command.priority))
         .bind(command.unique_key.clone())
-        .bind(command.trace_parent_to_store())
+        .bind(command.trace_parent_to_store());
+    if !v4 {
+        return query;
+    }
+    query
+        .bind(command.order_key.clone())
+        .bind(command.concurrency_key.clone())
 }
 
 /// Inserts `commands` with one multi-row statement (`sql` has one row per command, of
-/// the version-2 columns with `v2`).
+/// the version-2 columns with `v2`, and the keys with `v4`).
 async fn insert_rows(
     conn: &mut SqliteConnection,
     sql: &Arc<str>,
     table: &TableName,
     commands: &[NewCommand],
     v2: bool,
+    v4: bool,
 ) -> Result<()> {
     let mut query = sqlx::query(AssertSqlSafe(sql.clone()));
     for command in commands {
         command.validate()?;
-        query = bind_row(query, command, v2);
+        query = bind_row(query, command, v2, v4);
     }
     query
         .execute(conn)
@@ -666,11 +932,15 @@ pub(crate) fn decode_row(row: &SqliteRow) -> std::result::Result<CommandRow, sql
 
 /// The outcomes as the set-state statement's JSON array.
 fn stamps_json(changes: &[SetState]) -> String {
-    leases_json(
-        changes
-            .iter()
-            .map(|c| (&c.lease, c.kind(), c.delay_seconds().map(offset), c.error())),
-    )
+    leases_json(changes.iter().map(|c| {
+        (
+            &c.lease,
+            c.kind(),
+            c.delay_seconds().map(offset),
+            c.error(),
+            c.errors(),
+        )
+    }))
 }
 
 /// Marks a connection that runs a statement string opening and committing its own
@@ -699,19 +969,28 @@ impl Drop for OwnTransaction<'_> {
     }
 }
 
-/// The JSON array of `[id, token, kind, delay, error]` the set-state and extend
-/// statements read with `json_each`.
+/// The JSON array of `[id, token, kind, delay, error, errors]` the set-state and extend
+/// statements read with `json_each` (`errors`: a failure's new `Errors`).
 fn leases_json<'a>(
-    rows: impl Iterator<Item = (&'a Lease, i16, Option<String>, Option<String>)>,
+    rows: impl Iterator<
+        Item = (
+            &'a Lease,
+            i16,
+            Option<String>,
+            Option<String>,
+            Option<&'a str>,
+        ),
+    >,
 ) -> String {
     let rows: Vec<serde_json::Value> = rows
-        .map(|(lease, kind, delay, error)| {
+        .map(|(lease, kind, delay, error, errors)| {
             serde_json::json!([
                 lease.id.as_str(),
                 lease.token.to_string(),
                 kind,
                 delay,
-                error
+                error,
+                errors
             ])
         })
         .collect();
@@ -734,6 +1013,9 @@ const DURABLE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 /// again) but never a schedule.
 const WORK_SYNCHRONOUS: &str = "PRAGMA synchronous = NORMAL";
 
+/// The size, in bytes, the WAL file is cut back to once a checkpoint restarts it.
+const WAL_SIZE_LIMIT: &str = "16777216";
+
 /// How long icq's own connections wait for SQLite's write lock before a statement fails
 /// with "database is locked".
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -742,7 +1024,10 @@ impl SqliteDriver {
     /// The table's columns, named: a `SELECT *` prepared before an upgrade keeps its
     /// column count in sqlx's statement cache and reads past the new columns.
     pub(super) async fn columns(&self) -> Result<&'static str> {
-        Ok(if self.schema_version().await? >= 2 {
+        let version = self.schema_version().await?;
+        Ok(if version >= 4 {
+            COLUMNS_V4
+        } else if version >= 2 {
             COLUMNS_V2
         } else {
             COLUMNS_V1
@@ -785,6 +1070,10 @@ impl SqliteDriver {
             .map_err(Error::db(format!("parsing {}", redact_url(url))))?
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
+            // A reader that stays open (a long read, a stuck process) keeps checkpoints
+            // from restarting the WAL, which then grows with every write; afterwards the
+            // file is cut back to this size instead of keeping its high-water mark.
+            .pragma("journal_size_limit", WAL_SIZE_LIMIT)
             .busy_timeout(BUSY_TIMEOUT)
             .row_buffer_size(ROW_CHANNEL);
         let pool = options
@@ -844,12 +1133,16 @@ impl SqliteDriver {
                 return Err(Error::schema_missing(table, Engine::Sqlite));
             }
         }
-        let t = table.quoted(Engine::Sqlite);
+        let (t, h) = (
+            table.quoted(Engine::Sqlite),
+            table.history().quoted(Engine::Sqlite),
+        );
         Ok(SqliteDriver {
             pool,
             table: table.clone(),
-            sql: Sql::new(&t),
+            sql: Sql::new(&t, &h),
             t,
+            h,
             missorted_scanned_at: std::sync::Mutex::new(None),
             version: Default::default(),
             unusable: Default::default(),
@@ -988,13 +1281,19 @@ impl SqliteDriver {
         let stamps = stamps.filter(|changes| !changes.is_empty());
         let key = ClaimKey {
             v2,
+            history: version >= 3,
+            v4: version >= 4,
             types: params.types.is_some(),
             queues: super::QueueFilter::of(params.queues.as_deref()),
             unusable: !v2 || self.unusable.due(),
             stamps: stamps.is_some(),
             row: self.row_key().await?,
+            paused: params.skip_paused && version >= 4,
         };
-        let sql = self.sql.claims.get(key, |key| claim_sql(&self.t, key));
+        let sql = self
+            .sql
+            .claims
+            .get(key, |key| claim_sql(&self.t, &self.h, key));
         let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(params.token.to_string())
             .bind(offset(params.lease.as_secs_f64()))
@@ -1029,8 +1328,9 @@ impl SqliteDriver {
                     conn: &mut *conn,
                     ended: false,
                 };
-                // One result per statement, in order: BEGIN, the stamp, the claim (after
-                // its rows), COMMIT.
+                // One result per statement, in order: BEGIN, the stamp, (on version 3 the
+                // move to history,) the claim (after its rows), COMMIT.
+                let statements = stamp_claim_statements(key.history);
                 let (mut results, mut stamped, mut rows) = (0, 0, Vec::new());
                 let mut steps = (&mut **own.conn).fetch_many(query);
                 let ran = loop {
@@ -1042,10 +1342,10 @@ impl SqliteDriver {
                             results += 1;
                         }
                         Ok(Some(Either::Right(row))) => rows.push(row),
-                        Ok(None) if results == 4 => break Ok(()),
+                        Ok(None) if results == statements => break Ok(()),
                         Ok(None) => {
                             break Err(sqlx::Error::Protocol(format!(
-                                "the statement string ran {results} of its 4 statements"
+                                "the statement string ran {results} of its {statements} statements"
                             )));
                         }
                         Err(err) => break Err(err),
@@ -1151,17 +1451,58 @@ impl SqliteDriver {
         if changes.is_empty() {
             return Ok(0);
         }
+        let version = self.schema_version().await?;
+        let ctx = || self.ctx("stamping outcomes");
+        if version < 3 {
+            let sql = if version >= 2 {
+                &self.sql.set_state_v2
+            } else {
+                &self.sql.set_state_v1
+            };
+            let done = sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(stamps_json(changes))
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?;
+            return Ok(done.rows_affected());
+        }
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::db(ctx()))?;
+        let done = self.stamp_moving_on(&mut tx, changes, version).await?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(done)
+    }
+
+    /// The stamps of a version-3 (or later) table on `conn`, inside a transaction the
+    /// caller opened: the set-state statement (on version 4 with the attempts' errors),
+    /// then the move of the rows it completed to history. Returns how many rows were
+    /// stamped.
+    pub(crate) async fn stamp_moving_on(
+        &self,
+        conn: &mut SqliteConnection,
+        changes: &[SetState],
+        version: u32,
+    ) -> Result<u64> {
         let json = stamps_json(changes);
-        let sql = if self.schema_version().await? >= 2 {
-            &self.sql.set_state_v2
+        let ctx = || self.ctx("stamping outcomes");
+        let sql = if version >= 4 {
+            &self.sql.set_state_v4
         } else {
-            &self.sql.set_state_v1
+            &self.sql.set_state_v2
         };
         let done = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(json)
+            .bind(json.clone())
             .execute(&mut *conn)
             .await
-            .map_err(Error::db(self.ctx("stamping outcomes")))?;
+            .map_err(Error::db(ctx()))?;
+        for statement in &self.sql.move_completed[usize::from(version >= 4)] {
+            sqlx::query(AssertSqlSafe(statement.clone()))
+                .bind(json.clone())
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?;
+        }
         Ok(done.rows_affected())
     }
 }
@@ -1197,8 +1538,9 @@ impl QueueOps for SqliteDriver {
         params: &CommandInsertManyParams<'_>,
     ) -> Result<Vec<Scheduled>> {
         let commands = params.commands;
-        for command in commands {
-            command.validate()?;
+        super::validate_batch(commands)?;
+        if commands.is_empty() {
+            return Ok(Vec::new());
         }
         let version = if commands.iter().any(NewCommand::uses_v2_columns) {
             self.schema_version().await?
@@ -1206,56 +1548,19 @@ impl QueueOps for SqliteDriver {
             1
         };
         super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        let v2 = version >= 2 && commands.iter().any(NewCommand::uses_v2_columns);
+        super::refuse_v4_asks(&self.table, version, commands.iter())?;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
-        let mut scheduled = Vec::with_capacity(commands.len());
-        if !v2 {
-            let mut full: Option<Arc<str>> = None;
-            for chunk in commands.chunks(INSERT_ROWS_PER_STATEMENT) {
-                let sql = if chunk.len() == INSERT_ROWS_PER_STATEMENT {
-                    full.get_or_insert_with(|| multi_row_insert(&self.t, chunk.len()))
-                        .clone()
-                } else {
-                    multi_row_insert(&self.t, chunk.len())
-                };
-                insert_rows(&mut tx, &sql, &self.table, chunk, false).await?;
-            }
-            scheduled.extend(commands.iter().map(|c| Scheduled::new(c.id.clone())));
-        } else {
-            // Runs of commands without a unique key go in multi-row statements; each with
-            // one on its own (it may meet a pending row, or one earlier in the batch).
-            let mut rest = commands;
-            while !rest.is_empty() {
-                if rest[0].unique_key.is_some() {
-                    let command = &rest[0];
-                    scheduled.push(
-                        insert_one(
-                            &mut tx,
-                            &self.sql.insert,
-                            &self.sql.pending_by_key,
-                            &self.t,
-                            &self.table,
-                            command,
-                            version,
-                        )
-                        .await?,
-                    );
-                    rest = &rest[1..];
-                    continue;
-                }
-                let run = rest
-                    .iter()
-                    .take(INSERT_ROWS_PER_STATEMENT)
-                    .take_while(|c| c.unique_key.is_none())
-                    .count();
-                let (chunk, after) = rest.split_at(run);
-                let sql = insert_v2_sql(&self.t, chunk.len(), false);
-                insert_rows(&mut tx, &sql, &self.table, chunk, true).await?;
-                scheduled.extend(chunk.iter().map(|c| Scheduled::new(c.id.clone())));
-                rest = after;
-            }
-        }
+        let scheduled = insert_many(
+            &mut tx,
+            &self.sql.insert,
+            &self.sql.pending_by_key,
+            &self.t,
+            &self.table,
+            commands,
+            version,
+        )
+        .await?;
         tx.commit().await.map_err(Error::db(ctx()))?;
         Ok(scheduled)
     }
@@ -1289,12 +1594,19 @@ impl QueueOps for SqliteDriver {
         Ok(stamped_and_claimed)
     }
 
+    async fn command_claim_limited(
+        &self,
+        params: &super::LimitedClaimParams<'_>,
+    ) -> Result<super::LimitedClaim> {
+        self.claim_limited(params).await
+    }
+
     async fn command_get(&self, params: &CommandGetParams<'_>) -> Result<Option<CommandRow>> {
         let id = params.id;
         let sql = format!(
             r#"SELECT {} FROM {} WHERE "Id" = ?"#,
             self.columns().await?,
-            self.t
+            self.all_rows().await?
         );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -1317,7 +1629,7 @@ impl QueueOps for SqliteDriver {
 
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
-        let json = leases_json(leases.iter().map(|l| (l, 0, None, None)));
+        let json = leases_json(leases.iter().map(|l| (l, 0, None, None, None)));
         let (_turn, mut conn) = self.write_turn("extending leases").await?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(json)
@@ -1338,13 +1650,42 @@ impl QueueOps for SqliteDriver {
 
     async fn completed_delete_batch(&self, params: &SweepParams) -> Result<Option<u64>> {
         // One writer at a time: SQLite serialises replicas' sweeps by itself.
-        let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
-            .bind(offset(-params.older_than.as_secs_f64()))
-            .bind(i64::from(params.limit))
-            .execute(&self.pool)
+        let ctx = || self.ctx("deleting old completed commands");
+        let older_than = offset(-params.older_than.as_secs_f64());
+        let version = self.schema_version().await?;
+        if version < 3 {
+            let done = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+                .bind(older_than)
+                .bind(i64::from(params.limit))
+                .execute(&self.pool)
+                .await
+                .map_err(Error::db(ctx()))?;
+            return Ok(Some(done.rows_affected()));
+        }
+        // Completed rows left in the table (by an icq older than version 3 during a
+        // rolling upgrade, or by another program) move to history; old history goes.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(Error::db(self.ctx("deleting old completed commands")))?;
-        Ok(Some(done.rows_affected()))
+            .map_err(Error::db(ctx()))?;
+        let mut moved = 0;
+        for statement in &self.sql.sweep_move[usize::from(version >= 4)] {
+            moved = sqlx::query(AssertSqlSafe(statement.clone()))
+                .bind(i64::from(params.limit))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::db(ctx()))?
+                .rows_affected();
+        }
+        let deleted = sqlx::query(AssertSqlSafe(self.sql.sweep_history.clone()))
+            .bind(older_than)
+            .bind(i64::from(params.limit))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(ctx()))?;
+        tx.commit().await.map_err(Error::db(ctx()))?;
+        Ok(Some(moved + deleted.rows_affected()))
     }
 
     async fn activity(&self) -> Result<Activity> {
@@ -1352,6 +1693,20 @@ impl QueueOps for SqliteDriver {
             .fetch_one(&self.pool)
             .await
             .map_err(Error::db(self.ctx("counting due commands")))?;
+        super::decode_activity(&row)
+    }
+
+    async fn activity_unpaused(&self) -> Result<Activity> {
+        if self.schema_version().await? < 4 {
+            return self.activity().await;
+        }
+        let row = sqlx::query(AssertSqlSafe(activity_sql(
+            &self.t,
+            &paused_filter(&self.t),
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(Error::db(self.ctx("counting due commands")))?;
         super::decode_activity(&row)
     }
 
@@ -1372,7 +1727,7 @@ impl QueueOps for SqliteDriver {
         if params.leases.is_empty() {
             return Ok(Vec::new());
         }
-        let json = leases_json(params.leases.iter().map(|l| (l, 0, None, None)));
+        let json = leases_json(params.leases.iter().map(|l| (l, 0, None, None, None)));
         let rows = sqlx::query(AssertSqlSafe(self.sql.check.clone()))
             .bind(json)
             .fetch_all(&self.pool)
@@ -1468,17 +1823,26 @@ impl Lifecycle for SqliteDriver {
                     return Ok(None);
                 }
                 let schema = self.table.schema().unwrap_or("main");
-                let found: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM pragma_table_info(?, ?) WHERE name = 'Queue'",
-                )
-                .bind(self.table.name())
-                .bind(schema)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(Error::db(self.ctx("looking up the table's schema version")))?;
-                Ok(Some(found > 0))
+                let master = format!("{}.sqlite_master", Engine::Sqlite.quote_ident(schema));
+                let sql = format!(
+                    "SELECT (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE name = 'Queue'), \
+                            (SELECT COUNT(*) FROM {master} WHERE type = 'table' AND name = ?3), \
+                            (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE name = 'OrderKey')"
+                );
+                let (queue, history, order_key): (i64, i64, i64) = sqlx::query_as(AssertSqlSafe(sql))
+                    .bind(self.table.name())
+                    .bind(schema)
+                    .bind(self.table.history().name().to_owned())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(Error::db(self.ctx("looking up the table's schema version")))?;
+                Ok(Some(super::version_of(queue > 0, history > 0, order_key > 0)))
             })
             .await
+    }
+
+    fn forget_schema_version(&self) {
+        self.version.forget();
     }
 
     async fn schema_apply(&self, ddl: &str) -> Result<()> {
@@ -1487,15 +1851,27 @@ impl Lifecycle for SqliteDriver {
             .row_key
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        super::run_script(
-            &self.pool,
-            ddl.to_owned(),
-            self.ctx("creating the commands table"),
-        )
-        .await
+        // One transaction, as PostgreSQL runs a script: a replica racing this one sees
+        // no table or the whole of it, never a table half-way through its version.
+        let ctx = || self.ctx("creating the commands table");
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::db(ctx()))?;
+        sqlx::raw_sql(AssertSqlSafe(ddl.to_owned()))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(ctx()))?;
+        tx.commit().await.map_err(Error::db(ctx()))
     }
 
-    async fn listen(&self, _notify: Arc<Notify>, _cancelled: Arc<Notify>) -> Result<bool> {
+    async fn listen(
+        &self,
+        _notify: Arc<Notify>,
+        _cancelled: Arc<Notify>,
+        _queues_changed: Arc<Notify>,
+    ) -> Result<bool> {
         Ok(false)
     }
 
@@ -1526,53 +1902,68 @@ fn multi_row_insert(t: &str, rows: usize) -> Arc<str> {
     .into()
 }
 
-/// Upgrades the embedded default's table from schema version 1 to 2 when it finds one
-/// (written by an older icq), in one `BEGIN IMMEDIATE` transaction that looks the version
-/// up again under the write lock, so two icq processes starting at once upgrade it once.
-/// Returns whether it did; a missing table is left to `Queue::ensure_table`, which
-/// creates version 2.
-pub(crate) async fn upgrade_embedded(url: &str, table: &TableName, upgrade: &str) -> Result<bool> {
+/// Upgrades the embedded default's table from an older schema version to the current
+/// one when it finds one (written by an older icq), in one `BEGIN IMMEDIATE` transaction
+/// that looks the version up again under the write lock, so two icq processes starting at
+/// once upgrade it once. Returns whether it did; a missing table is left to
+/// `Queue::ensure_table`, which creates the current version.
+pub(crate) async fn upgrade_embedded(
+    url: &str,
+    table: &TableName,
+    upgrade: &(dyn Fn(u32) -> String + Sync),
+) -> Result<bool> {
     use sqlx::Connection as _;
 
     let context = |what: &str| what.to_owned();
     let mut conn = sqlx::SqliteConnection::connect(url)
         .await
         .map_err(Error::db(context("opening the embedded database")))?;
-    // Version 1: no `Queue` column. Looked up without a lock first (the usual answer is
-    // "version 2", and a busy worker should not be waited for), then again under the
-    // write lock.
-    let needs_upgrade = async |conn: &mut sqlx::SqliteConnection| -> Result<bool> {
-        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?, ?)")
-            .bind(table.name())
-            .bind(table.schema().unwrap_or("main"))
-            .fetch_all(conn)
-            .await
-            .map_err(Error::db(context("looking up the table's schema version")))?;
-        // Missing (created at version 2 next), or already version 2.
-        Ok(!columns.is_empty() && !columns.iter().any(|c| c.eq_ignore_ascii_case("Queue")))
+    // The version of an existing table (`None`: missing, created at the current version
+    // next). Looked up without a lock first (the usual answer is "current", and a busy
+    // worker should not be waited for), then again under the write lock.
+    let version = async |conn: &mut sqlx::SqliteConnection| -> Result<Option<u32>> {
+        let schema = Engine::Sqlite.quote_ident(table.schema().unwrap_or("main"));
+        let sql = format!(
+            "SELECT (SELECT COUNT(*) FROM pragma_table_info(?1, ?2)), \
+                    (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE name = 'Queue' COLLATE NOCASE), \
+                    (SELECT COUNT(*) FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?3), \
+                    (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE name = 'OrderKey' COLLATE NOCASE)"
+        );
+        let (columns, queue, history, order_key): (i64, i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(sql))
+                .bind(table.name())
+                .bind(table.schema().unwrap_or("main"))
+                .bind(table.history().name().to_owned())
+                .fetch_one(conn)
+                .await
+                .map_err(Error::db(context("looking up the table's schema version")))?;
+        Ok((columns > 0).then(|| super::version_of(queue > 0, history > 0, order_key > 0)))
     };
-    if !needs_upgrade(&mut conn).await? {
+    let current = crate::ident::SCHEMA_VERSION;
+    if version(&mut conn).await?.is_none_or(|v| v >= current) {
         return Ok(false);
     }
     let mut tx = conn
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(Error::db(context("locking the embedded database")))?;
-    if !needs_upgrade(&mut tx).await? {
+    let Some(from) = version(&mut tx).await?.filter(|v| *v < current) else {
         return Ok(false);
-    }
-    sqlx::raw_sql(sqlx::AssertSqlSafe(upgrade.to_owned()))
+    };
+    let what = format!("upgrading the table from schema version {from} to {current}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(upgrade(from)))
         .execute(&mut *tx)
         .await
-        .map_err(Error::db(context(
-            "upgrading the table to schema version 2",
-        )))?;
-    tx.commit().await.map_err(Error::db(context(
-        "upgrading the table to schema version 2",
-    )))?;
+        .map_err(Error::db(context(&what)))?;
+    tx.commit().await.map_err(Error::db(context(&what)))?;
     tracing::info!(
         table = %table,
-        "upgraded the embedded table to schema version 2 (queues, priorities, unique keys)"
+        from,
+        "upgraded the embedded table to schema version {current} (completed commands in {}, \
+         queue state in {}, schedules in {})",
+        table.history(),
+        table.queues(),
+        table.schedules()
     );
     Ok(true)
 }
@@ -1598,6 +1989,14 @@ impl crate::Enqueue for SqliteConnection {
 
     async fn enqueue(&mut self, table: &TableName, command: &NewCommand) -> Result<Scheduled> {
         insert_command(self, table, command).await
+    }
+
+    async fn enqueue_many(
+        &mut self,
+        table: &TableName,
+        commands: &[NewCommand],
+    ) -> Result<Vec<Scheduled>> {
+        insert_commands(self, table, commands).await
     }
 }
 

@@ -1,0 +1,484 @@
+//! The limited claim: a queue's fleet-wide limits (`global_concurrency`,
+//! `key_concurrency`, `rate`) enforced by the claim itself, in the database, with no
+//! leader.
+//!
+//! Every limited claim of a queue runs in one transaction that first locks the queue's row
+//! of the `<table>Queues` table (inserted on first use; `SELECT … FOR UPDATE` on
+//! PostgreSQL and MariaDB, SQLite's single writer under `BEGIN IMMEDIATE`). Holding it,
+//! the claim counts the queue's live leases (pending rows whose `LockedUntil` is after
+//! the database's now), refills the token bucket by the database's clock, claims at most
+//! what every limit still allows and takes the tokens, then commits. Claims of one queue
+//! therefore see each other's leases one after the other, never at once, so racing
+//! replicas cannot together exceed a limit; a crashed replica's leases stop counting when
+//! they lapse. Queues without limits never come here: their claims stay as they are.
+//!
+//! This module holds what the three engines share: the parameters and answer of the
+//! claim, the bucket's arithmetic and the choice of rows under a per-key limit. The SQL is
+//! each engine's.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{ClaimParams, ClaimedRow, SetState};
+use crate::error::Result;
+
+/// A queue's fleet-wide limits, as the claim enforces them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueLimits {
+    /// At most this many live leases of the queue.
+    pub global_concurrency: Option<u32>,
+    /// At most this many live leases of the queue per `ConcurrencyKey`.
+    pub key_concurrency: Option<u32>,
+    /// The token bucket: tokens per second and its capacity.
+    pub rate: Option<RateLimit>,
+}
+
+/// A token bucket's refill rate and capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second of the database's clock.
+    pub per_second: f64,
+    /// The most tokens the bucket holds (a new bucket starts full).
+    pub burst: f64,
+}
+
+impl QueueLimits {
+    /// The limits a queue's settings configure (`None` when it has none).
+    pub fn of(queue: &crate::settings::QueueSettings) -> Option<QueueLimits> {
+        queue.is_limited().then(|| QueueLimits {
+            global_concurrency: queue.global_concurrency,
+            key_concurrency: queue.key_concurrency,
+            rate: queue.rate.map(|rate| RateLimit {
+                per_second: rate.per_second(),
+                burst: rate.burst(),
+            }),
+        })
+    }
+}
+
+/// A limited claim: stamps first, then a claim of one queue under its limits, in one
+/// transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitedClaimParams<'a> {
+    /// The claim; its `queues` names exactly the limited queue.
+    pub claim: &'a ClaimParams,
+    /// The queue's limits.
+    pub limits: &'a QueueLimits,
+    /// Outcome stamps written first, in the same transaction (may be empty): a slot that
+    /// finished gives its lease back and the same commit may hand it on.
+    pub changes: &'a [SetState],
+}
+
+/// Why a limited claim took fewer rows than it asked for although rows may be due.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Held {
+    /// The queue's live leases are at `global_concurrency`.
+    Concurrency,
+    /// The due rows' keys are at `key_concurrency`.
+    Keys,
+    /// The bucket is empty; the next token comes in this long.
+    Rate(Duration),
+    /// The queue is paused.
+    Paused,
+}
+
+/// What a limited claim did.
+#[derive(Debug, Default)]
+pub struct LimitedClaim {
+    /// Stamps written.
+    pub stamped: u64,
+    /// The rows claimed.
+    pub rows: Vec<ClaimedRow>,
+    /// Set when a limit (or a pause) held the claim back: the producer then looks again
+    /// soon, since no insert will wake it when the limit frees up.
+    pub held: Option<Held>,
+}
+
+/// The queue's row of `<table>Queues` as the limited claim read it, locked.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QueueRow {
+    /// `Paused`.
+    pub paused: bool,
+    /// `RateTokens` (NULL: no bucket yet).
+    pub tokens: Option<f64>,
+    /// Seconds of the database's clock since `RateCheckedAt` (NULL: never written).
+    pub elapsed: Option<f64>,
+}
+
+/// Which due rows of the queue to lock as candidates, in claim order, skipping rows other
+/// claims hold.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Candidates<'a> {
+    /// The queue.
+    pub queue: &'a str,
+    /// The claim (types, processing delay).
+    pub claim: &'a ClaimParams,
+    /// Rows whose key is one of these are left out (their key is at its limit).
+    pub except_keys: &'a [String],
+    /// Rows already looked at by this claim are left out.
+    pub except_ids: &'a [String],
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// The statements of a limited claim, run by each engine inside its open transaction.
+#[async_trait::async_trait]
+pub(crate) trait LimitedTx: Send {
+    /// Locks the queue's row of `<table>Queues`, inserting it first when it is missing
+    /// (race-safe: a concurrent insert of the same queue makes this one insert nothing),
+    /// and reads it.
+    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow>;
+    /// Writes outcome stamps (each guarded by its lease token), moving completed rows to
+    /// history; returns how many were stamped.
+    async fn stamp(&mut self, changes: &[SetState]) -> Result<u64>;
+    /// The queue's live leases (pending, `LockedUntil` after the database's now).
+    async fn running(&mut self, queue: &str) -> Result<u64>;
+    /// Locks and returns due rows (`Id` as text, `ConcurrencyKey`), see [`Candidates`].
+    async fn candidates(&mut self, which: &Candidates<'_>)
+    -> Result<Vec<(String, Option<String>)>>;
+    /// The queue's live leases per key, of `keys`.
+    async fn running_by_key(
+        &mut self,
+        queue: &str,
+        keys: &[String],
+    ) -> Result<HashMap<String, u64>>;
+    /// Leases the rows `ids` (locked by [`LimitedTx::candidates`]) as a claim does, and
+    /// returns them.
+    async fn lease(&mut self, ids: &[&str], claim: &ClaimParams) -> Result<Vec<ClaimedRow>>;
+    /// Locks the candidates of `which` and leases them all: [`LimitedTx::candidates`], then
+    /// [`LimitedTx::lease`], or one statement where the engine can.
+    async fn claim_free(&mut self, which: &Candidates<'_>) -> Result<Vec<ClaimedRow>> {
+        let found = self.candidates(which).await?;
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = found.iter().map(|(id, _)| id.as_str()).collect();
+        self.lease(&ids, which.claim).await
+    }
+
+    /// Writes the bucket: `tokens` left, `RateCheckedAt` moved on by `advance` seconds
+    /// (the span the refill counted, so no time is counted twice or lost between the
+    /// statements' clocks), or set to the database's now when it was NULL.
+    async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()>;
+}
+
+/// The limited claim's steps inside the engine's transaction: lock the queue's row, write
+/// the stamps, count, refill, claim what the limits allow, take the tokens. The stamps
+/// come after the lock, so the limited claims of a queue never hold row locks while they
+/// wait for each other (on InnoDB, stamps that waited for the queue's lock holding their
+/// rows met deadlocks with the claim holding it).
+pub(crate) async fn claim_in(
+    tx: &mut dyn LimitedTx,
+    params: &LimitedClaimParams<'_>,
+) -> Result<LimitedClaim> {
+    let claim = params.claim;
+    let Some([queue]) = claim.queues.as_deref() else {
+        return Err(crate::Error::invalid(
+            "a limited claim names exactly one queue".to_owned(),
+        ));
+    };
+    let row = tx.lock_queue(queue).await?;
+    let stamped = if params.changes.is_empty() {
+        0
+    } else {
+        tx.stamp(params.changes).await?
+    };
+    let (rows, held) = claim_locked(tx, params, queue, row).await?;
+    Ok(LimitedClaim {
+        stamped,
+        rows,
+        held,
+    })
+}
+
+/// [`claim_in`] once the queue's row is locked and the stamps are written.
+async fn claim_locked(
+    tx: &mut dyn LimitedTx,
+    params: &LimitedClaimParams<'_>,
+    queue: &str,
+    row: QueueRow,
+) -> Result<(Vec<ClaimedRow>, Option<Held>)> {
+    let (claim, limits) = (params.claim, params.limits);
+    if row.paused {
+        return Ok((Vec::new(), Some(Held::Paused)));
+    }
+    let running = match limits.global_concurrency {
+        Some(_) => tx.running(queue).await?,
+        None => 0,
+    };
+    let tokens = limits
+        .rate
+        .as_ref()
+        .map(|rate| refill(rate, row.tokens, row.elapsed));
+    let (allowed, held) = allowed(limits, claim.limit, running, tokens);
+    if allowed == 0 {
+        return Ok((Vec::new(), held));
+    }
+    let mut ids: Vec<String> = Vec::new();
+    let mut held = held;
+    let rows = match limits.key_concurrency {
+        None => {
+            let which = Candidates {
+                queue,
+                claim,
+                except_keys: &[],
+                except_ids: &[],
+                limit: allowed,
+            };
+            tx.claim_free(&which).await?
+        }
+        Some(k) => {
+            // Candidates a few times over, in claim order; a key at its limit is left out
+            // of the next look, so a key with a long backlog at the head cannot hide the
+            // rows of other keys behind it.
+            let mut full: Vec<String> = Vec::new();
+            let mut seen: Vec<String> = Vec::new();
+            let mut taken: HashMap<String, u64> = HashMap::new();
+            for _ in 0..4 {
+                let limit = candidates_for(allowed - ids.len() as u32);
+                let which = Candidates {
+                    queue,
+                    claim,
+                    except_keys: &full,
+                    except_ids: &seen,
+                    limit,
+                };
+                let found = tx.candidates(&which).await?;
+                let keys = keys_of(&found);
+                let mut running = if keys.is_empty() {
+                    HashMap::new()
+                } else {
+                    tx.running_by_key(queue, &keys).await?
+                };
+                for (key, n) in &taken {
+                    *running.entry(key.clone()).or_default() += n;
+                }
+                let left = allowed - ids.len() as u32;
+                let picked = pick_by_key(&found, &running, k, left, &mut full);
+                for id in picked {
+                    if let Some((_, Some(key))) = found.iter().find(|(i, _)| i == id) {
+                        *taken.entry(key.clone()).or_default() += 1;
+                    }
+                    ids.push(id.to_owned());
+                }
+                seen.extend(found.iter().map(|(id, _)| id.clone()));
+                if ids.len() as u32 >= allowed || (found.len() as u32) < limit {
+                    break;
+                }
+            }
+            if (ids.len() as u32) < allowed && !full.is_empty() {
+                held = held.or(Some(Held::Keys));
+            }
+            if ids.is_empty() {
+                return Ok((Vec::new(), held));
+            }
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            tx.lease(&refs, claim).await?
+        }
+    };
+    if rows.is_empty() {
+        return Ok((rows, held));
+    }
+    if let Some(tokens) = tokens {
+        let advance = row
+            .elapsed
+            .filter(|e| e.is_finite())
+            .unwrap_or(0.0)
+            .max(0.0);
+        tx.store_tokens(queue, (tokens - rows.len() as f64).max(0.0), advance)
+            .await?;
+    }
+    Ok((rows, held))
+}
+
+/// A look before the limited claim's transaction, for a claim that carries no stamps (a
+/// replica looking for a free place, not one handing on its own): when the queue's live
+/// leases already fill `global_concurrency`, the claim is held back without taking the
+/// queue's lock, which the replicas handing on their places wait on. A plain count outside
+/// any transaction, so it never fixes the snapshot the claim's own count reads; a place
+/// that frees up just after it is found at the next look.
+pub(crate) async fn full_before_claim(
+    conn: &mut dyn LimitedTx,
+    params: &LimitedClaimParams<'_>,
+) -> Result<bool> {
+    let (Some(n), true) = (params.limits.global_concurrency, params.changes.is_empty()) else {
+        return Ok(false);
+    };
+    let Some([queue]) = params.claim.queues.as_deref() else {
+        return Ok(false);
+    };
+    Ok(conn.running(queue).await? >= u64::from(n))
+}
+
+/// The error for a limit configured on a table older than version 4.
+pub(crate) fn needs_schema_v4(table: &crate::ident::TableName, version: u32) -> crate::Error {
+    crate::Error::needs_schema_v4(
+        table,
+        version,
+        "a queue's `global_concurrency`, `key_concurrency` or `rate`",
+    )
+}
+
+/// The bucket's tokens now: `stored` (NULL: a new bucket, full) plus what accrued over
+/// `elapsed` seconds of the database's clock since it was last written (NULL: never; a
+/// negative span — another claim's clock read later — adds nothing), at most the capacity.
+pub(crate) fn refill(rate: &RateLimit, stored: Option<f64>, elapsed: Option<f64>) -> f64 {
+    let Some(stored) = stored.filter(|t| t.is_finite()) else {
+        return rate.burst;
+    };
+    let elapsed = elapsed.filter(|e| e.is_finite()).unwrap_or(0.0).max(0.0);
+    (stored.max(0.0) + elapsed * rate.per_second).min(rate.burst)
+}
+
+/// How many rows the claim may take: at most `asked`, what `global_concurrency` leaves
+/// beside `running` live leases, and the whole tokens; with the reason when a limit cut
+/// the claim short (the producer then waits for a slot of its own or a short while
+/// instead of claiming again at once, which would only meet the limit again).
+pub(crate) fn allowed(
+    limits: &QueueLimits,
+    asked: u32,
+    running: u64,
+    tokens: Option<f64>,
+) -> (u32, Option<Held>) {
+    let mut allowed = asked;
+    let mut held = None;
+    if let Some(n) = limits.global_concurrency {
+        let free = u64::from(n).saturating_sub(running);
+        if free < u64::from(allowed) {
+            allowed = free as u32;
+            held = Some(Held::Concurrency);
+        }
+    }
+    if let (Some(rate), Some(tokens)) = (&limits.rate, tokens) {
+        let whole = tokens.max(0.0).floor();
+        if whole < f64::from(allowed) {
+            allowed = whole as u32;
+            held = Some(Held::Rate(next_token_in(rate, tokens)));
+        }
+    }
+    (allowed, held)
+}
+
+/// How long until the bucket holding `tokens` has a whole one more.
+pub(crate) fn next_token_in(rate: &RateLimit, tokens: f64) -> Duration {
+    let missing = 1.0 - tokens.max(0.0).fract();
+    let seconds = missing / rate.per_second.max(f64::MIN_POSITIVE);
+    Duration::from_secs_f64(seconds.clamp(0.001, 3600.0))
+}
+
+/// How many candidates a per-key claim locks for `allowed` rows: a few times more, since
+/// some may belong to keys at their limit.
+pub(crate) fn candidates_for(allowed: u32) -> u32 {
+    allowed.saturating_mul(4).clamp(16, 1_000)
+}
+
+/// Of `candidates` (id and key, in claim order), the ones to lease: at most `allowed`,
+/// and per key no more than `k` together with the key's `running` live leases. Keys that
+/// reached the limit are added to `full`.
+pub(crate) fn pick_by_key<'c>(
+    candidates: &'c [(String, Option<String>)],
+    running: &HashMap<String, u64>,
+    k: u32,
+    allowed: u32,
+    full: &mut Vec<String>,
+) -> Vec<&'c str> {
+    let mut taken: HashMap<&str, u64> = HashMap::new();
+    let mut picked = Vec::new();
+    for (id, key) in candidates {
+        if picked.len() >= allowed as usize {
+            break;
+        }
+        let Some(key) = key else {
+            picked.push(id.as_str());
+            continue;
+        };
+        let now =
+            running.get(key).copied().unwrap_or(0) + taken.get(key.as_str()).copied().unwrap_or(0);
+        if now >= u64::from(k) {
+            if !full.contains(key) {
+                full.push(key.clone());
+            }
+            continue;
+        }
+        *taken.entry(key.as_str()).or_default() += 1;
+        picked.push(id.as_str());
+    }
+    picked
+}
+
+/// The keys of `candidates`, each once.
+pub(crate) fn keys_of(candidates: &[(String, Option<String>)]) -> Vec<String> {
+    let mut keys: Vec<String> = candidates.iter().filter_map(|(_, k)| k.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIFTY: RateLimit = RateLimit {
+        per_second: 50.0,
+        burst: 50.0,
+    };
+
+    #[test]
+    fn a_bucket_refills_by_elapsed_time_up_to_its_capacity() {
+        assert_eq!(refill(&FIFTY, None, None), 50.0);
+        assert_eq!(refill(&FIFTY, Some(0.0), Some(0.1)), 5.0);
+        assert_eq!(refill(&FIFTY, Some(10.0), Some(100.0)), 50.0);
+        // Another claim read the clock later: nothing accrues, nothing is lost.
+        assert_eq!(refill(&FIFTY, Some(3.0), Some(-0.5)), 3.0);
+    }
+
+    #[test]
+    fn the_tightest_limit_decides_and_says_why() {
+        let limits = QueueLimits {
+            global_concurrency: Some(3),
+            key_concurrency: None,
+            rate: Some(FIFTY),
+        };
+        assert_eq!(
+            allowed(&limits, 8, 1, Some(10.0)),
+            (2, Some(Held::Concurrency))
+        );
+        assert_eq!(allowed(&limits, 2, 0, Some(10.0)), (2, None));
+        assert_eq!(
+            allowed(&limits, 8, 3, Some(10.0)),
+            (0, Some(Held::Concurrency))
+        );
+        assert_eq!(allowed(&limits, 8, 5, Some(10.0)).0, 0);
+        let (n, held) = allowed(&limits, 8, 0, Some(0.5));
+        assert_eq!(n, 0);
+        assert_eq!(held, Some(Held::Rate(Duration::from_millis(10))));
+        assert_eq!(allowed(&limits, 8, 0, Some(1.9)).0, 1);
+    }
+
+    #[test]
+    fn a_key_at_its_limit_is_skipped_and_the_rest_taken_in_order() {
+        let rows = |list: &[(&str, Option<&str>)]| -> Vec<(String, Option<String>)> {
+            list.iter()
+                .map(|(id, k)| (id.to_string(), k.map(str::to_string)))
+                .collect()
+        };
+        let candidates = rows(&[
+            ("1", Some("a")),
+            ("2", Some("a")),
+            ("3", Some("b")),
+            ("4", None),
+            ("5", Some("c")),
+        ]);
+        let running = HashMap::from([("b".to_string(), 1)]);
+        let mut full = Vec::new();
+        let picked = pick_by_key(&candidates, &running, 1, 10, &mut full);
+        assert_eq!(picked, ["1", "4", "5"]);
+        assert_eq!(full, ["a", "b"]);
+        let mut full = Vec::new();
+        assert_eq!(
+            pick_by_key(&candidates, &running, 2, 2, &mut full),
+            ["1", "2"]
+        );
+        assert_eq!(keys_of(&candidates), ["a", "b", "c"]);
+    }
+}

@@ -1,0 +1,406 @@
+//! MySQL/MariaDB's limited claim ([`crate::engine::limits`]): one transaction that stamps,
+//! locks the queue's row of `<table>Queues` with `SELECT … FOR UPDATE`, counts, locks the
+//! candidates `FOR UPDATE SKIP LOCKED`, leases the ones the limits allow and takes the
+//! tokens. icq's sessions run at READ COMMITTED, and the counts are the transaction's first
+//! plain reads, taken after the queue's row is locked (under REPEATABLE READ that is when
+//! the snapshot starts), so they include every earlier limited claim's leases.
+
+use std::collections::HashMap;
+
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
+
+use super::{
+    MySqlDriver, NOW, decode_row, exact, exact_marks, leased_as_updated, micros, payload_bytes,
+};
+use crate::engine::Lifecycle;
+use crate::engine::limits::{self, Candidates, LimitedTx, QueueRow};
+use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState, marks};
+use crate::error::{Error, Result};
+use crate::ident::Engine;
+
+/// The pending rows' condition.
+const PENDING: &str = "`ProcessedAt` IS NULL AND `DeadLetteredAt` IS NULL";
+
+/// How many times a limited claim runs when InnoDB makes it a deadlock's victim.
+const DEADLOCK_TRIES: u32 = 3;
+
+/// Whether `err` is InnoDB's deadlock (1213, SQLSTATE 40001): the transaction was rolled
+/// back whole.
+fn deadlocked(err: &Error) -> bool {
+    match err {
+        Error::Database {
+            cause: sqlx::Error::Database(db),
+            ..
+        } => db.code().as_deref() == Some("40001"),
+        _ => false,
+    }
+}
+
+struct Tx<'a> {
+    driver: &'a MySqlDriver,
+    conn: &'a mut MySqlConnection,
+    q: String,
+    columns: &'static str,
+}
+
+fn ctx(driver: &MySqlDriver) -> String {
+    driver.ctx("claiming under the queue's limits")
+}
+
+/// The queue's rows: a seek in the queue poll index (`PollQueue`, the queue of pending
+/// rows outside 'default') unless the queue is 'default', and byte for byte.
+fn queue_filter(queue: &str) -> String {
+    let column = if queue.trim_end_matches(' ') == crate::command::DEFAULT_QUEUE {
+        "`Queue`"
+    } else {
+        "`PollQueue`"
+    };
+    format!("{column} = ? AND {} = {}", exact("`Queue`"), exact_marks(1))
+}
+
+impl Tx<'_> {
+    /// The candidates of `which`, locked, with the columns `select`.
+    async fn locked_due(
+        &mut self,
+        select: &str,
+        which: &Candidates<'_>,
+    ) -> Result<Vec<sqlx::mysql::MySqlRow>> {
+        let types = which.claim.types.as_deref().unwrap_or(&[]);
+        let mut filter = String::new();
+        if !types.is_empty() {
+            filter.push_str(&format!(
+                " AND `Type` IN ({}) AND {} IN ({})",
+                marks(types.len()),
+                exact("`Type`"),
+                exact_marks(types.len())
+            ));
+        }
+        if !which.except_keys.is_empty() {
+            filter.push_str(&format!(
+                " AND (`ConcurrencyKey` IS NULL OR {} NOT IN ({}))",
+                exact("`ConcurrencyKey`"),
+                exact_marks(which.except_keys.len())
+            ));
+        }
+        if !which.except_ids.is_empty() {
+            filter.push_str(&format!(
+                " AND `Id` NOT IN ({})",
+                marks(which.except_ids.len())
+            ));
+        }
+        let sql = format!(
+            "SELECT {select} FROM {} \
+             WHERE {} AND {PENDING} AND `RunAt` <= {NOW} \
+               AND (`LockedUntil` IS NULL OR `LockedUntil` <= {NOW}) \
+               AND (`CreatedAt` <= {NOW} - INTERVAL ? MICROSECOND OR `CreatedAt` IS NULL){filter}{} \
+             ORDER BY `Priority`, `RunAt`, `Id` LIMIT ? FOR UPDATE SKIP LOCKED",
+            self.driver.t,
+            queue_filter(which.queue),
+            super::ordered_filter(&self.driver.t)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(which.queue)
+            .bind(which.queue)
+            .bind(micros(which.claim.processing_delay));
+        for type_name in types.iter().chain(types) {
+            query = query.bind(type_name.clone());
+        }
+        for key in which.except_keys {
+            query = query.bind(key.clone());
+        }
+        for id in which.except_ids {
+            query = query.bind(id.clone());
+        }
+        query
+            .bind(i64::from(which.limit))
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))
+    }
+
+    async fn read_queue(&mut self, queue: &str) -> Result<Option<QueueRow>> {
+        let sql = format!(
+            "SELECT `Paused`, `RateTokens`, \
+                    TIMESTAMPDIFF(MICROSECOND, `RateCheckedAt`, {NOW}) / 1e6 AS `Elapsed` \
+             FROM {} WHERE `Queue` = ? FOR UPDATE",
+            self.q
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(queue)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        Ok(row.map(|row| QueueRow {
+            paused: row
+                .try_get::<Option<bool>, _>("Paused")
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    row.try_get::<Option<i64>, _>("Paused")
+                        .ok()
+                        .flatten()
+                        .map(|v| v != 0)
+                })
+                .unwrap_or(false),
+            tokens: row.try_get("RateTokens").ok().flatten(),
+            elapsed: row.try_get("Elapsed").ok().flatten(),
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl LimitedTx for Tx<'_> {
+    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow> {
+        if let Some(row) = self.read_queue(queue).await? {
+            return Ok(row);
+        }
+        let sql = format!(
+            "INSERT INTO {} (`Queue`) VALUES (?) ON DUPLICATE KEY UPDATE `Queue` = `Queue`",
+            self.q
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(queue)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        Ok(self.read_queue(queue).await?.unwrap_or_default())
+    }
+
+    async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {
+        let version = self.driver.schema_version().await?;
+        self.driver
+            .stamp_moving_on(self.conn, changes, version)
+            .await
+    }
+
+    async fn running(&mut self, queue: &str) -> Result<u64> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE {} AND {PENDING} AND `LockedUntil` > {NOW}",
+            self.driver.t,
+            queue_filter(queue)
+        );
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(queue)
+            .bind(queue)
+            .fetch_one(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn candidates(
+        &mut self,
+        which: &Candidates<'_>,
+    ) -> Result<Vec<(String, Option<String>)>> {
+        let rows = self.locked_due("`Id`, `ConcurrencyKey`", which).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id: String = row.try_get("Id").ok()?;
+                let key: Option<String> = row.try_get("ConcurrencyKey").ok().flatten();
+                Some((id, key))
+            })
+            .collect())
+    }
+
+    /// Reads the candidates whole and leases them: the read locked them, so the rows come
+    /// back as read with the lease's columns set as the update sets them (no third
+    /// statement reads them again).
+    async fn claim_free(&mut self, which: &Candidates<'_>) -> Result<Vec<ClaimedRow>> {
+        let select = format!("{}, {NOW} AS `IcqNow`", self.columns);
+        let rows = self.locked_due(&select, which).await?;
+        let ids: Vec<String> = rows
+            .iter()
+            .filter_map(|row| row.try_get::<String, _>("Id").ok())
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claim = which.claim;
+        let update = format!(
+            "UPDATE {} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
+             `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
+             ELSE `Attempts` END WHERE `Id` IN ({})",
+            self.driver.t,
+            marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(update))
+            .bind(claim.token.to_string())
+            .bind(micros(claim.lease));
+        for id in &ids {
+            query = query.bind(id);
+        }
+        query
+            .execute(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        let lease = chrono::Duration::from_std(claim.lease).unwrap_or(chrono::Duration::MAX);
+        let mut claimed = crate::engine::leased_rows(
+            &self.driver.table,
+            claim.token,
+            rows.iter().map(|row| {
+                let now = row
+                    .try_get::<chrono::NaiveDateTime, _>("IcqNow")
+                    .ok()
+                    .map(|now| now.and_utc());
+                let decoded = decode_row(row).map(|mut decoded| {
+                    leased_as_updated(
+                        &mut decoded,
+                        claim.token,
+                        now.and_then(|n| n.checked_add_signed(lease)),
+                    );
+                    decoded
+                });
+                (decoded, payload_bytes(row))
+            }),
+        );
+        claimed.retain(|c| ids.iter().any(|id| id == c.lease.id.as_str()));
+        Ok(claimed)
+    }
+
+    async fn running_by_key(
+        &mut self,
+        queue: &str,
+        keys: &[String],
+    ) -> Result<HashMap<String, u64>> {
+        let sql = format!(
+            "SELECT `ConcurrencyKey` AS k, COUNT(*) AS n FROM {} \
+             WHERE `ConcurrencyKey` IN ({}) AND {PENDING} AND `LockedUntil` > {NOW} \
+               AND {} = {} \
+             GROUP BY `ConcurrencyKey`",
+            self.driver.t,
+            marks(keys.len()),
+            exact("`Queue`"),
+            exact_marks(1)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for key in keys {
+            query = query.bind(key.clone());
+        }
+        let rows = query
+            .bind(queue)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        // The column compares PAD SPACE (`a` = `a `): count by the exact key read back.
+        let mut out = HashMap::new();
+        for row in &rows {
+            let (Ok(key), Ok(n)) = (row.try_get::<String, _>("k"), row.try_get::<i64, _>("n"))
+            else {
+                continue;
+            };
+            *out.entry(key).or_default() += n.max(0) as u64;
+        }
+        Ok(out)
+    }
+
+    async fn lease(&mut self, ids: &[&str], claim: &ClaimParams) -> Result<Vec<ClaimedRow>> {
+        let list = marks(ids.len());
+        let update = format!(
+            "UPDATE {} SET `LockToken` = ?, `LockedUntil` = {NOW} + INTERVAL ? MICROSECOND, \
+             `Attempts` = CASE WHEN `Attempts` BETWEEN 0 AND 2147483646 THEN `Attempts` + 1 \
+             ELSE `Attempts` END WHERE `Id` IN ({list})",
+            self.driver.t
+        );
+        let mut query = sqlx::query(AssertSqlSafe(update))
+            .bind(claim.token.to_string())
+            .bind(micros(claim.lease));
+        for id in ids {
+            query = query.bind(*id);
+        }
+        query
+            .execute(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        let select = format!(
+            "SELECT {} FROM {} WHERE `Id` IN ({list}) AND `LockToken` = ?",
+            self.columns, self.driver.t
+        );
+        let mut query = sqlx::query(AssertSqlSafe(select));
+        for id in ids {
+            query = query.bind(*id);
+        }
+        let rows = query
+            .bind(claim.token.to_string())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        Ok(crate::engine::leased_rows(
+            &self.driver.table,
+            claim.token,
+            rows.iter().map(|row| (decode_row(row), payload_bytes(row))),
+        ))
+    }
+
+    async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
+        let sql = format!(
+            "UPDATE {} SET `RateTokens` = ?, \
+                 `RateCheckedAt` = COALESCE(`RateCheckedAt` + INTERVAL ? MICROSECOND, {NOW}), \
+                 `UpdatedAt` = {NOW} \
+             WHERE `Queue` = ?",
+            self.q
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(tokens)
+            .bind((advance * 1e6).round() as i64)
+            .bind(queue)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        Ok(())
+    }
+}
+
+impl MySqlDriver {
+    /// See [`crate::engine::QueueOps::command_claim_limited`].
+    pub(super) async fn claim_limited(
+        &self,
+        params: &LimitedClaimParams<'_>,
+    ) -> Result<LimitedClaim> {
+        let version = self.schema_version().await?;
+        if version < 4 {
+            return Err(limits::needs_schema_v4(&self.table, version));
+        }
+        let columns = self.columns().await?;
+        let mut conn = self.pool.acquire().await.map_err(Error::db(ctx(self)))?;
+        let q = self.table.queues().quoted(Engine::Mysql);
+        {
+            let mut look = Tx {
+                driver: self,
+                conn: &mut conn,
+                q: q.clone(),
+                columns,
+            };
+            if limits::full_before_claim(&mut look, params).await? {
+                return Ok(LimitedClaim {
+                    held: Some(limits::Held::Concurrency),
+                    ..LimitedClaim::default()
+                });
+            }
+        }
+        // InnoDB picks a deadlock's victim among the stamps of this claim and those the
+        // completers write beside it, and rolls its whole transaction back: try again at
+        // once (a few times) rather than after the claim's retry pause.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut tx = conn.begin().await.map_err(Error::db(ctx(self)))?;
+            let claimed = {
+                let mut steps = Tx {
+                    driver: self,
+                    conn: &mut tx,
+                    q: q.clone(),
+                    columns,
+                };
+                limits::claim_in(&mut steps, params).await
+            };
+            let claimed = match claimed {
+                Ok(claimed) => claimed,
+                Err(err) if tries < DEADLOCK_TRIES && deadlocked(&err) => continue,
+                Err(err) => return Err(err),
+            };
+            tx.commit().await.map_err(Error::db(ctx(self)))?;
+            return Ok(claimed);
+        }
+    }
+}
