@@ -740,7 +740,13 @@ fn respond<B>(request: &Request<B>, render: impl FnOnce() -> String) -> Response
     response
 }
 
-/// Refreshes the `pending` gauges of each source every `every` until the task is aborted.
+/// How many times its own duration a refresh of the `pending` gauges waits before the
+/// next: the count walks the head of the poll index, cheap until a held xmin horizon (or
+/// MariaDB's held-back purge) leaves every completed row's entry there.
+const PENDING_COST_SHARE: u32 = 50;
+
+/// Refreshes the `pending` gauges of each source every `every` (longer while a refresh is
+/// costly) until the task is aborted.
 pub fn spawn_pending_gauges(
     sources: &[crate::cli::sources::Source],
     every: Duration,
@@ -751,6 +757,7 @@ pub fn spawn_pending_gauges(
         .collect();
     tokio::spawn(async move {
         loop {
+            let started = std::time::Instant::now();
             for (name, queue) in &sources {
                 match queue.activity().await {
                     Ok(activity) => {
@@ -775,7 +782,8 @@ pub fn spawn_pending_gauges(
                     }
                 }
             }
-            tokio::time::sleep(every).await;
+            let cost = started.elapsed().saturating_mul(PENDING_COST_SHARE);
+            tokio::time::sleep(every.max(cost)).await;
         }
     })
 }

@@ -26,14 +26,16 @@
 //! Costly heads. While a transaction holds back cleanup (PostgreSQL's xmin horizon,
 //! MariaDB's purge), every row completed since stays in the poll index as an entry the
 //! claim must fetch and reject, all of them at its head: a claim from the head grows
-//! with the hold (a minute at 1,000 commands a second is 60,000 entries). When a claim
-//! from the head took [`HEAD_COSTLY`] and several times what claims after the cursor
-//! take, a short claim no longer drops the cursor: it goes back to [`LATE_COMMIT`]
-//! before the furthest row claimed (a row committed a little late, with the `RunAt` of
-//! its transaction's start, is still ahead of it), and only the claims every
-//! [`HEAD_SCAN_EVERY`] start from the head — which also tells when the head is cheap
-//! again. Meanwhile a lapsed lease, a release or a more urgent new row waits up to that
-//! long, as rows behind the cursor always could.
+//! with the hold (a minute at 1,000 commands a second is 60,000 entries), and so does a
+//! claim that starts anywhere behind the rows claimed last. When a claim from the head
+//! took [`HEAD_COSTLY`] and several times what claims after the cursor take, a short
+//! claim no longer drops the cursor: the next claim starts right after the furthest row
+//! claimed (the frontier). Every [`HEAD_SCAN_EVERY`] one claim starts [`LATE_COMMIT`]
+//! before the frontier instead (a row committed a little late, with the `RunAt` of its
+//! transaction's start, is still found there), and the claims from the head, which also
+//! tell when the head is cheap again, come no more often than their cost allows
+//! ([`crate::engine::paced`]). Meanwhile a lapsed lease, a release or a more urgent new
+//! row waits for the next claim from the head, as rows behind the cursor always could.
 //!
 //! Replicas apart. Each processor's cursor follows its own claims, so several replicas
 //! draining one backlog all chase the same head and every claim steps over the rows the
@@ -78,12 +80,12 @@ pub(crate) const HEAD_SCAN_EVERY: Duration = Duration::from_millis(500);
 
 /// A claim from the head this long (and [`COSTLY_FACTOR`] times the claims after the
 /// cursor) means the head holds many entries to step over.
-const HEAD_COSTLY: Duration = Duration::from_millis(20);
+const HEAD_COSTLY: Duration = Duration::from_millis(2);
 
 /// How many times the smoothed claim after the cursor a costly head claim takes.
 const COSTLY_FACTOR: f64 = 4.0;
 
-/// How far before the furthest row claimed the cursor goes back after a short claim
+/// How far before the furthest row claimed a claim goes back every [`HEAD_SCAN_EVERY`]
 /// while the head is costly: rows committed that much after their `RunAt` are found.
 const LATE_COMMIT: Duration = Duration::from_secs(1);
 
@@ -119,6 +121,10 @@ struct State {
     cursor_claim: Option<f64>,
     /// The last claim from the head was costly (see the module's doc).
     head_costly: bool,
+    /// How long the last claim from the head took.
+    head_cost: Duration,
+    /// When a claim last started [`LATE_COMMIT`] before the frontier.
+    looked_back_at: Instant,
 }
 
 impl Default for ClaimCursor {
@@ -135,6 +141,8 @@ impl Default for ClaimCursor {
                 cursor_started: None,
                 cursor_claim: None,
                 head_costly: false,
+                head_cost: Duration::ZERO,
+                looked_back_at: Instant::now(),
             }),
         }
     }
@@ -145,10 +153,23 @@ impl ClaimCursor {
     /// restarts the head-scan clock).
     pub(crate) fn start(&self) -> Option<Position> {
         let mut state = self.lock();
-        if state.head_scanned_at.elapsed() >= HEAD_SCAN_EVERY {
-            state.after = None;
-        }
         let now = Instant::now();
+        let head_every = if state.head_costly {
+            super::paced(HEAD_SCAN_EVERY, state.head_cost)
+        } else {
+            HEAD_SCAN_EVERY
+        };
+        if now.duration_since(state.head_scanned_at) >= head_every {
+            state.after = None;
+        } else if state.head_costly
+            && now.duration_since(state.looked_back_at) >= HEAD_SCAN_EVERY
+            && let Some((priority, run_at, _)) = state.frontier
+        {
+            state.looked_back_at = now;
+            let back = chrono::Duration::from_std(LATE_COMMIT).unwrap_or_default();
+            let back = (priority, run_at - back, Uuid::nil());
+            state.after = Some(state.after.map_or(back, |at| at.min(back)));
+        }
         if state.after.is_none() {
             state.head_scanned_at = now;
             state.spread = false;
@@ -177,6 +198,7 @@ impl ClaimCursor {
         }
         if let Some(started) = state.head_started.take() {
             let took = started.elapsed();
+            state.head_cost = took;
             // Against nothing to compare (no claim after the cursor yet), never costly.
             state.head_costly = state.cursor_claim.is_some_and(|usual| {
                 took >= HEAD_COSTLY && took.as_secs_f64() >= usual * COSTLY_FACTOR
@@ -186,7 +208,7 @@ impl ClaimCursor {
 
     /// Moves the cursor after a claim of up to `limit` rows: past the furthest row claimed
     /// when the claim was full, back to the head when it was short (while the head is
-    /// costly: [`LATE_COMMIT`] before the furthest row of the last claim that found any);
+    /// costly: to the furthest row of the last claim that found any);
     /// with `spread`, once per head scan, a random distance further among rows of the
     /// furthest row's priority and `RunAt` ([`jump`]).
     pub(crate) fn advance(&self, claimed: &[ClaimedRow], limit: u32, spread: bool) {
@@ -215,12 +237,10 @@ impl ClaimCursor {
             state.frontier = furthest;
         }
         if short {
-            state.after = match (state.head_costly, state.frontier) {
-                (true, Some((priority, run_at, _))) => {
-                    let back = chrono::Duration::from_std(LATE_COMMIT).unwrap_or_default();
-                    Some((priority, run_at - back, Uuid::nil()))
-                }
-                _ => None,
+            state.after = if state.head_costly {
+                state.frontier
+            } else {
+                None
             };
             return;
         }
@@ -259,8 +279,9 @@ mod tests {
 
     /// A short claim drops the cursor while claims from the head are cheap; once one took
     /// [`HEAD_COSTLY`] and several times a claim after the cursor, a short claim leaves the
-    /// cursor [`LATE_COMMIT`] before its furthest row, an empty one keeps it there, and
-    /// the claim from the head every [`HEAD_SCAN_EVERY`] finds the head cheap again.
+    /// cursor at its furthest row and an empty one keeps it there; every
+    /// [`HEAD_SCAN_EVERY`] a claim goes [`LATE_COMMIT`] back, and the claim from the head
+    /// (paced by its cost) finds the head cheap again.
     #[test]
     fn a_costly_head_keeps_the_cursor_after_short_claims() {
         let cursor = ClaimCursor::default();
@@ -281,12 +302,21 @@ mod tests {
         assert_eq!(cursor.start(), None);
         std::thread::sleep(HEAD_COSTLY + Duration::from_millis(2));
         cursor.advance_past(&[row], true, false);
-        let back = (0, run_at - chrono::Duration::seconds(1), Uuid::nil());
-        assert_eq!(cursor.start(), Some(back), "short, behind its furthest row");
+        assert_eq!(cursor.start(), Some(row), "short: after its furthest row");
         cursor.advance_past(&[], true, false);
-        assert_eq!(cursor.start(), Some(back), "empty: the cursor stays");
-        // Every HEAD_SCAN_EVERY from the head; a cheap one ends the costly head.
-        cursor.lock().head_scanned_at = Instant::now() - HEAD_SCAN_EVERY;
+        assert_eq!(cursor.start(), Some(row), "empty: the cursor stays");
+        cursor.advance_past(&[], true, false);
+        // A look back once every HEAD_SCAN_EVERY, then after the frontier again.
+        cursor.lock().looked_back_at = Instant::now() - HEAD_SCAN_EVERY;
+        let back = (0, run_at - chrono::Duration::seconds(1), Uuid::nil());
+        assert_eq!(cursor.start(), Some(back), "behind the frontier");
+        cursor.advance_past(&[], true, false);
+        assert_eq!(cursor.start(), Some(row));
+        cursor.advance_past(&[], true, false);
+        // From the head once the paced interval passed; a cheap one ends the costly head.
+        let every = crate::engine::paced(HEAD_SCAN_EVERY, cursor.lock().head_cost);
+        assert!(every >= HEAD_SCAN_EVERY);
+        cursor.lock().head_scanned_at = Instant::now() - every;
         assert_eq!(cursor.start(), None);
         cursor.advance_past(&[row], true, false);
         assert_eq!(cursor.start(), None);

@@ -692,22 +692,43 @@ pub(crate) fn check_queues(
 /// column), so it is not made with every claim; such rows settle within this period.
 pub(crate) const UNUSABLE_EVERY: Duration = Duration::from_secs(2);
 
-/// When a driver's claims last looked for unusable rows (see [`UNUSABLE_EVERY`]).
+/// How many times its own duration a look that walks the head of the poll index waits
+/// before it is made again: such a look is cheap while the head is, and grows with every
+/// entry a held xmin horizon (or MariaDB's held-back purge) keeps there.
+const LOOK_COST_SHARE: u32 = 50;
+
+/// The interval between two looks at the head of the poll index: `every`, or longer when
+/// the last look took `cost` (so such looks take at most a fiftieth of the time).
+pub(crate) fn paced(every: Duration, cost: Duration) -> Duration {
+    every.max(cost.saturating_mul(LOOK_COST_SHARE))
+}
+
+/// When a driver's claims last looked for unusable rows (see [`UNUSABLE_EVERY`]), and
+/// how long the claim that looked took ([`paced`]).
 #[derive(Debug, Default)]
-pub(crate) struct UnusableGate(std::sync::Mutex<Option<std::time::Instant>>);
+pub(crate) struct UnusableGate(std::sync::Mutex<(Option<std::time::Instant>, Duration)>);
 
 impl UnusableGate {
     /// Whether this claim should look (and, if so, the look is counted as made now).
     pub(crate) fn due(&self) -> bool {
-        let mut at = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if at.is_some_and(|at| at.elapsed() < UNUSABLE_EVERY) {
+        let mut state = self.lock();
+        let (at, cost) = *state;
+        if at.is_some_and(|at| at.elapsed() < paced(UNUSABLE_EVERY, cost)) {
             return false;
         }
-        *at = Some(std::time::Instant::now());
+        state.0 = Some(std::time::Instant::now());
         true
+    }
+
+    /// Records how long a claim that looked took.
+    pub(crate) fn took(&self, cost: Duration) {
+        self.lock().1 = cost;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<std::time::Instant>, Duration)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -1099,7 +1120,28 @@ mod conformance;
 
 #[cfg(test)]
 mod tests {
-    use super::bounded;
+    use super::{Duration, UNUSABLE_EVERY, UnusableGate, bounded, paced};
+
+    /// A cheap look keeps its interval; a costly one waits fifty times what it took.
+    #[test]
+    fn looks_at_the_head_are_paced_by_their_cost() {
+        let every = Duration::from_secs(1);
+        assert_eq!(paced(every, Duration::from_millis(1)), every);
+        assert_eq!(
+            paced(every, Duration::from_millis(60)),
+            Duration::from_secs(3)
+        );
+        let gate = UnusableGate::default();
+        assert!(gate.due(), "the first claim looks");
+        assert!(!gate.due(), "not again at once");
+        gate.lock().0 = Some(std::time::Instant::now() - UNUSABLE_EVERY);
+        assert!(gate.due(), "again after the interval");
+        gate.took(Duration::from_millis(100));
+        gate.lock().0 = Some(std::time::Instant::now() - UNUSABLE_EVERY);
+        assert!(!gate.due(), "a look that took 100 ms waits 5 s");
+        gate.lock().0 = Some(std::time::Instant::now() - Duration::from_secs(5));
+        assert!(gate.due());
+    }
 
     #[test]
     fn bounded_keeps_short_text_and_cuts_long_text_on_a_char_boundary() {

@@ -508,10 +508,12 @@ impl Sharing {
             return;
         }
         self.checked_at = Some(now);
-        self.every = (self.every * 2).min(SHARING_CHECK_EVERY);
         let limit = health::call_deadline(shared.source.settings.lease());
         let looking = shared.source.backend.lease_others_at_head(&self.params);
-        match health::deadline(limit, "looking for other processors' leases", looking).await {
+        let looked = health::deadline(limit, "looking for other processors' leases", looking).await;
+        // The look walks the head of the poll index: paced by what it cost.
+        self.every = crate::engine::paced((self.every * 2).min(SHARING_CHECK_EVERY), now.elapsed());
+        match looked {
             Ok(0) => {}
             Ok(_) => self.until = Some(now + SHARING_HOLDS_FOR),
             // Only a pacing hint: the claims report real trouble.

@@ -1417,11 +1417,15 @@ impl MySqlDriver {
         for change in except {
             select = select.bind(change.lease.id.as_str().to_owned());
         }
+        let started = std::time::Instant::now();
         let mut rows = select
             .bind(i64::from(params.limit))
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(ctx()))?;
+        if unusable {
+            self.unusable.took(started.elapsed());
+        }
         if rows.is_empty() {
             if follows_cursor {
                 self.cursor.advance(&[], params.limit, params.spread);

@@ -1790,17 +1790,22 @@ impl QueueOps for PgDriver {
     async fn command_claim(&self, params: &ClaimParams) -> Result<Vec<ClaimedRow>> {
         // A claim after the cursor that finds nothing there (the backlog ends before it, or
         // a spreading jump overshot) is followed at once by one from the head, which the
-        // empty claim moved the cursor back to: an empty answer means the queue has
-        // nothing due, and makes the processor wait for a wake-up or the polling interval.
+        // empty claim moved the cursor back to (unless the head is costly: the cursor
+        // stays): an empty answer means the queue has nothing due, and makes the
+        // processor wait for a wake-up or the polling interval.
         loop {
             let (sql, key, after) = self.claim_plan(params, false).await?;
             let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
             let query = PgDriver::bind_filters(query, params, key, after);
+            let started = std::time::Instant::now();
             let rows = on_work!(self, |e| query.fetch_all(e))
                 .await
                 .map_err(self.db("claiming due commands"))?;
+            if key.unusable {
+                self.unusable.took(started.elapsed());
+            }
             let claimed = self.claimed(&rows, params);
-            if !claimed.is_empty() || after.is_none() {
+            if !claimed.is_empty() || after.is_none() || !self.cursor.at_head() {
                 return Ok(claimed);
             }
         }
@@ -1815,9 +1820,13 @@ impl QueueOps for PgDriver {
         let query = bind_claim(sqlx::query(AssertSqlSafe(sql)), params);
         let query = StampArrays::new(changes, self.ascii_errors(), key.v4).bind(query);
         let query = PgDriver::bind_filters(query, params, key, after);
+        let started = std::time::Instant::now();
         let rows = on_work!(self, |e| query.fetch_all(e))
             .await
             .map_err(self.db("stamping outcomes and claiming due commands"))?;
+        if key.unusable {
+            self.unusable.took(started.elapsed());
+        }
         let stamped = rows
             .first()
             .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())
@@ -1828,7 +1837,7 @@ impl QueueOps for PgDriver {
             .filter(|row| matches!(row.try_get::<Option<Uuid>, _>("Id"), Ok(Some(_))))
             .collect();
         let claimed = self.claimed(&claimed, params);
-        if claimed.is_empty() && after.is_some() {
+        if claimed.is_empty() && after.is_some() && self.cursor.at_head() {
             // Nothing after the cursor: from the head at once (see `command_claim`).
             return Ok((stamped.max(0) as u64, self.command_claim(params).await?));
         }

@@ -1313,6 +1313,7 @@ impl SqliteDriver {
             let ids: Vec<&str> = changes.iter().map(|c| c.lease.id.as_str()).collect();
             query = query.bind(serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into()));
         }
+        let started = std::time::Instant::now();
         let (stamped, rows) = match stamps {
             None => {
                 let rows = query
@@ -1369,6 +1370,9 @@ impl SqliteDriver {
                 (stamped, rows)
             }
         };
+        if key.unusable {
+            self.unusable.took(started.elapsed());
+        }
         // The statement's own "now": the due-ness of a row claimed for a `RunAt` that only
         // sorts as due is decided on the database's clock, never the worker's.
         let now = rows
