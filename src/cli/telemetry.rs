@@ -745,6 +745,9 @@ fn respond<B>(request: &Request<B>, render: impl FnOnce() -> String) -> Response
 /// MariaDB's held-back purge) leaves every completed row's entry there.
 const PENDING_COST_SHARE: u32 = 50;
 
+/// How many refresh intervals the `pending` gauges wait at most between two refreshes.
+const PENDING_STALE_AT_MOST: u32 = 10;
+
 /// Refreshes the `pending` gauges of each source every `every` (longer while a refresh is
 /// costly) until the task is aborted.
 pub fn spawn_pending_gauges(
@@ -782,8 +785,14 @@ pub fn spawn_pending_gauges(
                     }
                 }
             }
+            // One refresh slowed by a stall must not leave the gauges stale for minutes.
             let cost = started.elapsed().saturating_mul(PENDING_COST_SHARE);
-            tokio::time::sleep(every.max(cost)).await;
+            tokio::time::sleep(
+                every
+                    .max(cost)
+                    .min(every.saturating_mul(PENDING_STALE_AT_MOST)),
+            )
+            .await;
         }
     })
 }

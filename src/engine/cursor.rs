@@ -34,7 +34,8 @@
 //! before the frontier instead (a row committed a little late, with the `RunAt` of its
 //! transaction's start, is still found there), and the claims from the head, which also
 //! tell when the head is cheap again, come no more often than their cost allows
-//! ([`crate::engine::paced`]). Meanwhile a lapsed lease, a release or a more urgent new
+//! ([`crate::engine::paced`]: at least every ten [`HEAD_SCAN_EVERY`], so a claim slowed
+//! by a stall does not leave lapsed leases behind the cursor for minutes). Meanwhile a lapsed lease, a release or a more urgent new
 //! row waits for the next claim from the head, as rows behind the cursor always could.
 //!
 //! Replicas apart. Each processor's cursor follows its own claims, so several replicas
@@ -319,6 +320,16 @@ mod tests {
         cursor.lock().head_scanned_at = Instant::now() - every;
         assert_eq!(cursor.start(), None);
         cursor.advance_past(&[row], true, false);
+        assert_eq!(cursor.start(), None);
+        // A claim from the head slowed by a stall (a minute) puts the next off by ten
+        // intervals at most: a lapsed lease behind the cursor is not left for minutes.
+        {
+            let mut state = cursor.lock();
+            state.head_costly = true;
+            state.head_cost = Duration::from_secs(60);
+            state.after = Some(row);
+            state.head_scanned_at = Instant::now() - HEAD_SCAN_EVERY * 10;
+        }
         assert_eq!(cursor.start(), None);
     }
 

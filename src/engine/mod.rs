@@ -697,10 +697,18 @@ pub(crate) const UNUSABLE_EVERY: Duration = Duration::from_secs(2);
 /// entry a held xmin horizon (or MariaDB's held-back purge) keeps there.
 const LOOK_COST_SHARE: u32 = 50;
 
+/// How many times its usual interval a paced look waits at most: one look slowed by a
+/// stall (lock waits, a loaded server) must not put off the next for minutes, since
+/// what only such a look finds (a lapsed lease behind the cursor) waits for it.
+const PACED_AT_MOST: u32 = 10;
+
 /// The interval between two looks at the head of the poll index: `every`, or longer when
-/// the last look took `cost` (so such looks take at most a fiftieth of the time).
+/// the last look took `cost` (so such looks take at most a fiftieth of the time), but
+/// never more than ten times `every`.
 pub(crate) fn paced(every: Duration, cost: Duration) -> Duration {
-    every.max(cost.saturating_mul(LOOK_COST_SHARE))
+    every
+        .max(cost.saturating_mul(LOOK_COST_SHARE))
+        .min(every.saturating_mul(PACED_AT_MOST))
 }
 
 /// When a driver's claims last looked for unusable rows (see [`UNUSABLE_EVERY`]), and
@@ -1122,7 +1130,8 @@ mod conformance;
 mod tests {
     use super::{Duration, UNUSABLE_EVERY, UnusableGate, bounded, paced};
 
-    /// A cheap look keeps its interval; a costly one waits fifty times what it took.
+    /// A cheap look keeps its interval; a costly one waits fifty times what it took, up to
+    /// ten intervals.
     #[test]
     fn looks_at_the_head_are_paced_by_their_cost() {
         let every = Duration::from_secs(1);
@@ -1130,6 +1139,11 @@ mod tests {
         assert_eq!(
             paced(every, Duration::from_millis(60)),
             Duration::from_secs(3)
+        );
+        assert_eq!(
+            paced(every, Duration::from_secs(5)),
+            Duration::from_secs(10),
+            "a look slowed by a stall does not put off the next for minutes"
         );
         let gate = UnusableGate::default();
         assert!(gate.due(), "the first claim looks");
