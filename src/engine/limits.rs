@@ -12,6 +12,19 @@
 //! replicas cannot together exceed a limit; a crashed replica's leases stop counting when
 //! they lapse. Queues without limits never come here: their claims stay as they are.
 //!
+//! A hand-on needs neither the lock nor the count. When a claim under `global_concurrency`
+//! alone (no rate, no per-key limit) carries the outcomes of rows whose leases it holds,
+//! the places those leases fill are its own: it stamps them and leases at most as many
+//! rows in the same commit, so no commit ever raises the queue's live leases and every
+//! count another claim takes stays true. The leases handed on must outlive the
+//! transaction by far (half a lease: renewals keep a live row's at two thirds or more), or
+//! a claim that counted them lapsed could give their places away first; a hand-on whose
+//! rows do not all qualify, or whose queue is paused, takes the lock like any claim.
+//! The count reads every pending row of the queue (no index finds live leases, and on
+//! PostgreSQL none may: claims would lose their HOT updates), so with a backlog it is the
+//! dearest step of a claim; a queue at its limit hands its places on without it, and its
+//! hand-ons no longer wait for each other on the lock.
+//!
 //! This module holds what the three engines share: the parameters and answer of the
 //! claim, the bucket's arithmetic and the choice of rows under a per-key limit. The SQL is
 //! each engine's.
@@ -160,7 +173,97 @@ pub(crate) trait LimitedTx: Send {
     /// (the span the refill counted, so no time is counted twice or lost between the
     /// statements' clocks), or set to the database's now when it was NULL.
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()>;
+
+    /// For a hand-on: how many of the rows `changes` stamp are pending rows of `queue`
+    /// leased under their change's token until at least `margin` after the database's
+    /// now, and whether `queue` is paused — a plain read, no lock, by primary key alone
+    /// (queue, state and lease judged on the rows read: with them in the condition,
+    /// PostgreSQL read a table not yet analyzed through a poll index, every pending row).
+    /// `None`: this engine hands places on under the queue's lock only.
+    async fn places_to_hand_on(
+        &mut self,
+        queue: &str,
+        changes: &[SetState],
+        margin: Duration,
+    ) -> Result<Option<Places>> {
+        let _ = (queue, changes, margin);
+        Ok(None)
+    }
+
+    /// The hand-on's statements: [`LimitedTx::places_to_hand_on`]; when every row
+    /// qualifies, the stamps; when they all landed, [`LimitedTx::claim_free`] of
+    /// `ask.which`. An engine may run them in fewer round trips, as long as it leases
+    /// nothing unless [`HandOn::may_lease`]. `None`: this engine hands places on under
+    /// the queue's lock only.
+    async fn hand_on(&mut self, ask: &HandOn<'_>) -> Result<Option<HandedOn>> {
+        let Some(places) = self
+            .places_to_hand_on(ask.which.queue, ask.changes, ask.margin)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if !ask.may_stamp(places) {
+            return Ok(Some(HandedOn::Declined));
+        }
+        let stamped = self.stamp(ask.changes).await?;
+        let rows = if ask.may_lease(places, stamped) {
+            self.claim_free(&ask.which).await?
+        } else {
+            Vec::new()
+        };
+        Ok(Some(HandedOn::Stamped {
+            places,
+            stamped,
+            rows,
+        }))
+    }
 }
+
+/// A hand-on's question (see [`LimitedTx::hand_on`]).
+pub(crate) struct HandOn<'a> {
+    /// The outcomes to stamp.
+    pub changes: &'a [SetState],
+    /// How long after the database's now each lease handed on must still be live.
+    pub margin: Duration,
+    /// The rows to lease in their places (at most as many as `changes`).
+    pub which: Candidates<'a>,
+}
+
+impl HandOn<'_> {
+    /// Every stamp ends a live lease of the queue, which is not paused.
+    pub(crate) fn may_stamp(&self, places: Places) -> bool {
+        !places.paused && places.live == self.changes.len() as u64
+    }
+
+    /// ... and every stamp landed: the places are this hand-on's to fill.
+    pub(crate) fn may_lease(&self, places: Places, stamped: u64) -> bool {
+        self.may_stamp(places) && stamped == places.live
+    }
+}
+
+/// What a hand-on did.
+pub(crate) enum HandedOn {
+    /// Not every row qualified: nothing was written; the claim takes the lock.
+    Declined,
+    /// The stamps were written, and the rows leased when [`HandOn::may_lease`].
+    Stamped {
+        places: Places,
+        stamped: u64,
+        rows: Vec<ClaimedRow>,
+    },
+}
+
+/// What [`LimitedTx::places_to_hand_on`] read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Places {
+    /// Rows whose live lease (with the margin) the stamps end.
+    pub live: u64,
+    /// The queue's `Paused`.
+    pub paused: bool,
+}
+
+/// A lease handed on must stay live this share of a lease past the hand-on's start.
+const HAND_ON_MARGIN_DIVISOR: u32 = 2;
 
 /// The limited claim's steps inside the engine's transaction: lock the queue's row, write
 /// the stamps, count, refill, claim what the limits allow, take the tokens. The stamps
@@ -177,6 +280,9 @@ pub(crate) async fn claim_in(
             "a limited claim names exactly one queue".to_owned(),
         ));
     };
+    if let Some(claimed) = hand_on(tx, params, queue).await? {
+        return Ok(claimed);
+    }
     let row = tx.lock_queue(queue).await?;
     let stamped = if params.changes.is_empty() {
         0
@@ -189,6 +295,69 @@ pub(crate) async fn claim_in(
         rows,
         held,
     })
+}
+
+/// The hand-on without the queue's lock (see the module's doc), when it applies: every
+/// stamped row gave back a live place of `queue`, which is not paused, and its only limit
+/// is `global_concurrency`. `None`: the claim takes the lock instead (nothing was written).
+async fn hand_on(
+    tx: &mut dyn LimitedTx,
+    params: &LimitedClaimParams<'_>,
+    queue: &str,
+) -> Result<Option<LimitedClaim>> {
+    let (limits, changes) = (params.limits, params.changes);
+    if changes.is_empty()
+        || limits.global_concurrency.is_none()
+        || limits.rate.is_some()
+        || limits.key_concurrency.is_some()
+    {
+        return Ok(None);
+    }
+    let limit = params
+        .claim
+        .limit
+        .min(u32::try_from(changes.len()).unwrap_or(u32::MAX));
+    let ask = HandOn {
+        changes,
+        margin: params.claim.lease / HAND_ON_MARGIN_DIVISOR,
+        which: Candidates {
+            queue,
+            claim: params.claim,
+            except_keys: &[],
+            except_ids: &[],
+            limit,
+        },
+    };
+    let (places, stamped, rows) = match tx.hand_on(&ask).await? {
+        None | Some(HandedOn::Declined) => return Ok(None),
+        Some(HandedOn::Stamped {
+            places,
+            stamped,
+            rows,
+        }) => (places, stamped, rows),
+    };
+    if !ask.may_lease(places, stamped) {
+        // A lease lapsed or changed hands (an operator's cancel) before the stamp, or the
+        // queue was paused: the place may be another claim's by now. Nothing was claimed;
+        // the next claim counts.
+        return Ok(Some(LimitedClaim {
+            stamped,
+            rows: Vec::new(),
+            held: Some(if places.paused {
+                Held::Paused
+            } else {
+                Held::Concurrency
+            }),
+        }));
+    }
+    // Cut short by the places it had, not by the rows due: the limit holds the rest.
+    let held =
+        (limit < params.claim.limit && rows.len() as u32 == limit).then_some(Held::Concurrency);
+    Ok(Some(LimitedClaim {
+        stamped,
+        rows,
+        held,
+    }))
 }
 
 /// [`claim_in`] once the queue's row is locked and the stamps are written.
@@ -417,6 +586,168 @@ pub(crate) fn keys_of(candidates: &[(String, Option<String>)]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    use crate::command::{CommandId, LeaseToken};
+    use crate::engine::{Lease, StateChange};
+
+    /// The steps a limited claim asked of its engine, with what the engine answers.
+    #[derive(Default)]
+    struct Steps {
+        places: Option<Places>,
+        /// What the stamp reports (`None`: every change).
+        stamps: Option<u64>,
+        log: Vec<String>,
+    }
+
+    #[async_trait::async_trait]
+    impl LimitedTx for Steps {
+        async fn lock_queue(&mut self, _: &str) -> Result<QueueRow> {
+            self.log.push("lock".into());
+            Ok(QueueRow {
+                paused: self.places.is_some_and(|p| p.paused),
+                ..QueueRow::default()
+            })
+        }
+        async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {
+            self.log.push(format!("stamp {}", changes.len()));
+            Ok(self.stamps.unwrap_or(changes.len() as u64))
+        }
+        async fn running(&mut self, _: &str) -> Result<u64> {
+            self.log.push("count".into());
+            Ok(1)
+        }
+        async fn candidates(
+            &mut self,
+            _: &Candidates<'_>,
+        ) -> Result<Vec<(String, Option<String>)>> {
+            self.log.push("candidates".into());
+            Ok(Vec::new())
+        }
+        async fn running_by_key(&mut self, _: &str, _: &[String]) -> Result<HashMap<String, u64>> {
+            unreachable!("no candidates were found")
+        }
+        async fn lease(&mut self, _: &[&str], _: &ClaimParams) -> Result<Vec<ClaimedRow>> {
+            unreachable!("no candidates were found")
+        }
+        async fn claim_free(&mut self, which: &Candidates<'_>) -> Result<Vec<ClaimedRow>> {
+            self.log.push(format!("claim {}", which.limit));
+            Ok(Vec::new())
+        }
+        async fn store_tokens(&mut self, _: &str, _: f64, _: f64) -> Result<()> {
+            self.log.push("tokens".into());
+            Ok(())
+        }
+        async fn places_to_hand_on(
+            &mut self,
+            _: &str,
+            changes: &[SetState],
+            margin: Duration,
+        ) -> Result<Option<Places>> {
+            assert_eq!(margin, Duration::from_secs(10), "half the 20 s lease");
+            self.log.push(format!("places {}", changes.len()));
+            Ok(self.places)
+        }
+    }
+
+    /// The steps of one limited claim of 8 carrying `changes` outcomes.
+    fn steps_of(limits: QueueLimits, changes: usize, mut engine: Steps) -> Vec<String> {
+        let claim = ClaimParams {
+            limit: 8,
+            lease: Duration::from_secs(20),
+            processing_delay: Duration::ZERO,
+            token: LeaseToken::new(),
+            types: None,
+            queues: Some(Arc::from(vec!["q".to_owned()])),
+            spread: false,
+            skip_paused: false,
+        };
+        let changes: Vec<SetState> = (0..changes)
+            .map(|_| SetState {
+                lease: Lease {
+                    id: CommandId::new(),
+                    token: claim.token,
+                },
+                change: StateChange::Completed,
+            })
+            .collect();
+        let params = LimitedClaimParams {
+            claim: &claim,
+            limits: &limits,
+            changes: &changes,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(claim_in(&mut engine, &params)).unwrap();
+        engine.log
+    }
+
+    const THREE: QueueLimits = QueueLimits {
+        global_concurrency: Some(3),
+        key_concurrency: None,
+        rate: None,
+    };
+
+    /// Outcomes of live leases hand their places on without the queue's lock or a count,
+    /// taking no more places than they give back; anything else takes the lock.
+    #[test]
+    fn a_hand_on_takes_only_the_places_its_stamps_give_back() {
+        let live = |live, paused| Steps {
+            places: Some(Places { live, paused }),
+            ..Steps::default()
+        };
+        assert_eq!(
+            steps_of(THREE, 2, live(2, false)),
+            ["places 2", "stamp 2", "claim 2"]
+        );
+        let locked = ["lock", "stamp 2", "count", "claim 2"];
+        // One lease lapsed (or nearly): its place may be another claim's already.
+        assert_eq!(
+            steps_of(THREE, 2, live(1, false)),
+            ["places 2"]
+                .iter()
+                .chain(&locked)
+                .copied()
+                .collect::<Vec<_>>()
+        );
+        // Paused: the lock reads it and claims nothing.
+        assert_eq!(
+            steps_of(THREE, 2, live(2, true)),
+            ["places 2", "lock", "stamp 2"]
+        );
+        // An engine that hands on under the lock only.
+        assert_eq!(
+            steps_of(THREE, 2, Steps::default()),
+            ["places 2"]
+                .iter()
+                .chain(&locked)
+                .copied()
+                .collect::<Vec<_>>()
+        );
+        // A row changed hands between the read and the stamp: nothing is claimed.
+        let raced = Steps {
+            stamps: Some(1),
+            ..live(2, false)
+        };
+        assert_eq!(steps_of(THREE, 2, raced), ["places 2", "stamp 2"]);
+        // No outcomes, or other limits: the lock.
+        assert_eq!(
+            steps_of(THREE, 0, live(0, false)),
+            ["lock", "count", "claim 2"]
+        );
+        let rate = QueueLimits {
+            rate: Some(FIFTY),
+            ..THREE
+        };
+        assert_eq!(steps_of(rate, 2, live(2, false))[0], "lock");
+        let keys = QueueLimits {
+            global_concurrency: None,
+            key_concurrency: Some(1),
+            rate: None,
+        };
+        assert_eq!(steps_of(keys, 2, live(2, false))[0], "lock");
+    }
 
     const FIFTY: RateLimit = RateLimit {
         per_second: 50.0,

@@ -477,7 +477,9 @@ async fn a_limit_on_an_older_table_names_the_upgrade() {
 /// Measures `global_concurrency: 3` over 4 processors × 8 slots with 20 ms handlers
 /// against 3 slots on one processor without limits: the live leases sampled every 10 ms
 /// never exceed 3, and the limited fleet's throughput is at least 0.9× the single
-/// processor's. `cargo test --features cli --test fleet measure_global -- --ignored --nocapture`
+/// processor's. `cargo test --features cli --test fleet measure_global -- --ignored --nocapture`;
+/// `ICQ_MEASURE_NOT_DUE=20000` adds that many rows to the queue that are not due (a backlog
+/// scheduled for later), `ICQ_ENGINES=mysql` measures one engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement"]
 async fn measure_global_concurrency_throughput() {
@@ -501,6 +503,20 @@ async fn measure_global_concurrency_throughput() {
             ),
         ] {
             let db = Arc::new(fresh(engine, "measure_global").await);
+            // A backlog that is not due yet: rows a count of the queue's leases reads.
+            let not_due: usize = std::env::var("ICQ_MEASURE_NOT_DUE")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if not_due > 0 {
+                insert_keyed(&db, "work", "q", not_due, |_| None).await;
+                db.execute(&format!(
+                    "UPDATE {} SET {} = '2099-01-01 00:00:00'",
+                    db.q(TABLE),
+                    db.q("RunAt")
+                ))
+                .await;
+            }
             insert_keyed(&db, "work", "q", ROWS, |_| None).await;
             let settings = fast_polling(vec![queue]);
             let seen = Arc::new(Seen::default());

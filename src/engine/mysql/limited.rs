@@ -13,7 +13,7 @@ use super::{
     MySqlDriver, NOW, decode_row, exact, exact_marks, leased_as_updated, micros, payload_bytes,
 };
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState, marks};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -34,6 +34,20 @@ fn deadlocked(err: &Error) -> bool {
         } => db.code().as_deref() == Some("40001"),
         _ => false,
     }
+}
+
+/// A row's `Paused` (a BOOLEAN is TINYINT(1): read as either).
+fn paused_of(row: &sqlx::mysql::MySqlRow) -> bool {
+    row.try_get::<Option<bool>, _>("Paused")
+        .ok()
+        .flatten()
+        .or_else(|| {
+            row.try_get::<Option<i64>, _>("Paused")
+                .ok()
+                .flatten()
+                .map(|v| v != 0)
+        })
+        .unwrap_or(false)
 }
 
 struct Tx<'a> {
@@ -131,17 +145,7 @@ impl Tx<'_> {
             .await
             .map_err(Error::db(ctx(self.driver)))?;
         Ok(row.map(|row| QueueRow {
-            paused: row
-                .try_get::<Option<bool>, _>("Paused")
-                .ok()
-                .flatten()
-                .or_else(|| {
-                    row.try_get::<Option<i64>, _>("Paused")
-                        .ok()
-                        .flatten()
-                        .map(|v| v != 0)
-                })
-                .unwrap_or(false),
+            paused: paused_of(&row),
             tokens: row.try_get("RateTokens").ok().flatten(),
             elapsed: row.try_get("Elapsed").ok().flatten(),
         }))
@@ -332,6 +336,53 @@ impl LimitedTx for Tx<'_> {
         ))
     }
 
+    async fn places_to_hand_on(
+        &mut self,
+        queue: &str,
+        changes: &[SetState],
+        margin: std::time::Duration,
+    ) -> Result<Option<Places>> {
+        let sql = format!(
+            "SELECT `Id`, `LockToken`, `Queue`, \
+                    ({PENDING} AND `LockedUntil` > {NOW} + INTERVAL ? MICROSECOND) AS `Live`, \
+                    (SELECT `Paused` FROM {} WHERE `Queue` = ?) AS `Paused` \
+             FROM {} WHERE `Id` IN ({})",
+            self.q,
+            self.driver.t,
+            marks(changes.len()),
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(micros(margin))
+            .bind(queue);
+        for change in changes {
+            query = query.bind(change.lease.id.as_str().to_owned());
+        }
+        let rows = query
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        let mut places = Places::default();
+        for row in &rows {
+            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
+                row.try_get::<String, _>("Id"),
+                row.try_get::<Option<String>, _>("LockToken"),
+                row.try_get::<Option<String>, _>("Queue"),
+            ) else {
+                continue;
+            };
+            places.paused |= paused_of(row);
+            let live = row.try_get::<Option<i64>, _>("Live").ok().flatten();
+            if of != queue || live != Some(1) {
+                continue;
+            }
+            let ours = changes
+                .iter()
+                .any(|c| c.lease.id.as_str() == id && c.lease.token.to_string() == token);
+            places.live += u64::from(ours);
+        }
+        Ok(Some(places))
+    }
+
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
         let sql = format!(
             "UPDATE {} SET `RateTokens` = ?, \
@@ -402,5 +453,89 @@ impl MySqlDriver {
             tx.commit().await.map_err(Error::db(ctx(self)))?;
             return Ok(claimed);
         }
+    }
+}
+
+#[cfg(all(test, feature = "driver-suite"))]
+mod tests {
+    //! The hand-on's read on a real MariaDB.
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ConnectOptions;
+    use crate::command::{CommandId, LeaseToken};
+    use crate::engine::{Lease, StateChange};
+    use crate::ident::TableName;
+
+    /// Only rows of the queue whose lease, under the change's token, outlives the margin
+    /// give their places back (a queue that differs only in trailing spaces is another
+    /// queue); the queue's pause is read beside them.
+    #[tokio::test]
+    async fn a_hand_on_counts_the_live_leases_it_ends() {
+        let url = std::env::var("ICQ_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+        let table = TableName::parse(&format!("icq_hand_on_{}", std::process::id())).unwrap();
+        let driver = MySqlDriver::connect(&url, &table, &ConnectOptions::default())
+            .await
+            .expect("MariaDB test server");
+        let ddl = crate::schema::render(Engine::Mysql, &table);
+        driver.table_drop(&ddl.down).await.unwrap();
+        driver.schema_apply(&ddl.up).await.unwrap();
+        let t = driver.t.clone();
+        let token = LeaseToken::new();
+        let mut conn = driver.pool.acquire().await.unwrap();
+        // a: live for 20 s; b: for 5 s; c: another queue; d: `q ` (PAD SPACE equal).
+        let mut ids = Vec::new();
+        for (n, (queue, live)) in [("q", 20), ("q", 5), ("other", 20), ("q ", 20)]
+            .into_iter()
+            .enumerate()
+        {
+            let id = format!("hand-on-{n}");
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`) \
+                 VALUES (?, 'work', '{{}}', ?, ?, {NOW} + INTERVAL ? SECOND)"
+            )))
+            .bind(&id)
+            .bind(queue)
+            .bind(token.to_string())
+            .bind(live)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        let change = |id: &str, token: LeaseToken| SetState {
+            lease: Lease {
+                id: CommandId::stored(id.to_owned()),
+                token,
+            },
+            change: StateChange::Completed,
+        };
+        let q = table.queues().quoted(Engine::Mysql);
+        let columns = driver.columns().await.unwrap();
+        let mut tx = Tx {
+            driver: &driver,
+            conn: &mut conn,
+            q: q.clone(),
+            columns,
+        };
+        let margin = Duration::from_secs(10);
+        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
+        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 1, paused: false }));
+        let stranger = [change(&ids[0], LeaseToken::new())];
+        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 0, paused: false }));
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q} (`Queue`, `Paused`) VALUES ('q', 1)"
+        )))
+        .execute(&mut *tx.conn)
+        .await
+        .unwrap();
+        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 1, paused: true }));
+        drop(conn);
+        driver.table_drop(&ddl.down).await.unwrap();
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{PgDriver, StampArrays, WORK_BEGIN};
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -226,6 +226,56 @@ impl LimitedTx for Tx<'_> {
         Ok(self.driver.claimed(&rows, which.claim))
     }
 
+    async fn places_to_hand_on(
+        &mut self,
+        queue: &str,
+        changes: &[SetState],
+        margin: std::time::Duration,
+    ) -> Result<Option<Places>> {
+        let sql = format!(
+            r#"SELECT "Id", "LockToken", "Queue",
+                      ({PENDING} AND "LockedUntil" > now() + make_interval(secs => $3)) AS "Live",
+                      (SELECT "Paused" FROM {} WHERE "Queue" = $1) AS "Paused"
+               FROM {} WHERE "Id" = ANY($2::uuid[])"#,
+            self.q, self.driver.t
+        );
+        let ids: Vec<Uuid> = changes
+            .iter()
+            .filter_map(|change| change.lease.id.as_uuid())
+            .collect();
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(queue)
+            .bind(ids)
+            .bind(margin.as_secs_f64())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(self.db())?;
+        let mut places = Places::default();
+        for row in &rows {
+            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
+                row.try_get::<Uuid, _>("Id"),
+                row.try_get::<Option<Uuid>, _>("LockToken"),
+                row.try_get::<Option<String>, _>("Queue"),
+            ) else {
+                continue;
+            };
+            let live = row.try_get::<Option<bool>, _>("Live").ok().flatten();
+            if of != queue || live != Some(true) {
+                continue;
+            }
+            places.paused |= row
+                .try_get::<Option<bool>, _>("Paused")
+                .ok()
+                .flatten()
+                .unwrap_or(false);
+            let ours = changes
+                .iter()
+                .any(|c| c.lease.id.as_uuid() == Some(id) && c.lease.token.0 == token);
+            places.live += u64::from(ours);
+        }
+        Ok(Some(places))
+    }
+
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
         let sql = format!(
             r#"UPDATE {} SET "RateTokens" = $2,
@@ -286,5 +336,90 @@ impl PgDriver {
         };
         tx.commit().await.map_err(self.db(ctx))?;
         Ok(claimed)
+    }
+}
+
+#[cfg(all(test, feature = "driver-suite"))]
+mod tests {
+    //! The hand-on's read on a real PostgreSQL.
+
+    use std::time::Duration;
+
+    use sqlx::Connection as _;
+
+    use super::*;
+    use crate::command::{CommandId, LeaseToken};
+    use crate::engine::{Lease, StateChange};
+    use crate::ident::TableName;
+    use crate::ConnectOptions;
+
+    /// Only rows of the queue whose lease, under the change's token, outlives the margin
+    /// give their places back; the queue's pause is read beside them.
+    #[tokio::test]
+    async fn a_hand_on_counts_the_live_leases_it_ends() {
+        let url = std::env::var("ICQ_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let table = TableName::parse(&format!("icq_hand_on_{}", std::process::id())).unwrap();
+        let mut admin = sqlx::PgConnection::connect(&url).await.expect("PostgreSQL");
+        let ddl = crate::schema::render(Engine::Postgres, &table);
+        sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let driver = PgDriver::connect(&url, &table, &ConnectOptions::default())
+            .await
+            .expect("driver");
+        let t = driver.t.clone();
+        let token = LeaseToken::new();
+        // a: live for 20 s; b: for 5 s; c: another queue.
+        let mut ids = Vec::new();
+        for (queue, live) in [("q", 20), ("q", 5), ("other", 20)] {
+            let id: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+                r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil")
+                   VALUES ('work', '{{}}', $1, $2, now() + make_interval(secs => $3))
+                   RETURNING "Id""#
+            )))
+            .bind(queue)
+            .bind(token.0)
+            .bind(f64::from(live))
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        let change = |id: &Uuid, token: LeaseToken| SetState {
+            lease: Lease {
+                id: CommandId::stored(id.to_string()),
+                token,
+            },
+            change: StateChange::Completed,
+        };
+        let q = table.queues().quoted(Engine::Postgres);
+        let mut conn = driver.work.acquire().await.unwrap();
+        let mut tx = Tx {
+            driver: &driver,
+            conn: &mut conn,
+            q: q.clone(),
+        };
+        let margin = Duration::from_secs(10);
+        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
+        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 1, paused: false }));
+        let stranger = [change(&ids[0], LeaseToken::new())];
+        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 0, paused: false }));
+        sqlx::query(AssertSqlSafe(format!(
+            r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', true)"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
+        assert_eq!(places, Some(Places { live: 1, paused: true }));
+        drop(conn);
+        sqlx::raw_sql(AssertSqlSafe(ddl.down))
+            .execute(&mut admin)
+            .await
+            .unwrap();
     }
 }
