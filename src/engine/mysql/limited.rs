@@ -523,10 +523,22 @@ mod tests {
         let margin = Duration::from_secs(10);
         let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
         let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 1, paused: false }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: false
+            })
+        );
         let stranger = [change(&ids[0], LeaseToken::new())];
         let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 0, paused: false }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 0,
+                paused: false
+            })
+        );
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {q} (`Queue`, `Paused`) VALUES ('q', 1)"
         )))
@@ -534,7 +546,13 @@ mod tests {
         .await
         .unwrap();
         let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 1, paused: true }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: true
+            })
+        );
         drop(conn);
         driver.table_drop(&ddl.down).await.unwrap();
     }

@@ -348,10 +348,10 @@ mod tests {
     use sqlx::Connection as _;
 
     use super::*;
+    use crate::ConnectOptions;
     use crate::command::{CommandId, LeaseToken};
     use crate::engine::{Lease, StateChange};
     use crate::ident::TableName;
-    use crate::ConnectOptions;
 
     /// Only rows of the queue whose lease, under the change's token, outlives the margin
     /// give their places back; the queue's pause is read beside them.
@@ -404,10 +404,22 @@ mod tests {
         let margin = Duration::from_secs(10);
         let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
         let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 1, paused: false }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: false
+            })
+        );
         let stranger = [change(&ids[0], LeaseToken::new())];
         let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 0, paused: false }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 0,
+                paused: false
+            })
+        );
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', true)"#
         )))
@@ -415,7 +427,13 @@ mod tests {
         .await
         .unwrap();
         let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
-        assert_eq!(places, Some(Places { live: 1, paused: true }));
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: true
+            })
+        );
         drop(conn);
         sqlx::raw_sql(AssertSqlSafe(ddl.down))
             .execute(&mut admin)

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
 use super::{NOW, SqliteDriver, decode_row, offset, parse_timestamp, payload_bytes};
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -204,6 +204,62 @@ impl LimitedTx for Tx<'_> {
         Ok(claimed)
     }
 
+    async fn places_to_hand_on(
+        &mut self,
+        queue: &str,
+        changes: &[SetState],
+        margin: std::time::Duration,
+    ) -> Result<Option<Places>> {
+        // The write lock is held already (`BEGIN IMMEDIATE`): the read is the count's
+        // replacement, not a way around a lock.
+        let sql = format!(
+            r#"SELECT "Id", "LockToken", "Queue",
+                      ({PENDING} AND "LockedUntil" < ':'
+                       AND "LockedUntil" > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)) AS "Live",
+                      (SELECT "Paused" FROM {} WHERE "Queue" = ?2) AS "Paused"
+               FROM {} WHERE "Id" IN (SELECT value FROM json_each(?3))"#,
+            self.q, self.driver.t
+        );
+        let ids = serde_json::Value::from(
+            changes
+                .iter()
+                .map(|change| change.lease.id.as_str().to_owned())
+                .collect::<Vec<_>>(),
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(offset(margin.as_secs_f64()))
+            .bind(queue)
+            .bind(ids.to_string())
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(Error::db(ctx(self.driver)))?;
+        let mut places = Places::default();
+        for row in &rows {
+            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
+                row.try_get::<String, _>("Id"),
+                row.try_get::<Option<String>, _>("LockToken"),
+                row.try_get::<Option<String>, _>("Queue"),
+            ) else {
+                continue;
+            };
+            places.paused |= row
+                .try_get::<Option<i64>, _>("Paused")
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+                != 0;
+            let live = row.try_get::<Option<i64>, _>("Live").ok().flatten();
+            if of != queue || live != Some(1) {
+                continue;
+            }
+            let ours = changes
+                .iter()
+                .any(|c| c.lease.id.as_str() == id && c.lease.token.to_string() == token);
+            places.live += u64::from(ours);
+        }
+        Ok(Some(places))
+    }
+
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
         let sql = format!(
             r#"UPDATE {} SET "RateTokens" = ?2,
@@ -267,5 +323,106 @@ impl SqliteDriver {
         tx.commit().await.map_err(Error::db(ctx(self)))?;
         self.warm.keep(conn, &self.pool);
         Ok(claimed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The hand-on's read on a real SQLite file.
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ConnectOptions;
+    use crate::command::{CommandId, LeaseToken};
+    use crate::engine::{Lease, StateChange};
+    use crate::ident::TableName;
+
+    /// Only rows of the queue whose lease, under the change's token, outlives the margin
+    /// give their places back; the queue's pause is read beside them.
+    #[tokio::test]
+    async fn a_hand_on_counts_the_live_leases_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("q.db").display());
+        let table = TableName::parse("HandOn").unwrap();
+        let driver = SqliteDriver::connect(&url, &table, &ConnectOptions::default())
+            .await
+            .unwrap();
+        let mut conn = driver.pool.acquire().await.unwrap();
+        let ddl = crate::schema::render(Engine::Sqlite, &table);
+        sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let t = driver.t.clone();
+        let token = LeaseToken::new();
+        // a: live for 20 s; b: for 5 s; c: another queue.
+        let mut ids = Vec::new();
+        for (n, (queue, live)) in [("q", 20.0), ("q", 5.0), ("other", 20.0)]
+            .into_iter()
+            .enumerate()
+        {
+            let id = format!("hand-on-{n}");
+            sqlx::query(AssertSqlSafe(format!(
+                r#"INSERT INTO {t} ("Id", "Type", "Payload", "Queue", "LockToken", "LockedUntil")
+                   VALUES (?1, 'work', '{{}}', ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?4))"#
+            )))
+            .bind(&id)
+            .bind(queue)
+            .bind(token.to_string())
+            .bind(offset(live))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        let change = |id: &str, token: LeaseToken| SetState {
+            lease: Lease {
+                id: CommandId::stored(id.to_owned()),
+                token,
+            },
+            change: StateChange::Completed,
+        };
+        let q = table.queues().quoted(Engine::Sqlite);
+        let columns = driver.columns().await.unwrap();
+        let mut tx = Tx {
+            driver: &driver,
+            conn: &mut conn,
+            q: q.clone(),
+            columns,
+        };
+        let margin = Duration::from_secs(10);
+        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
+        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: false
+            })
+        );
+        let stranger = [change(&ids[0], LeaseToken::new())];
+        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 0,
+                paused: false
+            })
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', 1)"#
+        )))
+        .execute(&mut *tx.conn)
+        .await
+        .unwrap();
+        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 1,
+                paused: true
+            })
+        );
     }
 }
