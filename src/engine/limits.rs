@@ -137,10 +137,20 @@ pub(crate) struct Candidates<'a> {
 /// The statements of a limited claim, run by each engine inside its open transaction.
 #[async_trait::async_trait]
 pub(crate) trait LimitedTx: Send {
-    /// Locks the queue's row of `<table>Queues`, inserting it first when it is missing
-    /// (race-safe: a concurrent insert of the same queue makes this one insert nothing),
+    /// Reads the queue's row of `<table>Queues`, locked (`None`: it has none yet).
+    async fn read_queue(&mut self, queue: &str) -> Result<Option<QueueRow>>;
+    /// Inserts the queue's row of `<table>Queues` unless it exists (race-safe: a
+    /// concurrent insert of the same queue makes this one insert nothing).
+    async fn insert_queue(&mut self, queue: &str) -> Result<()>;
+    /// Locks the queue's row of `<table>Queues`, inserting it first when it is missing,
     /// and reads it.
-    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow>;
+    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow> {
+        if let Some(row) = self.read_queue(queue).await? {
+            return Ok(row);
+        }
+        self.insert_queue(queue).await?;
+        Ok(self.read_queue(queue).await?.unwrap_or_default())
+    }
     /// Writes outcome stamps (each guarded by its lease token), moving completed rows to
     /// history; returns how many were stamped.
     async fn stamp(&mut self, changes: &[SetState]) -> Result<u64>;
@@ -602,12 +612,15 @@ mod tests {
 
     #[async_trait::async_trait]
     impl LimitedTx for Steps {
-        async fn lock_queue(&mut self, _: &str) -> Result<QueueRow> {
+        async fn read_queue(&mut self, _: &str) -> Result<Option<QueueRow>> {
             self.log.push("lock".into());
-            Ok(QueueRow {
+            Ok(Some(QueueRow {
                 paused: self.places.is_some_and(|p| p.paused),
                 ..QueueRow::default()
-            })
+            }))
+        }
+        async fn insert_queue(&mut self, _: &str) -> Result<()> {
+            unreachable!("the queue's row exists")
         }
         async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {
             self.log.push(format!("stamp {}", changes.len()));

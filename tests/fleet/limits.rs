@@ -474,6 +474,18 @@ async fn a_limit_on_an_older_table_names_the_upgrade() {
     }
 }
 
+/// The engines a measurement runs on: `ICQ_ENGINES` (comma-separated), or all of them.
+fn engines_to_measure() -> Vec<&'static str> {
+    std::env::var("ICQ_ENGINES")
+        .map(|list| {
+            RUNTIME_ENGINES
+                .into_iter()
+                .filter(|e| list.split(',').any(|x| x == *e))
+                .collect()
+        })
+        .unwrap_or_else(|_| RUNTIME_ENGINES.to_vec())
+}
+
 /// Measures `global_concurrency: 3` over 4 processors × 8 slots with 20 ms handlers
 /// against 3 slots on one processor without limits: the live leases sampled every 10 ms
 /// never exceed 3, and the limited fleet's throughput is at least 0.9× the single
@@ -484,15 +496,7 @@ async fn a_limit_on_an_older_table_names_the_upgrade() {
 #[ignore = "a measurement"]
 async fn measure_global_concurrency_throughput() {
     const ROWS: usize = 1_500;
-    let engines: Vec<&'static str> = std::env::var("ICQ_ENGINES")
-        .map(|list| {
-            RUNTIME_ENGINES
-                .into_iter()
-                .filter(|e| list.split(',').any(|x| x == *e))
-                .collect()
-        })
-        .unwrap_or_else(|_| RUNTIME_ENGINES.to_vec());
-    for engine in engines {
+    for engine in engines_to_measure() {
         let mut rates = Vec::new();
         for (label, queue, replicas) in [
             ("one processor, concurrency 3, no limit", limited("q", 3), 1),
@@ -562,15 +566,7 @@ async fn measure_global_concurrency_throughput() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement"]
 async fn measure_rate_over_a_minute() {
-    let engines: Vec<&'static str> = std::env::var("ICQ_ENGINES")
-        .map(|list| {
-            RUNTIME_ENGINES
-                .into_iter()
-                .filter(|e| list.split(',').any(|x| x == *e))
-                .collect()
-        })
-        .unwrap_or_else(|_| RUNTIME_ENGINES.to_vec());
-    for engine in engines {
+    for engine in engines_to_measure() {
         let db = Arc::new(fresh(engine, "measure_rate").await);
         insert_keyed(&db, "work", "paced", 4_000, |_| None).await;
         let settings = fast_polling(vec![limited("paced", 8).with_rate("50/s".parse().unwrap())]);

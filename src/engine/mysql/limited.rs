@@ -131,7 +131,10 @@ impl Tx<'_> {
             .await
             .map_err(Error::db(ctx(self.driver)))
     }
+}
 
+#[async_trait::async_trait]
+impl LimitedTx for Tx<'_> {
     async fn read_queue(&mut self, queue: &str) -> Result<Option<QueueRow>> {
         let sql = format!(
             "SELECT `Paused`, `RateTokens`, \
@@ -150,14 +153,8 @@ impl Tx<'_> {
             elapsed: row.try_get("Elapsed").ok().flatten(),
         }))
     }
-}
 
-#[async_trait::async_trait]
-impl LimitedTx for Tx<'_> {
-    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow> {
-        if let Some(row) = self.read_queue(queue).await? {
-            return Ok(row);
-        }
+    async fn insert_queue(&mut self, queue: &str) -> Result<()> {
         let sql = format!(
             "INSERT INTO {} (`Queue`) VALUES (?) ON DUPLICATE KEY UPDATE `Queue` = `Queue`",
             self.q
@@ -167,7 +164,7 @@ impl LimitedTx for Tx<'_> {
             .execute(&mut *self.conn)
             .await
             .map_err(Error::db(ctx(self.driver)))?;
-        Ok(self.read_queue(queue).await?.unwrap_or_default())
+        Ok(())
     }
 
     async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {

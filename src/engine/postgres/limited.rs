@@ -67,7 +67,10 @@ impl Tx<'_> {
     fn db(&self) -> impl FnOnce(sqlx::Error) -> Error + '_ {
         self.driver.db("claiming under the queue's limits")
     }
+}
 
+#[async_trait::async_trait]
+impl LimitedTx for Tx<'_> {
     async fn read_queue(&mut self, queue: &str) -> Result<Option<QueueRow>> {
         let sql = format!(
             r#"SELECT "Paused", "RateTokens",
@@ -90,14 +93,8 @@ impl Tx<'_> {
             elapsed: row.try_get("Elapsed").ok().flatten(),
         }))
     }
-}
 
-#[async_trait::async_trait]
-impl LimitedTx for Tx<'_> {
-    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow> {
-        if let Some(row) = self.read_queue(queue).await? {
-            return Ok(row);
-        }
+    async fn insert_queue(&mut self, queue: &str) -> Result<()> {
         let sql = format!(
             r#"INSERT INTO {} ("Queue") VALUES ($1) ON CONFLICT ("Queue") DO NOTHING"#,
             self.q
@@ -107,7 +104,7 @@ impl LimitedTx for Tx<'_> {
             .execute(&mut *self.conn)
             .await
             .map_err(self.db())?;
-        Ok(self.read_queue(queue).await?.unwrap_or_default())
+        Ok(())
     }
 
     async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {

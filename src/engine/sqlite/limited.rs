@@ -30,7 +30,8 @@ fn ctx(driver: &SqliteDriver) -> String {
     driver.ctx("claiming under the queue's limits")
 }
 
-impl Tx<'_> {
+#[async_trait::async_trait]
+impl LimitedTx for Tx<'_> {
     async fn read_queue(&mut self, queue: &str) -> Result<Option<QueueRow>> {
         let sql = format!(
             r#"SELECT "Paused", "RateTokens",
@@ -54,14 +55,8 @@ impl Tx<'_> {
             elapsed: row.try_get("Elapsed").ok().flatten(),
         }))
     }
-}
 
-#[async_trait::async_trait]
-impl LimitedTx for Tx<'_> {
-    async fn lock_queue(&mut self, queue: &str) -> Result<QueueRow> {
-        if let Some(row) = self.read_queue(queue).await? {
-            return Ok(row);
-        }
+    async fn insert_queue(&mut self, queue: &str) -> Result<()> {
         let sql = format!(
             r#"INSERT INTO {} ("Queue") VALUES (?1) ON CONFLICT ("Queue") DO NOTHING"#,
             self.q
@@ -71,7 +66,7 @@ impl LimitedTx for Tx<'_> {
             .execute(&mut *self.conn)
             .await
             .map_err(Error::db(ctx(self.driver)))?;
-        Ok(self.read_queue(queue).await?.unwrap_or_default())
+        Ok(())
     }
 
     async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {
