@@ -1102,6 +1102,31 @@ pub(crate) fn refuse_v2_asks<'a>(
     }
 }
 
+/// Refuses what `commands` ask of a table of `version` that it does not have:
+/// [`refuse_v2_asks`], then [`refuse_v4_asks`].
+pub(crate) fn refuse_newer_asks<'a>(
+    table: &TableName,
+    version: u32,
+    commands: impl Iterator<Item = &'a NewCommand> + Clone,
+) -> crate::Result<()> {
+    refuse_v2_asks(table, version, commands.clone())?;
+    refuse_v4_asks(table, version, commands)
+}
+
+/// The schema version a batch of `commands` is written for: the table's (`version`, only
+/// awaited when needed) when any command sets a column version 1 lacks, else 1 (a
+/// version-1 row fits every table).
+pub(crate) async fn batch_version(
+    commands: &[NewCommand],
+    version: impl std::future::Future<Output = crate::Result<u32>>,
+) -> crate::Result<u32> {
+    if commands.iter().any(NewCommand::uses_v2_columns) {
+        version.await
+    } else {
+        Ok(1)
+    }
+}
+
 /// Refuses, on a table below schema version 4, a command that sets an order or a
 /// concurrency key: [`crate::Error::NeedsSchemaV4`], before anything is written.
 pub(crate) fn refuse_v4_asks<'a>(

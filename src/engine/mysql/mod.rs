@@ -774,13 +774,8 @@ pub async fn insert_commands(
         return Ok(Vec::new());
     }
     let t = table.quoted(Engine::Mysql);
-    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
-        table_version(conn, table).await?
-    } else {
-        1
-    };
-    super::refuse_v2_asks(table, version, commands.iter())?;
-    super::refuse_v4_asks(table, version, commands.iter())?;
+    let version = super::batch_version(commands, table_version(conn, table)).await?;
+    super::refuse_newer_asks(table, version, commands.iter())?;
     let inserts = Inserts {
         v1: insert_sql(&t).into(),
         v2: insert_v2_sql(&t, 1, false),
@@ -842,8 +837,7 @@ async fn insert_one(
     version: u32,
 ) -> Result<Scheduled> {
     command.validate()?;
-    super::refuse_v2_asks(table, version, std::iter::once(command))?;
-    super::refuse_v4_asks(table, version, std::iter::once(command))?;
+    super::refuse_newer_asks(table, version, std::iter::once(command))?;
     let v2 = version >= 2 && command.uses_v2_columns();
     let v4 = v2 && command.needs_v4().is_some();
     let v2_sql = if v4 { &sql.v4 } else { &sql.v2 };
@@ -1615,13 +1609,8 @@ impl QueueOps for MySqlDriver {
         if commands.is_empty() {
             return Ok(Vec::new());
         }
-        let version = if commands.iter().any(NewCommand::uses_v2_columns) {
-            self.schema_version().await?
-        } else {
-            1
-        };
-        super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        super::refuse_v4_asks(&self.table, version, commands.iter())?;
+        let version = super::batch_version(commands, self.schema_version()).await?;
+        super::refuse_newer_asks(&self.table, version, commands.iter())?;
         let ctx = || self.ctx("scheduling commands in bulk");
         let inserts = self.inserts();
         again_after_lost_races(|| async {

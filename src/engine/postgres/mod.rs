@@ -1059,13 +1059,8 @@ pub async fn insert_commands(
         return Ok(Vec::new());
     }
     let t = table.quoted(Engine::Postgres);
-    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
-        table_version(conn, &t, table).await?
-    } else {
-        1
-    };
-    super::refuse_v2_asks(table, version, commands.iter())?;
-    super::refuse_v4_asks(table, version, commands.iter())?;
+    let version = super::batch_version(commands, table_version(conn, &t, table)).await?;
+    super::refuse_newer_asks(table, version, commands.iter())?;
     let inserts = Inserts {
         v1: insert_sql(&t).into(),
         v2: insert_v2_sql(&t, false).into(),
@@ -1133,8 +1128,7 @@ async fn insert_with(
             command.id
         ))
     })?;
-    super::refuse_v2_asks(table, version, std::iter::once(command))?;
-    super::refuse_v4_asks(table, version, std::iter::once(command))?;
+    super::refuse_newer_asks(table, version, std::iter::once(command))?;
     let (at, delay) = run_at_parts(command.run_at);
     let ctx = &command.context;
     let v2 = version >= 2 && command.uses_v2_columns();
@@ -1770,8 +1764,7 @@ impl QueueOps for PgDriver {
             return Ok(Vec::new());
         }
         let version = self.insert_version(commands.iter()).await?;
-        super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        super::refuse_v4_asks(&self.table, version, commands.iter())?;
+        super::refuse_newer_asks(&self.table, version, commands.iter())?;
         let ctx = "scheduling commands in bulk";
         let mut tx = self.pool.begin().await.map_err(self.db(ctx))?;
         let scheduled = insert_many(

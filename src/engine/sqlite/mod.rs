@@ -676,13 +676,8 @@ pub async fn insert_commands(
         return Ok(Vec::new());
     }
     let t = table.quoted(Engine::Sqlite);
-    let version = if commands.iter().any(NewCommand::uses_v2_columns) {
-        table_version(conn, table).await?
-    } else {
-        1
-    };
-    super::refuse_v2_asks(table, version, commands.iter())?;
-    super::refuse_v4_asks(table, version, commands.iter())?;
+    let version = super::batch_version(commands, table_version(conn, table)).await?;
+    super::refuse_newer_asks(table, version, commands.iter())?;
     let v1: Arc<str> = insert_sql(&t).into();
     let by_key: Arc<str> = pending_by_key_sql(&t).into();
     let context = || format!("scheduling commands in bulk into {table}");
@@ -728,8 +723,7 @@ async fn insert_one(
     version: u32,
 ) -> Result<Scheduled> {
     command.validate()?;
-    super::refuse_v2_asks(table, version, std::iter::once(command))?;
-    super::refuse_v4_asks(table, version, std::iter::once(command))?;
+    super::refuse_newer_asks(table, version, std::iter::once(command))?;
     if version < 2 || !command.uses_v2_columns() {
         insert_rows(conn, v1, table, std::slice::from_ref(command), false, false).await?;
         return Ok(Scheduled::new(command.id.clone()));
@@ -1546,13 +1540,8 @@ impl QueueOps for SqliteDriver {
         if commands.is_empty() {
             return Ok(Vec::new());
         }
-        let version = if commands.iter().any(NewCommand::uses_v2_columns) {
-            self.schema_version().await?
-        } else {
-            1
-        };
-        super::refuse_v2_asks(&self.table, version, commands.iter())?;
-        super::refuse_v4_asks(&self.table, version, commands.iter())?;
+        let version = super::batch_version(commands, self.schema_version()).await?;
+        super::refuse_newer_asks(&self.table, version, commands.iter())?;
         let ctx = || self.ctx("scheduling commands in bulk");
         let mut tx = self.pool.begin().await.map_err(Error::db(ctx()))?;
         let scheduled = insert_many(
