@@ -34,8 +34,8 @@
 //! before the frontier instead (a row committed a little late, with the `RunAt` of its
 //! transaction's start, is still found there), and the claims from the head, which also
 //! tell when the head is cheap again, come no more often than their cost allows
-//! ([`crate::engine::paced`]: at least every ten [`HEAD_SCAN_EVERY`], so a claim slowed
-//! by a stall does not leave lapsed leases behind the cursor for minutes). Meanwhile a lapsed lease, a release or a more urgent new
+//! ([`crate::engine::paced`], by the cheaper of the last two: one claim slowed by a stall
+//! is an outlier, a held horizon makes every one dear). Meanwhile a lapsed lease, a release or a more urgent new
 //! row waits for the next claim from the head, as rows behind the cursor always could.
 //!
 //! Replicas apart. Each processor's cursor follows its own claims, so several replicas
@@ -124,6 +124,8 @@ struct State {
     head_costly: bool,
     /// How long the last claim from the head took.
     head_cost: Duration,
+    /// How long the one before it took.
+    head_cost_before: Duration,
     /// When a claim last started [`LATE_COMMIT`] before the frontier.
     looked_back_at: Instant,
 }
@@ -143,6 +145,7 @@ impl Default for ClaimCursor {
                 cursor_claim: None,
                 head_costly: false,
                 head_cost: Duration::ZERO,
+                head_cost_before: Duration::ZERO,
                 looked_back_at: Instant::now(),
             }),
         }
@@ -156,7 +159,7 @@ impl ClaimCursor {
         let mut state = self.lock();
         let now = Instant::now();
         let head_every = if state.head_costly {
-            super::paced(HEAD_SCAN_EVERY, state.head_cost)
+            super::paced(HEAD_SCAN_EVERY, state.head_cost.min(state.head_cost_before))
         } else {
             HEAD_SCAN_EVERY
         };
@@ -199,7 +202,7 @@ impl ClaimCursor {
         }
         if let Some(started) = state.head_started.take() {
             let took = started.elapsed();
-            state.head_cost = took;
+            state.head_cost_before = std::mem::replace(&mut state.head_cost, took);
             // Against nothing to compare (no claim after the cursor yet), never costly.
             state.head_costly = state.cursor_claim.is_some_and(|usual| {
                 took >= HEAD_COSTLY && took.as_secs_f64() >= usual * COSTLY_FACTOR
@@ -315,22 +318,32 @@ mod tests {
         assert_eq!(cursor.start(), Some(row));
         cursor.advance_past(&[], true, false);
         // From the head once the paced interval passed; a cheap one ends the costly head.
-        let every = crate::engine::paced(HEAD_SCAN_EVERY, cursor.lock().head_cost);
+        let every = {
+            let state = cursor.lock();
+            crate::engine::paced(HEAD_SCAN_EVERY, state.head_cost.min(state.head_cost_before))
+        };
         assert!(every >= HEAD_SCAN_EVERY);
         cursor.lock().head_scanned_at = Instant::now() - every;
         assert_eq!(cursor.start(), None);
         cursor.advance_past(&[row], true, false);
         assert_eq!(cursor.start(), None);
-        // A claim from the head slowed by a stall (a minute) puts the next off by ten
-        // intervals at most: a lapsed lease behind the cursor is not left for minutes.
-        {
+        // One claim from the head slowed by a stall (a minute) is an outlier: the next
+        // comes after the interval the claim before it set.
+        let costly = |last: u64, before: u64, since: Duration| {
             let mut state = cursor.lock();
             state.head_costly = true;
-            state.head_cost = Duration::from_secs(60);
+            state.head_cost = Duration::from_secs(last);
+            state.head_cost_before = Duration::from_millis(before);
             state.after = Some(row);
-            state.head_scanned_at = Instant::now() - HEAD_SCAN_EVERY * 10;
-        }
-        assert_eq!(cursor.start(), None);
+            state.head_scanned_at = Instant::now() - since;
+        };
+        costly(60, 1, HEAD_SCAN_EVERY);
+        assert_eq!(cursor.start(), None, "after the usual interval");
+        // Two in a row (a long-held horizon): paced, but sixty intervals at most.
+        costly(60, 60_000, HEAD_SCAN_EVERY * 59);
+        assert_eq!(cursor.start(), Some(row), "not yet");
+        costly(60, 60_000, HEAD_SCAN_EVERY * 60);
+        assert_eq!(cursor.start(), None, "sixty intervals at most");
     }
 
     #[test]

@@ -16,10 +16,15 @@
 //! alone (no rate, no per-key limit) carries the outcomes of rows whose leases it holds,
 //! the places those leases fill are its own: it stamps them and leases at most as many
 //! rows in the same commit, so no commit ever raises the queue's live leases and every
-//! count another claim takes stays true. The leases handed on must outlive the
-//! transaction by far (half a lease: renewals keep a live row's at two thirds or more), or
-//! a claim that counted them lapsed could give their places away first; a hand-on whose
-//! rows do not all qualify, or whose queue is paused, takes the lock like any claim.
+//! count another claim takes stays true. A hand-on holds the queue's row in share mode
+//! (hand-ons do not wait for each other; a counting claim, which holds it exclusively,
+//! waits for them and they for it): a lease that lapses while a hand-on waits on a lock or
+//! a slow commit cannot be counted free by a claim meanwhile, and a pause is ordered
+//! with every hand-on. Its leases must still be live, by half a lease (renewals keep a
+//! live row's at two thirds or more); a hand-on whose rows do not all qualify, or whose
+//! queue is paused, takes the lock like any claim. A hand-on never counts, so places freed
+//! without one (a crashed replica's lapsed leases) are found by the counting claims the
+//! processor makes at least every second.
 //! The count reads every pending row of the queue (no index finds live leases, and on
 //! PostgreSQL none may: claims would lose their HOT updates), so with a backlog it is the
 //! dearest step of a claim; a queue at its limit hands its places on without it, and its
@@ -80,6 +85,11 @@ pub struct LimitedClaimParams<'a> {
     /// Outcome stamps written first, in the same transaction (may be empty): a slot that
     /// finished gives its lease back and the same commit may hand it on.
     pub changes: &'a [SetState],
+    /// The stamps' places may be handed on without the queue's lock or count (see
+    /// [`crate::engine::limits`]); `false` counts, which also finds places that were
+    /// freed without a hand-on (a crashed replica's lapsed leases). The processor counts
+    /// at least every second.
+    pub hand_on: bool,
 }
 
 /// Why a limited claim took fewer rows than it asked for although rows may be due.
@@ -184,12 +194,14 @@ pub(crate) trait LimitedTx: Send {
     /// statements' clocks), or set to the database's now when it was NULL.
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()>;
 
-    /// For a hand-on: how many of the rows `changes` stamp are pending rows of `queue`
-    /// leased under their change's token until at least `margin` after the database's
-    /// now, and whether `queue` is paused — a plain read, no lock, by primary key alone
-    /// (queue, state and lease judged on the rows read: with them in the condition,
-    /// PostgreSQL read a table not yet analyzed through a poll index, every pending row).
-    /// `None`: this engine hands places on under the queue's lock only.
+    /// For a hand-on: holding the queue's row of `<table>Queues` in share mode, how many
+    /// of the rows `changes` stamp are pending rows of `queue` leased under their change's
+    /// token until at least `margin` after the database's now, and whether `queue` is
+    /// paused. The rows are read by primary key alone (queue, state and lease judged on the
+    /// rows read: with them in the condition, PostgreSQL read a table not yet analyzed
+    /// through a poll index, every pending row). A queue without its row gives back no
+    /// place (the counting claim inserts it). `None`: this engine hands places on under
+    /// the queue's lock only.
     async fn places_to_hand_on(
         &mut self,
         queue: &str,
@@ -316,7 +328,8 @@ async fn hand_on(
     queue: &str,
 ) -> Result<Option<LimitedClaim>> {
     let (limits, changes) = (params.limits, params.changes);
-    if changes.is_empty()
+    if !params.hand_on
+        || changes.is_empty()
         || limits.global_concurrency.is_none()
         || limits.rate.is_some()
         || limits.key_concurrency.is_some()
@@ -347,17 +360,13 @@ async fn hand_on(
         }) => (places, stamped, rows),
     };
     if !ask.may_lease(places, stamped) {
-        // A lease lapsed or changed hands (an operator's cancel) before the stamp, or the
-        // queue was paused: the place may be another claim's by now. Nothing was claimed;
-        // the next claim counts.
+        // A lease changed hands (an operator's cancel) between the read and the stamp:
+        // its place may be another claim's by now. Nothing was claimed; the next claim
+        // counts.
         return Ok(Some(LimitedClaim {
             stamped,
             rows: Vec::new(),
-            held: Some(if places.paused {
-                Held::Paused
-            } else {
-                Held::Concurrency
-            }),
+            held: Some(Held::Concurrency),
         }));
     }
     // Cut short by the places it had, not by the rows due: the limit holds the rest.
@@ -688,6 +697,7 @@ mod tests {
             claim: &claim,
             limits: &limits,
             changes: &changes,
+            hand_on: true,
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()

@@ -697,14 +697,16 @@ pub(crate) const UNUSABLE_EVERY: Duration = Duration::from_secs(2);
 /// entry a held xmin horizon (or MariaDB's held-back purge) keeps there.
 const LOOK_COST_SHARE: u32 = 50;
 
-/// How many times its usual interval a paced look waits at most: one look slowed by a
-/// stall (lock waits, a loaded server) must not put off the next for minutes, since
-/// what only such a look finds (a lapsed lease behind the cursor) waits for it.
-const PACED_AT_MOST: u32 = 10;
+/// How many times its usual interval a paced look waits at most: what only such a look
+/// finds (a lapsed lease behind the cursor) waits for it, so a look slowed by a stall
+/// (lock waits, a loaded server) must not put off the next for many minutes. Past the
+/// cap a costly look takes more than a fiftieth of the time (a look of a second: a
+/// thirtieth), which only a head grown over a very long hold costs.
+const PACED_AT_MOST: u32 = 60;
 
 /// The interval between two looks at the head of the poll index: `every`, or longer when
 /// the last look took `cost` (so such looks take at most a fiftieth of the time), but
-/// never more than ten times `every`.
+/// never more than sixty times `every`.
 pub(crate) fn paced(every: Duration, cost: Duration) -> Duration {
     every
         .max(cost.saturating_mul(LOOK_COST_SHARE))
@@ -1156,7 +1158,7 @@ mod tests {
     use super::{Duration, UNUSABLE_EVERY, UnusableGate, bounded, paced};
 
     /// A cheap look keeps its interval; a costly one waits fifty times what it took, up to
-    /// ten intervals.
+    /// sixty intervals.
     #[test]
     fn looks_at_the_head_are_paced_by_their_cost() {
         let every = Duration::from_secs(1);
@@ -1167,8 +1169,8 @@ mod tests {
         );
         assert_eq!(
             paced(every, Duration::from_secs(5)),
-            Duration::from_secs(10),
-            "a look slowed by a stall does not put off the next for minutes"
+            Duration::from_secs(60),
+            "a look slowed by a stall does not put off the next for many minutes"
         );
         let gate = UnusableGate::default();
         assert!(gate.due(), "the first claim looks");

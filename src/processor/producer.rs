@@ -90,6 +90,12 @@ const SHARING_HOLDS_FOR: Duration = Duration::from_secs(3);
 /// look by the others takes the queue's lock those claims wait on.
 const LIMIT_RECHECK: Duration = Duration::from_millis(50);
 
+/// How often, at least, a limited lane's claim counts the queue's live leases rather than
+/// handing places on: a hand-on only swaps the places it holds, so places freed otherwise
+/// (a crashed replica's lapsed leases, outcomes the completer stamped on its own) are
+/// filled by a counting claim.
+const RECOUNT_EVERY: Duration = Duration::from_secs(1);
+
 /// How fast the slots take rows and how long a claim takes, both smoothed; their product
 /// is the look-ahead (Little's law: what the slots consume during one claim).
 #[derive(Debug)]
@@ -237,6 +243,9 @@ pub(crate) async fn run(
     // A limit held the last claim back: a slot of this lane that frees up claims again.
     let mut held_by_limit = false;
     let limited = shared.lane.limits.is_some();
+    // When a limited claim last counted the queue's live leases instead of handing places
+    // on (none yet: the first one counts).
+    let mut counted_at: Option<Instant> = None;
 
     let stopped = loop {
         if shutdown.is_cancelled() {
@@ -305,7 +314,11 @@ pub(crate) async fn run(
             }
             let limit = room.min(batch).min(fit);
             reserved += limit;
-            claims.push(claim(&shared, limit as u32, shared_head));
+            let hand_on = counted_at.is_some_and(|at| at.elapsed() < RECOUNT_EVERY);
+            if limited && !hand_on {
+                counted_at = Some(Instant::now());
+            }
+            claims.push(claim(&shared, limit as u32, shared_head, hand_on));
         }
         // `until_idle` counts what is left once this processor holds no lease; while its
         // last rows are still being stamped it waits for that, not for the polling
@@ -526,7 +539,7 @@ impl Sharing {
 
 /// One claim of up to `limit` rows, each with the instant its lease lapses at the latest;
 /// `spread` while other processors hold leases at the head ([`ClaimParams::spread`]).
-async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
+async fn claim(shared: &Shared, limit: u32, spread: bool, hand_on: bool) -> ClaimOutcome {
     let settings = &shared.source.settings;
     let params = ClaimParams {
         limit,
@@ -560,6 +573,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool) -> ClaimOutcome {
             claim: &params,
             limits,
             changes: &stamps,
+            hand_on,
         };
         let call = backend.command_claim_limited(&limited);
         let result =

@@ -340,34 +340,36 @@ impl LimitedTx for Tx<'_> {
         margin: std::time::Duration,
     ) -> Result<Option<Places>> {
         let sql = format!(
-            "SELECT `Id`, `LockToken`, `Queue`, \
-                    ({PENDING} AND `LockedUntil` > {NOW} + INTERVAL ? MICROSECOND) AS `Live`, \
-                    (SELECT `Paused` FROM {} WHERE `Queue` = ?) AS `Paused` \
-             FROM {} WHERE `Id` IN ({})",
+            "SELECT c.`Id`, c.`LockToken`, c.`Queue`, \
+                    (c.`ProcessedAt` IS NULL AND c.`DeadLetteredAt` IS NULL \
+                     AND c.`LockedUntil` > {NOW} + INTERVAL ? MICROSECOND) AS `Live`, \
+                    q.`Paused` \
+             FROM {} AS q LEFT JOIN {} AS c ON c.`Id` IN ({}) \
+             WHERE q.`Queue` = ? \
+             LOCK IN SHARE MODE",
             self.q,
             self.driver.t,
             marks(changes.len()),
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql))
-            .bind(micros(margin))
-            .bind(queue);
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(micros(margin));
         for change in changes {
             query = query.bind(change.lease.id.as_str().to_owned());
         }
         let rows = query
+            .bind(queue)
             .fetch_all(&mut *self.conn)
             .await
             .map_err(Error::db(ctx(self.driver)))?;
         let mut places = Places::default();
         for row in &rows {
-            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
-                row.try_get::<String, _>("Id"),
+            places.paused |= paused_of(row);
+            let (Ok(Some(id)), Ok(Some(token)), Ok(Some(of))) = (
+                row.try_get::<Option<String>, _>("Id"),
                 row.try_get::<Option<String>, _>("LockToken"),
                 row.try_get::<Option<String>, _>("Queue"),
             ) else {
                 continue;
             };
-            places.paused |= paused_of(row);
             let live = row.try_get::<Option<i64>, _>("Live").ok().flatten();
             if of != queue || live != Some(1) {
                 continue;
@@ -517,6 +519,25 @@ mod tests {
             q: q.clone(),
             columns,
         };
+        // A queue without its row of `<table>Queues` gives back no place.
+        let other = [change(&ids[2], token)];
+        let places = tx
+            .places_to_hand_on("other", &other, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 0,
+                paused: false
+            })
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q} (`Queue`, `Paused`) VALUES ('q', 0)"
+        )))
+        .execute(&mut *tx.conn)
+        .await
+        .unwrap();
         let margin = Duration::from_secs(10);
         let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
         let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
@@ -537,7 +558,7 @@ mod tests {
             })
         );
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {q} (`Queue`, `Paused`) VALUES ('q', 1)"
+            "UPDATE {q} SET `Paused` = 1 WHERE `Queue` = 'q'"
         )))
         .execute(&mut *tx.conn)
         .await
@@ -552,5 +573,125 @@ mod tests {
         );
         drop(conn);
         driver.table_drop(&ddl.down).await.unwrap();
+    }
+
+    /// A hand-on whose stamp waits on a row lock until its lease has lapsed keeps a
+    /// counting claim out meanwhile (the queue's row in share mode), so the two never
+    /// lease more than the limit together.
+    #[tokio::test]
+    async fn a_stalled_hand_on_keeps_the_count_out_until_it_commits() {
+        use sqlx::Connection as _;
+
+        let url = std::env::var("ICQ_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+        let table = TableName::parse(&format!("icq_stalled_{}", std::process::id())).unwrap();
+        let driver = std::sync::Arc::new(
+            MySqlDriver::connect(&url, &table, &ConnectOptions::default())
+                .await
+                .expect("MariaDB test server"),
+        );
+        let ddl = crate::schema::render(Engine::Mysql, &table);
+        driver.table_drop(&ddl.down).await.unwrap();
+        driver.schema_apply(&ddl.up).await.unwrap();
+        let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Mysql));
+        let held_by = LeaseToken::new();
+        let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); three rows due.
+        let r1 = "stalled-r1";
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`, `RunAt`) \
+             VALUES (?, 'work', '{{}}', 'q', ?, {NOW} + INTERVAL 1300000 MICROSECOND, \
+                     {NOW} - INTERVAL 1 HOUR)"
+        )))
+        .bind(r1)
+        .bind(held_by.to_string())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        for n in 0..3 {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`) VALUES (?, 'work', '{{}}', 'q')"
+            )))
+            .bind(format!("stalled-due-{n}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q} (`Queue`) VALUES ('q')"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        // Another session holds R1's row (an operator's tool, an abandoned statement).
+        let mut blocker = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        let mut holding = blocker.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT 1 FROM {t} WHERE `Id` = ? LOCK IN SHARE MODE"
+        )))
+        .bind(r1)
+        .fetch_all(&mut *holding)
+        .await
+        .unwrap();
+        let limits = crate::engine::QueueLimits {
+            global_concurrency: Some(1),
+            key_concurrency: None,
+            rate: None,
+        };
+        let claim_for = move |changes: Vec<SetState>, hand_on: bool| {
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let claim = ClaimParams {
+                    limit: 1,
+                    lease: Duration::from_secs(2),
+                    processing_delay: Duration::ZERO,
+                    token: LeaseToken::new(),
+                    types: None,
+                    queues: Some(std::sync::Arc::from(vec!["q".to_owned()])),
+                    spread: false,
+                    skip_paused: false,
+                };
+                let params = LimitedClaimParams {
+                    claim: &claim,
+                    limits: &limits,
+                    changes: &changes,
+                    hand_on,
+                };
+                driver.claim_limited(&params).await
+            })
+        };
+        let finished = SetState {
+            lease: Lease {
+                id: CommandId::stored(r1.to_owned()),
+                token: held_by,
+            },
+            change: StateChange::Completed,
+        };
+        let hand_on = claim_for(vec![finished], true);
+        // R1 lapses while the hand-on waits; a counting claim starts.
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        let counting = claim_for(Vec::new(), false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holding.commit().await.unwrap();
+        let handed = hand_on.await.unwrap().unwrap();
+        let counted = counting.await.unwrap().unwrap();
+        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {t} WHERE `Queue` = 'q' AND `ProcessedAt` IS NULL \
+               AND `DeadLetteredAt` IS NULL AND `LockedUntil` > {NOW}"
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        let cleanup = MySqlDriver::connect(&url, &table, &ConnectOptions::default())
+            .await
+            .unwrap();
+        cleanup.table_drop(&ddl.down).await.unwrap();
+        assert_eq!(handed.stamped, 1);
+        assert_eq!(
+            handed.rows.len() + counted.rows.len(),
+            1,
+            "one of the two took the place"
+        );
+        assert!(live <= 1, "{live} live leases under global_concurrency 1");
     }
 }

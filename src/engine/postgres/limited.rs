@@ -230,10 +230,13 @@ impl LimitedTx for Tx<'_> {
         margin: std::time::Duration,
     ) -> Result<Option<Places>> {
         let sql = format!(
-            r#"SELECT "Id", "LockToken", "Queue",
-                      ({PENDING} AND "LockedUntil" > now() + make_interval(secs => $3)) AS "Live",
-                      (SELECT "Paused" FROM {} WHERE "Queue" = $1) AS "Paused"
-               FROM {} WHERE "Id" = ANY($2::uuid[])"#,
+            r#"SELECT c."Id", c."LockToken", c."Queue",
+                      (c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL
+                       AND c."LockedUntil" > now() + make_interval(secs => $3)) AS "Live",
+                      q."Paused"
+               FROM {} AS q LEFT JOIN {} AS c ON c."Id" = ANY($2::uuid[])
+               WHERE q."Queue" = $1
+               FOR SHARE OF q"#,
             self.q, self.driver.t
         );
         let ids: Vec<Uuid> = changes
@@ -249,8 +252,13 @@ impl LimitedTx for Tx<'_> {
             .map_err(self.db())?;
         let mut places = Places::default();
         for row in &rows {
-            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
-                row.try_get::<Uuid, _>("Id"),
+            places.paused |= row
+                .try_get::<Option<bool>, _>("Paused")
+                .ok()
+                .flatten()
+                .unwrap_or(false);
+            let (Ok(Some(id)), Ok(Some(token)), Ok(Some(of))) = (
+                row.try_get::<Option<Uuid>, _>("Id"),
                 row.try_get::<Option<Uuid>, _>("LockToken"),
                 row.try_get::<Option<String>, _>("Queue"),
             ) else {
@@ -260,11 +268,6 @@ impl LimitedTx for Tx<'_> {
             if of != queue || live != Some(true) {
                 continue;
             }
-            places.paused |= row
-                .try_get::<Option<bool>, _>("Paused")
-                .ok()
-                .flatten()
-                .unwrap_or(false);
             let ours = changes
                 .iter()
                 .any(|c| c.lease.id.as_uuid() == Some(id) && c.lease.token.0 == token);
@@ -398,6 +401,25 @@ mod tests {
             conn: &mut conn,
             q: q.clone(),
         };
+        // A queue without its row of `<table>Queues` gives back no place.
+        let other = [change(&ids[2], token)];
+        let places = tx
+            .places_to_hand_on("other", &other, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            places,
+            Some(Places {
+                live: 0,
+                paused: false
+            })
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', false)"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
         let margin = Duration::from_secs(10);
         let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
         let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
@@ -418,7 +440,7 @@ mod tests {
             })
         );
         sqlx::query(AssertSqlSafe(format!(
-            r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', true)"#
+            r#"UPDATE {q} SET "Paused" = true WHERE "Queue" = 'q'"#
         )))
         .execute(&mut admin)
         .await
@@ -436,5 +458,114 @@ mod tests {
             .execute(&mut admin)
             .await
             .unwrap();
+    }
+
+    /// A hand-on whose stamp waits on a row lock until its lease has lapsed keeps a
+    /// counting claim out meanwhile (the queue's row in share mode), so the two never
+    /// lease more than the limit together.
+    #[tokio::test]
+    async fn a_stalled_hand_on_keeps_the_count_out_until_it_commits() {
+        let url = std::env::var("ICQ_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let table = TableName::parse(&format!("icq_stalled_{}", std::process::id())).unwrap();
+        let mut admin = sqlx::PgConnection::connect(&url).await.expect("PostgreSQL");
+        let ddl = crate::schema::render(Engine::Postgres, &table);
+        sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let driver = std::sync::Arc::new(
+            PgDriver::connect(&url, &table, &ConnectOptions::default())
+                .await
+                .expect("driver"),
+        );
+        let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Postgres));
+        let held_by = LeaseToken::new();
+        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); three rows due.
+        let r1: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil", "RunAt")
+               VALUES ('work', '{{}}', 'q', $1, now() + interval '1.3 s', now() - interval '1 h')
+               RETURNING "Id""#
+        )))
+        .bind(held_by.0)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q'),
+                   ('work', '{{}}', 'q'), ('work', '{{}}', 'q');
+               INSERT INTO {q} ("Queue") VALUES ('q')"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        // Another session holds R1's row (an operator's tool, an abandoned statement).
+        let mut blocker = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"BEGIN; SELECT 1 FROM {t} WHERE "Id" = '{r1}' FOR SHARE"#
+        )))
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+        let limits = crate::engine::QueueLimits {
+            global_concurrency: Some(1),
+            key_concurrency: None,
+            rate: None,
+        };
+        let claim_for = move |changes: Vec<SetState>, hand_on: bool| {
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let claim = ClaimParams {
+                    limit: 1,
+                    lease: Duration::from_secs(2),
+                    processing_delay: Duration::ZERO,
+                    token: LeaseToken::new(),
+                    types: None,
+                    queues: Some(std::sync::Arc::from(vec!["q".to_owned()])),
+                    spread: false,
+                    skip_paused: false,
+                };
+                let params = LimitedClaimParams {
+                    claim: &claim,
+                    limits: &limits,
+                    changes: &changes,
+                    hand_on,
+                };
+                driver.claim_limited(&params).await
+            })
+        };
+        let finished = SetState {
+            lease: Lease {
+                id: CommandId::from(r1),
+                token: held_by,
+            },
+            change: StateChange::Completed,
+        };
+        let hand_on = claim_for(vec![finished], true);
+        // R1 lapses while the hand-on waits; a counting claim starts.
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        let counting = claim_for(Vec::new(), false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+        let handed = hand_on.await.unwrap().unwrap();
+        let counted = counting.await.unwrap().unwrap();
+        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
+                 AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(ddl.down))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(handed.stamped, 1);
+        assert_eq!(
+            handed.rows.len() + counted.rows.len(),
+            1,
+            "one of the two took the place"
+        );
+        assert!(live <= 1, "{live} live leases under global_concurrency 1");
     }
 }
