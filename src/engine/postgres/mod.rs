@@ -629,11 +629,15 @@ impl Sql {
                    RETURNING c."Id", c."LockToken""#
             )
             .into(),
+            // Whether the row is pending is read, not filtered on: with it in the
+            // `WHERE`, the generic plan of a table not yet analyzed walked the poll
+            // index's every pending row once per lease (130 ms for 50 leases among
+            // 20,000 rows) instead of looking each lease up by primary key.
             check: format!(
-                r#"SELECT c."Id", c."LockToken"
+                r#"SELECT c."Id", c."LockToken",
+                          (c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL) AS "Pending"
                    FROM {t} AS c JOIN unnest($1::uuid[], $2::uuid[]) AS s(id, token)
-                     ON c."Id" = s.id AND c."LockToken" = s.token
-                   WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL"#
+                     ON c."Id" = s.id AND c."LockToken" = s.token"#
             )
             .into(),
             sweep: format!(
@@ -2037,6 +2041,12 @@ impl QueueOps for PgDriver {
             .await
             .map_err(self.db("checking leases"))?;
         rows.iter()
+            .filter(|row| {
+                row.try_get::<Option<bool>, _>("Pending")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(false)
+            })
             .map(|row| {
                 Ok(Lease {
                     id: CommandId::from(row.try_get::<Uuid, _>("Id")?),
