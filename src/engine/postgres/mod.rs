@@ -2938,4 +2938,78 @@ mod history_tests {
             assert!(plan.contains(&format!("IX_{name}_Retention")), "{plan}");
         }
     }
+
+    /// The lease check's generic plan (the work sessions force generic plans) looks each
+    /// lease up by primary key even on a table without statistics, where a pending
+    /// condition in its `WHERE` made it walk a poll index's every pending row per lease.
+    #[tokio::test]
+    async fn the_lease_check_reads_by_primary_key_before_any_analyze() {
+        let (table, driver, mut conn) = fresh("check_plan").await;
+        let t = table.quoted(Engine::Postgres);
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
+               INSERT INTO {t} ("Type", "Payload", "Queue")
+                 SELECT 'work', '{{}}', 'q' FROM generate_series(1, 20000);
+               UPDATE {t} SET "LockToken" = gen_random_uuid(), "LockedUntil" = now() + interval '20 s'
+                 WHERE "Id" IN (SELECT "Id" FROM {t} LIMIT 5);
+               SET plan_cache_mode = force_generic_plan"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let leased: Vec<(Uuid, Uuid)> = sqlx::query_as(AssertSqlSafe(format!(
+            r#"SELECT "Id", "LockToken" FROM {t} WHERE "LockToken" IS NOT NULL"#
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = leased.into_iter().unzip();
+        let array = |list: &[Uuid]| {
+            let items: Vec<String> = list.iter().map(Uuid::to_string).collect();
+            format!("'{{{}}}'", items.join(","))
+        };
+        // The generic plan, as a work session's prepared statement gets it.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "PREPARE icq_check(uuid[], uuid[]) AS {}",
+            driver.sql.check
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE icq_check({}, {})",
+            array(&ids),
+            array(&tokens)
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let mut all = Vec::new();
+        nodes(&plan, &mut all);
+        let indexes: Vec<&str> = all
+            .iter()
+            .filter_map(|node| node.get("Index Name").and_then(|n| n.as_str()))
+            .collect();
+        assert_eq!(indexes, [format!("{}_pkey", table.name())], "{plan}");
+        let checked = driver
+            .lease_check_many(&crate::engine::LeaseCheckManyParams {
+                leases: ids
+                    .iter()
+                    .zip(&tokens)
+                    .map(|(id, token)| Lease {
+                        id: CommandId::from(*id),
+                        token: LeaseToken(*token),
+                    })
+                    .collect(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(checked.len(), 5, "every pending lease is found");
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
 }
