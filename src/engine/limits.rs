@@ -284,6 +284,43 @@ pub(crate) struct Places {
     pub paused: bool,
 }
 
+/// One row of a hand-on's read, decoded by the engine (`None`: NULL or unreadable).
+pub(crate) struct PlaceRow {
+    /// The queue's `Paused`.
+    pub paused: bool,
+    pub id: Option<String>,
+    pub token: Option<String>,
+    pub queue: Option<String>,
+    /// Pending, and leased for the margin and more.
+    pub live: bool,
+}
+
+impl Places {
+    /// The places `rows` give back to a hand-on of `queue` stamping `changes`: the live
+    /// rows of exactly that queue leased under their change's token (compared here, byte
+    /// for byte, whatever the columns' collation).
+    pub(crate) fn tally(
+        queue: &str,
+        changes: &[SetState],
+        rows: impl IntoIterator<Item = PlaceRow>,
+    ) -> Places {
+        let mut places = Places::default();
+        for row in rows {
+            places.paused |= row.paused;
+            let (Some(id), Some(token), Some(of)) = (row.id, row.token, row.queue) else {
+                continue;
+            };
+            let ours = row.live
+                && of == queue
+                && changes
+                    .iter()
+                    .any(|c| c.lease.id.as_str() == id && c.lease.token.to_string() == token);
+            places.live += u64::from(ours);
+        }
+        places
+    }
+}
+
 /// A lease handed on must stay live this share of a lease past the hand-on's start.
 const HAND_ON_MARGIN_DIVISOR: u32 = 2;
 
@@ -600,6 +637,107 @@ pub(crate) fn keys_of(candidates: &[(String, Option<String>)]) -> Vec<String> {
     keys.sort();
     keys.dedup();
     keys
+}
+
+/// What the engines' tests of the hand-on share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{LimitedClaim, LimitedClaimParams, LimitedTx, Places, QueueLimits};
+    use crate::command::{CommandId, LeaseToken};
+    use crate::engine::{ClaimParams, Lease, QueueOps, SetState, StateChange};
+
+    /// The outcome "completed" of the row `id` leased under `token`.
+    pub(crate) fn completed(id: &str, token: LeaseToken) -> SetState {
+        SetState {
+            lease: Lease {
+                id: CommandId::stored(id.to_owned()),
+                token,
+            },
+            change: StateChange::Completed,
+        }
+    }
+
+    /// What a hand-on of `queue` stamping the rows `ids` under `token` reads (margin 10 s).
+    pub(crate) async fn places(
+        tx: &mut dyn LimitedTx,
+        queue: &str,
+        ids: &[String],
+        token: LeaseToken,
+    ) -> Option<Places> {
+        let changes: Vec<SetState> = ids.iter().map(|id| completed(id, token)).collect();
+        tx.places_to_hand_on(queue, &changes, Duration::from_secs(10))
+            .await
+            .unwrap()
+    }
+
+    /// [`Places`] as `places_to_hand_on` answers them.
+    pub(crate) fn seen(live: u64, paused: bool) -> Option<Places> {
+        Some(Places { live, paused })
+    }
+
+    /// The stalled hand-on's race: `r1` (in queue `q`, leased under `held_by` for 1.3 s
+    /// more, its row held by another session) is handed on under `global_concurrency: 1`
+    /// with a 2 s lease (margin 1 s); once it has lapsed a counting claim starts;
+    /// `release` then lets the hand-on's stamp through. Returns both claims' answers.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) async fn stalled_hand_on(
+        driver: Arc<dyn QueueOps>,
+        r1: &str,
+        held_by: LeaseToken,
+        release: impl std::future::Future<Output = ()>,
+    ) -> (LimitedClaim, LimitedClaim) {
+        let claim_for = |changes: Vec<SetState>, hand_on: bool| {
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let claim = ClaimParams {
+                    limit: 1,
+                    lease: Duration::from_secs(2),
+                    processing_delay: Duration::ZERO,
+                    token: LeaseToken::new(),
+                    types: None,
+                    queues: Some(Arc::from(vec!["q".to_owned()])),
+                    spread: false,
+                    skip_paused: false,
+                };
+                let limits = QueueLimits {
+                    global_concurrency: Some(1),
+                    key_concurrency: None,
+                    rate: None,
+                };
+                let params = LimitedClaimParams {
+                    claim: &claim,
+                    limits: &limits,
+                    changes: &changes,
+                    hand_on,
+                };
+                driver.command_claim_limited(&params).await
+            })
+        };
+        let hand_on = claim_for(vec![completed(r1, held_by)], true);
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        let counting = claim_for(Vec::new(), false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.await;
+        let handed = hand_on.await.unwrap().unwrap();
+        let counted = counting.await.unwrap().unwrap();
+        (handed, counted)
+    }
+
+    /// The stalled race's outcome: the hand-on stamped, one of the two took the place, and
+    /// no more than one lease (`live`) was live.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) fn assert_one_place(handed: &LimitedClaim, counted: &LimitedClaim, live: i64) {
+        assert_eq!(handed.stamped, 1);
+        assert_eq!(
+            handed.rows.len() + counted.rows.len(),
+            1,
+            "one of the two took the place"
+        );
+        assert!(live <= 1, "{live} live leases under global_concurrency 1");
+    }
 }
 
 #[cfg(test)]

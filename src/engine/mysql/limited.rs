@@ -13,7 +13,7 @@ use super::{
     MySqlDriver, NOW, decode_row, exact, exact_marks, leased_as_updated, micros, payload_bytes,
 };
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, PlaceRow, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState, marks};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -360,26 +360,20 @@ impl LimitedTx for Tx<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .map_err(Error::db(ctx(self.driver)))?;
-        let mut places = Places::default();
-        for row in &rows {
-            places.paused |= paused_of(row);
-            let (Ok(Some(id)), Ok(Some(token)), Ok(Some(of))) = (
-                row.try_get::<Option<String>, _>("Id"),
-                row.try_get::<Option<String>, _>("LockToken"),
-                row.try_get::<Option<String>, _>("Queue"),
-            ) else {
-                continue;
-            };
-            let live = row.try_get::<Option<i64>, _>("Live").ok().flatten();
-            if of != queue || live != Some(1) {
-                continue;
-            }
-            let ours = changes
-                .iter()
-                .any(|c| c.lease.id.as_str() == id && c.lease.token.to_string() == token);
-            places.live += u64::from(ours);
-        }
-        Ok(Some(places))
+        let text = |row: &sqlx::mysql::MySqlRow, column: &str| {
+            row.try_get::<Option<String>, _>(column).ok().flatten()
+        };
+        Ok(Some(Places::tally(
+            queue,
+            changes,
+            rows.iter().map(|row| PlaceRow {
+                paused: paused_of(row),
+                id: text(row, "Id"),
+                token: text(row, "LockToken"),
+                queue: text(row, "Queue"),
+                live: row.try_get::<Option<i64>, _>("Live").ok().flatten() == Some(1),
+            }),
+        )))
     }
 
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
@@ -459,12 +453,10 @@ impl MySqlDriver {
 mod tests {
     //! The hand-on's read on a real MariaDB.
 
-    use std::time::Duration;
-
     use super::*;
     use crate::ConnectOptions;
-    use crate::command::{CommandId, LeaseToken};
-    use crate::engine::{Lease, StateChange};
+    use crate::command::LeaseToken;
+    use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
     use crate::ident::TableName;
 
     /// Only rows of the queue whose lease, under the change's token, outlives the margin
@@ -504,13 +496,6 @@ mod tests {
             .unwrap();
             ids.push(id);
         }
-        let change = |id: &str, token: LeaseToken| SetState {
-            lease: Lease {
-                id: CommandId::stored(id.to_owned()),
-                token,
-            },
-            change: StateChange::Completed,
-        };
         let q = table.queues().quoted(Engine::Mysql);
         let columns = driver.columns().await.unwrap();
         let mut tx = Tx {
@@ -520,17 +505,9 @@ mod tests {
             columns,
         };
         // A queue without its row of `<table>Queues` gives back no place.
-        let other = [change(&ids[2], token)];
-        let places = tx
-            .places_to_hand_on("other", &other, Duration::from_secs(10))
-            .await
-            .unwrap();
         assert_eq!(
-            places,
-            Some(Places {
-                live: 0,
-                paused: false
-            })
+            places(&mut tx, "other", &ids[2..], token).await,
+            seen(0, false)
         );
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {q} (`Queue`, `Paused`) VALUES ('q', 0)"
@@ -538,24 +515,11 @@ mod tests {
         .execute(&mut *tx.conn)
         .await
         .unwrap();
-        let margin = Duration::from_secs(10);
-        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
-        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(places(&mut tx, "q", &ids, token).await, seen(1, false));
+        let stranger = LeaseToken::new();
         assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: false
-            })
-        );
-        let stranger = [change(&ids[0], LeaseToken::new())];
-        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 0,
-                paused: false
-            })
+            places(&mut tx, "q", &ids[..1], stranger).await,
+            seen(0, false)
         );
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {q} SET `Paused` = 1 WHERE `Queue` = 'q'"
@@ -563,14 +527,7 @@ mod tests {
         .execute(&mut *tx.conn)
         .await
         .unwrap();
-        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: true
-            })
-        );
+        assert_eq!(places(&mut tx, "q", &ids[..1], token).await, seen(1, true));
         drop(conn);
         driver.table_drop(&ddl.down).await.unwrap();
     }
@@ -633,48 +590,10 @@ mod tests {
         .fetch_all(&mut *holding)
         .await
         .unwrap();
-        let limits = crate::engine::QueueLimits {
-            global_concurrency: Some(1),
-            key_concurrency: None,
-            rate: None,
+        let release = async {
+            holding.commit().await.unwrap();
         };
-        let claim_for = move |changes: Vec<SetState>, hand_on: bool| {
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let claim = ClaimParams {
-                    limit: 1,
-                    lease: Duration::from_secs(2),
-                    processing_delay: Duration::ZERO,
-                    token: LeaseToken::new(),
-                    types: None,
-                    queues: Some(std::sync::Arc::from(vec!["q".to_owned()])),
-                    spread: false,
-                    skip_paused: false,
-                };
-                let params = LimitedClaimParams {
-                    claim: &claim,
-                    limits: &limits,
-                    changes: &changes,
-                    hand_on,
-                };
-                driver.claim_limited(&params).await
-            })
-        };
-        let finished = SetState {
-            lease: Lease {
-                id: CommandId::stored(r1.to_owned()),
-                token: held_by,
-            },
-            change: StateChange::Completed,
-        };
-        let hand_on = claim_for(vec![finished], true);
-        // R1 lapses while the hand-on waits; a counting claim starts.
-        tokio::time::sleep(Duration::from_millis(1800)).await;
-        let counting = claim_for(Vec::new(), false);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        holding.commit().await.unwrap();
-        let handed = hand_on.await.unwrap().unwrap();
-        let counted = counting.await.unwrap().unwrap();
+        let (handed, counted) = stalled_hand_on(driver.clone(), r1, held_by, release).await;
         let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM {t} WHERE `Queue` = 'q' AND `ProcessedAt` IS NULL \
                AND `DeadLetteredAt` IS NULL AND `LockedUntil` > {NOW}"
@@ -682,16 +601,7 @@ mod tests {
         .fetch_one(&mut admin)
         .await
         .unwrap();
-        let cleanup = MySqlDriver::connect(&url, &table, &ConnectOptions::default())
-            .await
-            .unwrap();
-        cleanup.table_drop(&ddl.down).await.unwrap();
-        assert_eq!(handed.stamped, 1);
-        assert_eq!(
-            handed.rows.len() + counted.rows.len(),
-            1,
-            "one of the two took the place"
-        );
-        assert!(live <= 1, "{live} live leases under global_concurrency 1");
+        driver.table_drop(&ddl.down).await.unwrap();
+        assert_one_place(&handed, &counted, live);
     }
 }

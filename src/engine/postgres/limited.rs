@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{PgDriver, StampArrays, WORK_BEGIN};
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, PlaceRow, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -250,30 +250,26 @@ impl LimitedTx for Tx<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .map_err(self.db())?;
-        let mut places = Places::default();
-        for row in &rows {
-            places.paused |= row
-                .try_get::<Option<bool>, _>("Paused")
+        let uuid = |row: &sqlx::postgres::PgRow, column: &str| {
+            row.try_get::<Option<Uuid>, _>(column)
                 .ok()
                 .flatten()
-                .unwrap_or(false);
-            let (Ok(Some(id)), Ok(Some(token)), Ok(Some(of))) = (
-                row.try_get::<Option<Uuid>, _>("Id"),
-                row.try_get::<Option<Uuid>, _>("LockToken"),
-                row.try_get::<Option<String>, _>("Queue"),
-            ) else {
-                continue;
-            };
-            let live = row.try_get::<Option<bool>, _>("Live").ok().flatten();
-            if of != queue || live != Some(true) {
-                continue;
-            }
-            let ours = changes
-                .iter()
-                .any(|c| c.lease.id.as_uuid() == Some(id) && c.lease.token.0 == token);
-            places.live += u64::from(ours);
-        }
-        Ok(Some(places))
+                .map(|u| u.to_string())
+        };
+        let flag = |row: &sqlx::postgres::PgRow, column: &str| {
+            row.try_get::<Option<bool>, _>(column).ok().flatten() == Some(true)
+        };
+        Ok(Some(Places::tally(
+            queue,
+            changes,
+            rows.iter().map(|row| PlaceRow {
+                paused: flag(row, "Paused"),
+                id: uuid(row, "Id"),
+                token: uuid(row, "LockToken"),
+                queue: row.try_get::<Option<String>, _>("Queue").ok().flatten(),
+                live: flag(row, "Live"),
+            }),
+        )))
     }
 
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
@@ -343,14 +339,12 @@ impl PgDriver {
 mod tests {
     //! The hand-on's read on a real PostgreSQL.
 
-    use std::time::Duration;
-
     use sqlx::Connection as _;
 
     use super::*;
     use crate::ConnectOptions;
-    use crate::command::{CommandId, LeaseToken};
-    use crate::engine::{Lease, StateChange};
+    use crate::command::LeaseToken;
+    use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
     use crate::ident::TableName;
 
     /// Only rows of the queue whose lease, under the change's token, outlives the margin
@@ -385,15 +379,8 @@ mod tests {
             .fetch_one(&mut admin)
             .await
             .unwrap();
-            ids.push(id);
+            ids.push(id.to_string());
         }
-        let change = |id: &Uuid, token: LeaseToken| SetState {
-            lease: Lease {
-                id: CommandId::stored(id.to_string()),
-                token,
-            },
-            change: StateChange::Completed,
-        };
         let q = table.queues().quoted(Engine::Postgres);
         let mut conn = driver.work.acquire().await.unwrap();
         let mut tx = Tx {
@@ -402,17 +389,9 @@ mod tests {
             q: q.clone(),
         };
         // A queue without its row of `<table>Queues` gives back no place.
-        let other = [change(&ids[2], token)];
-        let places = tx
-            .places_to_hand_on("other", &other, Duration::from_secs(10))
-            .await
-            .unwrap();
         assert_eq!(
-            places,
-            Some(Places {
-                live: 0,
-                paused: false
-            })
+            places(&mut tx, "other", &ids[2..], token).await,
+            seen(0, false)
         );
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', false)"#
@@ -420,24 +399,11 @@ mod tests {
         .execute(&mut admin)
         .await
         .unwrap();
-        let margin = Duration::from_secs(10);
-        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
-        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(places(&mut tx, "q", &ids, token).await, seen(1, false));
+        let stranger = LeaseToken::new();
         assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: false
-            })
-        );
-        let stranger = [change(&ids[0], LeaseToken::new())];
-        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 0,
-                paused: false
-            })
+            places(&mut tx, "q", &ids[..1], stranger).await,
+            seen(0, false)
         );
         sqlx::query(AssertSqlSafe(format!(
             r#"UPDATE {q} SET "Paused" = true WHERE "Queue" = 'q'"#
@@ -445,14 +411,7 @@ mod tests {
         .execute(&mut admin)
         .await
         .unwrap();
-        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: true
-            })
-        );
+        assert_eq!(places(&mut tx, "q", &ids[..1], token).await, seen(1, true));
         drop(conn);
         sqlx::raw_sql(AssertSqlSafe(ddl.down))
             .execute(&mut admin)
@@ -507,48 +466,10 @@ mod tests {
         .execute(&mut blocker)
         .await
         .unwrap();
-        let limits = crate::engine::QueueLimits {
-            global_concurrency: Some(1),
-            key_concurrency: None,
-            rate: None,
+        let release = async {
+            sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
         };
-        let claim_for = move |changes: Vec<SetState>, hand_on: bool| {
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let claim = ClaimParams {
-                    limit: 1,
-                    lease: Duration::from_secs(2),
-                    processing_delay: Duration::ZERO,
-                    token: LeaseToken::new(),
-                    types: None,
-                    queues: Some(std::sync::Arc::from(vec!["q".to_owned()])),
-                    spread: false,
-                    skip_paused: false,
-                };
-                let params = LimitedClaimParams {
-                    claim: &claim,
-                    limits: &limits,
-                    changes: &changes,
-                    hand_on,
-                };
-                driver.claim_limited(&params).await
-            })
-        };
-        let finished = SetState {
-            lease: Lease {
-                id: CommandId::from(r1),
-                token: held_by,
-            },
-            change: StateChange::Completed,
-        };
-        let hand_on = claim_for(vec![finished], true);
-        // R1 lapses while the hand-on waits; a counting claim starts.
-        tokio::time::sleep(Duration::from_millis(1800)).await;
-        let counting = claim_for(Vec::new(), false);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
-        let handed = hand_on.await.unwrap().unwrap();
-        let counted = counting.await.unwrap().unwrap();
+        let (handed, counted) = stalled_hand_on(driver, &r1.to_string(), held_by, release).await;
         let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
                  AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
@@ -560,12 +481,6 @@ mod tests {
             .execute(&mut admin)
             .await
             .unwrap();
-        assert_eq!(handed.stamped, 1);
-        assert_eq!(
-            handed.rows.len() + counted.rows.len(),
-            1,
-            "one of the two took the place"
-        );
-        assert!(live <= 1, "{live} live leases under global_concurrency 1");
+        assert_one_place(&handed, &counted, live);
     }
 }

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
 use super::{NOW, SqliteDriver, decode_row, offset, parse_timestamp, payload_bytes};
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, Places, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, PlaceRow, Places, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -228,31 +228,27 @@ impl LimitedTx for Tx<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .map_err(Error::db(ctx(self.driver)))?;
-        let mut places = Places::default();
-        for row in &rows {
-            let (Ok(id), Ok(Some(token)), Ok(Some(of))) = (
-                row.try_get::<String, _>("Id"),
-                row.try_get::<Option<String>, _>("LockToken"),
-                row.try_get::<Option<String>, _>("Queue"),
-            ) else {
-                continue;
-            };
-            places.paused |= row
-                .try_get::<Option<i64>, _>("Paused")
+        let flag = |row: &sqlx::sqlite::SqliteRow, column: &str| {
+            row.try_get::<Option<i64>, _>(column)
                 .ok()
                 .flatten()
                 .unwrap_or(0)
-                != 0;
-            let live = row.try_get::<Option<i64>, _>("Live").ok().flatten();
-            if of != queue || live != Some(1) {
-                continue;
-            }
-            let ours = changes
-                .iter()
-                .any(|c| c.lease.id.as_str() == id && c.lease.token.to_string() == token);
-            places.live += u64::from(ours);
-        }
-        Ok(Some(places))
+                != 0
+        };
+        let text = |row: &sqlx::sqlite::SqliteRow, column: &str| {
+            row.try_get::<Option<String>, _>(column).ok().flatten()
+        };
+        Ok(Some(Places::tally(
+            queue,
+            changes,
+            rows.iter().map(|row| PlaceRow {
+                paused: flag(row, "Paused"),
+                id: text(row, "Id"),
+                token: text(row, "LockToken"),
+                queue: text(row, "Queue"),
+                live: flag(row, "Live"),
+            }),
+        )))
     }
 
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
@@ -325,12 +321,10 @@ impl SqliteDriver {
 mod tests {
     //! The hand-on's read on a real SQLite file.
 
-    use std::time::Duration;
-
     use super::*;
     use crate::ConnectOptions;
-    use crate::command::{CommandId, LeaseToken};
-    use crate::engine::{Lease, StateChange};
+    use crate::command::LeaseToken;
+    use crate::engine::limits::testing::{places, seen};
     use crate::ident::TableName;
 
     /// Only rows of the queue whose lease, under the change's token, outlives the margin
@@ -371,13 +365,6 @@ mod tests {
             .unwrap();
             ids.push(id);
         }
-        let change = |id: &str, token: LeaseToken| SetState {
-            lease: Lease {
-                id: CommandId::stored(id.to_owned()),
-                token,
-            },
-            change: StateChange::Completed,
-        };
         let q = table.queues().quoted(Engine::Sqlite);
         let columns = driver.columns().await.unwrap();
         let mut tx = Tx {
@@ -386,24 +373,11 @@ mod tests {
             q: q.clone(),
             columns,
         };
-        let margin = Duration::from_secs(10);
-        let all: Vec<SetState> = ids.iter().map(|id| change(id, token)).collect();
-        let places = tx.places_to_hand_on("q", &all, margin).await.unwrap();
+        assert_eq!(places(&mut tx, "q", &ids, token).await, seen(1, false));
+        let stranger = LeaseToken::new();
         assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: false
-            })
-        );
-        let stranger = [change(&ids[0], LeaseToken::new())];
-        let places = tx.places_to_hand_on("q", &stranger, margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 0,
-                paused: false
-            })
+            places(&mut tx, "q", &ids[..1], stranger).await,
+            seen(0, false)
         );
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', 1)"#
@@ -411,13 +385,6 @@ mod tests {
         .execute(&mut *tx.conn)
         .await
         .unwrap();
-        let places = tx.places_to_hand_on("q", &all[..1], margin).await.unwrap();
-        assert_eq!(
-            places,
-            Some(Places {
-                live: 1,
-                paused: true
-            })
-        );
+        assert_eq!(places(&mut tx, "q", &ids[..1], token).await, seen(1, true));
     }
 }
