@@ -168,6 +168,99 @@ pub(crate) async fn a_stale_success_stamp_moves_nothing(engine: &str) {
     assert_eq!(h.count_history("1 = 1").await, 1, "{engine}");
 }
 
+/// A success stamp that waits on a row another claimer has just leased again (its
+/// lease lapsed; the new lease not yet committed) reads the row as that commit left it:
+/// nothing is stamped, nothing copied to history, and the row stays leased.
+pub(crate) async fn a_completion_waiting_on_a_new_lease_moves_nothing(engine: &str) {
+    const ANOTHER: &str = "0190a000-0000-7000-8000-0000000000a1";
+    let h = Harness::new(engine, "histrace").await;
+    let id = h.insert("t").await;
+    let (first, _) = h.claim(1).await;
+    let relapse = format!(
+        "UPDATE {} SET {} = '{ANOTHER}' WHERE {} = '{id}'",
+        h.t,
+        h.q("LockToken"),
+        h.q("Id")
+    );
+    let (leased, release) = (
+        tokio::sync::oneshot::channel(),
+        tokio::sync::oneshot::channel::<()>(),
+    );
+    let holder = tokio::spawn(hold_uncommitted(
+        h.engine,
+        h.url.clone(),
+        relapse,
+        leased.0,
+        release.1,
+    ));
+    leased.1.await.expect("the new lease is written");
+    let driver = h.driver.clone();
+    let stamp_id = id.clone();
+    let stamping = tokio::spawn(async move {
+        driver
+            .command_set_state_many(&CommandSetStateManyParams {
+                changes: &[completed(&stamp_id, first)],
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !stamping.is_finished(),
+        "{engine}: the stamp waits for the new lease"
+    );
+    release.0.send(()).expect("the holder waits");
+    holder.await.expect("the holder commits");
+    let stamped = stamping.await.expect("join").expect("stamp");
+    assert_eq!(stamped, 0, "{engine}: the lease is another's");
+    assert_eq!(
+        h.count_history("1 = 1").await,
+        0,
+        "{engine}: nothing copied"
+    );
+    let leased_again = format!("{} = '{ANOTHER}'", h.q("LockToken"));
+    assert_eq!(h.count(&leased_again).await, 1, "{engine}: still leased");
+}
+
+/// Runs `sql` in a transaction on a connection of its own, says so on `done`, and commits
+/// when `release` fires.
+async fn hold_uncommitted(
+    engine: crate::ident::Engine,
+    url: String,
+    sql: String,
+    done: tokio::sync::oneshot::Sender<()>,
+    release: tokio::sync::oneshot::Receiver<()>,
+) {
+    use crate::ident::Engine;
+    use sqlx::Connection;
+    let begin = if engine == Engine::Sqlite {
+        "BEGIN IMMEDIATE"
+    } else {
+        "BEGIN"
+    };
+    let script = sqlx::AssertSqlSafe(format!("{begin}; {sql}"));
+    let commit = sqlx::AssertSqlSafe("COMMIT".to_owned());
+    macro_rules! hold_on {
+        ($conn:ty) => {{
+            let mut conn = <$conn>::connect(&url).await.expect("connect");
+            sqlx::raw_sql(script)
+                .execute(&mut conn)
+                .await
+                .expect("lease");
+            let _ = done.send(());
+            let _ = release.await;
+            sqlx::raw_sql(commit)
+                .execute(&mut conn)
+                .await
+                .expect("commit");
+        }};
+    }
+    match engine {
+        Engine::Postgres => hold_on!(sqlx::PgConnection),
+        Engine::Mysql => hold_on!(sqlx::MySqlConnection),
+        _ => hold_on!(sqlx::SqliteConnection),
+    }
+}
+
 /// The sweep moves the completed rows an older icq (or another program) left in the
 /// table into history, in bounded batches, and deletes history older than the retention;
 /// pending and dead rows stay where they are.

@@ -408,6 +408,7 @@ driver_cases!(
     admin::a_key_taken_meanwhile_leaves_the_row_dead,
     history::a_completed_command_moves_to_history_and_every_read_finds_it,
     history::a_stale_success_stamp_moves_nothing,
+    history::a_completion_waiting_on_a_new_lease_moves_nothing,
     history::the_sweep_moves_left_completed_rows_and_deletes_old_history,
     history::an_upgrade_keeps_every_row_and_work_goes_on,
     history::the_version_4_columns_move_to_history_with_the_row,

@@ -128,25 +128,42 @@ struct Sql {
     check: Arc<str>,
     sweep: Arc<str>,
     activity: Arc<str>,
-    /// On a version-3 table, after the set-state statement and in its transaction, the
-    /// rows it completed move to history: copied, then deleted (`?` the same stamps). The
-    /// copy of a version-4 table is the second, with its columns.
-    copy_completed: [Arc<str>; 2],
-    delete_completed: Arc<str>,
+    /// On a version-3 table a completion moves its row to history without writing it in
+    /// place first: the row copied as completed (under a lock, guarded by the lease
+    /// token), then deleted (`?` the same stamps). The copy of a version-4 table is the
+    /// second, with its columns.
+    copy_completing: [Arc<str>; 2],
+    delete_completing: Arc<str>,
     /// A version-3 sweep's delete of old history (`?` µs, `?` limit).
     sweep_history: Arc<str>,
 }
 
-/// The stamps' ids that complete their rows, from the set-state statement's JSON array,
-/// joined to the table `c`: the rows the stamp just completed (it was guarded by the
-/// lease token, so a stale success stamp moves nothing).
-fn completed_join(t: &str) -> String {
+/// The completions among the stamps of a JSON array (as [`leases_join`] reads it)
+/// joined to the table `c`: the rows they complete, still leased under the stamp's token
+/// (a stale success stamp moves nothing). Each row is found by its primary key
+/// (`STRAIGHT_JOIN`): on a small table the optimizer otherwise scans `c`, and a locking
+/// read that scans waits on the rows other replicas' claims hold.
+fn completing_join(t: &str) -> String {
     format!(
-        "{t} AS c JOIN JSON_TABLE(?, '$[*]' COLUMNS ( \
-             id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]', kind INT PATH '$[2]')) AS s \
-           ON c.`Id` = s.id COLLATE utf8mb4_bin \
-         WHERE s.kind = 0 AND c.`ProcessedAt` IS NOT NULL"
+        "JSON_TABLE(?, '$[*]' COLUMNS ( \
+             id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]', \
+             token VARCHAR(64) CHARACTER SET utf8mb4 PATH '$[1]', kind INT PATH '$[2]')) AS s \
+         STRAIGHT_JOIN {t} AS c \
+           ON c.`Id` = s.id COLLATE utf8mb4_bin AND c.`LockToken` = s.token COLLATE utf8mb4_bin \
+         WHERE s.kind = 0"
     )
+}
+
+/// The columns of a completed copy of `c` at `version`: completed now, its lease ended.
+fn completed_columns(version: u32) -> String {
+    crate::engine::columns_of(version)
+        .map(|c| match c {
+            "ProcessedAt" => NOW.to_owned(),
+            "LockToken" | "LockedUntil" => "NULL".to_owned(),
+            c => format!("c.`{c}`"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `ON DUPLICATE KEY UPDATE` of an insert into history: an id history already holds
@@ -398,20 +415,22 @@ pub(crate) fn exact_marks(n: usize) -> String {
 impl Sql {
     fn new(t: &str, h: &str) -> Sql {
         let leases = leases_join(t);
-        let completed = completed_join(t);
-        let copy_completed = |version| {
+        let completing = completing_join(t);
+        // `FOR UPDATE`: under READ COMMITTED a plain copy reads without locking, and a
+        // lease lapsed and taken meanwhile would be copied as completed and then kept.
+        let copy_completing = |version| {
             let columns = crate::engine::column_list(Engine::Mysql, "", version);
-            let from = crate::engine::column_list(Engine::Mysql, "c.", version);
             format!(
-                "INSERT INTO {h} ({columns}) SELECT {from} FROM {completed} \
+                "INSERT INTO {h} ({columns}) SELECT {} FROM {completing} FOR UPDATE \
                  ON DUPLICATE KEY UPDATE {}",
+                completed_columns(version),
                 history_upsert(version)
             )
             .into()
         };
         Sql {
-            copy_completed: [copy_completed(3), copy_completed(4)],
-            delete_completed: format!("DELETE c FROM {completed}").into(),
+            copy_completing: [copy_completing(3), copy_completing(4)],
+            delete_completing: format!("DELETE c FROM {completing}").into(),
             sweep_history: format!(
                 "DELETE FROM {h} WHERE `ProcessedAt` < {NOW} - INTERVAL ? MICROSECOND \
                  ORDER BY `ProcessedAt` LIMIT ?"
@@ -618,8 +637,8 @@ fn leased_as_updated(
 
 /// The stamps of `changes` as the set-state statements' JSON array: lease, kind, delay in
 /// µs (-1: none), error, and (read on version 4) the attempts' errors.
-fn stamps_json(changes: &[SetState]) -> String {
-    leases_json(changes.iter().map(|c| {
+fn stamps_json<'a>(changes: impl IntoIterator<Item = &'a SetState>) -> String {
+    leases_json(changes.into_iter().map(|c| {
         let delay = c
             .delay_seconds()
             .map_or(-1, |s| micros(Duration::from_secs_f64(s.max(0.0))));
@@ -1540,36 +1559,49 @@ impl MySqlDriver {
     }
 
     /// The stamps of a version-3 (or later) table on `conn`, inside a transaction the
-    /// caller opened: the set-state statement (on version 4 with the attempts' errors),
-    /// then the move of the rows it completed to history. Returns how many rows were
-    /// stamped.
+    /// caller opened: the set-state statement (on version 4 with the attempts' errors)
+    /// for every outcome but a completion, and the move of each completed row to history
+    /// (two statements, the row never written in place: a stamp of completions alone is
+    /// one statement shorter). Returns how many rows were stamped.
     pub(crate) async fn stamp_moving_on(
         &self,
         conn: &mut MySqlConnection,
         changes: &[SetState],
         version: u32,
     ) -> Result<u64> {
-        let json = stamps_json(changes);
         let ctx = || self.ctx("stamping outcomes");
-        let sql = if version >= 4 {
-            &self.sql.set_state_v4
-        } else {
-            &self.sql.set_state_v2
-        };
-        let done = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(json.clone())
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::db(ctx()))?;
-        let copy = &self.sql.copy_completed[usize::from(version >= 4)];
-        for statement in [copy, &self.sql.delete_completed] {
-            sqlx::query(AssertSqlSafe(statement.clone()))
+        let (completions, others): (Vec<&SetState>, Vec<&SetState>) =
+            changes.iter().partition(|c| c.kind() == 0);
+        let mut stamped = 0;
+        if !others.is_empty() {
+            let sql = if version >= 4 {
+                &self.sql.set_state_v4
+            } else {
+                &self.sql.set_state_v2
+            };
+            stamped += sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(stamps_json(others))
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?
+                .rows_affected();
+        }
+        if !completions.is_empty() {
+            let json = stamps_json(completions);
+            let copy = &self.sql.copy_completing[usize::from(version >= 4)];
+            sqlx::query(AssertSqlSafe(copy.clone()))
                 .bind(json.clone())
                 .execute(&mut *conn)
                 .await
                 .map_err(Error::db(ctx()))?;
+            stamped += sqlx::query(AssertSqlSafe(self.sql.delete_completing.clone()))
+                .bind(json)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::db(ctx()))?
+                .rows_affected();
         }
-        Ok(done.rows_affected())
+        Ok(stamped)
     }
 }
 
