@@ -183,11 +183,14 @@ impl Pace {
         self.sampled_busy_micros = busy_micros;
     }
 
-    /// Rows to hold beyond the slots, at most `max`.
+    /// Rows to hold beyond the slots, at most `max`: what the slots finish during the
+    /// claims, rounded up. Rounded down, slots that finish less than a row per claim held
+    /// none, and each of their commands waited for a claim's round trip (on a fast
+    /// database, the faster its claims the less the look-ahead, and the more they waited).
     fn look_ahead(&self, max: usize) -> usize {
         let rows = self.rate * self.latency * LOOK_AHEAD_CLAIMS;
         if rows.is_finite() && rows > 0.0 {
-            (rows as usize).min(max)
+            (rows.ceil() as usize).min(max)
         } else {
             0
         }
@@ -737,6 +740,27 @@ mod tests {
             "look-ahead {}",
             pace.look_ahead(100)
         );
+    }
+
+    /// Three slots of 20 ms commands finish 150 rows a second; with 1.5 ms claims that is
+    /// 0.9 rows over the look-ahead's four claims: one row is held, so a slot that finishes
+    /// starts the next command without waiting for a claim.
+    #[test]
+    fn less_than_a_row_per_claim_still_holds_one_ahead() {
+        let start = Instant::now();
+        let mut pace = Pace::new(start, 3, 0, 0);
+        pace.claim_took(Duration::from_micros(1_500));
+        for tick in 1..=20u64 {
+            pace.sample(
+                tick * 3,
+                tick * 60_000,
+                start + Duration::from_millis(20 * tick),
+            );
+        }
+        assert!((pace.rate - 150.0).abs() < 5.0, "rate {}", pace.rate);
+        assert_eq!(pace.look_ahead(100), 1);
+        // Nothing finished yet: nothing is held ahead.
+        assert_eq!(Pace::new(start, 3, 0, 0).look_ahead(100), 0);
     }
 
     /// Fast rows are paced by the wall clock as before: 2,000 rows of 100 µs in 100 ms
