@@ -128,6 +128,13 @@ async fn refuse_stamps(db: &TestDb) {
              FOR EACH ROW EXECUTE FUNCTION refuse_stamp();"
         }
         "mysql" => {
+            // A completion moves its row to history without updating it first.
+            db.execute(
+                "CREATE TRIGGER refuse_move BEFORE INSERT ON `InternalCommandsHistory` \
+                 FOR EACH ROW SIGNAL SQLSTATE '45000' \
+                 SET MESSAGE_TEXT = 'stamps are refused by a trigger'",
+            )
+            .await;
             "CREATE TRIGGER refuse_stamp BEFORE UPDATE ON `InternalCommands` FOR EACH ROW \
              BEGIN IF NEW.`ProcessedAt` IS NOT NULL THEN \
              SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'stamps are refused by a trigger'; \
