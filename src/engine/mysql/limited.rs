@@ -459,20 +459,27 @@ mod tests {
     use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
     use crate::ident::TableName;
 
-    /// Only rows of the queue whose lease, under the change's token, outlives the margin
-    /// give their places back (a queue that differs only in trailing spaces is another
-    /// queue); the queue's pause is read beside them.
-    #[tokio::test]
-    async fn a_hand_on_counts_the_live_leases_it_ends() {
+    /// A table of its own (`<tag>_<pid>`), created afresh: the server's URL, its name, a
+    /// driver on it and its DDL (to drop it after).
+    async fn fresh(tag: &str) -> (String, TableName, MySqlDriver, crate::schema::Ddl) {
         let url = std::env::var("ICQ_TEST_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-        let table = TableName::parse(&format!("icq_hand_on_{}", std::process::id())).unwrap();
+        let table = TableName::parse(&format!("{tag}_{}", std::process::id())).unwrap();
         let driver = MySqlDriver::connect(&url, &table, &ConnectOptions::default())
             .await
             .expect("MariaDB test server");
         let ddl = crate::schema::render(Engine::Mysql, &table);
         driver.table_drop(&ddl.down).await.unwrap();
         driver.schema_apply(&ddl.up).await.unwrap();
+        (url, table, driver, ddl)
+    }
+
+    /// Only rows of the queue whose lease, under the change's token, outlives the margin
+    /// give their places back (a queue that differs only in trailing spaces is another
+    /// queue); the queue's pause is read beside them.
+    #[tokio::test]
+    async fn a_hand_on_counts_the_live_leases_it_ends() {
+        let (_, table, driver, ddl) = fresh("icq_hand_on").await;
         let t = driver.t.clone();
         let token = LeaseToken::new();
         let mut conn = driver.pool.acquire().await.unwrap();
@@ -539,17 +546,8 @@ mod tests {
     async fn a_stalled_hand_on_keeps_the_count_out_until_it_commits() {
         use sqlx::Connection as _;
 
-        let url = std::env::var("ICQ_TEST_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-        let table = TableName::parse(&format!("icq_stalled_{}", std::process::id())).unwrap();
-        let driver = std::sync::Arc::new(
-            MySqlDriver::connect(&url, &table, &ConnectOptions::default())
-                .await
-                .expect("MariaDB test server"),
-        );
-        let ddl = crate::schema::render(Engine::Mysql, &table);
-        driver.table_drop(&ddl.down).await.unwrap();
-        driver.schema_apply(&ddl.up).await.unwrap();
+        let (url, table, driver, ddl) = fresh("icq_stalled").await;
+        let driver = std::sync::Arc::new(driver);
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Mysql));
         let held_by = LeaseToken::new();
         let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();

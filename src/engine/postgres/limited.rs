@@ -347,13 +347,20 @@ mod tests {
     use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
     use crate::ident::TableName;
 
-    /// Only rows of the queue whose lease, under the change's token, outlives the margin
-    /// give their places back; the queue's pause is read beside them.
-    #[tokio::test]
-    async fn a_hand_on_counts_the_live_leases_it_ends() {
+    /// A table of its own (`<tag>_<pid>`), created afresh, an admin connection, a driver on
+    /// it and its DDL (to drop it after).
+    struct Fresh {
+        url: String,
+        table: TableName,
+        admin: sqlx::PgConnection,
+        driver: PgDriver,
+        ddl: crate::schema::Ddl,
+    }
+
+    async fn fresh(tag: &str) -> Fresh {
         let url = std::env::var("ICQ_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let table = TableName::parse(&format!("icq_hand_on_{}", std::process::id())).unwrap();
+        let table = TableName::parse(&format!("{tag}_{}", std::process::id())).unwrap();
         let mut admin = sqlx::PgConnection::connect(&url).await.expect("PostgreSQL");
         let ddl = crate::schema::render(Engine::Postgres, &table);
         sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
@@ -363,6 +370,26 @@ mod tests {
         let driver = PgDriver::connect(&url, &table, &ConnectOptions::default())
             .await
             .expect("driver");
+        Fresh {
+            url,
+            table,
+            admin,
+            driver,
+            ddl,
+        }
+    }
+
+    /// Only rows of the queue whose lease, under the change's token, outlives the margin
+    /// give their places back; the queue's pause is read beside them.
+    #[tokio::test]
+    async fn a_hand_on_counts_the_live_leases_it_ends() {
+        let Fresh {
+            table,
+            mut admin,
+            driver,
+            ddl,
+            ..
+        } = fresh("icq_hand_on").await;
         let t = driver.t.clone();
         let token = LeaseToken::new();
         // a: live for 20 s; b: for 5 s; c: another queue.
@@ -424,20 +451,14 @@ mod tests {
     /// lease more than the limit together.
     #[tokio::test]
     async fn a_stalled_hand_on_keeps_the_count_out_until_it_commits() {
-        let url = std::env::var("ICQ_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let table = TableName::parse(&format!("icq_stalled_{}", std::process::id())).unwrap();
-        let mut admin = sqlx::PgConnection::connect(&url).await.expect("PostgreSQL");
-        let ddl = crate::schema::render(Engine::Postgres, &table);
-        sqlx::raw_sql(AssertSqlSafe(format!("{}\n{}", ddl.down, ddl.up)))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let driver = std::sync::Arc::new(
-            PgDriver::connect(&url, &table, &ConnectOptions::default())
-                .await
-                .expect("driver"),
-        );
+        let Fresh {
+            url,
+            table,
+            mut admin,
+            driver,
+            ddl,
+        } = fresh("icq_stalled").await;
+        let driver = std::sync::Arc::new(driver);
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Postgres));
         let held_by = LeaseToken::new();
         // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); three rows due.
