@@ -126,6 +126,11 @@ impl Outbox {
         taken
     }
 
+    /// How many outcomes wait to be stamped.
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().changes.len()
+    }
+
     /// Frees the room of `n` stamped (or given up) outcomes.
     pub(crate) fn done(&self, n: usize) {
         self.room.add_permits(n);

@@ -249,6 +249,8 @@ pub(crate) async fn run(
     // When a limited claim last counted the queue's live leases instead of handing places
     // on (none yet: the first one counts).
     let mut counted_at: Option<Instant> = None;
+    // The slots' finished count when the last claim was sent.
+    let mut finished_at_claim = 0u64;
 
     let stopped = loop {
         if shutdown.is_cancelled() {
@@ -321,6 +323,7 @@ pub(crate) async fn run(
             if limited && !hand_on {
                 counted_at = Some(Instant::now());
             }
+            finished_at_claim = shared.finished.load(Ordering::Relaxed);
             claims.push(claim(&shared, limit as u32, shared_head, hand_on));
         }
         // `until_idle` counts what is left once this processor holds no lease; while its
@@ -392,9 +395,15 @@ pub(crate) async fn run(
                         pace.claimed_bytes(rows.len(), rows.iter().map(|(row, _)| row.payload_bytes).sum());
                         shared.source.stats.claimed(rows.len() as u64);
                         buffer(&shared, rows);
-                        want = false;
                         // An empty bucket refills on time alone.
                         held_by_limit = matches!(held, Held::Concurrency | Held::Keys);
+                        // A slot that finished while this claim was in flight woke the
+                        // producer then, when it could not claim: its outcome waits in
+                        // the outbox, and the place it frees is this processor's to hand
+                        // on now, not when another slot finishes or the recheck comes.
+                        want = held_by_limit
+                            && shared.finished.load(Ordering::Relaxed) > finished_at_claim
+                            && shared.outbox.waiting() > 0;
                         idle_recheck = IDLE_RECHECK_FIRST;
                         next_poll = Instant::now() + match held {
                             Held::Rate(next_token) => next_token,

@@ -489,7 +489,8 @@ fn engines_to_measure() -> Vec<&'static str> {
 /// Measures `global_concurrency: 3` over 4 processors × 8 slots with 20 ms handlers
 /// against 3 slots on one processor without limits: the live leases sampled every 10 ms
 /// never exceed 3, and the limited fleet's throughput is at least 0.9× the single
-/// processor's. `cargo test --features cli --test fleet measure_global -- --ignored --nocapture`;
+/// processor's. Also one processor × 8 slots under the same limit (all places on one
+/// processor, whose slots finish while its own hand-ons are in flight). `cargo test --features cli --test fleet measure_global -- --ignored --nocapture`;
 /// `ICQ_MEASURE_NOT_DUE=20000` adds that many rows to the queue that are not due (a backlog
 /// scheduled for later), `ICQ_ENGINES=mysql` measures one engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -504,6 +505,11 @@ async fn measure_global_concurrency_throughput() {
                 "4 processors x 8 slots, global_concurrency 3",
                 limited("q", 8).with_global_concurrency(3),
                 4,
+            ),
+            (
+                "one processor x 8 slots, global_concurrency 3",
+                limited("q", 8).with_global_concurrency(3),
+                1,
             ),
         ] {
             let db = Arc::new(fresh(engine, "measure_global").await);
@@ -556,7 +562,13 @@ async fn measure_global_concurrency_throughput() {
         }
         let ratio = rates[1].0 / rates[0].0;
         eprintln!("{engine}: limited fleet / one processor = {ratio:.3}");
+        let alone = rates[2].0 / rates[0].0;
+        eprintln!("{engine}: one limited processor / one processor = {alone:.3}");
         assert!(rates[1].1 <= 3, "{engine}: live leases exceeded 3");
+        assert!(
+            rates[2].1 <= 3,
+            "{engine}: live leases exceeded 3 on one processor"
+        );
     }
 }
 
