@@ -49,10 +49,18 @@ pub(crate) fn bindir() -> PathBuf {
 
 /// A TCP port nothing listens on right now.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free port")
-        .port()
+    // Below the kernel's ephemeral range (32768–60999 by default): a port the kernel hands
+    // out for `bind(0)` can go to any test's outgoing connection before the server binds
+    // it (a Galera node once failed to start so, with "Address already in use").
+    use rand::RngExt;
+    let mut rng = rand::rng();
+    for _ in 0..1_000 {
+        let port = rng.random_range(15_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 15000 and 32000");
 }
 
 /// A command that runs as the `postgres` user, with a clean locale.
