@@ -428,6 +428,14 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// the pool). Only SQLite keeps any (`engine::sqlite::warm`).
     fn keep_work_connections(&self, _keep: bool) {}
 
+    /// How long one statement may wait for a lock inside the client before it fails on
+    /// its own (SQLite's busy timeout), or `None` where waits happen on a server. A call
+    /// is never abandoned sooner: abandoning a statement that waits for a local lock frees
+    /// nothing (it keeps waiting, and may still run), and its retry queues behind it.
+    fn local_lock_wait(&self) -> Option<Duration> {
+        None
+    }
+
     /// Drops the table and everything its migration created with it by running `down`
     /// (the down script the schema renders), if it exists.
     async fn table_drop(&self, down: &str) -> Result<()>;

@@ -237,8 +237,11 @@ impl Completer {
             }
             let params = CommandSetStateManyParams { changes: &batch };
             let call = self.backend.command_set_state_many(&params);
-            let stamping =
-                health::deadline(health::call_deadline(self.lease), "stamping outcomes", call);
+            let stamping = health::deadline(
+                health::call_deadline(self.backend.as_ref(), self.lease),
+                "stamping outcomes",
+                call,
+            );
             let stamped = tokio::select! {
                 stamped = stamping => stamped,
                 () = self.writes_end.cancelled() => continue,

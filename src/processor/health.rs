@@ -2,7 +2,8 @@
 //! to do after one failed.
 //!
 //! - [`deadline`] bounds a call (claim, stamp, lease renewal, sweep, activity count) by
-//!   [`call_deadline`]: about a tenth of the lease, 1 to 30 s. A connection that stopped
+//!   [`call_deadline`]: about a tenth of the lease, 1 to 30 s (plus, on SQLite, the busy
+//!   timeout a statement waits for the write lock before it fails). A connection that stopped
 //!   answering (a half-open socket behind a stalled proxy or NAT, where neither TCP keepalive
 //!   nor a server-side statement timeout helps) is abandoned within that time and the next
 //!   call runs over a new one (the engine's pools close a released connection that does not
@@ -21,6 +22,7 @@ use std::time::Duration;
 use rand::{Rng, RngExt};
 use tokio::time::Instant;
 
+use crate::engine::Backend;
 use crate::error::{Error, Healing, Result};
 
 /// The longest pause between two tries of an error that heals. Low: a try that finds
@@ -45,10 +47,19 @@ const UNHEALABLE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often a worker logs an error that heals while it persists.
 const RETRY_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// The deadline of one database call of the processor for a source whose lease is
-/// `lease`: a tenth of it, at least 1 s and at most 30 s.
-pub(crate) fn call_deadline(lease: Duration) -> Duration {
-    (lease / 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
+/// The deadline of one database call of the processor on `backend` for a source whose
+/// lease is `lease` ([`deadline_for`]).
+pub(crate) fn call_deadline(backend: &dyn Backend, lease: Duration) -> Duration {
+    deadline_for(backend.local_lock_wait(), lease)
+}
+
+/// A tenth of the lease, at least 1 s and at most 30 s; where statements wait for a lock
+/// inside the client (`local_lock_wait`, SQLite's busy timeout), that wait on top: such a
+/// statement fails on its own once the wait is over, and abandoning it sooner would only
+/// queue its retry behind it.
+fn deadline_for(local_lock_wait: Option<Duration>, lease: Duration) -> Duration {
+    let answer = (lease / 10).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    answer + local_lock_wait.unwrap_or_default()
 }
 
 /// Awaits `call`, a database call described by `what`; after `limit` it is abandoned (its
@@ -427,20 +438,33 @@ mod tests {
     #[test]
     fn the_deadline_is_a_tenth_of_the_lease_within_bounds() {
         assert_eq!(
-            call_deadline(Duration::from_secs(300)),
+            deadline_for(None, Duration::from_secs(300)),
             Duration::from_secs(30)
         );
         assert_eq!(
-            call_deadline(Duration::from_secs(60)),
+            deadline_for(None, Duration::from_secs(60)),
             Duration::from_secs(6)
         );
         assert_eq!(
-            call_deadline(Duration::from_secs(2)),
+            deadline_for(None, Duration::from_secs(2)),
             Duration::from_secs(1)
         );
         assert_eq!(
-            call_deadline(Duration::from_secs(3600)),
+            deadline_for(None, Duration::from_secs(3600)),
             Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn a_local_lock_wait_is_never_cut_short() {
+        let busy = Some(Duration::from_secs(30));
+        assert_eq!(
+            deadline_for(busy, Duration::from_secs(6)),
+            Duration::from_secs(31)
+        );
+        assert_eq!(
+            deadline_for(busy, Duration::from_secs(300)),
+            Duration::from_secs(60)
         );
     }
 

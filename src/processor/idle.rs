@@ -155,7 +155,7 @@ pub(crate) async fn poll(
         let sent = Instant::now();
         let expires = sent + params.lease;
         let claiming = health::deadline(
-            health::call_deadline(params.lease),
+            health::call_deadline(source.backend.as_ref(), params.lease),
             "claiming",
             source.backend.command_claim(&params),
         );

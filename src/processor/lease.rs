@@ -311,7 +311,7 @@ pub(crate) async fn check_loop(
                 leases: chunk.to_vec(),
             };
             let checking = health::deadline(
-                health::call_deadline(lease),
+                health::call_deadline(backend.as_ref(), lease),
                 "checking leases",
                 backend.lease_check_many(&params),
             );
@@ -356,7 +356,7 @@ async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, 
 async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
     let params = crate::engine::CommandGetParams { id: &lost.id };
     // Bounded like every processor call: a hung read must not hold up the renewals.
-    let limit = health::call_deadline(Duration::from_secs(10));
+    let limit = health::call_deadline(backend, Duration::from_secs(10));
     let reading = health::deadline(
         limit,
         "reading a lost lease's row",
@@ -432,7 +432,7 @@ pub(crate) async fn renew_loop(
                     lease,
                 };
                 let extend = health::deadline(
-                    health::call_deadline(lease),
+                    health::call_deadline(backend.as_ref(), lease),
                     "extending leases",
                     backend.lease_extend_many(&params),
                 );

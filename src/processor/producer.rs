@@ -533,7 +533,10 @@ impl Sharing {
             return;
         }
         self.checked_at = Some(now);
-        let limit = health::call_deadline(shared.source.settings.lease());
+        let limit = health::call_deadline(
+            shared.source.backend.as_ref(),
+            shared.source.settings.lease(),
+        );
         let looking = shared.source.backend.lease_others_at_head(&self.params);
         let looked = health::deadline(limit, "looking for other processors' leases", looking).await;
         // The look walks the head of the poll index: paced by what it cost.
@@ -579,7 +582,7 @@ async fn claim(shared: &Shared, limit: u32, spread: bool, hand_on: bool) -> Clai
     };
     let sent = Instant::now();
     let expires = sent + params.lease;
-    let limit_call = health::call_deadline(params.lease);
+    let limit_call = health::call_deadline(backend.as_ref(), params.lease);
     if let Some(limits) = &shared.lane.limits {
         let limited = LimitedClaimParams {
             claim: &params,
@@ -678,8 +681,8 @@ async fn idle_activity(
     shared: &Shared,
     queues: Option<&[String]>,
 ) -> crate::error::Result<crate::engine::Activity> {
-    let limit = health::call_deadline(shared.source.settings.lease());
     let backend = &shared.source.backend;
+    let limit = health::call_deadline(backend.as_ref(), shared.source.settings.lease());
     // Due rows of paused queues wait for a resume, not for this worker: they do not keep
     // it from being idle.
     let paused = shared.source.pauses.paused();

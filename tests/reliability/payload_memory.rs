@@ -94,17 +94,11 @@ async fn drain(engine: &'static str, tag: &str, count: usize, bytes: u64, progra
     insert_big(&db, count, bytes).await;
     let concurrency = 8;
     let dir = tempfile::tempdir().unwrap();
-    // The peak memory is this test's subject, not the call deadline: with the default
-    // lease (a 2 s deadline) a SQLite statement over rows of tens of megabytes passed the
-    // deadline on a loaded 2-core machine, and each retry waited behind the abandoned
-    // statement (a known limit, in the CHANGELOG). A 120 s lease gives calls 12 s.
     let config = write_config(
         dir.path(),
         "big",
         &db.url,
-        &format!(
-            "{{ polling_interval_seconds: 0.2, concurrency: {concurrency}, lease_seconds: 120 }}"
-        ),
+        &format!("{{ polling_interval_seconds: 0.2, concurrency: {concurrency} }}"),
         &format!("  big:\n    exec: [\"sh\", \"-c\", \"{program}\"]\n    timeout_seconds: 60\n"),
     );
     let (ok, peak, log) = work_measured(&config, dir.path());

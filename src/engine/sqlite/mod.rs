@@ -1868,6 +1868,10 @@ impl Lifecycle for SqliteDriver {
         Ok(false)
     }
 
+    fn local_lock_wait(&self) -> Option<Duration> {
+        Some(BUSY_TIMEOUT)
+    }
+
     fn keep_work_connections(&self, keep: bool) {
         self.warm.set_keeping(keep);
     }
