@@ -2,8 +2,9 @@
 //!
 //! Every claimed row is registered here from the claim until its outcome is stamped:
 //! while buffered, while its handler runs, and while its stamp waits in the completer.
-//! The renewer extends all of them every `lease_seconds / 3` in one token-guarded
-//! statement, so a command whose worker is alive is never claimed by another. A lease
+//! The renewer extends them every `lease_seconds / 3` in one token-guarded statement, so a
+//! command whose worker is alive is never claimed by another (a row whose stamp is on its
+//! way is left alone while it has over half its lease left). A lease
 //! about to lapse (the database is unreachable) has its execution killed at once, before
 //! the lease can expire, so two executions of one command never overlap — unless a
 //! process dies, when the lease lapses and the row runs again (at-least-once).
@@ -200,6 +201,18 @@ impl Leases {
 
     fn snapshot(&self) -> Vec<Lease> {
         self.lock().values().map(|h| h.lease.clone()).collect()
+    }
+
+    /// The leases a renewal at `now` extends to `lease`: all but those whose outcome is on
+    /// its way with more than half the lease left. A stamp lands in milliseconds; renewing
+    /// its row only makes the two statements wait on each other's row locks (and, batched
+    /// in different orders, deadlock). One whose stamp keeps failing is renewed again.
+    fn to_renew(&self, now: Instant, lease: Duration) -> Vec<Lease> {
+        self.lock()
+            .values()
+            .filter(|h| !h.finished || h.expires.saturating_duration_since(now) <= lease / 2)
+            .map(|h| h.lease.clone())
+            .collect()
     }
 
     /// The leases of running handlers.
@@ -422,7 +435,7 @@ pub(crate) async fn renew_loop(
         }
         if Instant::now() >= next {
             next = Instant::now() + every;
-            let asked = leases.snapshot();
+            let asked = leases.to_renew(Instant::now(), lease);
             for chunk in asked.chunks(EXTEND_CHUNK) {
                 let started = Instant::now();
                 // A slow or hung statement must not stop the lapse check: an execution
@@ -479,6 +492,28 @@ mod tests {
             id: CommandId::new(),
             token: LeaseToken::owned_by(uuid::Uuid::new_v4()),
         }
+    }
+
+    /// A renewal leaves a row whose outcome is on its way alone while its lease has more
+    /// than half left; a stamp that keeps failing gets its row renewed again.
+    #[test]
+    fn a_renewal_skips_rows_being_stamped_until_their_lease_runs_low() {
+        let leases = Leases::default();
+        let now = Instant::now();
+        let lease_time = Duration::from_secs(30);
+        let (running, stamping, stamp_failing, buffered) = (lease(), lease(), lease(), lease());
+        leases.hold(&running, now + lease_time);
+        leases.set_running(&running, true);
+        leases.hold(&stamping, now + Duration::from_secs(20));
+        leases.finished(&stamping);
+        leases.hold(&stamp_failing, now + Duration::from_secs(14));
+        leases.finished(&stamp_failing);
+        leases.hold(&buffered, now + lease_time);
+        let mut asked = leases.to_renew(now, lease_time);
+        asked.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        let mut want = vec![running, stamp_failing, buffered];
+        want.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        assert_eq!(asked, want);
     }
 
     /// A renewal that raced a stamp finds the stamped rows gone from under their token:
