@@ -109,6 +109,48 @@ async fn ddl_applies_and_insert_fills_defaults_mysql() {
     ddl_applies_and_two_column_insert_fills_defaults("mysql").await;
 }
 
+/// A plain-SQL insert's default id on SQLite is a UUID v7 of the database's clock: ids of a
+/// later statement sort after an earlier one's (so the primary key's index and history's
+/// grow at their end instead of at random pages).
+#[tokio::test]
+async fn sqlite_default_ids_are_uuid_v7_in_time_order() {
+    let db = TestDb::new("sqlite", "sqlite_v7_ids").await;
+    db.execute(&schema::render(Engine::Sqlite, &TableName::default()).up)
+        .await;
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        let ids: Vec<String> = sqlx::query_scalar(
+            r#"INSERT INTO "InternalCommands" ("Type", "Payload")
+               VALUES ('t', '{}'), ('t', '{}'), ('t', '{}') RETURNING "Id""#,
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        batches.push(ids);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for id in batches.iter().flatten() {
+        let uuid = uuid::Uuid::parse_str(id).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(uuid.get_version_num(), 7, "{id}");
+        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
+        assert_eq!(id, &id.to_lowercase());
+        let ms = u128::from_str_radix(&id.replace('-', "")[..12], 16).unwrap();
+        assert!(
+            ms <= now_ms && now_ms - ms < 60_000,
+            "{id}: {ms} ms against {now_ms}"
+        );
+    }
+    for pair in batches.windows(2) {
+        let (earlier, later) = (pair[0].iter().max(), pair[1].iter().min());
+        assert!(earlier < later, "{:?} then {:?}", pair[0], pair[1]);
+    }
+}
+
 #[tokio::test]
 async fn sqlite_rejects_a_payload_that_is_not_json() {
     let db = TestDb::new("sqlite", "sqlite_json_check").await;
