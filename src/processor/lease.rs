@@ -199,10 +199,6 @@ impl Leases {
         }
     }
 
-    fn snapshot(&self) -> Vec<Lease> {
-        self.lock().values().map(|h| h.lease.clone()).collect()
-    }
-
     /// The leases a renewal at `now` extends to `lease`: all but those whose outcome is on
     /// its way with more than half the lease left. A stamp lands in milliseconds; renewing
     /// its row only makes the two statements wait on each other's row locks (and, batched
@@ -530,7 +526,7 @@ mod tests {
             leases.set_running(held, true);
         }
         // The renewal takes its snapshot; the handlers finish and their outcomes go out.
-        let asked = leases.snapshot();
+        let asked = leases.to_renew(Instant::now(), Duration::from_secs(30));
         for done in &stamped {
             leases.finished(done);
         }
