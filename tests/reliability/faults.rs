@@ -45,7 +45,7 @@ async fn sqlite_competing_writer_holding_the_lock_loses_nothing() {
         dir.path(),
         "lite",
         &db.url,
-        "{ lease_seconds: 6, polling_interval_seconds: 0.2, concurrency: 4 }",
+        "{ lease_seconds: 10, polling_interval_seconds: 0.2, concurrency: 4 }",
         &format!(
             "  slow.http:\n    http: {{ url: {} }}\n    timeout_seconds: 5\n",
             yaml_str(&server.url())
@@ -131,8 +131,9 @@ async fn sqlite_competing_writer_holding_the_lock_loses_nothing() {
         worker.log_tail(30)
     );
     assert_eq!(never, 0, "commands completed without a delivery");
-    // Nothing crashed, so nothing runs twice: a lease outlives the writer's bursts when
-    // its renewals wait for the lock instead of being abandoned and retried behind it.
+    // Nothing crashed, so nothing runs twice: a lease (10 s, bursts of up to 3 s) outlives
+    // the writer's bursts when its renewals wait for the lock, neither abandoned at the
+    // call deadline nor queued behind the processor's claims and stamps.
     assert_eq!(
         repeated, 0,
         "commands delivered more than once without a crash"

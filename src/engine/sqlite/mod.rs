@@ -72,10 +72,10 @@ pub struct SqliteDriver {
     /// renewals) while it runs; never on the application's pool, which it may close while
     /// the driver lives.
     warm: warm::WarmConnections<sqlx::Sqlite>,
-    /// The processor's writes (claims, stamps, lease renewals) take turns here before
-    /// they take the database's one write lock: contenders in one process otherwise wait
-    /// in SQLite's busy handler, whose sleeps grow to 100 ms, instead of starting the
-    /// moment the last write ends.
+    /// The processor's claims and stamps take turns here before they take the database's
+    /// one write lock: contenders in one process otherwise wait in SQLite's busy handler,
+    /// whose sleeps grow to 100 ms, instead of starting the moment the last write ends.
+    /// Lease renewals do not queue here ([`SqliteDriver::work_connection`]).
     writing: tokio::sync::Mutex<()>,
     /// How claims name the rows they pick, once looked up ([`SqliteDriver::row_key`]).
     row_key: std::sync::Mutex<Option<&'static str>>,
@@ -1037,6 +1037,15 @@ impl SqliteDriver {
         what: &str,
     ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Warm<Sqlite>)> {
         let turn = self.writing.lock().await;
+        Ok((turn, self.work_connection(what).await?))
+    }
+
+    /// A connection to write on without waiting for the processor's turn: for lease
+    /// renewals, which must not queue behind claims and stamps that wait out another
+    /// program's hold on the write lock (leases would lapse under running commands). A
+    /// renewal waits in SQLite's busy handler instead, a poll of at most 100 ms, once per
+    /// third of the lease.
+    async fn work_connection(&self, what: &str) -> Result<Warm<Sqlite>> {
         let mut conn = self
             .warm
             .take(&self.pool)
@@ -1048,14 +1057,14 @@ impl SqliteDriver {
                 .await
                 .map_err(Error::db(self.ctx(what)))?;
         }
-        Ok((turn, conn))
+        Ok(conn)
     }
 
     /// Opens a pool on `url` for `table`: WAL journal, a generous busy timeout, and
     /// `synchronous = FULL` on every connection it hands out, so that a schedule, a
     /// requeue, a replay or any other write through the pool is on disk when its commit
     /// returns (in WAL mode `NORMAL` syncs only at a checkpoint, which a power loss can
-    /// beat). Only the processor's own writes ([`SqliteDriver::write_turn`]: claims,
+    /// beat). Only the processor's own writes ([`SqliteDriver::work_connection`]: claims,
     /// stamps, lease renewals) switch their connection to `NORMAL`: losing the last of
     /// those only makes a command run again. A connection goes back to `FULL` before the
     /// pool hands it out again.
@@ -1623,7 +1632,7 @@ impl QueueOps for SqliteDriver {
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
         let (leases, lease) = (params.leases.as_slice(), params.lease);
         let json = leases_json(leases.iter().map(|l| (l, 0, None, None, None)));
-        let (_turn, mut conn) = self.write_turn("extending leases").await?;
+        let mut conn = self.work_connection("extending leases").await?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.extend.clone()))
             .bind(json)
             .bind(offset(lease.as_secs_f64()))
