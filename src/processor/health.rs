@@ -47,10 +47,16 @@ const UNHEALABLE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often a worker logs an error that heals while it persists.
 const RETRY_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// The deadline of one database call of the processor on `backend` for a source whose
-/// lease is `lease` ([`deadline_for`]).
+/// The deadline of one database write of the processor (a claim, stamp, lease renewal)
+/// on `backend` for a source whose lease is `lease` ([`deadline_for`]).
 pub(crate) fn call_deadline(backend: &dyn Backend, lease: Duration) -> Duration {
     deadline_for(backend.local_lock_wait(), lease)
+}
+
+/// The deadline of one database read of the processor (a count, a lease check, a row's
+/// state): reads never wait for SQLite's write lock, so only the answer's deadline.
+pub(crate) fn read_deadline(lease: Duration) -> Duration {
+    deadline_for(None, lease)
 }
 
 /// A tenth of the lease, at least 1 s and at most 30 s; where statements wait for a lock

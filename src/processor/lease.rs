@@ -3,8 +3,8 @@
 //! Every claimed row is registered here from the claim until its outcome is stamped:
 //! while buffered, while its handler runs, and while its stamp waits in the completer.
 //! The renewer extends them every `lease_seconds / 3` in one token-guarded statement, so a
-//! command whose worker is alive is never claimed by another (a row whose stamp is on its
-//! way is left alone while it has over half its lease left). A lease
+//! command whose worker is alive is never claimed by another (a row whose stamp went out
+//! within the stamp's deadline is left alone that round). A lease
 //! about to lapse (the database is unreachable) has its execution killed at once, before
 //! the lease can expire, so two executions of one command never overlap — unless a
 //! process dies, when the lease lapses and the row runs again (at-least-once).
@@ -49,6 +49,8 @@ struct Held {
     /// under its token raced the stamp (or the stamp's guard counts it stale), so it is
     /// not a lost lease.
     finished: bool,
+    /// When it finished (see [`Leases::to_renew`]).
+    finished_at: Option<Instant>,
 }
 
 /// The two ways an execution is stopped.
@@ -101,6 +103,7 @@ impl Leases {
                 lost: false,
                 taken: false,
                 finished: false,
+                finished_at: None,
             },
         );
         stopper
@@ -123,6 +126,7 @@ impl Leases {
             && held.lease.token == lease.token
         {
             held.finished = true;
+            held.finished_at = Some(Instant::now());
             held.running = false;
         }
     }
@@ -199,14 +203,20 @@ impl Leases {
         }
     }
 
-    /// The leases a renewal at `now` extends to `lease`: all but those whose outcome is on
-    /// its way with more than half the lease left. A stamp lands in milliseconds; renewing
-    /// its row only makes the two statements wait on each other's row locks (and, batched
-    /// in different orders, deadlock). One whose stamp keeps failing is renewed again.
+    /// The leases a renewal at `now` extends to `lease`: all but those whose outcome went
+    /// out within a stamp's own deadline (a tenth of the lease, at least 1 s). A stamp
+    /// lands in milliseconds; renewing its row meanwhile only makes the two statements
+    /// wait on each other's row locks (and, batched in different orders, deadlock). At
+    /// most one round, a third of the lease apart, skips a row; one whose stamp is still
+    /// failing after that is renewed like a running one.
     fn to_renew(&self, now: Instant, lease: Duration) -> Vec<Lease> {
+        let in_flight = health::read_deadline(lease);
         self.lock()
             .values()
-            .filter(|h| !h.finished || h.expires.saturating_duration_since(now) <= lease / 2)
+            .filter(|h| {
+                h.finished_at
+                    .is_none_or(|at| now.saturating_duration_since(at) >= in_flight)
+            })
             .map(|h| h.lease.clone())
             .collect()
     }
@@ -320,7 +330,7 @@ pub(crate) async fn check_loop(
                 leases: chunk.to_vec(),
             };
             let checking = health::deadline(
-                health::call_deadline(backend.as_ref(), lease),
+                health::read_deadline(lease),
                 "checking leases",
                 backend.lease_check_many(&params),
             );
@@ -365,7 +375,7 @@ async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, 
 async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
     let params = crate::engine::CommandGetParams { id: &lost.id };
     // Bounded like every processor call: a hung read must not hold up the renewals.
-    let limit = health::call_deadline(backend, Duration::from_secs(10));
+    let limit = health::read_deadline(Duration::from_secs(10));
     let reading = health::deadline(
         limit,
         "reading a lost lease's row",
@@ -490,26 +500,34 @@ mod tests {
         }
     }
 
-    /// A renewal leaves a row whose outcome is on its way alone while its lease has more
-    /// than half left; a stamp that keeps failing gets its row renewed again.
+    /// A renewal leaves a row alone while its stamp is in flight (within the stamp's
+    /// deadline, a tenth of the lease); a row whose stamp is still pending after that is
+    /// renewed like a running one.
     #[test]
-    fn a_renewal_skips_rows_being_stamped_until_their_lease_runs_low() {
+    fn a_renewal_skips_rows_whose_stamp_is_in_flight() {
         let leases = Leases::default();
         let now = Instant::now();
         let lease_time = Duration::from_secs(30);
-        let (running, stamping, stamp_failing, buffered) = (lease(), lease(), lease(), lease());
+        let (running, stamping, buffered) = (lease(), lease(), lease());
         leases.hold(&running, now + lease_time);
         leases.set_running(&running, true);
-        leases.hold(&stamping, now + Duration::from_secs(20));
+        leases.hold(&stamping, now + lease_time);
+        leases.set_running(&stamping, true);
         leases.finished(&stamping);
-        leases.hold(&stamp_failing, now + Duration::from_secs(14));
-        leases.finished(&stamp_failing);
         leases.hold(&buffered, now + lease_time);
-        let mut asked = leases.to_renew(now, lease_time);
-        asked.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
-        let mut want = vec![running, stamp_failing, buffered];
-        want.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
-        assert_eq!(asked, want);
+        let sorted = |mut leases: Vec<Lease>| {
+            leases.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+            leases
+        };
+        assert_eq!(
+            sorted(leases.to_renew(Instant::now(), lease_time)),
+            sorted(vec![running.clone(), buffered.clone()])
+        );
+        let stuck = Instant::now() + Duration::from_secs(3);
+        assert_eq!(
+            sorted(leases.to_renew(stuck, lease_time)),
+            sorted(vec![running, stamping, buffered])
+        );
     }
 
     /// A renewal that raced a stamp finds the stamped rows gone from under their token:

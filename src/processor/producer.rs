@@ -465,11 +465,19 @@ pub(crate) async fn run(
         }
     };
     // Claims already sent still lease their rows: buffer them, so shutdown releases them
-    // (not for long after a hard stop: a claim that cannot answer leases nothing).
+    // (not for long after a hard stop: a claim that cannot answer leases nothing; nor
+    // longer than a server's answer is waited for, even where a claim may wait out
+    // SQLite's busy timeout, so a stop does not wait on another program's lock).
     let hard_stop = options.hard_stop.clone();
+    let answer = health::read_deadline(shared.source.settings.lease());
     let abandon = async move {
-        hard_stop.cancelled().await;
-        tokio::time::sleep(super::HARD_STOP_WRITES).await;
+        tokio::select! {
+            () = async {
+                hard_stop.cancelled().await;
+                tokio::time::sleep(super::HARD_STOP_WRITES).await;
+            } => {}
+            () = tokio::time::sleep(answer) => {}
+        }
     };
     tokio::pin!(abandon);
     loop {
@@ -533,10 +541,7 @@ impl Sharing {
             return;
         }
         self.checked_at = Some(now);
-        let limit = health::call_deadline(
-            shared.source.backend.as_ref(),
-            shared.source.settings.lease(),
-        );
+        let limit = health::read_deadline(shared.source.settings.lease());
         let looking = shared.source.backend.lease_others_at_head(&self.params);
         let looked = health::deadline(limit, "looking for other processors' leases", looking).await;
         // The look walks the head of the poll index: paced by what it cost.
@@ -682,7 +687,7 @@ async fn idle_activity(
     queues: Option<&[String]>,
 ) -> crate::error::Result<crate::engine::Activity> {
     let backend = &shared.source.backend;
-    let limit = health::call_deadline(backend.as_ref(), shared.source.settings.lease());
+    let limit = health::read_deadline(shared.source.settings.lease());
     // Due rows of paused queues wait for a resume, not for this worker: they do not keep
     // it from being idle.
     let paused = shared.source.pauses.paused();

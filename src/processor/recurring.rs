@@ -71,11 +71,11 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken, once: boo
 /// One tick: one read, then one advance per schedule with something due. Returns how long,
 /// by the database's clock, until the next occurrence of any schedule.
 pub(crate) async fn tick(source: &SourceHandle, names: &[String]) -> Result<Option<Duration>> {
-    // A statement waiting for SQLite's write lock fails on its own after the busy timeout.
-    let limit = TICK_DEADLINE + source.backend.local_lock_wait().unwrap_or_default();
     let params = ScheduleReadParams { names };
     let read = source.backend.schedule_read(&params);
-    let state = health::deadline(limit, "reading the schedules", read).await?;
+    let state = health::deadline(TICK_DEADLINE, "reading the schedules", read).await?;
+    // A write waiting for SQLite's write lock fails on its own after the busy timeout.
+    let limit = TICK_DEADLINE + source.backend.local_lock_wait().unwrap_or_default();
     for schedule in &source.settings.schedules {
         let row = state.last.get(&schedule.name);
         if schedule.plan(row.copied().flatten(), state.now).is_none() {
