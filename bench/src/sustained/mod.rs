@@ -497,6 +497,10 @@ async fn measure(
 
         if Instant::now() >= next_sample {
             let t = start.elapsed();
+            // Whether the producer had ended before this sample's backlog was read: its
+            // last INSERTs may commit after a read taken while it was still running, and a
+            // backlog of 0 read then is not the end of the drain.
+            let produced_all = producer_result.is_some();
             let sched_total = scheduled.load(Ordering::Relaxed);
             let fp = db.footprint().await?;
             let claims = scraper.window(&replicas.live()).await;
@@ -545,7 +549,7 @@ async fn measure(
             {
                 producer_result = Some(handle.await?);
             }
-            if producer_result.is_some() && fp.backlog == 0 {
+            if produced_all && fp.backlog == 0 {
                 drained_at = Some(secs - plan.duration.as_secs_f64());
                 break;
             }
