@@ -53,9 +53,10 @@ pub(crate) fn call_deadline(backend: &dyn Backend, lease: Duration) -> Duration 
     deadline_for(backend.local_lock_wait(), lease)
 }
 
-/// The deadline of one database read of the processor (a count, a lease check, a row's
-/// state): reads never wait for SQLite's write lock, so only the answer's deadline.
-pub(crate) fn read_deadline(lease: Duration) -> Duration {
+/// How long the processor waits for a server's answer, with no lock wait on top: the
+/// deadline of its reads (a count, a lease check, a row's state), which never wait for
+/// SQLite's write lock, and how long a stop waits for a claim already sent.
+pub(crate) fn answer_deadline(lease: Duration) -> Duration {
     deadline_for(None, lease)
 }
 

@@ -210,7 +210,7 @@ impl Leases {
     /// most one round, a third of the lease apart, skips a row; one whose stamp is still
     /// failing after that is renewed like a running one.
     fn to_renew(&self, now: Instant, lease: Duration) -> Vec<Lease> {
-        let in_flight = health::read_deadline(lease);
+        let in_flight = health::answer_deadline(lease);
         self.lock()
             .values()
             .filter(|h| {
@@ -330,7 +330,7 @@ pub(crate) async fn check_loop(
                 leases: chunk.to_vec(),
             };
             let checking = health::deadline(
-                health::read_deadline(lease),
+                health::answer_deadline(lease),
                 "checking leases",
                 backend.lease_check_many(&params),
             );
@@ -375,7 +375,7 @@ async fn explain_all_lost(source: &str, backend: &dyn Backend, leases: &Leases, 
 async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost: &Lease) {
     let params = crate::engine::CommandGetParams { id: &lost.id };
     // Bounded like every processor call: a hung read must not hold up the renewals.
-    let limit = health::read_deadline(Duration::from_secs(10));
+    let limit = health::answer_deadline(Duration::from_secs(10));
     let reading = health::deadline(
         limit,
         "reading a lost lease's row",

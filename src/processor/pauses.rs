@@ -52,7 +52,7 @@ impl PauseWatch {
 pub(crate) async fn read(source: &SourceHandle) -> bool {
     let watch = &source.pauses;
     // Abandoned like every other call of the processor when the server stops answering.
-    let limit = super::health::read_deadline(source.settings.lease());
+    let limit = super::health::answer_deadline(source.settings.lease());
     let reading = source.backend.queue_states();
     match super::health::deadline(limit, "reading the paused queues", reading).await {
         Ok(states) => {

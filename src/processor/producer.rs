@@ -469,7 +469,7 @@ pub(crate) async fn run(
     // longer than a server's answer is waited for, even where a claim may wait out
     // SQLite's busy timeout, so a stop does not wait on another program's lock).
     let hard_stop = options.hard_stop.clone();
-    let answer = health::read_deadline(shared.source.settings.lease());
+    let answer = health::answer_deadline(shared.source.settings.lease());
     let abandon = async move {
         tokio::select! {
             () = async {
@@ -541,7 +541,7 @@ impl Sharing {
             return;
         }
         self.checked_at = Some(now);
-        let limit = health::read_deadline(shared.source.settings.lease());
+        let limit = health::answer_deadline(shared.source.settings.lease());
         let looking = shared.source.backend.lease_others_at_head(&self.params);
         let looked = health::deadline(limit, "looking for other processors' leases", looking).await;
         // The look walks the head of the poll index: paced by what it cost.
@@ -687,7 +687,7 @@ async fn idle_activity(
     queues: Option<&[String]>,
 ) -> crate::error::Result<crate::engine::Activity> {
     let backend = &shared.source.backend;
-    let limit = health::read_deadline(shared.source.settings.lease());
+    let limit = health::answer_deadline(shared.source.settings.lease());
     // Due rows of paused queues wait for a resume, not for this worker: they do not keep
     // it from being idle.
     let paused = shared.source.pauses.paused();
