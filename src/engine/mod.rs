@@ -436,6 +436,11 @@ pub trait Lifecycle: Send + Sync + 'static {
         None
     }
 
+    /// A call got no answer within the processor's deadline and was abandoned. A driver
+    /// that follows a failover takes it as a sign of a lost server: a pool that cannot
+    /// connect retries inside the call, so no error of its own ever reaches the driver.
+    fn answer_lost(&self) {}
+
     /// Drops the table and everything its migration created with it by running `down`
     /// (the down script the schema renders), if it exists.
     async fn table_drop(&self, down: &str) -> Result<()>;

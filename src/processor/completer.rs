@@ -238,6 +238,7 @@ impl Completer {
             let params = CommandSetStateManyParams { changes: &batch };
             let call = self.backend.command_set_state_many(&params);
             let stamping = health::deadline(
+                self.backend.as_ref(),
                 health::call_deadline(self.backend.as_ref(), self.lease),
                 "stamping outcomes",
                 call,

@@ -69,27 +69,43 @@ fn deadline_for(local_lock_wait: Option<Duration>, lease: Duration) -> Duration 
     answer + local_lock_wait.unwrap_or_default()
 }
 
-/// Awaits `call`, a database call described by `what`; after `limit` it is abandoned (its
-/// connection goes back to the pool, which closes it if it does not answer) and fails as a
-/// lost connection.
+/// Awaits `call`, a database call of `backend` described by `what`; after `limit` it is
+/// abandoned (its connection goes back to the pool, which closes it if it does not answer),
+/// fails as a lost connection, and tells the backend, which may be following a failover:
+/// a pool that cannot reach its server retries the connect inside the call and never
+/// returns an error of its own, so the deadline is the only sign of the lost server.
 pub(crate) async fn deadline<T>(
+    backend: &dyn Backend,
     limit: Duration,
     what: &str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
+    abandon_after(limit, what, call, || backend.answer_lost()).await
+}
+
+/// [`deadline`] with `lost` run when the call is abandoned.
+async fn abandon_after<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+    lost: impl FnOnce(),
+) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
-        Err(_) => Err(Error::Database {
-            context: format!(
-                "{what}: no answer from the database within {} ms; the connection was \
-                     abandoned and the next try uses a new one",
-                limit.as_millis()
-            ),
-            cause: sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the database did not answer in time",
-            )),
-        }),
+        Err(_) => {
+            lost();
+            Err(Error::Database {
+                context: format!(
+                    "{what}: no answer from the database within {} ms; the connection was \
+                         abandoned and the next try uses a new one",
+                    limit.as_millis()
+                ),
+                cause: sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the database did not answer in time",
+                )),
+            })
+        }
     }
 }
 
@@ -623,9 +639,13 @@ mod tests {
     #[tokio::test]
     async fn a_call_past_its_deadline_fails_as_a_lost_connection() {
         let hung = std::future::pending::<Result<()>>();
-        let err = deadline(Duration::from_millis(20), "claiming", hung)
-            .await
-            .unwrap_err();
+        let lost = std::cell::Cell::new(false);
+        let err = abandon_after(Duration::from_millis(20), "claiming", hung, || {
+            lost.set(true)
+        })
+        .await
+        .unwrap_err();
+        assert!(lost.get(), "the backend is told of the abandoned call");
         assert_eq!(err.healing(), Healing::Retry);
         assert!(err.is_connection_error(), "{err}");
         assert!(

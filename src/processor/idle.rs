@@ -155,6 +155,7 @@ pub(crate) async fn poll(
         let sent = Instant::now();
         let expires = sent + params.lease;
         let claiming = health::deadline(
+            source.backend.as_ref(),
             health::call_deadline(source.backend.as_ref(), params.lease),
             "claiming",
             source.backend.command_claim(&params),

@@ -330,6 +330,7 @@ pub(crate) async fn check_loop(
                 leases: chunk.to_vec(),
             };
             let checking = health::deadline(
+                backend.as_ref(),
                 health::answer_deadline(lease),
                 "checking leases",
                 backend.lease_check_many(&params),
@@ -377,6 +378,7 @@ async fn explain_lost(source: &str, backend: &dyn Backend, leases: &Leases, lost
     // Bounded like every processor call: a hung read must not hold up the renewals.
     let limit = health::answer_deadline(Duration::from_secs(10));
     let reading = health::deadline(
+        backend,
         limit,
         "reading a lost lease's row",
         backend.command_get(&params),
@@ -451,6 +453,7 @@ pub(crate) async fn renew_loop(
                     lease,
                 };
                 let extend = health::deadline(
+                    backend.as_ref(),
                     health::call_deadline(backend.as_ref(), lease),
                     "extending leases",
                     backend.lease_extend_many(&params),

@@ -54,7 +54,14 @@ pub(crate) async fn read(source: &SourceHandle) -> bool {
     // Abandoned like every other call of the processor when the server stops answering.
     let limit = super::health::answer_deadline(source.settings.lease());
     let reading = source.backend.queue_states();
-    match super::health::deadline(limit, "reading the paused queues", reading).await {
+    match super::health::deadline(
+        source.backend.as_ref(),
+        limit,
+        "reading the paused queues",
+        reading,
+    )
+    .await
+    {
         Ok(states) => {
             let paused: Vec<String> = states
                 .into_iter()

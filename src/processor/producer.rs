@@ -543,7 +543,13 @@ impl Sharing {
         self.checked_at = Some(now);
         let limit = health::answer_deadline(shared.source.settings.lease());
         let looking = shared.source.backend.lease_others_at_head(&self.params);
-        let looked = health::deadline(limit, "looking for other processors' leases", looking).await;
+        let looked = health::deadline(
+            shared.source.backend.as_ref(),
+            limit,
+            "looking for other processors' leases",
+            looking,
+        )
+        .await;
         // The look walks the head of the poll index: paced by what it cost.
         self.every = crate::engine::paced((self.every * 2).min(SHARING_CHECK_EVERY), now.elapsed());
         match looked {
@@ -596,40 +602,52 @@ async fn claim(shared: &Shared, limit: u32, spread: bool, hand_on: bool) -> Clai
             hand_on,
         };
         let call = backend.command_claim_limited(&limited);
-        let result =
-            match health::deadline(limit_call, "claiming under the queue's limits", call).await {
-                Ok(claim) => {
-                    if !stamps.is_empty() {
-                        completer::count(
-                            &shared.source.name,
-                            &shared.source.stats,
-                            &stamps,
-                            claim.stamped,
-                        );
-                        completer::settled(&shared.leases, &shared.outbox, &stamps);
-                    }
-                    let rows = claim.rows.into_iter().map(|row| (row, expires)).collect();
-                    Ok((rows, claim.held))
+        let result = match health::deadline(
+            backend.as_ref(),
+            limit_call,
+            "claiming under the queue's limits",
+            call,
+        )
+        .await
+        {
+            Ok(claim) => {
+                if !stamps.is_empty() {
+                    completer::count(
+                        &shared.source.name,
+                        &shared.source.stats,
+                        &stamps,
+                        claim.stamped,
+                    );
+                    completer::settled(&shared.leases, &shared.outbox, &stamps);
                 }
-                Err(err) => {
-                    if !stamps.is_empty() {
-                        shared.trouble.failed(&err);
-                        shared.outbox.put(stamps);
-                    }
-                    Err(err)
+                let rows = claim.rows.into_iter().map(|row| (row, expires)).collect();
+                Ok((rows, claim.held))
+            }
+            Err(err) => {
+                if !stamps.is_empty() {
+                    shared.trouble.failed(&err);
+                    shared.outbox.put(stamps);
                 }
-            };
+                Err(err)
+            }
+        };
         return (result, limit, sent.elapsed());
     }
     let result = if stamps.is_empty() {
-        health::deadline(limit_call, "claiming", backend.command_claim(&params)).await
+        health::deadline(
+            backend.as_ref(),
+            limit_call,
+            "claiming",
+            backend.command_claim(&params),
+        )
+        .await
     } else {
         let both = CommandSetStateAndClaimParams {
             changes: &stamps,
             claim: &params,
         };
         let call = backend.command_set_state_and_claim(&both);
-        match health::deadline(limit_call, "stamping and claiming", call).await {
+        match health::deadline(backend.as_ref(), limit_call, "stamping and claiming", call).await {
             Ok((stamped, rows)) => {
                 completer::count(&shared.source.name, &shared.source.stats, &stamps, stamped);
                 completer::settled(&shared.leases, &shared.outbox, &stamps);
@@ -694,11 +712,13 @@ async fn idle_activity(
     let Some(types) = &shared.types else {
         if paused.is_empty() {
             let counting = backend.activity_in(queues);
-            return health::deadline(limit, "counting due commands", counting).await;
+            return health::deadline(backend.as_ref(), limit, "counting due commands", counting)
+                .await;
         }
         let Some(queues) = queues else {
             let counting = backend.activity_unpaused();
-            return health::deadline(limit, "counting due commands", counting).await;
+            return health::deadline(backend.as_ref(), limit, "counting due commands", counting)
+                .await;
         };
         let running: Vec<String> = queues
             .iter()
@@ -709,7 +729,7 @@ async fn idle_activity(
             return Ok(crate::engine::Activity::default());
         }
         let counting = backend.activity_in(Some(&running));
-        return health::deadline(limit, "counting due commands", counting).await;
+        return health::deadline(backend.as_ref(), limit, "counting due commands", counting).await;
     };
     let params = crate::engine::admin::StateCountParams {
         by_type: true,
@@ -717,7 +737,8 @@ async fn idle_activity(
         ..Default::default()
     };
     let counting = backend.state_count(&params);
-    let counts = health::deadline(limit, "counting due commands", counting).await?;
+    let counts =
+        health::deadline(backend.as_ref(), limit, "counting due commands", counting).await?;
     let mut activity = crate::engine::Activity::default();
     for count in counts {
         let in_lane = match (queues, count.queue.as_deref()) {

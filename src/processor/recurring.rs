@@ -73,7 +73,13 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken, once: boo
 pub(crate) async fn tick(source: &SourceHandle, names: &[String]) -> Result<Option<Duration>> {
     let params = ScheduleReadParams { names };
     let read = source.backend.schedule_read(&params);
-    let state = health::deadline(TICK_DEADLINE, "reading the schedules", read).await?;
+    let state = health::deadline(
+        source.backend.as_ref(),
+        TICK_DEADLINE,
+        "reading the schedules",
+        read,
+    )
+    .await?;
     // A write waiting for SQLite's write lock fails on its own after the busy timeout.
     let limit = TICK_DEADLINE + source.backend.local_lock_wait().unwrap_or_default();
     for schedule in &source.settings.schedules {
@@ -86,7 +92,14 @@ pub(crate) async fn tick(source: &SourceHandle, names: &[String]) -> Result<Opti
             row_exists: row.is_some(),
         };
         let advance = source.backend.schedule_advance(&params);
-        match health::deadline(limit, "advancing a schedule", advance).await {
+        match health::deadline(
+            source.backend.as_ref(),
+            limit,
+            "advancing a schedule",
+            advance,
+        )
+        .await
+        {
             Ok(Some(plan)) => {
                 if !plan.run.is_empty() {
                     source.wake.notify_one();

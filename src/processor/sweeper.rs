@@ -45,7 +45,7 @@ pub(crate) async fn run(source: SourceHandle, stop: CancellationToken) {
         }
         let tidy = source.backend.table_tidy(TIDY_DEAD_ROWS);
         let tidied = tokio::select! {
-            tidied = health::deadline(SWEEP_DEADLINE, "vacuuming the commands table", tidy) => tidied,
+            tidied = health::deadline(source.backend.as_ref(), SWEEP_DEADLINE, "vacuuming the commands table", tidy) => tidied,
             _ = stop.cancelled() => return,
         };
         match tidied {
@@ -73,7 +73,12 @@ async fn sweep(source: &SourceHandle, name: &str, stop: &CancellationToken) {
     loop {
         // Not latency-bound (and a batch delete may take a while): the longest deadline.
         let call = source.backend.completed_delete_batch(&params);
-        let sweeping = health::deadline(SWEEP_DEADLINE, "deleting old completed commands", call);
+        let sweeping = health::deadline(
+            source.backend.as_ref(),
+            SWEEP_DEADLINE,
+            "deleting old completed commands",
+            call,
+        );
         // Shutdown does not wait for a batch (it is repeated next time).
         let swept = tokio::select! {
             swept = sweeping => swept,

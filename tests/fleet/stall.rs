@@ -86,6 +86,14 @@ impl Proxy {
         self.tasks.lock().unwrap().abort_all();
     }
 
+    /// Closes the listener only: new connections are refused, the open ones go on as
+    /// they were (forwarding, or stalled).
+    fn stop_accepting(&mut self) {
+        if let Some(accepting) = self.accepting.take() {
+            accepting.abort();
+        }
+    }
+
     /// Listens on the same port again.
     async fn accept_again(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -304,6 +312,96 @@ async fn postgres_stalled_connections_are_abandoned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_stalled_connections_are_abandoned() {
     stalled_connections_are_abandoned("mysql").await;
+}
+
+/// A URL listing the proxy first and the server itself second, in libpq's query form.
+fn proxy_then_server(proxy: &Proxy, url: &str) -> String {
+    let parsed = url::Url::parse(url).unwrap();
+    format!(
+        "postgres://{}@/{}?host=127.0.0.1,{}&port={},{}",
+        parsed.username(),
+        parsed.path().trim_start_matches('/'),
+        parsed.host_str().unwrap(),
+        proxy.port,
+        parsed.port().unwrap_or(5432)
+    )
+}
+
+/// The first of two hosts stops answering on every open connection and refuses new ones
+/// (a server frozen and then cut off): nothing ever fails with an error, since the pool
+/// retries a refused connect inside each call until the call's deadline abandons it.
+/// Processing moves to the second host within a few deadlines, with no command run twice
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_host_that_goes_silent_is_left_for_the_next() {
+    let db = TestDb::with_table("postgres", "silent").await;
+    let mut proxy = Proxy::start(&upstream(&db.url)).await;
+    let url = proxy_then_server(&proxy, &db.url);
+    let queue = Queue::connect(
+        "silent",
+        &url,
+        &Default::default(),
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    let commands: Vec<NewCommand> = (0..COMMANDS)
+        .map(|i| NewCommand::new("stall.work", serde_json::json!({ "i": i })))
+        .collect();
+    queue.schedule_many(&commands).await.unwrap();
+    let runs = Arc::new(Mutex::new(Runs::default()));
+    let mut processor = Processor::new(registry(runs.clone(), Duration::from_millis(100)));
+    // A 3 s lease: database calls are abandoned after 1 s (a tenth, at least 1 s). Polling
+    // every 30 s: the LISTEN connection is silent too, so the poll is no way back.
+    let settings = Settings::default()
+        .with_lease_seconds(3)
+        .with_polling_interval_seconds(30.0)
+        .with_concurrency(4)
+        .with_batch_size(4);
+    processor.add_source(queue.source_handle(settings));
+    let run = tokio::spawn(async move {
+        let options = RunOptions::default().with_until_idle(true);
+        processor.run(options, CancellationToken::new()).await
+    });
+    assert!(
+        completions_after(&db, 8, Duration::from_secs(30))
+            .await
+            .is_some(),
+        "processing started"
+    );
+    let at_stall = completed(&db).await;
+    proxy.stall();
+    proxy.stop_accepting();
+    let resumed = completions_after(&db, at_stall + 4, Duration::from_secs(30))
+        .await
+        .expect("processing did not move to the second host within 30 s");
+    eprintln!(
+        "4 more commands completed {} ms after the first host went silent",
+        resumed.as_millis()
+    );
+    // A deadline of 1 s to notice, the watcher's look (at most 2 s per silent host),
+    // then the retry; the slack is for a loaded CI machine.
+    assert!(
+        resumed < Duration::from_secs(10),
+        "resumed after {resumed:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("drained within a minute")
+        .unwrap()
+        .expect("the processor kept running through the switch");
+    assert_eq!(
+        completed(&db).await,
+        COMMANDS as i64,
+        "every command completed"
+    );
+    let runs = std::mem::take(&mut *runs.lock().unwrap());
+    assert!(
+        runs.overlaps.is_empty(),
+        "ran twice at once: {:?}",
+        runs.overlaps
+    );
+    drop(proxy);
 }
 
 /// A long-running processor through the proxy; the proxy refuses every connection for a

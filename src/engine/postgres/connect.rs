@@ -12,7 +12,8 @@
 //! - **Failover.** With several hosts a watcher task owns the choice of server. Anything
 //!   that looks like a lost server — an I/O error, a pool timeout, a read-only error
 //!   (SQLSTATE 25006), a server shutting down, a new connection that finds the server in
-//!   recovery — pokes it; it then tries the current host and the others, in list order,
+//!   recovery, a processor's call that got no answer within its deadline (the pool
+//!   retries a refused connect silently until then) — pokes it; it then tries the current host and the others, in list order,
 //!   until one accepts connections and is writable, points every pool of the source at it
 //!   ([`sqlx::Pool::set_connect_options`]) and closes the connections made before the
 //!   switch as they come back to be used (`before_acquire` on their age). Until a
@@ -347,7 +348,7 @@ impl Failover {
         }
     }
 
-    /// Wakes the watcher (the LISTEN connection was lost).
+    /// Wakes the watcher (the LISTEN connection was lost, or a call got no answer).
     pub(crate) fn poke(&self) {
         if self.servers.hosts.len() > 1 {
             self.poke.notify_one();

@@ -2241,6 +2241,10 @@ impl Lifecycle for PgDriver {
         Ok(true)
     }
 
+    fn answer_lost(&self) {
+        self.failover.poke();
+    }
+
     async fn close(&self) {
         if let Ok(mut slot) = self.listener.lock()
             && let Some(task) = slot.take()
