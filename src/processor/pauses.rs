@@ -3,7 +3,10 @@
 //! While any queue is paused the producers' claims skip paused queues in the database
 //! (the claim looks the pause up itself, so a queue paused since the last read is
 //! skipped as soon as the watch sees any pause); while none is, claims do not look.
-//! Running commands are left to finish; nothing is released.
+//! Running commands are left to finish. A row claimed before the pause reached this
+//! processor (held in the look-ahead, or returned by a claim already sent) that has not
+//! started when it is seen is released, its attempt given back: a pause stops every
+//! start the processor knows to be paused, not only its claims.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +38,17 @@ impl PauseWatch {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Whether `queue` was paused at the last read (exactly that name).
+    pub(crate) fn is_paused(&self, queue: &str) -> bool {
+        self.any()
+            && self
+                .paused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|paused| paused == queue)
     }
 
     fn set(&self, paused: Vec<String>) {

@@ -24,7 +24,8 @@ impl icq::Handler for Recorder {
     async fn handle(&self, job: icq::Job) -> icq::HandlerResult {
         let queue = job.payload["q"].as_str().unwrap_or_default().to_owned();
         self.0.0.lock().unwrap().push((queue, Instant::now()));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let ms = job.payload["ms"].as_u64().unwrap_or(20);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(())
     }
 }
@@ -156,6 +157,125 @@ async fn mariadb_pause_stops_new_starts_within_the_polling_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_pause_stops_new_starts_within_the_polling_interval() {
     pause_stops_new_starts_fleet_wide("sqlite", Duration::from_secs(1)).await;
+}
+
+/// Rows claimed ahead of busy slots before their queue was paused do not start once the
+/// processor has seen the pause: they are released with their attempt given back, and
+/// each runs once after the resume.
+async fn rows_held_ahead_do_not_start_once_their_queue_is_paused(engine: &'static str) {
+    let db = TestDb::with_table(engine, "pauseahead").await;
+    let queue = Queue::connect(
+        "pauseahead",
+        &db.url,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    const COMMANDS: usize = 8;
+    let commands: Vec<NewCommand> = (0..COMMANDS)
+        .map(|i| {
+            NewCommand::new(
+                "work",
+                serde_json::json!({ "i": i, "q": "slow", "ms": 2500 }),
+            )
+            .queue("slow")
+        })
+        .collect();
+    queue.schedule_many(&commands).await.unwrap();
+    let starts = Arc::new(Starts::default());
+    let mut registry = Registry::new();
+    registry
+        .insert("work", Arc::new(Recorder(starts.clone())))
+        .unwrap();
+    let mut processor = Processor::new(registry);
+    processor.add_source(
+        queue.source_handle(
+            Settings::default()
+                .with_concurrency(2)
+                .with_polling_interval_seconds(0.2),
+        ),
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { processor.run(RunOptions::default(), stop).await }
+    });
+    // Once two have finished the processor knows its slots' pace and holds a row ahead.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts.0.lock().unwrap().len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "{engine}: the first four started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (t, q, p, a) = (
+        db.all_rows(),
+        db.q("Queue"),
+        db.q("ProcessedAt"),
+        db.q("Attempts"),
+    );
+    let charged =
+        format!("SELECT COUNT(*) FROM {t} WHERE {q} = 'slow' AND {p} IS NULL AND {a} > 0");
+    let held = db.scalar_i64(&charged).await;
+    assert!(queue.pause("slow").await.unwrap(), "{engine}: paused");
+    let paused_at = Instant::now();
+    // The two running finish (2.5 s); their slots would take what is held ahead.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let late: Vec<Duration> = starts
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, at)| *at > paused_at + Duration::from_secs(1))
+        .map(|(_, at)| *at - paused_at)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{engine}: {} started {late:?} after the pause ({held} rows were charged an attempt \
+         when it came)",
+        late.len()
+    );
+    assert_eq!(
+        db.scalar_i64(&charged).await,
+        0,
+        "{engine}: every row left waiting has its attempt back"
+    );
+    eprintln!(
+        "{engine}: {held} rows charged an attempt at the pause (2 running); none started after it"
+    );
+    assert!(queue.resume("slow").await.unwrap(), "{engine}: resumed");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completed(&db, "slow").await < COMMANDS as i64 {
+        assert!(
+            Instant::now() < deadline,
+            "{engine}: all ran after the resume"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        starts.0.lock().unwrap().len(),
+        COMMANDS,
+        "{engine}: each ran once"
+    );
+    let more = db
+        .scalar_i64(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE {q} = 'slow' AND {a} <> 1"
+        ))
+        .await;
+    assert_eq!(more, 0, "{engine}: one attempt each");
+    queue.close().await;
+}
+
+#[tokio::test]
+async fn rows_held_ahead_do_not_start_once_their_queue_is_paused_all_engines() {
+    for engine in ["postgres", "mysql", "sqlite"] {
+        rows_held_ahead_do_not_start_once_their_queue_is_paused(engine).await;
+    }
 }
 
 /// `--until-idle` ends while a paused queue still has due commands: they wait for a
