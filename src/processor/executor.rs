@@ -153,15 +153,6 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
     if stopper.is_stopped() {
         return release(lease);
     }
-    if shared.source.pauses.is_paused(&row.queue) {
-        // Claimed before the pause was seen here, or the queue was resumed since the last
-        // read (the claim's own look in the database said so): either way the watch reads
-        // again at once, so a resumed queue's row comes straight back.
-        tracing::debug!(source = %shared.source.name, id = %row.id,
-            queue = %row.queue.escape_debug(), "the row's queue is paused: released, not started");
-        shared.source.pauses.changed.notify_one();
-        return release(lease);
-    }
     // The claim counts an attempt only on a count in 0..i32::MAX-1, so a negative count
     // arrives as stored (and is refused below rather than granting extra attempts).
     let stored_attempts = row.attempts;
@@ -241,6 +232,17 @@ pub(crate) async fn execute(shared: &Shared, item: Buffered) -> SetState {
             lease,
         };
     };
+    if shared.source.pauses.is_paused(&row.queue) {
+        // Claimed before the pause was seen here, or the queue was resumed since the last
+        // read (the claim's own look in the database said so): either way the watch reads
+        // again at once, so a resumed queue's row comes straight back. After the checks
+        // above: a row that cannot run is dead-lettered paused or not (a release would
+        // not change what makes the claim pick it, and would reset a refused attempt count).
+        tracing::debug!(source = %shared.source.name, id = %row.id,
+            queue = %row.queue.escape_debug(), "the row's queue is paused: released, not started");
+        shared.source.pauses.changed.notify_one();
+        return release(lease);
+    }
     if let Some(run_in) = not_due_for {
         return SetState {
             lease,

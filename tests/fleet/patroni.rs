@@ -775,7 +775,9 @@ async fn kill_the_primary_mid_drain(route: Route, round: usize) -> Measured {
     }
     // Whether the paused queue's command stays put right after a failover is reported,
     // not asserted: one CI run saw it run within 2 s although every replica had logged the
-    // pause (not yet explained; tests/fleet/pause.rs asserts the pause without a failover).
+    // pause (not explained; a claim sent before a replica saw the pause is one candidate,
+    // and a row such a claim returns is now released unstarted once the pause is seen;
+    // tests/fleet/pause.rs asserts the pause without a failover).
     let (paused, _) = insert_one(&n1.url(), "probe", "paused").await;
     if runs
         .first_run_of(&paused, Duration::from_secs(2))
