@@ -13,10 +13,11 @@
 //!   that looks like a lost server — an I/O error, a pool timeout, a read-only error
 //!   (SQLSTATE 25006), a server shutting down, a new connection that finds the server in
 //!   recovery, a processor's call that got no answer within its deadline (the pool
-//!   retries a refused connect silently until then) — pokes it; it then tries the current host and the others, in list order,
-//!   until one accepts connections and is writable, points every pool of the source at it
-//!   ([`sqlx::Pool::set_connect_options`]) and closes the connections made before the
-//!   switch as they come back to be used (`before_acquire` on their age). Until a
+//!   retries a refused connect silently until then) — pokes it; it then tries the current
+//!   host and the others, in list order, until one accepts connections and is writable,
+//!   points every pool of the source at it ([`sqlx::Pool::set_connect_options`]) and
+//!   closes the connections made before the switch as they come back to be used
+//!   (`before_acquire` on their age). Until a
 //!   writable server exists it keeps looking, at most every [`RESCAN_MAX`]; statements
 //!   fail meanwhile and the processor retries them, so processing resumes without a
 //!   restart. Every new connection of a source that wants a writable server checks it
