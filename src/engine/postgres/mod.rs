@@ -457,7 +457,7 @@ fn claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
 /// A snooze gives the attempt back like a release and, on a version-2 table (`v2`),
 /// counts itself in `Snoozes` (saturating); on version 1 it is a release with a move.
 fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
-    update_sql(t, &stamp_rows(first), "", v2)
+    update_sql(t, first, &stamp_rows(first), "", v2)
 }
 
 /// The stamps' rows from the arrays `$first..$first+4` (id, token, kind, delay, error).
@@ -469,14 +469,25 @@ fn stamp_rows(first: usize) -> String {
     )
 }
 
-/// The stamps' update of `t` from the rows `from` (aliased `s`), with `filter` added.
-fn update_sql(t: &str, from: &str, filter: &str, v2: bool) -> String {
-    update_v4_sql(t, from, filter, v2, false)
+/// The stamps' update of `t` from the rows `from` (aliased `s`, their ids also the array
+/// `$ids`), with `filter` added.
+fn update_sql(t: &str, ids: usize, from: &str, filter: &str, v2: bool) -> String {
+    update_v4_sql(t, ids, from, filter, v2, false)
+}
+
+/// The condition that finds the rows of the id array `$ids` through the primary key,
+/// whichever side of a join the planner puts the table on. A generic plan costed on
+/// statistics that count the table as a row or two (a vacuum while a held horizon keeps
+/// every dead row) otherwise walks the whole primary key outside the join, dead entries
+/// and all, for every statement.
+fn by_ids(alias: &str, ids: usize) -> String {
+    format!(r#"{alias}"Id" = ANY(${ids}::uuid[])"#)
 }
 
 /// [`update_sql`]; with `v4` a retry or a dead-letter also writes `Errors` from the
 /// stamps' `errors` (the array the processor computed; NULL leaves it as it is).
-fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> String {
+fn update_v4_sql(t: &str, ids: usize, from: &str, filter: &str, v2: bool, v4: bool) -> String {
+    let by_ids = by_ids("c.", ids);
     let errors = if v4 {
         r#""Errors" = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL
                                THEN s.errors ELSE c."Errors" END,
@@ -503,7 +514,7 @@ fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> Strin
                                  ELSE c."Attempts" END,
                {errors}{snoozes}"LockToken" = NULL, "LockedUntil" = NULL
            FROM {from}
-           WHERE c."Id" = s.id AND c."LockToken" = s.token{filter}"#
+           WHERE {by_ids} AND c."Id" = s.id AND c."LockToken" = s.token{filter}"#
     )
 }
 
@@ -538,14 +549,15 @@ fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32) -> String {
                  AS s(id, token, kind, delay, error{errors_column})),
            done AS (
                DELETE FROM {t} AS c USING stamps AS s
-               WHERE s.kind = 0 AND c."Id" = s.id AND c."LockToken" = s.token
+               WHERE s.kind = 0 AND {by_ids} AND c."Id" = s.id AND c."LockToken" = s.token
                RETURNING {returning}),
            moved AS (
                INSERT INTO {h} ({columns}) SELECT {values} FROM done
                ON CONFLICT ("Id") DO UPDATE SET {upsert} RETURNING 1),
            updated AS ({} RETURNING 1),
            stamped AS (SELECT 1 FROM moved UNION ALL SELECT 1 FROM updated)"#,
-        update_v4_sql(t, "stamps AS s", " AND s.kind <> 0", true, v4)
+        update_v4_sql(t, id, "stamps AS s", " AND s.kind <> 0", true, v4),
+        by_ids = by_ids("c.", id),
     )
 }
 
@@ -625,8 +637,9 @@ impl Sql {
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = now() + make_interval(secs => $3)
                    FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
-                   WHERE c."Id" = s.id AND c."LockToken" = s.token
-                   RETURNING c."Id", c."LockToken""#
+                   WHERE {by_ids} AND c."Id" = s.id AND c."LockToken" = s.token
+                   RETURNING c."Id", c."LockToken""#,
+                by_ids = by_ids("c.", 1)
             )
             .into(),
             // Whether the row is pending is read, not filtered on: with it in the
@@ -637,7 +650,9 @@ impl Sql {
                 r#"SELECT c."Id", c."LockToken",
                           (c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL) AS "Pending"
                    FROM {t} AS c JOIN unnest($1::uuid[], $2::uuid[]) AS s(id, token)
-                     ON c."Id" = s.id AND c."LockToken" = s.token"#
+                     ON c."Id" = s.id AND c."LockToken" = s.token
+                   WHERE {by_ids}"#,
+                by_ids = by_ids("c.", 1)
             )
             .into(),
             sweep: format!(
@@ -2305,9 +2320,15 @@ mod tests {
     use crate::engine::QueueFilter;
 
     /// `EXPLAIN (FORMAT JSON)` of the claim of shape `key` with a claim's parameters
-    /// bound (limit `limit`), plus five empty stamp arrays and the filters of `key`.
-    async fn plan(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey, limit: u32) -> String {
-        let explain = format!("EXPLAIN (FORMAT JSON) {}", claim_sql(t, "\"unused\"", key));
+    /// bound (limit `limit`), plus five empty stamp arrays and the filters of `key`; `h`
+    /// the history table a stamp moves completed rows to.
+    pub(super) async fn plan_of(
+        conn: &mut sqlx::PgConnection,
+        (t, h): (&str, &str),
+        key: ClaimKey,
+        limit: u32,
+    ) -> String {
+        let explain = format!("EXPLAIN (FORMAT JSON) {}", claim_sql(t, h, key));
         let queues: Option<Arc<[String]>> = match key.queues {
             QueueFilter::All => None,
             QueueFilter::One => Some(vec!["q1".to_owned()].into()),
@@ -2436,7 +2457,12 @@ mod tests {
                         } else {
                             (*what).to_owned()
                         };
-                        plans.push((limit, what, key, plan(&mut conn, &t, key, limit).await));
+                        plans.push((
+                            limit,
+                            what,
+                            key,
+                            plan_of(&mut conn, (&t, "\"unused\""), key, limit).await,
+                        ));
                     }
                 }
             }
@@ -2466,7 +2492,7 @@ mod tests {
                 ] {
                     occasional.push((
                         format!("claim {key:?}"),
-                        plan(&mut conn, &t, key, 200).await,
+                        plan_of(&mut conn, (&t, "\"unused\""), key, 200).await,
                     ));
                 }
             }
@@ -2674,6 +2700,132 @@ mod history_tests {
                 nodes(item, out);
             }
         }
+    }
+
+    /// `EXPLAIN (FORMAT JSON)` of `sql`'s generic plan, as a work session's prepared
+    /// statement gets it (the session forces generic plans), every parameter NULL.
+    async fn generic_plan(conn: &mut sqlx::PgConnection, sql: &str) -> serde_json::Value {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DEALLOCATE ALL; PREPARE icq_generic AS {sql}"
+        )))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let types: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(parameter_types)::text FROM pg_prepared_statements
+             WHERE name = 'icq_generic'",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let nulls: Vec<String> = types.iter().map(|ty| format!("NULL::{ty}")).collect();
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE icq_generic({})",
+            nulls.join(", ")
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+    }
+
+    /// Statements that find leased rows by the id arrays they carry (stamps, the
+    /// stamp-and-claim, lease renewals and checks) read each row through the primary key,
+    /// in their generic plans, even when the statistics say the table is empty: a vacuum
+    /// that found no live row while a held horizon kept every dead one sets `reltuples`
+    /// to 0, and the stamps' generic plan then walked the whole primary key, dead entries
+    /// and all, for every stamp (100–300 ms each, minutes into a hold).
+    #[tokio::test]
+    async fn row_lookups_by_id_use_the_key_when_the_statistics_say_empty() {
+        let (table, driver, mut conn) = fresh("empty_stats").await;
+        let t = driver.t.clone();
+        let mut hold = sqlx::PgConnection::connect(&url())
+            .await
+            .expect("PostgreSQL");
+        sqlx::raw_sql("BEGIN; SELECT txid_current()")
+            .execute(&mut hold)
+            .await
+            .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
+               INSERT INTO {t} ("Type", "Payload") SELECT 'work', '{{}}' FROM generate_series(1, 20000);
+               DELETE FROM {t};"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!("VACUUM {t}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let reltuples: f32 =
+            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = $1::regclass")
+                .bind(&t)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        assert_eq!(reltuples, 0.0, "the vacuum under the hold counts no row");
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let key = ClaimKey {
+            v2: true,
+            history: true,
+            v4: true,
+            stamp: true,
+            types: false,
+            queues: crate::engine::QueueFilter::All,
+            after: false,
+            unusable: false,
+            paused: false,
+        };
+        let stamp_and_claim = claim_sql(&t, &driver.h, key);
+        let mut plans: Vec<(&str, serde_json::Value)> = Vec::new();
+        for (what, sql) in [
+            ("stamp, version 2", &*driver.sql.set_state_v2),
+            ("stamp, version 3", &*driver.sql.set_state_v3),
+            ("stamp, version 4", &*driver.sql.set_state_v4),
+            ("lease renewal", &*driver.sql.extend),
+            ("lease check", &*driver.sql.check),
+            ("stamp and claim", &stamp_and_claim),
+        ] {
+            plans.push((what, generic_plan(&mut conn, sql).await));
+        }
+        for (what, plan) in &plans {
+            let mut all = Vec::new();
+            nodes(plan, &mut all);
+            let looked_up: Vec<&serde_json::Value> = all
+                .iter()
+                .filter(|node| {
+                    node.get("Relation Name").and_then(|n| n.as_str()) == Some(table.name())
+                        && node.get("Index Name").and_then(|n| n.as_str())
+                            == Some(format!("{}_pkey", table.name()).as_str())
+                })
+                .collect();
+            assert!(!looked_up.is_empty(), "{what}: the key is used: {plan}");
+            for node in looked_up {
+                let cond = node
+                    .get("Index Cond")
+                    .and_then(|c| c.as_str())
+                    .unwrap_or("");
+                assert!(
+                    cond.contains("\"Id\""),
+                    "{what}: the key is searched, not walked: {plan}"
+                );
+            }
+            let scanned = all.iter().any(|node| {
+                node.get("Relation Name").and_then(|n| n.as_str()) == Some(table.name())
+                    && node.get("Node Type").and_then(|n| n.as_str()) == Some("Seq Scan")
+            });
+            assert!(!scanned, "{what}: no scan of the table: {plan}");
+        }
+        sqlx::raw_sql("ROLLBACK").execute(&mut hold).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     }
 
     /// The ordered-key condition of a version-4 claim runs only for rows with an
