@@ -457,7 +457,7 @@ fn claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
 /// A snooze gives the attempt back like a release and, on a version-2 table (`v2`),
 /// counts itself in `Snoozes` (saturating); on version 1 it is a release with a move.
 fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
-    update_sql(t, first, &stamp_rows(first), "", v2)
+    update_sql(t, &stamp_rows(first), "", v2)
 }
 
 /// The stamps' rows from the arrays `$first..$first+4` (id, token, kind, delay, error).
@@ -469,25 +469,41 @@ fn stamp_rows(first: usize) -> String {
     )
 }
 
-/// The stamps' update of `t` from the rows `from` (aliased `s`, their ids also the array
-/// `$ids`), with `filter` added.
-fn update_sql(t: &str, ids: usize, from: &str, filter: &str, v2: bool) -> String {
-    update_v4_sql(t, ids, from, filter, v2, false)
+/// The stamps' update of `t` from the rows `from` (aliased `s`), with `filter` added.
+fn update_sql(t: &str, from: &str, filter: &str, v2: bool) -> String {
+    update_v4_sql(t, from, filter, v2, false)
+}
+
+/// The stamps `rows` (aliased `s`) each joined to the row it stamps (`l.ctid`): the row
+/// of that id still leased under that token and, with `filter`, only for some stamps,
+/// locked. The lateral subquery (a row lock keeps it from being merged into the join)
+/// looks each row up by primary key, one stamp after the other, whatever the statistics
+/// say. Joined directly, a generic plan costed on statistics that count the table as a
+/// row (a vacuum that found no live row while a held horizon kept every dead one) put the
+/// table outside the join and walked its whole primary key, dead entries and all, for
+/// every stamp; the key in an `ANY` of the ids instead cost every probe of a normal plan
+/// a sort of the array.
+fn stamps_locked(t: &str, rows: &str, filter: &str) -> String {
+    format!(
+        r#"{rows} CROSS JOIN LATERAL (
+                   SELECT k.ctid FROM {t} AS k
+                   WHERE k."Id" = s.id AND k."LockToken" = s.token{filter}
+                   FOR UPDATE OF k) AS l"#
+    )
 }
 
 /// The condition that finds the rows of the id array `$ids` through the primary key,
-/// whichever side of a join the planner puts the table on. A generic plan costed on
-/// statistics that count the table as a row or two (a vacuum while a held horizon keeps
-/// every dead row) otherwise walks the whole primary key outside the join, dead entries
-/// and all, for every statement.
+/// whichever side of a join the planner puts the table on (see [`stamps_locked`]), for
+/// the lease renewals and checks: a few a minute, where the array's sort per probe costs
+/// nothing that counts.
 fn by_ids(alias: &str, ids: usize) -> String {
     format!(r#"{alias}"Id" = ANY(${ids}::uuid[])"#)
 }
 
 /// [`update_sql`]; with `v4` a retry or a dead-letter also writes `Errors` from the
 /// stamps' `errors` (the array the processor computed; NULL leaves it as it is).
-fn update_v4_sql(t: &str, ids: usize, from: &str, filter: &str, v2: bool, v4: bool) -> String {
-    let by_ids = by_ids("c.", ids);
+fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> String {
+    let from = stamps_locked(t, from, filter);
     let errors = if v4 {
         r#""Errors" = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL
                                THEN s.errors ELSE c."Errors" END,
@@ -514,7 +530,7 @@ fn update_v4_sql(t: &str, ids: usize, from: &str, filter: &str, v2: bool, v4: bo
                                  ELSE c."Attempts" END,
                {errors}{snoozes}"LockToken" = NULL, "LockedUntil" = NULL
            FROM {from}
-           WHERE {by_ids} AND c."Id" = s.id AND c."LockToken" = s.token{filter}"#
+           WHERE c.ctid = l.ctid"#
     )
 }
 
@@ -548,16 +564,16 @@ fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32) -> String {
                SELECT * FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[]{errors})
                  AS s(id, token, kind, delay, error{errors_column})),
            done AS (
-               DELETE FROM {t} AS c USING stamps AS s
-               WHERE s.kind = 0 AND {by_ids} AND c."Id" = s.id AND c."LockToken" = s.token
+               DELETE FROM {t} AS c USING {completing}
+               WHERE c.ctid = l.ctid
                RETURNING {returning}),
            moved AS (
                INSERT INTO {h} ({columns}) SELECT {values} FROM done
                ON CONFLICT ("Id") DO UPDATE SET {upsert} RETURNING 1),
            updated AS ({} RETURNING 1),
            stamped AS (SELECT 1 FROM moved UNION ALL SELECT 1 FROM updated)"#,
-        update_v4_sql(t, id, "stamps AS s", " AND s.kind <> 0", true, v4),
-        by_ids = by_ids("c.", id),
+        update_v4_sql(t, "stamps AS s", " AND s.kind <> 0", true, v4),
+        completing = stamps_locked(t, "stamps AS s", " AND s.kind = 0"),
     )
 }
 
