@@ -2716,6 +2716,19 @@ mod history_tests {
         .unwrap()
     }
 
+    /// Turns the server's autovacuum off for `t`, then inserts `rows` rows and deletes
+    /// them: dead row versions only icq's tidy (or a test's own vacuum) clears.
+    async fn leave_dead_rows(conn: &mut sqlx::PgConnection, t: &str, rows: u32) {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
+               INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, {rows});
+               DELETE FROM {t};"#
+        )))
+        .execute(conn)
+        .await
+        .unwrap();
+    }
+
     /// Lease renewals and checks read each row through the primary key, in their generic
     /// plans, even when the statistics say the table is empty: a vacuum that found no live
     /// row while a held horizon kept every dead one sets `reltuples` to 0, and a plain
@@ -2731,14 +2744,7 @@ mod history_tests {
             .execute(&mut hold)
             .await
             .unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
-               INSERT INTO {t} ("Type", "Payload") SELECT 'work', '{{}}' FROM generate_series(1, 20000);
-               DELETE FROM {t};"#
-        )))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        leave_dead_rows(&mut conn, &t, 20_000).await;
         sqlx::raw_sql(AssertSqlSafe(format!("VACUUM {t}")))
             .execute(&mut conn)
             .await
@@ -2944,14 +2950,7 @@ mod history_tests {
     async fn the_tidy_vacuums_dead_rows_past_its_bound() {
         let (table, driver, mut conn) = fresh("tidy").await;
         let t = &driver.t;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            r#"ALTER TABLE {t} SET (autovacuum_enabled = false);
-               INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, 3000);
-               DELETE FROM {t};"#
-        )))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        leave_dead_rows(&mut conn, t, 3_000).await;
         let dead = || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass",
