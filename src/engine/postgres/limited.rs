@@ -67,6 +67,18 @@ impl Tx<'_> {
     fn db(&self) -> impl FnOnce(sqlx::Error) -> Error + '_ {
         self.driver.db("claiming under the queue's limits")
     }
+
+    /// Runs the version-4 set-state statement `sql` with the arrays of `changes`; the
+    /// count of rows it stamped.
+    async fn stamp_with(&mut self, sql: &std::sync::Arc<str>, changes: &[SetState]) -> Result<u64> {
+        let query = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+        let query = StampArrays::new(changes, self.driver.ascii_errors(), true).bind_scalar(query);
+        let n: i64 = query
+            .fetch_one(&mut *self.conn)
+            .await
+            .map_err(self.driver.db("stamping outcomes"))?;
+        Ok(n.max(0) as u64)
+    }
 }
 
 #[async_trait::async_trait]
@@ -109,13 +121,13 @@ impl LimitedTx for Tx<'_> {
 
     async fn stamp(&mut self, changes: &[SetState]) -> Result<u64> {
         // Limited claims need a version-4 table: the moves to history carry its columns.
-        let query = sqlx::query_scalar(AssertSqlSafe(self.driver.sql.set_state_v4.clone()));
-        let query = StampArrays::new(changes, self.driver.ascii_errors(), true).bind_scalar(query);
-        let n: i64 = query
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(self.driver.db("stamping outcomes"))?;
-        Ok(n.max(0) as u64)
+        let sql = self.driver.sql.set_state(4);
+        let mut stamped = self.stamp_with(&sql.first, changes).await?;
+        // The first form may fall short of a row updated meanwhile (see `Lookup`).
+        if stamped < super::stampable(changes) {
+            stamped += self.stamp_with(&sql.again, changes).await?;
+        }
+        Ok(stamped)
     }
 
     async fn running(&mut self, queue: &str) -> Result<u64> {

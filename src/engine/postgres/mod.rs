@@ -156,16 +156,10 @@ struct Sql {
     insert_v4: Arc<str>,
     /// The pending row holding a unique key.
     pending_by_key: Arc<str>,
-    /// The set-state statement of a version-1 table (no `Snoozes`).
-    set_state_v1: Arc<str>,
-    /// The set-state statement of a version-2 table.
-    set_state_v2: Arc<str>,
-    /// The set-state statement of a version-3 table: completed rows move to history. It
-    /// returns the count of rows stamped.
-    set_state_v3: Arc<str>,
-    /// `set_state_v3` of a version-4 table: the moves carry its columns, and a failure
-    /// also writes `Errors` (a sixth array).
-    set_state_v4: Arc<str>,
+    /// The set-state statements of schema versions 1 to 4, in that order: version 1 has
+    /// no `Snoozes`; from version 3 completed rows move to history; on version 4 the
+    /// moves carry its columns, and a failure also writes `Errors` (a sixth array).
+    set_state: [StampSql; 4],
     /// A version-3 sweep's move of completed rows found in the table (`$1` limit).
     sweep_move: Arc<str>,
     /// `sweep_move` of a version-4 table.
@@ -210,6 +204,27 @@ struct ClaimKey {
     /// every claim on a version-1 table, now and then on version 2 (seeks on both:
     /// [`unusable_sql`]).
     unusable: bool,
+}
+
+impl ClaimKey {
+    /// The schema version of the table the key is for.
+    fn version(self) -> u32 {
+        match (self.v4, self.history, self.v2) {
+            (true, _, _) => 4,
+            (_, true, _) => 3,
+            (_, _, true) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// How many of `changes` a stamp carries: those whose id is a UUID (the stamp arrays
+/// leave out any other, which no row of a PostgreSQL table can have).
+fn stampable(changes: &[SetState]) -> u64 {
+    changes
+        .iter()
+        .filter(|c| c.lease.id.as_uuid().is_some())
+        .count() as u64
 }
 
 /// Claim order, the poll index's columns (version 1 has no `Priority`).
@@ -452,12 +467,21 @@ fn claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
 }
 
 /// Every outcome kind in one statement: 0 completed, 1 retry, 2 dead, 3 release, 4
-/// snooze, from the arrays `$first..$first+4` (id, token, kind, delay, error). Columns a
-/// kind does not change are written back unchanged, which keeps a release a HOT update.
-/// A snooze gives the attempt back like a release and, on a version-2 table (`v2`),
-/// counts itself in `Snoozes` (saturating); on version 1 it is a release with a move.
-fn set_state_sql(t: &str, first: usize, v2: bool) -> String {
-    update_sql(t, &stamp_rows(first), "", v2)
+/// snooze, from the arrays `$first..$first+4` (id, token, kind, delay, error), each row
+/// found by `lookup`. Columns a kind does not change are written back unchanged, which
+/// keeps a release a HOT update. A snooze gives the attempt back like a release and, on a
+/// version-2 table (`v2`), counts itself in `Snoozes` (saturating); on version 1 it is a
+/// release with a move.
+fn set_state_sql(t: &str, first: usize, v2: bool, lookup: Lookup) -> String {
+    update_sql(t, &stamp_rows(first), None, v2, lookup)
+}
+
+/// [`set_state_sql`] as a statement that returns the count of rows stamped.
+fn set_state_counted(t: &str, v2: bool, lookup: Lookup) -> String {
+    format!(
+        "WITH stamped AS ({} RETURNING 1) SELECT count(*) FROM stamped",
+        set_state_sql(t, 1, v2, lookup)
+    )
 }
 
 /// The stamps' rows from the arrays `$first..$first+4` (id, token, kind, delay, error).
@@ -469,14 +493,76 @@ fn stamp_rows(first: usize) -> String {
     )
 }
 
-/// The stamps' update of `t` from the rows `from` (aliased `s`), with `filter` added.
-fn update_sql(t: &str, from: &str, filter: &str, v2: bool) -> String {
-    update_v4_sql(t, from, filter, v2, false)
+/// How a stamp finds the rows of its stamp rows `s` (`id`, `token`) in the table `c`.
+///
+/// The plain join (`c."Id" = s.id AND c."LockToken" = s.token`) leaves the join order to
+/// the planner, and a generic plan costed on statistics that count the table as one row
+/// (a vacuum that found no live row while a held horizon kept every dead one sets
+/// `reltuples` to 0) put the table outside the join and walked its whole primary key,
+/// dead entries and all, for every stamp. A lateral subquery cannot be outside: it is
+/// evaluated for each stamp row, one probe of the key each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lookup {
+    /// Each row's version in the statement's snapshot, found by a lateral probe of the
+    /// key (`OFFSET 0` keeps the planner from merging it into the join), then reached by
+    /// its physical address. When another transaction updates the row while the stamp
+    /// waits for it, the server rechecks the newer version and may skip it; the stamp
+    /// then falls short and [`Lookup::ByIds`] runs for the whole batch.
+    Lateral,
+    /// The plain join beside `"Id" = ANY($ids)` (the id array at this parameter), which
+    /// searches the key whichever side the table is on and rechecks id and token on a
+    /// version updated meanwhile. In a normal plan the array condition joins every probe
+    /// of the key, and each probe walks the array again, so it is only the second try.
+    ByIds(usize),
+}
+
+impl Lookup {
+    /// The stamp rows `from` (aliased `s`), those meeting `filter`, as the `FROM` (or
+    /// `USING`) item of a statement on `t` aliased `c`, and the condition that pairs each
+    /// with its row.
+    fn rows(self, t: &str, from: &str, filter: Option<&str>) -> (String, String) {
+        match self {
+            Lookup::Lateral => {
+                let filter = filter.map(|f| format!(" WHERE {f}")).unwrap_or_default();
+                (
+                    format!(
+                        r#"(SELECT s.*, x.tbl, x.row FROM {from}
+                             CROSS JOIN LATERAL (
+                               SELECT tableoid AS tbl, ctid AS row FROM {t}
+                               WHERE "Id" = s.id AND "LockToken" = s.token OFFSET 0) AS x{filter}) AS s"#
+                    ),
+                    r#"c.tableoid = s.tbl AND c.ctid = s.row AND c."LockToken" = s.token"#
+                        .to_owned(),
+                )
+            }
+            Lookup::ByIds(ids) => {
+                let filter = filter.map(|f| format!(" AND {f}")).unwrap_or_default();
+                (
+                    from.to_owned(),
+                    format!(
+                        r#"c."Id" = ANY(${ids}::uuid[]) AND c."Id" = s.id AND c."LockToken" = s.token{filter}"#
+                    ),
+                )
+            }
+        }
+    }
+}
+
+/// The stamps' update of `t` from the rows `from` (aliased `s`) meeting `filter`.
+fn update_sql(t: &str, from: &str, filter: Option<&str>, v2: bool, lookup: Lookup) -> String {
+    update_v4_sql(t, from, filter, v2, false, lookup)
 }
 
 /// [`update_sql`]; with `v4` a retry or a dead-letter also writes `Errors` from the
 /// stamps' `errors` (the array the processor computed; NULL leaves it as it is).
-fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> String {
+fn update_v4_sql(
+    t: &str,
+    from: &str,
+    filter: Option<&str>,
+    v2: bool,
+    v4: bool,
+    lookup: Lookup,
+) -> String {
     let errors = if v4 {
         r#""Errors" = CASE WHEN s.kind IN (1, 2) AND s.errors IS NOT NULL
                                THEN s.errors ELSE c."Errors" END,
@@ -491,6 +577,7 @@ fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> Strin
     } else {
         ""
     };
+    let (rows, paired) = lookup.rows(t, from, filter);
     format!(
         r#"UPDATE {t} AS c
            SET "ProcessedAt" = CASE WHEN s.kind = 0 THEN now() ELSE c."ProcessedAt" END,
@@ -502,17 +589,18 @@ fn update_v4_sql(t: &str, from: &str, filter: &str, v2: bool, v4: bool) -> Strin
                "Attempts" = CASE WHEN s.kind IN (3, 4) THEN GREATEST(c."Attempts" - 1, 0)
                                  ELSE c."Attempts" END,
                {errors}{snoozes}"LockToken" = NULL, "LockedUntil" = NULL
-           FROM {from}
-           WHERE c."Id" = s.id AND c."LockToken" = s.token{filter}"#
+           FROM {rows}
+           WHERE {paired}"#
     )
 }
 
 /// The stamps of a version-3 table as CTEs ending in `stamped` (one row per row
-/// stamped), from the arrays `$first..$first+4`: completed rows are deleted from `t` and
-/// inserted into its history `h` with `ProcessedAt = now()` and no lease, in the same
-/// statement; every other kind is the in-place update of [`set_state_sql`]. Both are
-/// guarded by the lease token, so a stale success stamp moves nothing.
-fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32) -> String {
+/// stamped), from the arrays `$first..$first+4`, each row found by `lookup`: completed
+/// rows are deleted from `t` and inserted into its history `h` with `ProcessedAt = now()`
+/// and no lease, in the same statement; every other kind is the in-place update of
+/// [`set_state_sql`]. Both are guarded by the lease token, so a stale success stamp moves
+/// nothing.
+fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32, lookup: Lookup) -> String {
     let columns = crate::engine::column_list(Engine::Postgres, "", version);
     let returning = crate::engine::column_list(Engine::Postgres, "c.", version);
     let values = crate::engine::columns_of(version)
@@ -532,32 +620,38 @@ fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32) -> String {
     } else {
         (String::new(), "")
     };
+    let (done_rows, done_paired) = lookup.rows(t, "stamps AS s", Some("s.kind = 0"));
     format!(
         r#"stamps AS (
                SELECT * FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[]{errors})
                  AS s(id, token, kind, delay, error{errors_column})),
            done AS (
-               DELETE FROM {t} AS c USING stamps AS s
-               WHERE s.kind = 0 AND c."Id" = s.id AND c."LockToken" = s.token
+               DELETE FROM {t} AS c USING {done_rows}
+               WHERE {done_paired}
                RETURNING {returning}),
            moved AS (
                INSERT INTO {h} ({columns}) SELECT {values} FROM done
                ON CONFLICT ("Id") DO UPDATE SET {upsert} RETURNING 1),
            updated AS ({} RETURNING 1),
            stamped AS (SELECT 1 FROM moved UNION ALL SELECT 1 FROM updated)"#,
-        update_v4_sql(t, "stamps AS s", " AND s.kind <> 0", true, v4)
+        update_v4_sql(t, "stamps AS s", Some("s.kind <> 0"), true, v4, lookup)
     )
 }
 
 /// The condition that finds the rows of the id array `$ids` through the primary key,
-/// whichever side of a join the planner puts the table on, for lease renewals and checks.
-/// A generic plan costed on statistics that count the table as a row (a vacuum that found
-/// no live row while a held horizon kept every dead one sets `reltuples` to 0) otherwise
-/// put the table outside the join and walked its whole primary key, dead entries and all.
-/// Not on the stamps: there the condition joins every probe of a normal plan, and each
-/// probe sorts the array again (a drain of no-op commands lost 13–32%).
+/// whichever side of a join the planner puts the table on, for lease renewals and checks
+/// (see [`Lookup`]).
 fn by_ids(alias: &str, ids: usize) -> String {
     format!(r#"{alias}"Id" = ANY(${ids}::uuid[])"#)
+}
+
+/// A stamp statement in the two forms of [`Lookup`], each returning the count of rows
+/// stamped.
+struct StampSql {
+    /// [`Lookup::Lateral`].
+    first: Arc<str>,
+    /// [`Lookup::ByIds`], for a batch the first form stamped only part of.
+    again: Arc<str>,
 }
 
 /// Stamps and claims in one statement: the stamped rows are leased, so the claim's
@@ -565,9 +659,12 @@ fn by_ids(alias: &str, ids: usize) -> String {
 /// stamped count always arrives.
 fn stamp_claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
     let stamps = if key.history {
-        stamp_move_ctes(t, h, 5, if key.v4 { 4 } else { 3 })
+        stamp_move_ctes(t, h, 5, if key.v4 { 4 } else { 3 }, Lookup::Lateral)
     } else {
-        format!("stamped AS ({} RETURNING 1)", set_state_sql(t, 5, key.v2))
+        format!(
+            "stamped AS ({} RETURNING 1)",
+            set_state_sql(t, 5, key.v2, Lookup::Lateral)
+        )
     };
     format!(
         r#"{} {stamps},
@@ -589,13 +686,28 @@ fn stamp_claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
 const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 impl Sql {
+    /// The set-state statements of a table of schema `version`.
+    fn set_state(&self, version: u32) -> &StampSql {
+        &self.set_state[version.clamp(1, 4) as usize - 1]
+    }
+
     fn new(t: &str, h: &str) -> Sql {
-        let set_state_moving = |version| {
-            format!(
-                "WITH {} SELECT count(*) FROM stamped",
-                stamp_move_ctes(t, h, 1, version)
-            )
-            .into()
+        let set_state = |version: u32| {
+            let form = |lookup| -> Arc<str> {
+                if version >= 3 {
+                    format!(
+                        "WITH {} SELECT count(*) FROM stamped",
+                        stamp_move_ctes(t, h, 1, version, lookup)
+                    )
+                    .into()
+                } else {
+                    set_state_counted(t, version >= 2, lookup).into()
+                }
+            };
+            StampSql {
+                first: form(Lookup::Lateral),
+                again: form(Lookup::ByIds(1)),
+            }
         };
         // The rows are picked through the retention index and locked, skipping rows
         // another statement holds.
@@ -615,8 +727,7 @@ impl Sql {
             .into()
         };
         Sql {
-            set_state_v3: set_state_moving(3),
-            set_state_v4: set_state_moving(4),
+            set_state: [1, 2, 3, 4].map(set_state),
             sweep_move: sweep_move(3),
             sweep_move_v4: sweep_move(4),
             sweep_history: format!(
@@ -631,8 +742,6 @@ impl Sql {
             insert_v4: insert_v2_sql(t, true).into(),
             pending_by_key: format!(r#"SELECT "Id" FROM {t} WHERE "UniqueKey" = $1 AND {PENDING}"#)
                 .into(),
-            set_state_v1: set_state_sql(t, 1, false).into(),
-            set_state_v2: set_state_sql(t, 1, true).into(),
             extend: format!(
                 r#"UPDATE {t} AS c SET "LockedUntil" = now() + make_interval(secs => $3)
                    FROM unnest($1::uuid[], $2::uuid[]) AS s(id, token)
@@ -1487,6 +1596,29 @@ impl PgDriver {
         claimed
     }
 
+    /// Runs the set-state statement `sql` of a table of schema `version` with the arrays
+    /// of `changes`; the count of rows it stamped.
+    async fn stamp_with(&self, sql: &Arc<str>, changes: &[SetState], version: u32) -> Result<u64> {
+        let query = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+        let query = StampArrays::new(changes, self.ascii_errors(), version >= 4).bind_scalar(query);
+        let stamped: i64 = on_work!(self, |e| query.fetch_one(e))
+            .await
+            .map_err(self.db("stamping outcomes"))?;
+        Ok(stamped.max(0) as u64)
+    }
+
+    /// After a stamp of `changes` that landed on `stamped` rows: when that is fewer than
+    /// it carried, the [`Lookup::ByIds`] form once more for the whole batch (a row already
+    /// stamped no longer holds its token), so a row another transaction updated while the
+    /// first form waited for it is stamped too. The total stamped.
+    async fn stamp_rest(&self, changes: &[SetState], version: u32, stamped: u64) -> Result<u64> {
+        if stamped >= stampable(changes) {
+            return Ok(stamped);
+        }
+        let again = &self.sql.set_state(version).again;
+        Ok(stamped + self.stamp_with(again, changes, version).await?)
+    }
+
     /// The claim statement for `params` (after the stamps, with `stamp`), its shape and
     /// where it starts: after the cursor for a claim of every queue and type (see
     /// [`cursor`]), at the head otherwise.
@@ -1842,6 +1974,9 @@ impl QueueOps for PgDriver {
             .first()
             .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())
             .unwrap_or(0);
+        let stamped = self
+            .stamp_rest(changes, key.version(), stamped.max(0) as u64)
+            .await?;
         // With nothing claimed the one row has NULL columns.
         let claimed: Vec<PgRow> = rows
             .into_iter()
@@ -1850,9 +1985,9 @@ impl QueueOps for PgDriver {
         let claimed = self.claimed(&claimed, params);
         if claimed.is_empty() && after.is_some() && self.cursor.at_head() {
             // Nothing after the cursor: from the head at once (see `command_claim`).
-            return Ok((stamped.max(0) as u64, self.command_claim(params).await?));
+            return Ok((stamped, self.command_claim(params).await?));
         }
-        Ok((stamped.max(0) as u64, claimed))
+        Ok((stamped, claimed))
     }
 
     async fn command_claim_limited(
@@ -1883,31 +2018,10 @@ impl QueueOps for PgDriver {
     async fn command_set_state_many(&self, params: &CommandSetStateManyParams<'_>) -> Result<u64> {
         let changes = params.changes;
         let version = self.schema_version().await?;
-        if version >= 3 {
-            let sql = if version >= 4 {
-                &self.sql.set_state_v4
-            } else {
-                &self.sql.set_state_v3
-            };
-            let query = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
-            let query =
-                StampArrays::new(changes, self.ascii_errors(), version >= 4).bind_scalar(query);
-            let stamped: i64 = on_work!(self, |e| query.fetch_one(e))
-                .await
-                .map_err(self.db("stamping outcomes"))?;
-            return Ok(stamped.max(0) as u64);
-        }
-        let sql = if version >= 2 {
-            &self.sql.set_state_v2
-        } else {
-            &self.sql.set_state_v1
-        };
-        let query = sqlx::query(AssertSqlSafe(sql.clone()));
-        let query = StampArrays::new(changes, self.ascii_errors(), false).bind(query);
-        let done = on_work!(self, |e| query.execute(e))
-            .await
-            .map_err(self.db("stamping outcomes"))?;
-        Ok(done.rows_affected())
+        let stamped = self
+            .stamp_with(&self.sql.set_state(version).first, changes, version)
+            .await?;
+        self.stamp_rest(changes, version, stamped).await
     }
 
     async fn lease_extend_many(&self, params: &LeaseExtendManyParams) -> Result<Vec<Lease>> {
@@ -2621,6 +2735,7 @@ mod history_tests {
 
     use super::*;
     use crate::engine::admin::{AdminOps, CommandListParams, ListState};
+    use crate::engine::{QueueFilter, StateChange};
 
     fn url() -> String {
         std::env::var("ICQ_TEST_POSTGRES_URL")
@@ -2729,12 +2844,13 @@ mod history_tests {
         .unwrap();
     }
 
-    /// Lease renewals and checks read each row through the primary key, in their generic
-    /// plans, even when the statistics say the table is empty: a vacuum that found no live
-    /// row while a held horizon kept every dead one sets `reltuples` to 0, and a plain
-    /// join's generic plan then walked the whole primary key, dead entries and all.
+    /// Stamps (both forms, alone and with a claim), lease renewals and checks read each
+    /// row through the primary key, in their generic plans, even when the statistics say
+    /// the table is empty: a vacuum that found no live row while a held horizon kept every
+    /// dead one sets `reltuples` to 0, and a plain join's generic plan then walked the
+    /// whole primary key, dead entries and all.
     #[tokio::test]
-    async fn lease_renewals_and_checks_use_the_key_when_the_statistics_say_empty() {
+    async fn row_lookups_by_id_use_the_key_when_the_statistics_say_empty() {
         let (table, driver, mut conn) = fresh("empty_stats").await;
         let t = driver.t.clone();
         let mut hold = sqlx::PgConnection::connect(&url())
@@ -2760,12 +2876,34 @@ mod history_tests {
             .execute(&mut conn)
             .await
             .unwrap();
-        let mut plans: Vec<(&str, serde_json::Value)> = Vec::new();
-        for (what, sql) in [
-            ("lease renewal", &*driver.sql.extend),
-            ("lease check", &*driver.sql.check),
-        ] {
-            plans.push((what, generic_plan(&mut conn, sql).await));
+        let mut plans: Vec<(String, serde_json::Value)> = Vec::new();
+        let mut statements = vec![
+            ("lease renewal".to_owned(), driver.sql.extend.clone()),
+            ("lease check".to_owned(), driver.sql.check.clone()),
+        ];
+        for version in 1..=4 {
+            let stamp = driver.sql.set_state(version);
+            statements.push((format!("stamp v{version}"), stamp.first.clone()));
+            statements.push((format!("stamp again v{version}"), stamp.again.clone()));
+        }
+        let key = ClaimKey {
+            v2: true,
+            history: true,
+            v4: true,
+            stamp: true,
+            types: false,
+            queues: QueueFilter::All,
+            after: false,
+            paused: false,
+            unusable: false,
+        };
+        statements.push((
+            "stamp and claim".to_owned(),
+            claim_sql(&t, &driver.h, key).into(),
+        ));
+        for (what, sql) in statements {
+            let plan = generic_plan(&mut conn, &sql).await;
+            plans.push((what, plan));
         }
         for (what, plan) in &plans {
             let mut all = Vec::new();
@@ -2796,6 +2934,139 @@ mod history_tests {
             assert!(!scanned, "{what}: no scan of the table: {plan}");
         }
         sqlx::raw_sql("ROLLBACK").execute(&mut hold).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, &table).down,
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+
+    /// A stamp finds each row in its snapshot and reaches it by its physical address;
+    /// when another transaction updates a leased row while the stamp waits for it (a
+    /// lease renewal in flight, another program), the server skips the newer version
+    /// there, and the stamp's second form must still stamp it, once. A row whose token
+    /// changed meanwhile stays as the other transaction left it.
+    #[tokio::test]
+    async fn a_row_updated_while_its_stamp_waits_is_still_stamped_once() {
+        let (table, driver, mut conn) = fresh("restamp").await;
+        let t = driver.t.clone();
+        let h = driver.h.clone();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload") SELECT 't', '{{}}' FROM generate_series(1, 4)"#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let claimed = driver
+            .command_claim(&ClaimParams {
+                limit: 4,
+                lease: Duration::from_secs(60),
+                processing_delay: Duration::ZERO,
+                token: LeaseToken::new(),
+                types: None,
+                queues: None,
+                spread: false,
+                skip_paused: false,
+            })
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 4);
+        let lease = |i: usize| claimed[i].lease.clone();
+        let id = |i: usize| claimed[i].lease.id.as_uuid().unwrap();
+        // Rows 0 (completed) and 1 (retried) are renewed meanwhile, row 2's token is
+        // taken by someone else, row 3 (completed) is left alone.
+        let mut other = sqlx::PgConnection::connect(&url())
+            .await
+            .expect("PostgreSQL");
+        sqlx::raw_sql("BEGIN").execute(&mut other).await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            r#"UPDATE {t} SET "LockedUntil" = "LockedUntil" + interval '1 minute'
+               WHERE "Id" = ANY($1)"#
+        )))
+        .bind(vec![id(0), id(1)])
+        .execute(&mut other)
+        .await
+        .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            r#"UPDATE {t} SET "LockToken" = gen_random_uuid() WHERE "Id" = $1"#
+        )))
+        .bind(id(2))
+        .execute(&mut other)
+        .await
+        .unwrap();
+        let retry = StateChange::Retry {
+            delay: Duration::from_secs(30),
+            error: "boom".into(),
+            errors: None,
+        };
+        let changes = vec![
+            SetState {
+                lease: lease(0),
+                change: StateChange::Completed,
+            },
+            SetState {
+                lease: lease(1),
+                change: retry,
+            },
+            SetState {
+                lease: lease(2),
+                change: StateChange::Completed,
+            },
+            SetState {
+                lease: lease(3),
+                change: StateChange::Completed,
+            },
+        ];
+        let stamping = tokio::spawn(async move {
+            let stamped = driver
+                .command_set_state_many(&CommandSetStateManyParams { changes: &changes })
+                .await;
+            (driver, stamped)
+        });
+        let mut waited = false;
+        for _ in 0..200 {
+            waited = sqlx::query_scalar(
+                "SELECT count(*) > 0 FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%stamps AS%'",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            if waited {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(
+            waited,
+            "the stamp waits for the rows the other transaction holds"
+        );
+        sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+        let (driver, stamped) = stamping.await.unwrap();
+        assert_eq!(stamped.expect("stamp"), 3, "rows 0, 1 and 3 are stamped");
+        let left: Vec<(Uuid, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+            r#"SELECT "Id", "LastError", "LockToken" IS NOT NULL FROM {t} ORDER BY "Id""#
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let mut expected = vec![(id(1), Some("boom".to_owned()), false), (id(2), None, true)];
+        expected.sort();
+        assert_eq!(
+            left, expected,
+            "the retried row and the row taken meanwhile stay"
+        );
+        let moved: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT "Id" FROM {h} ORDER BY "Id""#
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let mut done = vec![id(0), id(3)];
+        done.sort();
+        assert_eq!(moved, done, "the completed rows moved to history once");
+        driver.close().await;
         sqlx::raw_sql(AssertSqlSafe(
             crate::schema::render(Engine::Postgres, &table).down,
         ))
