@@ -486,13 +486,23 @@ fn engines_to_measure() -> Vec<&'static str> {
         .unwrap_or_else(|_| RUNTIME_ENGINES.to_vec())
 }
 
+/// The measurements' handler time: 20 ms, or `ICQ_MEASURE_HANDLER_MS`.
+fn handler_ms() -> Duration {
+    let ms = std::env::var("ICQ_MEASURE_HANDLER_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(20);
+    Duration::from_millis(ms)
+}
+
 /// Measures `global_concurrency: 3` over 4 processors × 8 slots with 20 ms handlers
 /// against 3 slots on one processor without limits: the live leases sampled every 10 ms
 /// never exceed 3, and the limited fleet's throughput is at least 0.9× the single
 /// processor's. Also one processor × 8 slots under the same limit (all places on one
 /// processor, whose slots finish while its own hand-ons are in flight). `cargo test --features cli --test fleet measure_global -- --ignored --nocapture`;
 /// `ICQ_MEASURE_NOT_DUE=20000` adds that many rows to the queue that are not due (a backlog
-/// scheduled for later), `ICQ_ENGINES=mysql` measures one engine.
+/// scheduled for later), `ICQ_MEASURE_HANDLER_MS=2` shortens the handlers,
+/// `ICQ_ENGINES=mysql` measures one engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement"]
 async fn measure_global_concurrency_throughput() {
@@ -534,15 +544,7 @@ async fn measure_global_concurrency_throughput() {
             let stop = Arc::new(AtomicBool::new(false));
             let sampler = sample_leases(db.clone(), "q", stop.clone());
             let started = Instant::now();
-            let fleet = start_fleet(
-                &db,
-                &settings,
-                replicas,
-                &seen,
-                Duration::from_millis(20),
-                &shutdown,
-            )
-            .await;
+            let fleet = start_fleet(&db, &settings, replicas, &seen, handler_ms(), &shutdown).await;
             let drained = super::wait_until(Duration::from_secs(300), || async {
                 seen.done.load(Ordering::SeqCst) >= ROWS as u64
             })
@@ -554,8 +556,9 @@ async fn measure_global_concurrency_throughput() {
             assert!(drained, "{engine}: {label}: drained");
             let rate = ROWS as f64 / took.as_secs_f64();
             eprintln!(
-                "{engine}: {label}: {ROWS} x 20 ms in {took:.2?} = {rate:.1}/s; most running \
+                "{engine}: {label}: {ROWS} x {:?} in {took:.2?} = {rate:.1}/s; most running \
                  {}, most live leases {most_leases} in {samples} samples",
+                handler_ms(),
                 seen.most.load(Ordering::SeqCst)
             );
             rates.push((rate, most_leases));
