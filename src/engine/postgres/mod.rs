@@ -505,9 +505,10 @@ fn stamp_rows(first: usize) -> String {
 enum Lookup {
     /// Each row's version in the statement's snapshot, found by a lateral probe of the
     /// key (`OFFSET 0` keeps the planner from merging it into the join), then reached by
-    /// its physical address. When another transaction updates the row while the stamp
-    /// waits for it, the server rechecks the newer version and may skip it; the stamp
-    /// then falls short and [`Lookup::ByIds`] runs for the whole batch.
+    /// its physical address. A row another transaction updated after the statement's
+    /// snapshot (a lease renewal in flight, an operator, another program) is skipped: its
+    /// newer version has another address. The stamp then falls short, as it does for a
+    /// stale outcome, and [`Lookup::ByIds`] runs for the whole batch.
     Lateral,
     /// The plain join beside `"Id" = ANY($ids)` (the id array at this parameter), which
     /// searches the key whichever side the table is on and rechecks id and token on a
@@ -1608,9 +1609,10 @@ impl PgDriver {
     }
 
     /// After a stamp of `changes` that landed on `stamped` rows: when that is fewer than
-    /// it carried, the [`Lookup::ByIds`] form once more for the whole batch (a row already
-    /// stamped no longer holds its token), so a row another transaction updated while the
-    /// first form waited for it is stamped too. The total stamped.
+    /// it carried (a row updated after the first form's snapshot, a stale outcome, an id
+    /// twice), the [`Lookup::ByIds`] form once more for the whole batch (a row already
+    /// stamped no longer holds its token), so the updated row is stamped too. The total
+    /// stamped.
     async fn stamp_rest(&self, changes: &[SetState], version: u32, stamped: u64) -> Result<u64> {
         if stamped >= stampable(changes) {
             return Ok(stamped);
@@ -1974,6 +1976,9 @@ impl QueueOps for PgDriver {
             .first()
             .and_then(|row| row.try_get::<i64, _>("icq_stamped").ok())
             .unwrap_or(0);
+        // Should the second form fail, so does the call, though its claim committed: the
+        // rows claimed then wait out their lease (none runs twice), where answering with
+        // them would drop the outcomes still unstamped and run those commands again.
         let stamped = self
             .stamp_rest(changes, key.version(), stamped.max(0) as u64)
             .await?;
@@ -2886,21 +2891,23 @@ mod history_tests {
             statements.push((format!("stamp v{version}"), stamp.first.clone()));
             statements.push((format!("stamp again v{version}"), stamp.again.clone()));
         }
-        let key = ClaimKey {
-            v2: true,
-            history: true,
-            v4: true,
-            stamp: true,
-            types: false,
-            queues: QueueFilter::All,
-            after: false,
-            paused: false,
-            unusable: false,
-        };
-        statements.push((
-            "stamp and claim".to_owned(),
-            claim_sql(&t, &driver.h, key).into(),
-        ));
+        for version in [3, 4] {
+            let key = ClaimKey {
+                v2: true,
+                history: true,
+                v4: version == 4,
+                stamp: true,
+                types: false,
+                queues: QueueFilter::All,
+                after: false,
+                paused: false,
+                unusable: false,
+            };
+            statements.push((
+                format!("stamp and claim v{version}"),
+                claim_sql(&t, &driver.h, key).into(),
+            ));
+        }
         for (what, sql) in statements {
             let plan = generic_plan(&mut conn, &sql).await;
             plans.push((what, plan));
@@ -2932,6 +2939,26 @@ mod history_tests {
                     && node.get("Node Type").and_then(|n| n.as_str()) == Some("Seq Scan")
             });
             assert!(!scanned, "{what}: no scan of the table: {plan}");
+            if what.starts_with("stamp v") {
+                // The first form reaches each row by the key, then by its address.
+                for node in all.iter().filter(|node| {
+                    node.get("Relation Name").and_then(|n| n.as_str()) == Some(table.name())
+                        && node.get("Node Type").and_then(|n| n.as_str()) != Some("ModifyTable")
+                }) {
+                    let by_key = node.get("Index Name").and_then(|n| n.as_str())
+                        == Some(format!("{}_pkey", table.name()).as_str());
+                    let by_address = node.get("Node Type").and_then(|n| n.as_str())
+                        == Some("Tid Scan")
+                        && node
+                            .get("TID Cond")
+                            .and_then(|c| c.as_str())
+                            .is_some_and(|c| c.contains("ctid"));
+                    assert!(
+                        by_key || by_address,
+                        "{what}: the table is reached by key or address only: {plan}"
+                    );
+                }
+            }
         }
         sqlx::raw_sql("ROLLBACK").execute(&mut hold).await.unwrap();
         sqlx::raw_sql(AssertSqlSafe(
@@ -2943,10 +2970,10 @@ mod history_tests {
     }
 
     /// A stamp finds each row in its snapshot and reaches it by its physical address;
-    /// when another transaction updates a leased row while the stamp waits for it (a
-    /// lease renewal in flight, another program), the server skips the newer version
-    /// there, and the stamp's second form must still stamp it, once. A row whose token
-    /// changed meanwhile stays as the other transaction left it.
+    /// when another transaction updates a leased row after that snapshot (a lease renewal
+    /// in flight, another program), the server skips the newer version there, and the
+    /// stamp's second form must still stamp it, once. A row whose token changed meanwhile
+    /// stays as the other transaction left it.
     #[tokio::test]
     async fn a_row_updated_while_its_stamp_waits_is_still_stamped_once() {
         let (table, driver, mut conn) = fresh("restamp").await;
@@ -3024,12 +3051,18 @@ mod history_tests {
                 .await;
             (driver, stamped)
         });
+        // Only a session blocked by `other` counts: other tests' stamps may wait too.
+        let blocker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
         let mut waited = false;
-        for _ in 0..200 {
+        for _ in 0..1200 {
             waited = sqlx::query_scalar(
                 "SELECT count(*) > 0 FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%stamps AS%'",
+                 WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE '%stamps AS%'",
             )
+            .bind(blocker)
             .fetch_one(&mut conn)
             .await
             .unwrap();
@@ -3056,6 +3089,18 @@ mod history_tests {
         assert_eq!(
             left, expected,
             "the retried row and the row taken meanwhile stay"
+        );
+        let retried: (i32, bool) = sqlx::query_as(AssertSqlSafe(format!(
+            r#"SELECT "Attempts", "RunAt" > now() + interval '20 s' FROM {t} WHERE "Id" = $1"#
+        )))
+        .bind(id(1))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            retried,
+            (1, true),
+            "the retry's attempt kept, its delay applied"
         );
         let moved: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
             r#"SELECT "Id" FROM {h} ORDER BY "Id""#
