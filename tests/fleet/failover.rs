@@ -47,7 +47,7 @@ pub(crate) fn bindir() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-/// A TCP port nothing listens on right now.
+/// A TCP port nothing listens on right now, and no other test process holds.
 pub(crate) fn free_port() -> u16 {
     // Below the kernel's ephemeral range (32768–60999 by default): a port the kernel hands
     // out for `bind(0)` can go to any test's outgoing connection before the server binds
@@ -56,11 +56,36 @@ pub(crate) fn free_port() -> u16 {
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(15_000..32_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() && hold_port(port) {
             return port;
         }
     }
     panic!("no free port between 15000 and 32000");
+}
+
+/// Holds `port` for this process's life with a lock file, so a test running beside this
+/// one (a process of its own) never picks it in the seconds before this test's server
+/// binds it (a Galera node's port, picked at the cluster's start, is bound only after the
+/// state transfer). `false`: another process holds it.
+fn hold_port(port: u16) -> bool {
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("icq-test-ports");
+    std::fs::create_dir_all(&dir).expect("create the ports' lock directory");
+    let path = dir.join(format!("{port}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    match file.try_lock() {
+        Ok(()) => {
+            HELD.lock().unwrap().push(file);
+            true
+        }
+        Err(std::fs::TryLockError::WouldBlock) => false,
+        Err(std::fs::TryLockError::Error(e)) => panic!("lock {}: {e}", path.display()),
+    }
 }
 
 /// A command that runs as the `postgres` user, with a clean locale.
