@@ -71,20 +71,12 @@ fn hold_port(port: u16) -> bool {
     static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
     let dir = std::env::temp_dir().join("icq-test-ports");
     std::fs::create_dir_all(&dir).expect("create the ports' lock directory");
-    let path = dir.join(format!("{port}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    match file.try_lock() {
-        Ok(()) => {
+    match crate::support::try_hold(&dir.join(format!("{port}.lock"))) {
+        Some(file) => {
             HELD.lock().unwrap().push(file);
             true
         }
-        Err(std::fs::TryLockError::WouldBlock) => false,
-        Err(std::fs::TryLockError::Error(e)) => panic!("lock {}: {e}", path.display()),
+        None => false,
     }
 }
 

@@ -88,17 +88,9 @@ async fn postgres_slot(admin: &str) -> (String, std::fs::File) {
     std::fs::create_dir_all(&dir).expect("create the pool's lock directory");
     let mut n = 0u32;
     let (name, slot) = loop {
-        let path = dir.join(format!("{n}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        match file.try_lock() {
-            Ok(()) => break (format!("icqt_pool_{n}"), file),
-            Err(std::fs::TryLockError::WouldBlock) => n += 1,
-            Err(std::fs::TryLockError::Error(e)) => panic!("lock {}: {e}", path.display()),
+        match try_hold(&dir.join(format!("{n}.lock"))) {
+            Some(file) => break (format!("icqt_pool_{n}"), file),
+            None => n += 1,
         }
     };
     let mut conn = sqlx::PgConnection::connect(admin)
@@ -151,6 +143,22 @@ async fn postgres_slot(admin: &str) -> (String, std::fs::File) {
         .await
         .expect("empty the pooled database");
     (name, slot)
+}
+
+/// The lock file `path`, created if missing and locked exclusively while the returned
+/// handle lives; `None` when another handle (in any process) holds it.
+pub fn try_hold(path: &std::path::Path) -> Option<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    match file.try_lock() {
+        Ok(()) => Some(file),
+        Err(std::fs::TryLockError::WouldBlock) => None,
+        Err(std::fs::TryLockError::Error(e)) => panic!("lock {}: {e}", path.display()),
+    }
 }
 
 impl TestDb {

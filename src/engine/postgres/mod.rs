@@ -2764,15 +2764,10 @@ mod history_tests {
         (table, driver, conn)
     }
 
-    /// `EXPLAIN (ANALYZE, FORMAT JSON)` of a claim of shape `key` (limit 50), run and
-    /// rolled back.
-    async fn analyzed(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey) -> serde_json::Value {
-        let explain = format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) {}",
-            claim_sql(t, "\"unused\"", key)
-        );
-        let params = ClaimParams {
-            limit: 50,
+    /// A claim of `limit` rows of any type and queue, with a 60 s lease.
+    fn claim_of(limit: u32) -> ClaimParams {
+        ClaimParams {
+            limit,
             lease: Duration::from_secs(60),
             processing_delay: Duration::ZERO,
             token: LeaseToken::new(),
@@ -2780,7 +2775,17 @@ mod history_tests {
             queues: None,
             spread: false,
             skip_paused: false,
-        };
+        }
+    }
+
+    /// `EXPLAIN (ANALYZE, FORMAT JSON)` of a claim of shape `key` (limit 50), run and
+    /// rolled back.
+    async fn analyzed(conn: &mut sqlx::PgConnection, t: &str, key: ClaimKey) -> serde_json::Value {
+        let explain = format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+            claim_sql(t, "\"unused\"", key)
+        );
+        let params = claim_of(50);
         let mut tx = conn.begin().await.unwrap();
         let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(explain)), &params)
             .fetch_one(&mut *tx)
@@ -2985,19 +2990,7 @@ mod history_tests {
         .execute(&mut conn)
         .await
         .unwrap();
-        let claimed = driver
-            .command_claim(&ClaimParams {
-                limit: 4,
-                lease: Duration::from_secs(60),
-                processing_delay: Duration::ZERO,
-                token: LeaseToken::new(),
-                types: None,
-                queues: None,
-                spread: false,
-                skip_paused: false,
-            })
-            .await
-            .expect("claim");
+        let claimed = driver.command_claim(&claim_of(4)).await.expect("claim");
         assert_eq!(claimed.len(), 4);
         let lease = |i: usize| claimed[i].lease.clone();
         let id = |i: usize| claimed[i].lease.id.as_uuid().unwrap();
@@ -3201,16 +3194,7 @@ mod history_tests {
         .unwrap();
         // A processor's pace: claims of ten, each batch's leases renewed.
         for _ in 0..20 {
-            let params = ClaimParams {
-                limit: 10,
-                lease: Duration::from_secs(60),
-                processing_delay: Duration::ZERO,
-                token: LeaseToken::new(),
-                types: None,
-                queues: None,
-                spread: false,
-                skip_paused: false,
-            };
+            let params = claim_of(10);
             let claimed = driver.command_claim(&params).await.expect("claim");
             assert_eq!(claimed.len(), 10);
             let leases: Vec<Lease> = claimed.iter().map(|c| c.lease.clone()).collect();
