@@ -83,7 +83,7 @@ const TABLE: &str = "\"InternalCommands\"";
 /// table (1 for the usual row), timed from the first spawn to the last exit.
 pub async fn run(bin: &IcqBin, engine: Engine, opts: &Opts, replicas: usize) -> Result<Drain> {
     let tmp = tempfile::Builder::new().prefix("icq-bench-").tempdir()?;
-    let ddl = migration(bin, engine, tmp.path()).await?;
+    let ddl = table_ddl(bin, engine, opts, tmp.path()).await?;
     match engine {
         Engine::Postgres => {
             let db = FreshDb::postgres(&opts.pg_server).await?;
@@ -253,20 +253,69 @@ fn verified(seconds: f64, done: i64, left: i64, twice: i64, jobs: usize) -> Resu
     })
 }
 
+/// The DDL `bin`'s drain runs on: `icq migrate add` of its `--icq-ddl-from` (or of `bin`)
+/// or that `.sql` file, at the schema version asked for `bin`.
+async fn table_ddl(bin: &IcqBin, engine: Engine, opts: &Opts, dir: &Path) -> Result<String> {
+    let (from, version) = match bin.label {
+        "icq" => (&opts.icq_ddl_from, opts.icq_schema_version),
+        _ => (
+            &opts.icq_baseline_ddl_from,
+            opts.icq_baseline_schema_version,
+        ),
+    };
+    let from = from.as_deref().unwrap_or(&bin.path);
+    let ddl = if from.extension().is_some_and(|e| e == "sql") {
+        std::fs::read_to_string(from)
+            .with_context(|| format!("reading the DDL in {}", from.display()))?
+    } else {
+        migration(from, engine, dir).await?
+    };
+    match version {
+        Some(3) => without_version_4(&ddl),
+        _ => Ok(ddl),
+    }
+}
+
+/// The marker that opens the version-4 section of `icq migrate add`'s DDL; the section
+/// ends at the next empty line.
+const VERSION_4_SECTION: &str = "-- Schema version 4:";
+
+/// `ddl` at schema version 3: its version-4 section left out.
+fn without_version_4(ddl: &str) -> Result<String> {
+    anyhow::ensure!(
+        ddl.lines().any(|l| l.starts_with(VERSION_4_SECTION)),
+        "--icq-schema-version 3: the DDL has no `{VERSION_4_SECTION}` section to leave out"
+    );
+    let mut inside = false;
+    let mut kept = String::with_capacity(ddl.len());
+    for line in ddl.lines() {
+        if line.starts_with(VERSION_4_SECTION) {
+            inside = true;
+        } else if inside && line.trim().is_empty() {
+            inside = false;
+        }
+        if !inside {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    Ok(kept)
+}
+
 /// `icq migrate add --engine <engine> --stdout`, run in a scratch directory.
-pub async fn migration(bin: &IcqBin, engine: Engine, dir: &Path) -> Result<String> {
-    let out = tokio::process::Command::new(&bin.path)
+pub async fn migration(bin: &Path, engine: Engine, dir: &Path) -> Result<String> {
+    let out = tokio::process::Command::new(bin)
         .args(["migrate", "add", "--engine", engine.name(), "--stdout"])
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .output()
         .await
-        .with_context(|| format!("running {} migrate add", bin.path.display()))?;
+        .with_context(|| format!("running {} migrate add", bin.display()))?;
     if !out.status.success() {
         bail!(
             "{} migrate add --engine {} --stdout failed ({}): {}",
-            bin.path.display(),
+            bin.display(),
             engine.name(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
@@ -378,5 +427,20 @@ pub fn tail(path: &Path) -> String {
         String::new()
     } else {
         format!("; its stderr ends:\n{}", lines[from..].join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_3_leaves_out_the_version_4_section_alone() {
+        let ddl = "CREATE TABLE t (a int);\n\n-- Schema version 4: more.\nALTER TABLE t ADD b int;\nCREATE TABLE q (x int);\n\n-- Wakes.\nCREATE TRIGGER n;\n";
+        assert_eq!(
+            without_version_4(ddl).unwrap(),
+            "CREATE TABLE t (a int);\n\n\n-- Wakes.\nCREATE TRIGGER n;\n"
+        );
+        assert!(without_version_4("CREATE TABLE t (a int);\n").is_err());
     }
 }

@@ -84,6 +84,25 @@ pub struct Opts {
     /// The same for the baseline build (--icq-baseline-bin).
     #[arg(long)]
     pub icq_baseline_settings: Option<String>,
+    /// The build under test drains a table created by this binary's `icq migrate add`
+    /// (an older build's, say, to run it on the schema version that build wrote), or by
+    /// this `.sql` file (one engine's DDL, the table named `InternalCommands`)
+    /// [default: its own].
+    #[arg(long, value_name = "BIN|FILE.sql")]
+    pub icq_ddl_from: Option<PathBuf>,
+    /// The same for the baseline build (--icq-baseline-bin).
+    #[arg(long, value_name = "BIN|FILE.sql")]
+    pub icq_baseline_ddl_from: Option<PathBuf>,
+    /// The table of the build under test at this schema version: 3 leaves the version-4
+    /// section (the scheduler's columns and tables) out of the DDL [default: as written].
+    /// On MySQL/MariaDB the indexes version 4 drops stay dropped: a version-3 table as
+    /// icq created it comes from an older build (--icq-ddl-from).
+    #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(u32).range(3..=4))]
+    pub icq_schema_version: Option<u32>,
+    /// The same for the baseline build (--icq-baseline-bin), e.g. the same binary as
+    /// --icq-bin on a version-3 table, to measure what version 4 costs.
+    #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(u32).range(3..=4))]
+    pub icq_baseline_schema_version: Option<u32>,
     /// Keep each run's database instead of dropping it.
     #[arg(long)]
     pub keep_databases: bool,

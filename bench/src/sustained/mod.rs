@@ -191,7 +191,7 @@ async fn run(opts: &Opts, bin: &IcqBin, engine: Engine) -> Result<Report> {
     let tmp = tempfile::Builder::new()
         .prefix("icq-sustained-")
         .tempdir()?;
-    let ddl = icq::migration(bin, engine, tmp.path()).await?;
+    let ddl = icq::migration(&bin.path, engine, tmp.path()).await?;
     match engine {
         Engine::Postgres => {
             let fresh = FreshDb::postgres(&opts.pg_server).await?;
