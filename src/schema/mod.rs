@@ -11,6 +11,10 @@
 //! adds the `ConcurrencyKey`, `OrderKey` and `Errors` columns (to both), the indexes
 //! `IX_<table>_OrderKey` and `IX_<table>_ConcKey`, and the fleet's shared state:
 //! `<table>Queues` (pauses, rate buckets) and `<table>Schedules` (recurring schedules).
+//! On MySQL/MariaDB it drops `IX_<table>_Retention` and `IX_<table>_DeadLetters`: without
+//! partial indexes every index holds an entry for every row, which each completion's move
+//! to history deletes, and the poll index, which leads with `ProcessedAt` and
+//! `DeadLetteredAt`, serves the sweep and the dead-letter view.
 //!
 //! The renderings: [`render`] creates the current table (schema version 4),
 //! [`render_upgrade`] takes a version-1 table to version 2 and back,

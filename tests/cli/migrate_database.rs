@@ -374,7 +374,9 @@ fn v2_indexes(engine: &str) -> i64 {
 /// The indexes of the commands table at the current schema version: version 2's, and
 /// version 4's order-key and concurrency-key indexes.
 fn current_indexes(engine: &str) -> i64 {
-    v2_indexes(engine) + 2
+    // Version 4 adds the order-key and concurrency-key indexes; on MariaDB it drops the
+    // retention and dead-letter indexes, which the poll index serves.
+    v2_indexes(engine) + 2 - if engine == "mysql" { 2 } else { 0 }
 }
 
 async fn index_count(db: &TestDb) -> i64 {

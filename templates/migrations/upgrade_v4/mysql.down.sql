@@ -5,4 +5,5 @@ DROP TABLE IF EXISTS {{schedules}};
 DROP TABLE IF EXISTS {{queues}};
 ALTER TABLE {{history}} DROP COLUMN `Errors`, DROP COLUMN `OrderKey`, DROP COLUMN `ConcurrencyKey`;
 ALTER TABLE {{table}} DROP INDEX {{ix_concurrency_key}}, DROP INDEX {{ix_order_key}},
-    DROP COLUMN `Errors`, DROP COLUMN `OrderKey`, DROP COLUMN `ConcurrencyKey`;
+    DROP COLUMN `Errors`, DROP COLUMN `OrderKey`, DROP COLUMN `ConcurrencyKey`,
+    ADD INDEX {{ix_retention}} (`ProcessedAt`), ADD INDEX {{ix_dead_letters}} (`DeadLetteredAt`);
