@@ -2764,6 +2764,16 @@ mod history_tests {
         (table, driver, conn)
     }
 
+    /// Drops what [`fresh`] created.
+    async fn drop_table(conn: &mut sqlx::PgConnection, table: &TableName) {
+        sqlx::raw_sql(AssertSqlSafe(
+            crate::schema::render(Engine::Postgres, table).down,
+        ))
+        .execute(conn)
+        .await
+        .unwrap();
+    }
+
     /// A claim of `limit` rows of any type and queue, with a 60 s lease.
     fn claim_of(limit: u32) -> ClaimParams {
         ClaimParams {
@@ -2966,12 +2976,7 @@ mod history_tests {
             }
         }
         sqlx::raw_sql("ROLLBACK").execute(&mut hold).await.unwrap();
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
     }
 
     /// A stamp finds each row in its snapshot and reaches it by its physical address;
@@ -3105,12 +3110,7 @@ mod history_tests {
         done.sort();
         assert_eq!(moved, done, "the completed rows moved to history once");
         driver.close().await;
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
     }
 
     /// The ordered-key condition of a version-4 claim runs only for rows with an
@@ -3227,12 +3227,7 @@ mod history_tests {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
         assert!(seen.0 >= 400, "updates not reported: {seen:?}");
         // Page pruning makes room for the new versions as the old ones die; a version
         // that finds its page full is the only non-HOT one. Alone, every one is HOT; a
@@ -3289,12 +3284,7 @@ mod history_tests {
             let _ = driver.table_tidy(0).await.unwrap();
         }
         driver.close().await;
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
         assert_eq!(after, 0, "dead rows after the vacuum");
     }
 
@@ -3347,12 +3337,7 @@ mod history_tests {
             plans.push(plan.to_string());
         }
         driver.close().await;
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
         let name = table.name();
         for plan in plans {
             assert!(
@@ -3430,11 +3415,6 @@ mod history_tests {
             .await
             .unwrap();
         assert_eq!(checked.len(), 5, "every pending lease is found");
-        sqlx::raw_sql(AssertSqlSafe(
-            crate::schema::render(Engine::Postgres, &table).down,
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        drop_table(&mut conn, &table).await;
     }
 }
