@@ -259,6 +259,8 @@ mod tests {
         let text = "a: ${HOST}\r\nb: $$\n\nc: ${X:-y}";
         let out = run(text).unwrap();
         assert_eq!(out.lines().count(), text.lines().count());
+        // A last line that expands to nothing stays, empty.
+        assert_eq!(run("$\n${EMPTY}").unwrap(), "$\n");
     }
 
     #[test]
@@ -304,10 +306,13 @@ mod tests {
         }
 
         fn check(text: &str) -> Result<(), TestCaseError> {
-            let lines = text.split_inclusive('\n').count();
+            // Counting line breaks rather than lines: a last line that expands to nothing
+            // is still there, it is just empty.
+            let breaks = text.matches('\n').count();
+            let lines = breaks + 1;
             match expand(text, &env) {
                 Ok((out, map)) => {
-                    prop_assert_eq!(out.split_inclusive('\n').count(), lines, "lines kept");
+                    prop_assert_eq!(out.matches('\n').count(), breaks, "line breaks kept");
                     if !text.contains('$') {
                         prop_assert_eq!(&out, text);
                     }
@@ -319,7 +324,7 @@ mod tests {
                     }
                 }
                 Err(err) => {
-                    prop_assert!((1..=lines.max(1)).contains(&err.line), "{:?}", err);
+                    prop_assert!((1..=lines).contains(&err.line), "{:?}", err);
                     let line = text.split('\n').nth(err.line - 1).unwrap_or("");
                     prop_assert!(
                         err.column >= 1 && err.column <= line.chars().count(),
