@@ -326,7 +326,8 @@ impl Queue {
     ///   writes commits with the server's `synchronous_commit`. The processor's claims,
     ///   stamps, lease renewals and sweeps run each in a transaction of its own with `SET
     ///   LOCAL plan_cache_mode = force_generic_plan` (the claim is planned once, not per
-    ///   execution), so the application's statements on `pool` keep its settings.
+    ///   execution) and `SET LOCAL jit = off` (never compiled), so the application's
+    ///   statements on `pool` keep its settings.
     /// - **SQLite.** `pool` is used as configured: icq's own connect sets WAL
     ///   (`journal_mode(Wal)`), `synchronous(Full)` (`Normal` only for the processor's own
     ///   writes) and a 30 s `busy_timeout`. A shared pool wants WAL and the busy timeout

@@ -26,8 +26,8 @@
 //! - **Poolers.** sqlx's `extra_float_digits` startup parameter is never sent (PgBouncer
 //!   refuses unknown startup parameters unless told to ignore them; icq reads every value
 //!   in binary, where the setting changes nothing), and the processor's
-//!   `plan_cache_mode` is a `SET` after connecting rather than the `options` startup
-//!   parameter, for the same reason. So PgBouncer in session mode works as a
+//!   `plan_cache_mode` and `jit` are a `SET` after connecting rather than the `options`
+//!   startup parameter, for the same reason. So PgBouncer in session mode works as a
 //!   direct connection. In transaction mode ([`Pooler::Transaction`]) no statement is
 //!   named (the statement cache is off), and the driver runs each statement in its own
 //!   explicit transaction, so the parse and the execution that sqlx sends in two

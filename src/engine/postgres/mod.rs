@@ -91,21 +91,28 @@ use crate::settings::Pooler;
 /// [`WORK_SESSION`]'s settings: on the application's pool (its other statements stay as
 /// it set them) and in transaction pooling (the next transaction may run on another
 /// server connection).
-const WORK_BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+const WORK_BEGIN: &str =
+    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
 
-/// The session setting of icq's own work connections (claims, stamps, renewals, sweeps):
-/// `plan_cache_mode = force_generic_plan`. The claim's parameters (`LIMIT $1`, the queue,
-/// the cursor) never change which index serves it, but left to choose, the server
-/// compares the generic plan, costed for an unknown `LIMIT` as a tenth of the table, with
-/// plans for the actual 50 rows; with the ordered-key subquery priced per row that
-/// comparison never favours the generic plan, so every claim was planned again (half a
-/// millisecond each, a tenth of a no-op drain). The generic plans use the same indexes as
-/// the custom ones, on a table of any size.
+/// The session settings of icq's own work connections (claims, stamps, renewals, sweeps):
+/// `plan_cache_mode = force_generic_plan` and `jit = off`. The claim's parameters
+/// (`LIMIT $1`, the queue, the cursor) never change which index serves it, but left to
+/// choose, the server compares the generic plan, costed for an unknown `LIMIT` as a tenth
+/// of the table, with plans for the actual 50 rows; with the ordered-key subquery priced
+/// per row that comparison never favours the generic plan, so every claim was planned
+/// again (half a millisecond each, a tenth of a no-op drain). The generic plans use the
+/// same indexes as the custom ones, on a table of any size.
+///
+/// That costing grows with the backlog, and the server compiles every plan costed above
+/// `jit_above_cost` to machine code (LLVM) at each execution: tens of milliseconds for a
+/// claim that runs in a fraction of one. With the ordered-key subquery priced per row a
+/// backlog of about 120,000 rows crossed the default threshold, and without it a few
+/// million; no statement of the processor's reads enough rows for compiled code to pay.
 ///
 /// Commits keep the server's `synchronous_commit`: a claim or a stamp the server
 /// acknowledged is on its synchronous standby too, so a failover to it runs no command
 /// twice.
-const WORK_SESSION: &str = "SET plan_cache_mode = force_generic_plan";
+const WORK_SESSION: &str = "SET plan_cache_mode = force_generic_plan; SET jit = off";
 
 /// How every other statement begins in transaction pooling.
 const BEGIN: &str = "BEGIN";
@@ -2657,8 +2664,8 @@ mod tests {
         }
     }
 
-    /// The processor's statements use generic plans and commit with the server's
-    /// `synchronous_commit` whichever way the driver was made — icq's own pools, or the
+    /// The processor's statements use generic plans, never compiled (`jit = off`), and
+    /// commit with the server's `synchronous_commit` whichever way the driver was made — icq's own pools, or the
     /// application's pool — and the application's own statements on its pool keep the
     /// server's settings.
     #[tokio::test]
@@ -2688,6 +2695,10 @@ mod tests {
             .fetch_one(&app)
             .await
             .unwrap();
+        let server_jit: String = sqlx::query_scalar("SHOW jit")
+            .fetch_one(&app)
+            .await
+            .unwrap();
         let own = PgDriver::connect(&url, &table, &ConnectOptions::default())
             .await
             .unwrap();
@@ -2707,6 +2718,14 @@ mod tests {
             .await
             .unwrap();
             assert_eq!(plans, "force_generic_plan", "{how}: the processor's plans");
+            let jit: String = on_work!(driver, |e| sqlx::query_scalar::<_, String>("SHOW jit")
+                .fetch_one(e))
+            .await
+            .unwrap();
+            assert_eq!(
+                jit, "off",
+                "{how}: the processor's plans are never compiled"
+            );
         }
         // The application's connections are as the server set them, before and after.
         for _ in 0..4 {
@@ -2720,6 +2739,11 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(plans, "auto", "the application's own plans");
+            let jit: String = sqlx::query_scalar("SHOW jit")
+                .fetch_one(&app)
+                .await
+                .unwrap();
+            assert_eq!(jit, server_jit, "the application's own JIT setting");
         }
         own.close().await;
         shared.close().await;
