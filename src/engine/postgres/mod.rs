@@ -2665,9 +2665,9 @@ mod tests {
     }
 
     /// The processor's statements use generic plans, never compiled (`jit = off`), and
-    /// commit with the server's `synchronous_commit` whichever way the driver was made — icq's own pools, or the
-    /// application's pool — and the application's own statements on its pool keep the
-    /// server's settings.
+    /// commit with the server's `synchronous_commit` whichever way the driver was made —
+    /// icq's own pools, or the application's pool — and the application's own statements
+    /// on its pool keep the server's settings.
     #[tokio::test]
     async fn work_plans_generically_and_commits_durably_on_both_construction_paths() {
         let url = std::env::var("ICQ_TEST_POSTGRES_URL")
