@@ -66,8 +66,11 @@ fn p99(latencies: &mut [u64]) -> u64 {
 }
 
 /// 8 five-second webhooks on queue `webhooks` (concurrency 2) scheduled before 100
-/// one-millisecond receipts on `default` (concurrency 8): the receipts' p99 latency
-/// (schedule to start) stays within 2× of the same 100 receipts on an idle worker.
+/// one-millisecond receipts on `default` (concurrency 8): every receipt runs while the
+/// first two webhooks still hold their queue's slots (none has finished, none other has
+/// started), so no receipt waited for a webhook. The receipts' p99 latency (schedule to
+/// start) beside the webhooks and on an idle worker are printed; the bound on it is half
+/// a webhook, far from either, so a loaded machine's timers cannot fail the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_queue_never_starves_another() {
     for engine in RUNTIME_ENGINES {
@@ -81,6 +84,7 @@ async fn a_slow_queue_never_starves_another() {
         let source = open(&db, &settings).await;
         let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
         let webhooks_started = Arc::new(AtomicU32::new(0));
+        let webhooks_finished = Arc::new(AtomicU32::new(0));
         let mut registry = Registry::new();
         registry
             .insert(
@@ -107,11 +111,16 @@ async fn a_slow_queue_never_starves_another() {
                 "webhook",
                 Arc::new(FnHandler({
                     let started = webhooks_started.clone();
+                    let finished = webhooks_finished.clone();
                     move |job: Job| {
                         started.fetch_add(1, Ordering::SeqCst);
+                        let finished = finished.clone();
                         async move {
                             tokio::select! {
-                                _ = tokio::time::sleep(Duration::from_secs(5)) => Ok(()),
+                                _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                                    finished.fetch_add(1, Ordering::SeqCst);
+                                    Ok(())
+                                }
                                 _ = job.cancellation.cancelled() => Err(HandlerError::retry("stopped")),
                             }
                         }
@@ -167,6 +176,11 @@ async fn a_slow_queue_never_starves_another() {
         source.schedule_many(&receipts(100)).await.unwrap();
         assert!(drained(100).await, "{engine}: receipts starved");
         let loaded = p99(&mut latencies.lock().unwrap());
+        assert_eq!(
+            webhooks_finished.load(Ordering::SeqCst),
+            0,
+            "{engine}: the receipts ran only after a webhook finished"
+        );
         // The webhooks queue holds only its own 2 slots meanwhile.
         assert_eq!(
             webhooks_started.load(Ordering::SeqCst),
@@ -176,11 +190,9 @@ async fn a_slow_queue_never_starves_another() {
         shutdown.cancel();
         worker.await.unwrap().unwrap();
         eprintln!("{engine}: receipts p99 idle {idle} ms, beside 8 slow webhooks {loaded} ms");
-        // 2× the idle p99; a few tens of ms of slack for a loaded CI machine's timer
-        // resolution when the idle p99 itself is tiny.
         assert!(
-            loaded <= 2 * idle + 50,
-            "{engine}: receipts p99 {loaded} ms beside slow webhooks vs {idle} ms idle"
+            loaded < 2_500,
+            "{engine}: receipts p99 {loaded} ms beside slow webhooks (idle: {idle} ms)"
         );
     }
 }
