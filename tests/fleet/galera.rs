@@ -477,7 +477,8 @@ fn start_replica(
     Guarded { child, log }
 }
 
-/// Log lines at `ERROR`, and `WARN` lines naming a lost race.
+/// Log lines at `ERROR`, and `WARN` lines naming a lost race. Matched after each line's
+/// timestamp, whose digits can spell an error code (`20:21:32.118034Z` holds `1180`).
 fn noisy_lines(workers: &[Guarded]) -> Vec<String> {
     workers
         .iter()
@@ -485,11 +486,12 @@ fn noisy_lines(workers: &[Guarded]) -> Vec<String> {
             w.log_text()
                 .lines()
                 .filter(|line| {
-                    line.contains("ERROR")
-                        || (line.contains("WARN")
+                    let text = line.split_once(' ').map_or(*line, |(_, text)| text);
+                    text.contains("ERROR")
+                        || (text.contains("WARN")
                             && ["1213", "1180", "Deadlock", "deadlock", "certification"]
                                 .iter()
-                                .any(|word| line.contains(word)))
+                                .any(|word| text.contains(word)))
                 })
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
