@@ -364,6 +364,25 @@ async fn hand_on(
     params: &LimitedClaimParams<'_>,
     queue: &str,
 ) -> Result<Option<LimitedClaim>> {
+    let Some(ask) = hand_on_ask(params, queue) else {
+        return Ok(None);
+    };
+    match tx.hand_on(&ask).await? {
+        None | Some(HandedOn::Declined) => Ok(None),
+        Some(HandedOn::Stamped {
+            places,
+            stamped,
+            rows,
+        }) => Ok(Some(handed_on(&ask, params.claim, places, stamped, rows))),
+    }
+}
+
+/// The hand-on a limited claim of `queue` may make first: when it carries outcomes, the
+/// processor allows it, and the queue's only limit is `global_concurrency`.
+pub(crate) fn hand_on_ask<'a>(
+    params: &LimitedClaimParams<'a>,
+    queue: &'a str,
+) -> Option<HandOn<'a>> {
     let (limits, changes) = (params.limits, params.changes);
     if !params.hand_on
         || changes.is_empty()
@@ -371,13 +390,13 @@ async fn hand_on(
         || limits.rate.is_some()
         || limits.key_concurrency.is_some()
     {
-        return Ok(None);
+        return None;
     }
     let limit = params
         .claim
         .limit
         .min(u32::try_from(changes.len()).unwrap_or(u32::MAX));
-    let ask = HandOn {
+    Some(HandOn {
         changes,
         margin: params.claim.lease / HAND_ON_MARGIN_DIVISOR,
         which: Candidates {
@@ -387,33 +406,36 @@ async fn hand_on(
             except_ids: &[],
             limit,
         },
-    };
-    let (places, stamped, rows) = match tx.hand_on(&ask).await? {
-        None | Some(HandedOn::Declined) => return Ok(None),
-        Some(HandedOn::Stamped {
-            places,
-            stamped,
-            rows,
-        }) => (places, stamped, rows),
-    };
+    })
+}
+
+/// The claim's answer once a hand-on of `ask` read `places`, stamped `stamped` rows and
+/// leased `rows` (none unless [`HandOn::may_lease`]).
+pub(crate) fn handed_on(
+    ask: &HandOn<'_>,
+    claim: &ClaimParams,
+    places: Places,
+    stamped: u64,
+    rows: Vec<ClaimedRow>,
+) -> LimitedClaim {
     if !ask.may_lease(places, stamped) {
         // A lease changed hands (an operator's cancel) between the read and the stamp:
         // its place may be another claim's by now. Nothing was claimed; the next claim
         // counts.
-        return Ok(Some(LimitedClaim {
+        return LimitedClaim {
             stamped,
             rows: Vec::new(),
             held: Some(Held::Concurrency),
-        }));
+        };
     }
     // Cut short by the places it had, not by the rows due: the limit holds the rest.
-    let held =
-        (limit < params.claim.limit && rows.len() as u32 == limit).then_some(Held::Concurrency);
-    Ok(Some(LimitedClaim {
+    let limit = ask.which.limit;
+    let held = (limit < claim.limit && rows.len() as u32 == limit).then_some(Held::Concurrency);
+    LimitedClaim {
         stamped,
         rows,
         held,
-    }))
+    }
 }
 
 /// [`claim_in`] once the queue's row is locked and the stamps are written.
@@ -671,6 +693,28 @@ pub(crate) mod testing {
         tx.places_to_hand_on(queue, &changes, Duration::from_secs(10))
             .await
             .unwrap()
+    }
+
+    /// The claim and limits of a hand-on in queue `q`: a 20 s lease (a margin of 10 s), at
+    /// most 8 rows, `global_concurrency: 3`.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) fn hand_on_claim() -> (ClaimParams, QueueLimits) {
+        let claim = ClaimParams {
+            limit: 8,
+            lease: Duration::from_secs(20),
+            processing_delay: Duration::ZERO,
+            token: LeaseToken::new(),
+            types: None,
+            queues: Some(Arc::from(vec!["q".to_owned()])),
+            spread: false,
+            skip_paused: false,
+        };
+        let limits = QueueLimits {
+            global_concurrency: Some(3),
+            key_concurrency: None,
+            rate: None,
+        };
+        (claim, limits)
     }
 
     /// [`Places`] as `places_to_hand_on` answers them.

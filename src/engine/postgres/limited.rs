@@ -3,6 +3,10 @@
 //! candidates `FOR UPDATE SKIP LOCKED`, leases the ones the limits allow and takes the
 //! tokens. Every statement reads committed data as of its own start (READ COMMITTED), so
 //! once the queue's row is locked the counts include every earlier limited claim's leases.
+//!
+//! A hand-on is one statement of its own instead ([`hand_on_sql`]): with handlers that do
+//! work, a limited queue's place stands empty from one command's end to the next one's
+//! lease, so the hand-on's round trips are paid by every command the limit admits.
 
 use std::collections::HashMap;
 
@@ -11,7 +15,7 @@ use uuid::Uuid;
 
 use super::{PgDriver, StampArrays, WORK_BEGIN};
 use crate::engine::Lifecycle;
-use crate::engine::limits::{self, Candidates, LimitedTx, PlaceRow, Places, QueueRow};
+use crate::engine::limits::{self, Candidates, LimitedTx, QueueRow};
 use crate::engine::{ClaimParams, ClaimedRow, LimitedClaim, LimitedClaimParams, SetState};
 use crate::error::{Error, Result};
 use crate::ident::Engine;
@@ -21,8 +25,9 @@ const PENDING: &str = r#""ProcessedAt" IS NULL AND "DeadLetteredAt" IS NULL"#;
 
 /// The queue's due rows in claim order, locked, skipping rows other claims hold: `$1`
 /// queue, `$2` processing delay, `$3` types (NULL: every type), `$4` keys to leave out,
-/// `$5` ids to leave out, `$6` limit. Ordered keys hold here as in any claim.
-fn candidates_sql(t: &str) -> String {
+/// `$5` ids to leave out, `$6` limit. Ordered keys hold here as in any claim. A `gate`
+/// (`AND …`, or empty) locks nothing unless its condition holds.
+fn candidates_sql(t: &str, gate: &str) -> String {
     format!(
         r#"SELECT "Id", "ConcurrencyKey" FROM {t}
            WHERE "Queue" = $1 AND {PENDING}
@@ -31,7 +36,7 @@ fn candidates_sql(t: &str) -> String {
              AND ("CreatedAt" <= now() - make_interval(secs => $2) OR "CreatedAt" IS NULL)
              AND ($3::text[] IS NULL OR "Type" = ANY($3))
              AND ("ConcurrencyKey" IS NULL OR NOT ("ConcurrencyKey" = ANY($4::text[])))
-             AND NOT ("Id" = ANY($5::uuid[])){ordered}
+             AND NOT ("Id" = ANY($5::uuid[])){ordered}{gate}
            ORDER BY "Priority", "RunAt", "Id"
            LIMIT $6
            FOR UPDATE SKIP LOCKED"#,
@@ -55,6 +60,72 @@ fn bind_candidates<'q>(query: PgQuery<'q>, which: &Candidates<'_>) -> PgQuery<'q
         .bind(which.except_keys.to_vec())
         .bind(except)
         .bind(i64::from(which.limit))
+}
+
+/// Leases the rows of the CTE `cand` as a claim does: `$7` token, `$8` lease seconds.
+fn lease_candidates_sql(t: &str) -> String {
+    format!(
+        r#"UPDATE {t} AS x
+           SET "LockToken" = $7, "LockedUntil" = now() + make_interval(secs => $8),
+               "Attempts" = CASE WHEN x."Attempts" BETWEEN 0 AND 2147483646
+                                 THEN x."Attempts" + 1 ELSE x."Attempts" END
+           WHERE x."Id" = ANY(ARRAY(SELECT "Id" FROM cand))
+           RETURNING x.*"#
+    )
+}
+
+/// A hand-on in one statement, its own transaction: it holds the queue's row of `q` in
+/// share mode, reads the places the stamps give back, writes the stamps only when every
+/// one ends a live lease of the queue and it is not paused, and leases candidates in
+/// their places only when every stamp landed. `$1..$8` as [`candidates_sql`] and
+/// [`lease_candidates_sql`] (the limit is at most the stamps), `$9..$14` the version-4
+/// stamp arrays, `$15` the margin in seconds, `$16` how many outcomes the claim carries.
+///
+/// The places are read by primary key alone (queue, state, lease and token judged on the
+/// rows read: with them in the condition, a table not yet analyzed was read through a
+/// poll index, every pending row), the queue compared byte for byte whatever the
+/// column's collation. The whole statement reads one snapshot, taken before it waits
+/// for the queue's row: a candidate another claim leased meanwhile is read again at its
+/// newest version by `FOR UPDATE`, found leased and skipped. One row comes back, with
+/// NULL table columns when nothing was leased; none when the queue has no row yet (the
+/// counting claim inserts it).
+fn hand_on_sql(t: &str, h: &str, q: &str) -> String {
+    let stamps = super::stamp_move_ctes(
+        t,
+        h,
+        9,
+        4,
+        super::Lookup::Lateral,
+        "\n                 WHERE EXISTS (SELECT 1 FROM ok)",
+    );
+    format!(
+        r#"WITH queue AS MATERIALIZED (
+               SELECT coalesce("Paused", false) AS paused FROM {q} WHERE "Queue" = $1
+               FOR SHARE),
+           places AS MATERIALIZED (
+               SELECT queue.paused, (
+                   SELECT count(*) FILTER (
+                       WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL
+                         AND c."LockedUntil" > now() + make_interval(secs => $15)
+                         AND c."Queue" COLLATE "C" = $1 COLLATE "C"
+                         AND c."LockToken" = ($10::uuid[])[array_position($9::uuid[], c."Id")])
+                   FROM {t} AS c WHERE c."Id" = ANY($9::uuid[])) AS live
+               FROM queue),
+           ok AS MATERIALIZED (SELECT 1 FROM places WHERE NOT paused AND live = $16),
+           {stamps},
+           cand AS ({}),
+           claimed AS ({})
+           SELECT p.paused AS "icq_paused", p.live AS "icq_live",
+                  n.stamped AS "icq_stamped", claimed.*
+           FROM places AS p CROSS JOIN (SELECT count(*) AS stamped FROM stamped) AS n
+                LEFT JOIN claimed ON true"#,
+        candidates_sql(
+            t,
+            "\n             AND EXISTS (SELECT 1 FROM ok)\n             \
+             AND (SELECT count(*) FROM stamped) = $16"
+        ),
+        lease_candidates_sql(t)
+    )
 }
 
 struct Tx<'a> {
@@ -147,7 +218,7 @@ impl LimitedTx for Tx<'_> {
         &mut self,
         which: &Candidates<'_>,
     ) -> Result<Vec<(String, Option<String>)>> {
-        let sql = candidates_sql(&self.driver.t);
+        let sql = candidates_sql(&self.driver.t, "");
         let rows = bind_candidates(sqlx::query(AssertSqlSafe(sql)), which)
             .fetch_all(&mut *self.conn)
             .await
@@ -217,14 +288,9 @@ impl LimitedTx for Tx<'_> {
     async fn claim_free(&mut self, which: &Candidates<'_>) -> Result<Vec<ClaimedRow>> {
         let t = &self.driver.t;
         let sql = format!(
-            r#"WITH c AS ({})
-               UPDATE {t} AS x
-               SET "LockToken" = $7, "LockedUntil" = now() + make_interval(secs => $8),
-                   "Attempts" = CASE WHEN x."Attempts" BETWEEN 0 AND 2147483646
-                                     THEN x."Attempts" + 1 ELSE x."Attempts" END
-               WHERE x."Id" = ANY(ARRAY(SELECT "Id" FROM c))
-               RETURNING x.*"#,
-            candidates_sql(t)
+            "WITH cand AS ({}) {}",
+            candidates_sql(t, ""),
+            lease_candidates_sql(t)
         );
         let rows = bind_candidates(sqlx::query(AssertSqlSafe(sql)), which)
             .bind(which.claim.token.0)
@@ -233,55 +299,6 @@ impl LimitedTx for Tx<'_> {
             .await
             .map_err(self.db())?;
         Ok(self.driver.claimed(&rows, which.claim))
-    }
-
-    async fn places_to_hand_on(
-        &mut self,
-        queue: &str,
-        changes: &[SetState],
-        margin: std::time::Duration,
-    ) -> Result<Option<Places>> {
-        let sql = format!(
-            r#"SELECT c."Id", c."LockToken", c."Queue",
-                      (c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL
-                       AND c."LockedUntil" > now() + make_interval(secs => $3)) AS "Live",
-                      q."Paused"
-               FROM {} AS q LEFT JOIN {} AS c ON c."Id" = ANY($2::uuid[])
-               WHERE q."Queue" = $1
-               FOR SHARE OF q"#,
-            self.q, self.driver.t
-        );
-        let ids: Vec<Uuid> = changes
-            .iter()
-            .filter_map(|change| change.lease.id.as_uuid())
-            .collect();
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(queue)
-            .bind(ids)
-            .bind(margin.as_secs_f64())
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(self.db())?;
-        let uuid = |row: &sqlx::postgres::PgRow, column: &str| {
-            row.try_get::<Option<Uuid>, _>(column)
-                .ok()
-                .flatten()
-                .map(|u| u.to_string())
-        };
-        let flag = |row: &sqlx::postgres::PgRow, column: &str| {
-            row.try_get::<Option<bool>, _>(column).ok().flatten() == Some(true)
-        };
-        Ok(Some(Places::tally(
-            queue,
-            changes,
-            rows.iter().map(|row| PlaceRow {
-                paused: flag(row, "Paused"),
-                id: uuid(row, "Id"),
-                token: uuid(row, "LockToken"),
-                queue: row.try_get::<Option<String>, _>("Queue").ok().flatten(),
-                live: flag(row, "Live"),
-            }),
-        )))
     }
 
     async fn store_tokens(&mut self, queue: &str, tokens: f64, advance: f64) -> Result<()> {
@@ -313,9 +330,20 @@ impl PgDriver {
         if version < 4 {
             return Err(limits::needs_schema_v4(&self.table, version));
         }
+        if let Some([queue]) = params.claim.queues.as_deref()
+            && let Some(ask) = limits::hand_on_ask(params, queue)
+            && let Some(claimed) = self.hand_on(&ask, params.claim).await?
+        {
+            return Ok(claimed);
+        }
+        // Declined, or no hand-on: the claim takes the queue's lock.
+        let params = &LimitedClaimParams {
+            hand_on: false,
+            ..*params
+        };
         let ctx = "claiming under the queue's limits";
         let q = self.table.queues().quoted(Engine::Postgres);
-        {
+        if params.changes.is_empty() {
             let mut conn = self.work.acquire().await.map_err(self.db(ctx))?;
             let mut look = Tx {
                 driver: self,
@@ -345,18 +373,73 @@ impl PgDriver {
         tx.commit().await.map_err(self.db(ctx))?;
         Ok(claimed)
     }
+
+    /// The hand-on of `ask` in one statement ([`hand_on_sql`]); `None` when it declined
+    /// (nothing was written). Stamps the first form fell short of (a row updated after
+    /// the statement's snapshot) are written by the second form after it; the places are
+    /// then left to the next counting claim.
+    async fn hand_on(
+        &self,
+        ask: &limits::HandOn<'_>,
+        claim: &ClaimParams,
+    ) -> Result<Option<LimitedClaim>> {
+        let which = &ask.which;
+        let sql = hand_on_sql(
+            &self.t,
+            &self.h,
+            &self.table.queues().quoted(Engine::Postgres),
+        );
+        let query = bind_candidates(sqlx::query(AssertSqlSafe(sql)), which)
+            .bind(claim.token.0)
+            .bind(claim.lease.as_secs_f64());
+        let query = StampArrays::new(ask.changes, self.ascii_errors(), true)
+            .bind(query)
+            .bind(ask.margin.as_secs_f64())
+            .bind(ask.changes.len() as i64);
+        let rows = on_work!(self, |e| query.fetch_all(e))
+            .await
+            .map_err(self.db("handing places on under the queue's limit"))?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let places = limits::Places {
+            live: first.try_get::<i64, _>("icq_live").unwrap_or(0).max(0) as u64,
+            paused: first.try_get::<bool, _>("icq_paused").unwrap_or(true),
+        };
+        if !ask.may_stamp(places) {
+            return Ok(None);
+        }
+        let first_form = first.try_get::<i64, _>("icq_stamped").unwrap_or(0).max(0) as u64;
+        let stamped = self.stamp_rest(ask.changes, 4, first_form).await?;
+        if first_form < places.live {
+            // Nothing was leased: the places are left to the next counting claim.
+            return Ok(Some(LimitedClaim {
+                stamped,
+                rows: Vec::new(),
+                held: Some(limits::Held::Concurrency),
+            }));
+        }
+        let leased: Vec<sqlx::postgres::PgRow> = rows
+            .into_iter()
+            .filter(|row| matches!(row.try_get::<Option<Uuid>, _>("Id"), Ok(Some(_))))
+            .collect();
+        let rows = self.claimed(&leased, claim);
+        Ok(Some(limits::handed_on(ask, claim, places, stamped, rows)))
+    }
 }
 
 #[cfg(all(test, feature = "driver-suite"))]
 mod tests {
-    //! The hand-on's read on a real PostgreSQL.
+    //! The hand-on on a real PostgreSQL.
 
     use sqlx::Connection as _;
 
     use super::*;
     use crate::ConnectOptions;
     use crate::command::LeaseToken;
-    use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
+    use crate::engine::limits::testing::{
+        assert_one_place, completed, hand_on_claim, stalled_hand_on,
+    };
     use crate::ident::TableName;
 
     /// A table of its own (`<tag>_<pid>`), created afresh, an admin connection, a driver on
@@ -391,10 +474,36 @@ mod tests {
         }
     }
 
-    /// Only rows of the queue whose lease, under the change's token, outlives the margin
-    /// give their places back; the queue's pause is read beside them.
+    /// A hand-on of `changes` in queue `q` with a 20 s lease (a margin of 10 s): what the
+    /// one statement answered (`None`: declined).
+    async fn hand_on_of(driver: &PgDriver, changes: &[SetState]) -> Option<LimitedClaim> {
+        let (claim, limits) = hand_on_claim();
+        let params = LimitedClaimParams {
+            claim: &claim,
+            limits: &limits,
+            changes,
+            hand_on: true,
+        };
+        let ask = limits::hand_on_ask(&params, "q").expect("a hand-on applies");
+        driver.hand_on(&ask, &claim).await.unwrap()
+    }
+
+    /// The live leases of the table `t`.
+    async fn leased(admin: &mut sqlx::PgConnection, t: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT count(*) FROM {t} WHERE "LockedUntil" > now() AND "ProcessedAt" IS NULL"#
+        )))
+        .fetch_one(admin)
+        .await
+        .unwrap()
+    }
+
+    /// The hand-on stamps and leases only when every row it stamps is a pending row of the
+    /// queue leased under the change's token past the margin and the queue is not
+    /// paused; otherwise it writes nothing. When it does, it leases as many due rows as
+    /// it ended leases, in the same statement.
     #[tokio::test]
-    async fn a_hand_on_counts_the_live_leases_it_ends() {
+    async fn a_hand_on_fills_only_the_live_places_it_ends() {
         let Fresh {
             table,
             mut admin,
@@ -404,9 +513,9 @@ mod tests {
         } = fresh("icq_hand_on").await;
         let t = driver.t.clone();
         let token = LeaseToken::new();
-        // a: live for 20 s; b: for 5 s; c: another queue.
+        // a: live for 30 s; b: for 5 s; c: another queue; then two rows due.
         let mut ids = Vec::new();
-        for (queue, live) in [("q", 20), ("q", 5), ("other", 20)] {
+        for (queue, live) in [("q", 30), ("q", 5), ("other", 30)] {
             let id: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
                 r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil")
                    VALUES ('work', '{{}}', $1, $2, now() + make_interval(secs => $3))
@@ -420,38 +529,67 @@ mod tests {
             .unwrap();
             ids.push(id.to_string());
         }
-        let q = table.queues().quoted(Engine::Postgres);
-        let mut conn = driver.work.acquire().await.unwrap();
-        let mut tx = Tx {
-            driver: &driver,
-            conn: &mut conn,
-            q: q.clone(),
-        };
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q'),
+                   ('work', '{{}}', 'q')"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let of = |id: &str, token| completed(id, token);
         // A queue without its row of `<table>Queues` gives back no place.
-        assert_eq!(
-            places(&mut tx, "other", &ids[2..], token).await,
-            seen(0, false)
-        );
+        assert!(hand_on_of(&driver, &[of(&ids[0], token)]).await.is_none());
+        let q = table.queues().quoted(Engine::Postgres);
         sqlx::query(AssertSqlSafe(format!(
             r#"INSERT INTO {q} ("Queue", "Paused") VALUES ('q', false)"#
         )))
         .execute(&mut admin)
         .await
         .unwrap();
-        assert_eq!(places(&mut tx, "q", &ids, token).await, seen(1, false));
-        let stranger = LeaseToken::new();
-        assert_eq!(
-            places(&mut tx, "q", &ids[..1], stranger).await,
-            seen(0, false)
-        );
+        // A lease shorter than the margin, another queue's row, another token: declined.
+        let declined: [Vec<SetState>; 3] = [
+            vec![of(&ids[0], token), of(&ids[1], token)],
+            vec![of(&ids[0], token), of(&ids[2], token)],
+            vec![of(&ids[0], LeaseToken::new())],
+        ];
+        for changes in &declined {
+            assert!(hand_on_of(&driver, changes).await.is_none());
+        }
+        assert_eq!(leased(&mut admin, &t).await, 3, "nothing was stamped");
         sqlx::query(AssertSqlSafe(format!(
             r#"UPDATE {q} SET "Paused" = true WHERE "Queue" = 'q'"#
         )))
         .execute(&mut admin)
         .await
         .unwrap();
-        assert_eq!(places(&mut tx, "q", &ids[..1], token).await, seen(1, true));
-        drop(conn);
+        assert!(hand_on_of(&driver, &[of(&ids[0], token)]).await.is_none());
+        sqlx::query(AssertSqlSafe(format!(
+            r#"UPDATE {q} SET "Paused" = false WHERE "Queue" = 'q'"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let handed = hand_on_of(&driver, &[of(&ids[0], token)])
+            .await
+            .expect("handed on");
+        assert_eq!(handed.stamped, 1);
+        assert_eq!(handed.rows.len(), 1, "one place ended, one row leased");
+        assert_ne!(handed.rows[0].lease.id.as_str(), ids[0]);
+        assert_eq!(handed.held, Some(limits::Held::Concurrency));
+        assert_eq!(
+            leased(&mut admin, &t).await,
+            3,
+            "one lease ended, one began"
+        );
+        let moved: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT count(*) FROM {} WHERE "Id" = $1 AND "ProcessedAt" IS NOT NULL"#,
+            driver.h
+        )))
+        .bind(Uuid::parse_str(&ids[0]).unwrap())
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(moved, 1, "the completed row is in history");
         sqlx::raw_sql(AssertSqlSafe(ddl.down))
             .execute(&mut admin)
             .await

@@ -607,8 +607,16 @@ fn update_v4_sql(
 /// rows are deleted from `t` and inserted into its history `h` with `ProcessedAt = now()`
 /// and no lease, in the same statement; every other kind is the in-place update of
 /// [`set_state_sql`]. Both are guarded by the lease token, so a stale success stamp moves
-/// nothing.
-fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32, lookup: Lookup) -> String {
+/// nothing. A `gate` (`WHERE …`, or empty) on the stamps' rows lets a statement stamp
+/// nothing unless its condition holds.
+fn stamp_move_ctes(
+    t: &str,
+    h: &str,
+    first: usize,
+    version: u32,
+    lookup: Lookup,
+    gate: &str,
+) -> String {
     let columns = crate::engine::column_list(Engine::Postgres, "", version);
     let returning = crate::engine::column_list(Engine::Postgres, "c.", version);
     let values = crate::engine::columns_of(version)
@@ -632,7 +640,7 @@ fn stamp_move_ctes(t: &str, h: &str, first: usize, version: u32, lookup: Lookup)
     format!(
         r#"stamps AS (
                SELECT * FROM unnest(${id}::uuid[], ${token}::uuid[], ${kind}::int2[], ${delay}::float8[], ${error}::text[]{errors})
-                 AS s(id, token, kind, delay, error{errors_column})),
+                 AS s(id, token, kind, delay, error{errors_column}){gate}),
            done AS (
                DELETE FROM {t} AS c USING {done_rows}
                WHERE {done_paired}
@@ -667,7 +675,7 @@ struct StampSql {
 /// stamped count always arrives.
 fn stamp_claim_sql(t: &str, h: &str, key: ClaimKey) -> String {
     let stamps = if key.history {
-        stamp_move_ctes(t, h, 5, if key.v4 { 4 } else { 3 }, Lookup::Lateral)
+        stamp_move_ctes(t, h, 5, if key.v4 { 4 } else { 3 }, Lookup::Lateral, "")
     } else {
         format!(
             "stamped AS ({} RETURNING 1)",
@@ -705,7 +713,7 @@ impl Sql {
                 if version >= 3 {
                     format!(
                         "WITH {} SELECT count(*) FROM stamped",
-                        stamp_move_ctes(t, h, 1, version, lookup)
+                        stamp_move_ctes(t, h, 1, version, lookup, "")
                     )
                     .into()
                 } else {
