@@ -77,7 +77,12 @@ fn lease_candidates_sql(t: &str) -> String {
 /// A hand-on in one statement, its own transaction: it holds the queue's row of `q` in
 /// share mode, reads the places the stamps give back, writes the stamps only when every
 /// one ends a live lease of the queue and it is not paused, and leases candidates in
-/// their places only when every stamp landed. `$1..$8` as [`candidates_sql`] and
+/// their places only when every stamp landed. It does not wait for the queue's row
+/// (`NOWAIT`): another claim holding it (a counting claim, a pause) fails the statement
+/// before it writes, and the claim takes the lock in a transaction instead. A statement
+/// outside a transaction whose caller gave up waiting would still commit once the lock
+/// came, its outcomes and leases reported to nobody. Leases are judged live by the clock
+/// once the row is held, not the statement's start. `$1..$8` as [`candidates_sql`] and
 /// [`lease_candidates_sql`] (the limit is at most the stamps), `$9..$14` the version-4
 /// stamp arrays, `$15` the margin in seconds, `$16` how many outcomes the claim carries.
 ///
@@ -101,12 +106,12 @@ fn hand_on_sql(t: &str, h: &str, q: &str) -> String {
     format!(
         r#"WITH queue AS MATERIALIZED (
                SELECT coalesce("Paused", false) AS paused FROM {q} WHERE "Queue" = $1
-               FOR SHARE),
+               FOR SHARE NOWAIT),
            places AS MATERIALIZED (
                SELECT queue.paused, (
                    SELECT count(*) FILTER (
                        WHERE c."ProcessedAt" IS NULL AND c."DeadLetteredAt" IS NULL
-                         AND c."LockedUntil" > now() + make_interval(secs => $15)
+                         AND c."LockedUntil" > clock_timestamp() + make_interval(secs => $15)
                          AND c."Queue" COLLATE "C" = $1 COLLATE "C"
                          AND c."LockToken" = ($10::uuid[])[array_position($9::uuid[], c."Id")])
                    FROM {t} AS c WHERE c."Id" = ANY($9::uuid[])) AS live
@@ -396,20 +401,35 @@ impl PgDriver {
             .bind(query)
             .bind(ask.margin.as_secs_f64())
             .bind(ask.changes.len() as i64);
-        let rows = on_work!(self, |e| query.fetch_all(e))
-            .await
-            .map_err(self.db("handing places on under the queue's limit"))?;
+        let ctx = "handing places on under the queue's limit";
+        let rows = match on_work!(self, |e| query.fetch_all(e)).await {
+            Ok(rows) => rows,
+            // The queue's row is another claim's (`NOWAIT`): nothing was written.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                return Ok(None);
+            }
+            Err(err) => return Err(self.db(ctx)(err)),
+        };
         let Some(first) = rows.first() else {
+            // The queue has no row yet: nothing was written.
             return Ok(None);
         };
+        // Read strictly: the statement may have written, so no unreadable answer may pass
+        // for a decline.
+        let number = |column: &str| first.try_get::<i64, _>(column).map_err(self.db(ctx));
         let places = limits::Places {
-            live: first.try_get::<i64, _>("icq_live").unwrap_or(0).max(0) as u64,
-            paused: first.try_get::<bool, _>("icq_paused").unwrap_or(true),
+            live: number("icq_live")?.max(0) as u64,
+            paused: first
+                .try_get::<bool, _>("icq_paused")
+                .map_err(self.db(ctx))?,
         };
         if !ask.may_stamp(places) {
             return Ok(None);
         }
-        let first_form = first.try_get::<i64, _>("icq_stamped").unwrap_or(0).max(0) as u64;
+        let first_form = number("icq_stamped")?.max(0) as u64;
+        // Should the second form fail, so does the call, though the first committed: the
+        // outcomes go back to be stamped again (those stamped find no lease), where
+        // answering would drop the ones still unstamped.
         let stamped = self.stamp_rest(ask.changes, 4, first_form).await?;
         if first_form < places.live {
             // Nothing was leased: the places are left to the next counting claim.
@@ -505,11 +525,11 @@ mod tests {
     #[tokio::test]
     async fn a_hand_on_fills_only_the_live_places_it_ends() {
         let Fresh {
+            url,
             table,
             mut admin,
             driver,
             ddl,
-            ..
         } = fresh("icq_hand_on").await;
         let t = driver.t.clone();
         let token = LeaseToken::new();
@@ -569,6 +589,26 @@ mod tests {
         .execute(&mut admin)
         .await
         .unwrap();
+        // Another claim holds the queue's row: declined at once, nothing written.
+        let mut counting = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"BEGIN; SELECT 1 FROM {q} WHERE "Queue" = 'q' FOR UPDATE"#
+        )))
+        .execute(&mut counting)
+        .await
+        .unwrap();
+        let declined = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            hand_on_of(&driver, &[of(&ids[0], token)]),
+        )
+        .await
+        .expect("the hand-on does not wait for the queue's row");
+        assert!(declined.is_none());
+        assert_eq!(leased(&mut admin, &t).await, 3, "nothing was stamped");
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut counting)
+            .await
+            .unwrap();
         let handed = hand_on_of(&driver, &[of(&ids[0], token)])
             .await
             .expect("handed on");
