@@ -733,41 +733,66 @@ pub(crate) mod testing {
         held_by: LeaseToken,
         release: impl std::future::Future<Output = ()>,
     ) -> (LimitedClaim, LimitedClaim) {
-        let claim_for = |changes: Vec<SetState>, hand_on: bool| {
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let claim = ClaimParams {
-                    limit: 1,
-                    lease: Duration::from_secs(2),
-                    processing_delay: Duration::ZERO,
-                    token: LeaseToken::new(),
-                    types: None,
-                    queues: Some(Arc::from(vec!["q".to_owned()])),
-                    spread: false,
-                    skip_paused: false,
-                };
-                let limits = QueueLimits {
-                    global_concurrency: Some(1),
-                    key_concurrency: None,
-                    rate: None,
-                };
-                let params = LimitedClaimParams {
-                    claim: &claim,
-                    limits: &limits,
-                    changes: &changes,
-                    hand_on,
-                };
-                driver.command_claim_limited(&params).await
-            })
-        };
-        let hand_on = claim_for(vec![completed(r1, held_by)], true);
+        let hand_on = spawn_claim(&driver, vec![completed(r1, held_by)], true);
         tokio::time::sleep(Duration::from_millis(1800)).await;
-        let counting = claim_for(Vec::new(), false);
+        let counting = spawn_claim(&driver, Vec::new(), false);
         tokio::time::sleep(Duration::from_millis(300)).await;
         release.await;
         let handed = hand_on.await.unwrap().unwrap();
         let counted = counting.await.unwrap().unwrap();
         (handed, counted)
+    }
+
+    /// A limited claim of queue `q` under `global_concurrency: 1` with a 2 s lease (a
+    /// margin of 1 s) carrying `changes`, on a task of its own.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) fn spawn_claim(
+        driver: &Arc<dyn QueueOps>,
+        changes: Vec<SetState>,
+        hand_on: bool,
+    ) -> tokio::task::JoinHandle<crate::Result<LimitedClaim>> {
+        let driver = driver.clone();
+        tokio::spawn(async move {
+            let claim = ClaimParams {
+                limit: 1,
+                lease: Duration::from_secs(2),
+                processing_delay: Duration::ZERO,
+                token: LeaseToken::new(),
+                types: None,
+                queues: Some(Arc::from(vec!["q".to_owned()])),
+                spread: false,
+                skip_paused: false,
+            };
+            let limits = QueueLimits {
+                global_concurrency: Some(1),
+                key_concurrency: None,
+                rate: None,
+            };
+            let params = LimitedClaimParams {
+                claim: &claim,
+                limits: &limits,
+                changes: &changes,
+                hand_on,
+            };
+            driver.command_claim_limited(&params).await
+        })
+    }
+
+    /// The race of a lease that lapses while its hand-on waits for the queue's row: `r1`
+    /// (in queue `q`, leased under `held_by` for 1.3 s more) is handed on under
+    /// `global_concurrency: 1` with a 2 s lease (margin 1 s) while another claim holds
+    /// the queue's row; `fill` (that claim) leases a due row in the lapsed place and lets
+    /// the row go after 1.5 s. The hand-on's answer.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) async fn hand_on_behind_a_count(
+        driver: Arc<dyn QueueOps>,
+        r1: &str,
+        held_by: LeaseToken,
+        fill: impl std::future::Future<Output = ()>,
+    ) -> LimitedClaim {
+        let hand_on = spawn_claim(&driver, vec![completed(r1, held_by)], true);
+        fill.await;
+        hand_on.await.unwrap().unwrap()
     }
 
     /// The stalled race's outcome: the hand-on stamped, one of the two took the place, and

@@ -50,6 +50,14 @@ fn paused_of(row: &sqlx::mysql::MySqlRow) -> bool {
         .unwrap_or(false)
 }
 
+/// The database's UTC clock when the expression is evaluated, not at the statement's
+/// start as `UTC_TIMESTAMP()` is: the statement's UTC start moved on by the time since
+/// (`SYSDATE` is read when evaluated, in the session's time zone, as `NOW` is). A hand-on
+/// judges its leases after it waited for the queue's row, which may have been longer than
+/// its margin.
+const CLOCK: &str =
+    "(UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND)";
+
 struct Tx<'a> {
     driver: &'a MySqlDriver,
     conn: &'a mut MySqlConnection,
@@ -342,7 +350,7 @@ impl LimitedTx for Tx<'_> {
         let sql = format!(
             "SELECT c.`Id`, c.`LockToken`, c.`Queue`, \
                     (c.`ProcessedAt` IS NULL AND c.`DeadLetteredAt` IS NULL \
-                     AND c.`LockedUntil` > {NOW} + INTERVAL ? MICROSECOND) AS `Live`, \
+                     AND c.`LockedUntil` > {CLOCK} + INTERVAL ? MICROSECOND) AS `Live`, \
                     q.`Paused` \
              FROM {} AS q LEFT JOIN {} AS c ON c.`Id` IN ({}) \
              WHERE q.`Queue` = ? \
@@ -456,7 +464,9 @@ mod tests {
     use super::*;
     use crate::ConnectOptions;
     use crate::command::LeaseToken;
-    use crate::engine::limits::testing::{assert_one_place, places, seen, stalled_hand_on};
+    use crate::engine::limits::testing::{
+        assert_one_place, hand_on_behind_a_count, places, seen, stalled_hand_on,
+    };
     use crate::ident::TableName;
 
     /// A table of its own (`<tag>_<pid>`), created afresh: the server's URL, its name, a
@@ -601,5 +611,80 @@ mod tests {
         .unwrap();
         driver.table_drop(&ddl.down).await.unwrap();
         assert_one_place(&handed, &counted, live);
+    }
+
+    /// A lease that lapses while its hand-on waits for the queue's row, held by a counting
+    /// claim that fills the lapsed place, is not handed on: the hand-on judges its leases
+    /// once it holds the row.
+    #[tokio::test]
+    async fn a_lease_that_lapses_behind_a_count_is_not_handed_on() {
+        use sqlx::Connection as _;
+
+        let (url, table, driver, ddl) = fresh("icq_lapsed").await;
+        let driver = std::sync::Arc::new(driver);
+        let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Mysql));
+        let held_by = LeaseToken::new();
+        let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); two rows due.
+        let r1 = "lapsed-r1";
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`, `RunAt`) \
+             VALUES (?, 'work', '{{}}', 'q', ?, {NOW} + INTERVAL 1300000 MICROSECOND, \
+                     {NOW} - INTERVAL 1 HOUR)"
+        )))
+        .bind(r1)
+        .bind(held_by.to_string())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`) \
+             VALUES ('lapsed-due-0', 'work', '{{}}', 'q'), ('lapsed-due-1', 'work', '{{}}', 'q')"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q} (`Queue`) VALUES ('q')"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        // The counting claim: it holds the queue's row, fills R1's place once R1 has
+        // lapsed, and commits.
+        let mut counting = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        let mut holding = counting.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT 1 FROM {q} WHERE `Queue` = 'q' FOR UPDATE"
+        )))
+        .fetch_all(&mut *holding)
+        .await
+        .unwrap();
+        let fill = async {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {t} SET `LockToken` = UUID(), `LockedUntil` = {NOW} + INTERVAL 60 SECOND \
+                 WHERE `Id` = 'lapsed-due-0'"
+            )))
+            .execute(&mut *holding)
+            .await
+            .unwrap();
+            holding.commit().await.unwrap();
+        };
+        let handed = hand_on_behind_a_count(driver.clone(), r1, held_by, fill).await;
+        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {t} WHERE `Queue` = 'q' AND `ProcessedAt` IS NULL \
+               AND `DeadLetteredAt` IS NULL AND `LockedUntil` > {NOW}"
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        driver.table_drop(&ddl.down).await.unwrap();
+        assert_eq!(handed.stamped, 1);
+        assert!(
+            handed.rows.is_empty(),
+            "the lapsed place was filled already"
+        );
+        assert_eq!(live, 1, "{live} live leases under global_concurrency 1");
     }
 }

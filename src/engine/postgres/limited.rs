@@ -458,7 +458,7 @@ mod tests {
     use crate::ConnectOptions;
     use crate::command::LeaseToken;
     use crate::engine::limits::testing::{
-        assert_one_place, completed, hand_on_claim, stalled_hand_on,
+        assert_one_place, completed, hand_on_behind_a_count, hand_on_claim, stalled_hand_on,
     };
     use crate::ident::TableName;
 
@@ -693,5 +693,84 @@ mod tests {
             .await
             .unwrap();
         assert_one_place(&handed, &counted, live);
+    }
+
+    /// A lease that lapses while its hand-on would wait for the queue's row, held by a
+    /// counting claim that fills the lapsed place, is not handed on: the hand-on does not
+    /// wait (`NOWAIT`), and the claim counts once the row is free.
+    #[tokio::test]
+    async fn a_lease_that_lapses_behind_a_count_is_not_handed_on() {
+        let Fresh {
+            url,
+            table,
+            mut admin,
+            driver,
+            ddl,
+        } = fresh("icq_lapsed").await;
+        let driver = std::sync::Arc::new(driver);
+        let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Postgres));
+        let held_by = LeaseToken::new();
+        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); two rows due.
+        let r1: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil", "RunAt")
+               VALUES ('work', '{{}}', 'q', $1, now() + interval '1.3 s', now() - interval '1 h')
+               RETURNING "Id""#
+        )))
+        .bind(held_by.0)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        let due: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q')
+               RETURNING "Id""#
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q');
+               INSERT INTO {q} ("Queue") VALUES ('q')"#
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        // The counting claim: it holds the queue's row, fills R1's place once R1 has
+        // lapsed, and commits.
+        let mut counting = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            r#"BEGIN; SELECT 1 FROM {q} WHERE "Queue" = 'q' FOR UPDATE"#
+        )))
+        .execute(&mut counting)
+        .await
+        .unwrap();
+        let fill = async {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                r#"UPDATE {t} SET "LockToken" = gen_random_uuid(),
+                       "LockedUntil" = now() + interval '60 s'
+                   WHERE "Id" = '{due}'; COMMIT"#
+            )))
+            .execute(&mut counting)
+            .await
+            .unwrap();
+        };
+        let handed = hand_on_behind_a_count(driver.clone(), &r1.to_string(), held_by, fill).await;
+        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
+                 AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(ddl.down))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(handed.stamped, 1);
+        assert!(
+            handed.rows.is_empty(),
+            "the lapsed place was filled already"
+        );
+        assert_eq!(live, 1, "{live} live leases under global_concurrency 1");
     }
 }
