@@ -284,7 +284,9 @@ pub(crate) struct Places {
     pub paused: bool,
 }
 
-/// One row of a hand-on's read, decoded by the engine (`None`: NULL or unreadable).
+/// One row of a hand-on's read, decoded by the engine (`None`: NULL or unreadable). The
+/// engines that read the places apart from the stamps; PostgreSQL judges them in SQL.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) struct PlaceRow {
     /// The queue's `Paused`.
     pub paused: bool,
@@ -295,6 +297,7 @@ pub(crate) struct PlaceRow {
     pub live: bool,
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 impl Places {
     /// The places `rows` give back to a hand-on of `queue` stamping `changes`: the live
     /// rows of exactly that queue leased under their change's token (compared here, byte
@@ -695,13 +698,17 @@ pub(crate) mod testing {
             .unwrap()
     }
 
-    /// The claim and limits of a hand-on in queue `q`: a 20 s lease (a margin of 10 s), at
-    /// most 8 rows, `global_concurrency: 3`.
+    /// A claim of queue `q` for at most `limit` rows with a lease of `lease_seconds` (a
+    /// hand-on's margin is half of it), under `global_concurrency` alone.
     #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
-    pub(crate) fn hand_on_claim() -> (ClaimParams, QueueLimits) {
+    fn limited_claim(
+        limit: u32,
+        lease_seconds: u64,
+        global_concurrency: u32,
+    ) -> (ClaimParams, QueueLimits) {
         let claim = ClaimParams {
-            limit: 8,
-            lease: Duration::from_secs(20),
+            limit,
+            lease: Duration::from_secs(lease_seconds),
             processing_delay: Duration::ZERO,
             token: LeaseToken::new(),
             types: None,
@@ -710,11 +717,18 @@ pub(crate) mod testing {
             skip_paused: false,
         };
         let limits = QueueLimits {
-            global_concurrency: Some(3),
+            global_concurrency: Some(global_concurrency),
             key_concurrency: None,
             rate: None,
         };
         (claim, limits)
+    }
+
+    /// The claim and limits of a hand-on in queue `q`: a 20 s lease (a margin of 10 s), at
+    /// most 8 rows, `global_concurrency: 3`.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) fn hand_on_claim() -> (ClaimParams, QueueLimits) {
+        limited_claim(8, 20, 3)
     }
 
     /// [`Places`] as `places_to_hand_on` answers them.
@@ -753,21 +767,7 @@ pub(crate) mod testing {
     ) -> tokio::task::JoinHandle<crate::Result<LimitedClaim>> {
         let driver = driver.clone();
         tokio::spawn(async move {
-            let claim = ClaimParams {
-                limit: 1,
-                lease: Duration::from_secs(2),
-                processing_delay: Duration::ZERO,
-                token: LeaseToken::new(),
-                types: None,
-                queues: Some(Arc::from(vec!["q".to_owned()])),
-                spread: false,
-                skip_paused: false,
-            };
-            let limits = QueueLimits {
-                global_concurrency: Some(1),
-                key_concurrency: None,
-                rate: None,
-            };
+            let (claim, limits) = limited_claim(1, 2, 1);
             let params = LimitedClaimParams {
                 claim: &claim,
                 limits: &limits,

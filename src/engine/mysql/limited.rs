@@ -549,6 +549,46 @@ mod tests {
         driver.table_drop(&ddl.down).await.unwrap();
     }
 
+    /// Queue `q` of the table `t` (queues `q_table`) with its row and `<prefix>-r1`, leased
+    /// under `held_by` for 1.3 s more (the margin of a 2 s lease is 1 s), then `due` rows
+    /// due (`<prefix>-due-<n>`): R1's id.
+    async fn leased_and_due(
+        admin: &mut MySqlConnection,
+        t: &str,
+        q_table: &str,
+        prefix: &str,
+        held_by: LeaseToken,
+        due: usize,
+    ) -> String {
+        let r1 = format!("{prefix}-r1");
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`, `RunAt`) \
+             VALUES (?, 'work', '{{}}', 'q', ?, {NOW} + INTERVAL 1300000 MICROSECOND, \
+                     {NOW} - INTERVAL 1 HOUR)"
+        )))
+        .bind(&r1)
+        .bind(held_by.to_string())
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+        for n in 0..due {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`) VALUES (?, 'work', '{{}}', 'q')"
+            )))
+            .bind(format!("{prefix}-due-{n}"))
+            .execute(&mut *admin)
+            .await
+            .unwrap();
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {q_table} (`Queue`) VALUES ('q')"
+        )))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+        r1
+    }
+
     /// A hand-on whose stamp waits on a row lock until its lease has lapsed keeps a
     /// counting claim out meanwhile (the queue's row in share mode), so the two never
     /// lease more than the limit together.
@@ -561,33 +601,7 @@ mod tests {
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Mysql));
         let held_by = LeaseToken::new();
         let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
-        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); three rows due.
-        let r1 = "stalled-r1";
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`, `RunAt`) \
-             VALUES (?, 'work', '{{}}', 'q', ?, {NOW} + INTERVAL 1300000 MICROSECOND, \
-                     {NOW} - INTERVAL 1 HOUR)"
-        )))
-        .bind(r1)
-        .bind(held_by.to_string())
-        .execute(&mut admin)
-        .await
-        .unwrap();
-        for n in 0..3 {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`) VALUES (?, 'work', '{{}}', 'q')"
-            )))
-            .bind(format!("stalled-due-{n}"))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        }
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {q} (`Queue`) VALUES ('q')"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        let r1 = &leased_and_due(&mut admin, &t, &q, "stalled", held_by, 3).await;
         // Another session holds R1's row (an operator's tool, an abandoned statement).
         let mut blocker = sqlx::MySqlConnection::connect(&url).await.unwrap();
         let mut holding = blocker.begin().await.unwrap();
@@ -625,31 +639,7 @@ mod tests {
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Mysql));
         let held_by = LeaseToken::new();
         let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
-        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); two rows due.
-        let r1 = "lapsed-r1";
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`, `LockToken`, `LockedUntil`, `RunAt`) \
-             VALUES (?, 'work', '{{}}', 'q', ?, {NOW} + INTERVAL 1300000 MICROSECOND, \
-                     {NOW} - INTERVAL 1 HOUR)"
-        )))
-        .bind(r1)
-        .bind(held_by.to_string())
-        .execute(&mut admin)
-        .await
-        .unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {t} (`Id`, `Type`, `Payload`, `Queue`) \
-             VALUES ('lapsed-due-0', 'work', '{{}}', 'q'), ('lapsed-due-1', 'work', '{{}}', 'q')"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {q} (`Queue`) VALUES ('q')"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        let r1 = &leased_and_due(&mut admin, &t, &q, "lapsed", held_by, 2).await;
         // The counting claim: it holds the queue's row, fills R1's place once R1 has
         // lapsed, and commits.
         let mut counting = sqlx::MySqlConnection::connect(&url).await.unwrap();

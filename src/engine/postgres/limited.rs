@@ -389,12 +389,11 @@ impl PgDriver {
         claim: &ClaimParams,
     ) -> Result<Option<LimitedClaim>> {
         let which = &ask.which;
-        let sql = hand_on_sql(
-            &self.t,
-            &self.h,
-            &self.table.queues().quoted(Engine::Postgres),
-        );
-        let query = bind_candidates(sqlx::query(AssertSqlSafe(sql)), which)
+        let sql = self.sql.hand_on.get_or_init(|| {
+            let q = self.table.queues().quoted(Engine::Postgres);
+            hand_on_sql(&self.t, &self.h, &q).into()
+        });
+        let query = bind_candidates(sqlx::query(AssertSqlSafe(sql.clone())), which)
             .bind(claim.token.0)
             .bind(claim.lease.as_secs_f64());
         let query = StampArrays::new(ask.changes, self.ascii_errors(), true)
@@ -636,6 +635,45 @@ mod tests {
             .unwrap();
     }
 
+    /// Queue `q` of the table `t` (queues `q_table`) with its row and R1, leased under
+    /// `held_by` for 1.3 s more (the margin of a 2 s lease is 1 s), then `due` rows due:
+    /// R1's id and theirs.
+    async fn leased_and_due(
+        admin: &mut sqlx::PgConnection,
+        t: &str,
+        q_table: &str,
+        held_by: LeaseToken,
+        due: usize,
+    ) -> (Uuid, Vec<Uuid>) {
+        let r1: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil", "RunAt")
+               VALUES ('work', '{{}}', 'q', $1, now() + interval '1.3 s', now() - interval '1 h')
+               RETURNING "Id""#
+        )))
+        .bind(held_by.0)
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..due {
+            let id: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+                r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q')
+                   RETURNING "Id""#
+            )))
+            .fetch_one(&mut *admin)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            r#"INSERT INTO {q_table} ("Queue") VALUES ('q')"#
+        )))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+        (r1, ids)
+    }
+
     /// A hand-on whose stamp waits on a row lock until its lease has lapsed keeps a
     /// counting claim out meanwhile (the queue's row in share mode), so the two never
     /// lease more than the limit together.
@@ -651,24 +689,7 @@ mod tests {
         let driver = std::sync::Arc::new(driver);
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Postgres));
         let held_by = LeaseToken::new();
-        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); three rows due.
-        let r1: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil", "RunAt")
-               VALUES ('work', '{{}}', 'q', $1, now() + interval '1.3 s', now() - interval '1 h')
-               RETURNING "Id""#
-        )))
-        .bind(held_by.0)
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q'),
-                   ('work', '{{}}', 'q'), ('work', '{{}}', 'q');
-               INSERT INTO {q} ("Queue") VALUES ('q')"#
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        let (r1, _) = leased_and_due(&mut admin, &t, &q, held_by, 3).await;
         // Another session holds R1's row (an operator's tool, an abandoned statement).
         let mut blocker = sqlx::PgConnection::connect(&url).await.unwrap();
         sqlx::raw_sql(AssertSqlSafe(format!(
@@ -710,30 +731,8 @@ mod tests {
         let driver = std::sync::Arc::new(driver);
         let (t, q) = (driver.t.clone(), table.queues().quoted(Engine::Postgres));
         let held_by = LeaseToken::new();
-        // R1: leased for 1.3 s more (the margin of a 2 s lease is 1 s); two rows due.
-        let r1: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "Queue", "LockToken", "LockedUntil", "RunAt")
-               VALUES ('work', '{{}}', 'q', $1, now() + interval '1.3 s', now() - interval '1 h')
-               RETURNING "Id""#
-        )))
-        .bind(held_by.0)
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        let due: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q')
-               RETURNING "Id""#
-        )))
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            r#"INSERT INTO {t} ("Type", "Payload", "Queue") VALUES ('work', '{{}}', 'q');
-               INSERT INTO {q} ("Queue") VALUES ('q')"#
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        let (r1, due) = leased_and_due(&mut admin, &t, &q, held_by, 2).await;
+        let due = due[0];
         // The counting claim: it holds the queue's row, fills R1's place once R1 has
         // lapsed, and commits.
         let mut counting = sqlx::PgConnection::connect(&url).await.unwrap();

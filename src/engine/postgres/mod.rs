@@ -185,6 +185,8 @@ struct Sql {
     bulk: BulkSql,
     /// Claims and stamp-and-claims, by shape.
     claims: super::SqlCache<ClaimKey>,
+    /// A limited queue's hand-on, rendered at its first use.
+    hand_on: std::sync::OnceLock<Arc<str>>,
 }
 
 /// The shape of a claim statement: what it filters on, where it starts, whether the
@@ -798,6 +800,7 @@ impl Sql {
             .into(),
             bulk: BulkSql::new(t),
             claims: Default::default(),
+            hand_on: std::sync::OnceLock::new(),
         }
     }
 }
