@@ -89,9 +89,9 @@ fn lease_candidates_sql(t: &str) -> String {
 /// The places are read by primary key alone (queue, state, lease and token judged on the
 /// rows read: with them in the condition, a table not yet analyzed was read through a
 /// poll index, every pending row), the queue compared byte for byte whatever the
-/// column's collation. The whole statement reads one snapshot, taken before it waits
-/// for the queue's row: a candidate another claim leased meanwhile is read again at its
-/// newest version by `FOR UPDATE`, found leased and skipped. One row comes back, with
+/// column's collation. The whole statement reads one snapshot, taken before any wait (on
+/// a stamped row another session holds): a candidate another claim leased meanwhile is
+/// read again at its newest version by `FOR UPDATE`, found leased and skipped. One row comes back, with
 /// NULL table columns when nothing was leased; none when the queue has no row yet (the
 /// counting claim inserts it).
 fn hand_on_sql(t: &str, h: &str, q: &str) -> String {
