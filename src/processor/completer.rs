@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
@@ -61,6 +61,11 @@ pub(crate) struct Outbox {
     /// This processor has run a row with an order key: a completion or a dead-letter it
     /// stamps may free the next row of that key ([`wake_successors`]).
     pub(crate) ordered: AtomicBool,
+    /// A lane of this source has fleet-wide limits: every outcome the completer stamps
+    /// ends a lease, whose place no claim handed on ([`wake_limited`]).
+    pub(crate) limited: AtomicBool,
+    /// Outcomes the completer stamped, not carried by a claim.
+    stamped_alone: AtomicU64,
 }
 
 #[derive(Default)]
@@ -81,6 +86,8 @@ impl Outbox {
             closed: AtomicBool::new(false),
             sharing: AtomicBool::new(false),
             ordered: AtomicBool::new(false),
+            limited: AtomicBool::new(false),
+            stamped_alone: AtomicU64::new(0),
         }
     }
 
@@ -129,6 +136,11 @@ impl Outbox {
     /// How many outcomes wait to be stamped.
     pub(crate) fn waiting(&self) -> usize {
         self.lock().changes.len()
+    }
+
+    /// How many outcomes the completer has stamped on its own so far.
+    pub(crate) fn stamped_alone(&self) -> u64 {
+        self.stamped_alone.load(Ordering::Acquire)
     }
 
     /// Frees the room of `n` stamped (or given up) outcomes.
@@ -252,6 +264,7 @@ impl Completer {
                     self.trouble.succeeded();
                     count(&self.source, &self.stats, &batch, stamped);
                     wake_successors(&self.outbox, &batch, &self.wake);
+                    wake_limited(&self.outbox, &batch, &self.wake);
                     break;
                 }
                 Err(err) => {
@@ -316,6 +329,19 @@ pub(crate) fn wake_successors(outbox: &Outbox, batch: &[SetState], wake: &Notify
             .iter()
             .any(|c| matches!(c.change, StateChange::Completed | StateChange::Dead { .. }))
     {
+        wake.notify_one();
+    }
+}
+
+/// After the completer stamped `batch` on its own (outcomes that came while a limited
+/// lane's claim was in flight, say): under a fleet-wide limit the leases it ended freed
+/// places that no claim handed on. They are counted, for a claim that comes back held by
+/// the limit, and the producer is woken to claim them now, not at its next look.
+fn wake_limited(outbox: &Outbox, batch: &[SetState], wake: &Notify) {
+    outbox
+        .stamped_alone
+        .fetch_add(batch.len() as u64, Ordering::AcqRel);
+    if outbox.limited.load(Ordering::Relaxed) {
         wake.notify_one();
     }
 }

@@ -249,8 +249,13 @@ pub(crate) async fn run(
     // When a limited claim last counted the queue's live leases instead of handing places
     // on (none yet: the first one counts).
     let mut counted_at: Option<Instant> = None;
-    // The slots' finished count when the last claim was sent.
+    // The slots' finished count and the outcomes the completer had stamped on its own
+    // when the last claim was sent.
     let mut finished_at_claim = 0u64;
+    let mut stamped_alone_at_claim = 0u64;
+    if limited {
+        shared.outbox.limited.store(true, Ordering::Relaxed);
+    }
 
     let stopped = loop {
         if shutdown.is_cancelled() {
@@ -324,6 +329,7 @@ pub(crate) async fn run(
                 counted_at = Some(Instant::now());
             }
             finished_at_claim = shared.finished.load(Ordering::Relaxed);
+            stamped_alone_at_claim = shared.outbox.stamped_alone();
             claims.push(claim(&shared, limit as u32, shared_head, hand_on));
         }
         // `until_idle` counts what is left once this processor holds no lease; while its
@@ -401,9 +407,12 @@ pub(crate) async fn run(
                         // producer then, when it could not claim: its outcome waits in
                         // the outbox, and the place it frees is this processor's to hand
                         // on now, not when another slot finishes or the recheck comes.
+                        // Or the completer stamped such outcomes meanwhile: their places
+                        // stand free, for a counting claim to fill now.
                         want = held_by_limit
-                            && shared.finished.load(Ordering::Relaxed) > finished_at_claim
-                            && shared.outbox.waiting() > 0;
+                            && ((shared.finished.load(Ordering::Relaxed) > finished_at_claim
+                                && shared.outbox.waiting() > 0)
+                                || shared.outbox.stamped_alone() > stamped_alone_at_claim);
                         idle_recheck = IDLE_RECHECK_FIRST;
                         next_poll = Instant::now() + match held {
                             Held::Rate(next_token) => next_token,

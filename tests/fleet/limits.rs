@@ -92,6 +92,8 @@ struct Seen {
     done: AtomicU64,
     by_key: Mutex<HashMap<String, (usize, usize)>>,
     starts: Mutex<Vec<Instant>>,
+    /// Every start (+1) and end (-1), in the order they happened.
+    events: Mutex<Vec<(Instant, i8)>>,
 }
 
 impl Seen {
@@ -114,7 +116,9 @@ fn recording(seen: &Arc<Seen>, hold: Duration) -> Registry {
             Arc::new(FnHandler(move |job: Job| {
                 let seen = seen.clone();
                 async move {
-                    seen.starts.lock().unwrap().push(Instant::now());
+                    let started = Instant::now();
+                    seen.starts.lock().unwrap().push(started);
+                    seen.events.lock().unwrap().push((started, 1));
                     let now = seen.running.fetch_add(1, Ordering::SeqCst) + 1;
                     seen.most.fetch_max(now, Ordering::SeqCst);
                     let key = job.payload["key"].as_str().map(str::to_owned);
@@ -128,6 +132,7 @@ fn recording(seen: &Arc<Seen>, hold: Duration) -> Registry {
                     if let Some(key) = &key {
                         seen.by_key.lock().unwrap().get_mut(key).unwrap().0 -= 1;
                     }
+                    seen.events.lock().unwrap().push((Instant::now(), -1));
                     seen.running.fetch_sub(1, Ordering::SeqCst);
                     seen.done.fetch_add(1, Ordering::SeqCst);
                     Ok(())
@@ -424,6 +429,26 @@ async fn rate_holds_starts_to_the_bucket_across_processors() {
     }
 }
 
+/// How long the limit's places stood free: for every place freed (the running count fell
+/// below `limit`), the time until a command took it again; sorted.
+fn place_gaps(events: &[(Instant, i8)], limit: i64) -> Vec<Duration> {
+    let mut sorted = events.to_vec();
+    sorted.sort();
+    let mut running = 0i64;
+    let mut freed: Vec<Instant> = Vec::new();
+    let mut gaps = Vec::new();
+    for (at, step) in sorted {
+        running += i64::from(step);
+        if step < 0 && running < limit {
+            freed.push(at);
+        } else if step > 0 && !freed.is_empty() {
+            gaps.push(at - freed.remove(0));
+        }
+    }
+    gaps.sort();
+    gaps
+}
+
 /// The most of `starts` in any window of length `window`.
 fn most_in_window(starts: &[Instant], window: Duration) -> usize {
     let mut sorted = starts.to_vec();
@@ -561,6 +586,32 @@ async fn measure_global_concurrency_throughput() {
                 handler_ms(),
                 seen.most.load(Ordering::SeqCst)
             );
+            let events = seen.events.lock().unwrap().clone();
+            let first = events.iter().map(|(at, _)| *at).min();
+            let last = events.iter().map(|(at, _)| *at).max();
+            if let (Some(first), Some(last)) = (first, last) {
+                eprintln!(
+                    "{engine}: {label}: from the first start to the last end {:.2?} = {:.1}/s \
+                     (the fleet's start {:.2?})",
+                    last - first,
+                    ROWS as f64 / (last - first).as_secs_f64(),
+                    first - started
+                );
+            }
+            let gaps = place_gaps(&events, 3);
+            if !gaps.is_empty() {
+                let at = |q: f64| gaps[((gaps.len() - 1) as f64 * q) as usize];
+                let total: Duration = gaps.iter().sum();
+                eprintln!(
+                    "{engine}: {label}: a freed place stood free p50 {:.2?}, p90 {:.2?}, \
+                     p99 {:.2?}, max {:.2?}; {:.2?} per command",
+                    at(0.5),
+                    at(0.9),
+                    at(0.99),
+                    at(1.0),
+                    total / ROWS as u32
+                );
+            }
             rates.push((rate, most_leases));
         }
         let ratio = rates[1].0 / rates[0].0;
