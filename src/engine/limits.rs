@@ -795,6 +795,18 @@ pub(crate) mod testing {
         hand_on.await.unwrap().unwrap()
     }
 
+    /// The lapsed race's outcome: the hand-on stamped and leased nothing (the counting
+    /// claim had filled the place), and one lease (`live`) was live.
+    #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]
+    pub(crate) fn assert_lapsed_place_kept(handed: &LimitedClaim, live: i64) {
+        assert_eq!(handed.stamped, 1);
+        assert!(
+            handed.rows.is_empty(),
+            "the lapsed place was filled already"
+        );
+        assert_eq!(live, 1, "{live} live leases under global_concurrency 1");
+    }
+
     /// The stalled race's outcome: the hand-on stamped, one of the two took the place, and
     /// no more than one lease (`live`) was live.
     #[cfg_attr(not(feature = "driver-suite"), allow(dead_code))]

@@ -457,7 +457,8 @@ mod tests {
     use crate::ConnectOptions;
     use crate::command::LeaseToken;
     use crate::engine::limits::testing::{
-        assert_one_place, completed, hand_on_behind_a_count, hand_on_claim, stalled_hand_on,
+        assert_lapsed_place_kept, assert_one_place, completed, hand_on_behind_a_count,
+        hand_on_claim, stalled_hand_on,
     };
     use crate::ident::TableName;
 
@@ -674,6 +675,17 @@ mod tests {
         (r1, ids)
     }
 
+    /// The live leases of queue `q` in the table `t`.
+    async fn live_in_q(admin: &mut sqlx::PgConnection, t: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
+                 AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
+        )))
+        .fetch_one(admin)
+        .await
+        .unwrap()
+    }
+
     /// A hand-on whose stamp waits on a row lock until its lease has lapsed keeps a
     /// counting claim out meanwhile (the queue's row in share mode), so the two never
     /// lease more than the limit together.
@@ -702,13 +714,7 @@ mod tests {
             sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
         };
         let (handed, counted) = stalled_hand_on(driver, &r1.to_string(), held_by, release).await;
-        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
-                 AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
-        )))
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
+        let live = live_in_q(&mut admin, &t).await;
         sqlx::raw_sql(AssertSqlSafe(ddl.down))
             .execute(&mut admin)
             .await
@@ -754,22 +760,11 @@ mod tests {
             .unwrap();
         };
         let handed = hand_on_behind_a_count(driver.clone(), &r1.to_string(), held_by, fill).await;
-        let live: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            r#"SELECT count(*) FROM {t} WHERE "Queue" = 'q' AND "ProcessedAt" IS NULL
-                 AND "DeadLetteredAt" IS NULL AND "LockedUntil" > now()"#
-        )))
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
+        let live = live_in_q(&mut admin, &t).await;
         sqlx::raw_sql(AssertSqlSafe(ddl.down))
             .execute(&mut admin)
             .await
             .unwrap();
-        assert_eq!(handed.stamped, 1);
-        assert!(
-            handed.rows.is_empty(),
-            "the lapsed place was filled already"
-        );
-        assert_eq!(live, 1, "{live} live leases under global_concurrency 1");
+        assert_lapsed_place_kept(&handed, live);
     }
 }
